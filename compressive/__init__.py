@@ -1,0 +1,14 @@
+"""compressive: Compressive Transformers (Rae et al., ICLR 2020) in JAX/Flax."""
+
+from compressive.config_lib import ConfigError, ModelConfig
+from compressive.memory import Memory, init_memory, reset_rows
+from compressive.model import CompressiveTransformer
+
+__all__ = [
+    "CompressiveTransformer",
+    "ConfigError",
+    "Memory",
+    "ModelConfig",
+    "init_memory",
+    "reset_rows",
+]

@@ -1,0 +1,171 @@
+"""Relative multi-head attention over [compressed memory; memory; segment].
+
+Notation: B rows, T segment length, S = C + M memory slots before the segment,
+K = S + T keys, H heads, D head width, d model width.
+
+Transformer-XL relative positions (Dai et al. 2019, §3.3; paper §3): the score
+of query i and key j is
+
+    (q_i + u) . k_j  +  (q_i + v) . (W_r R_{dist(i, j)})
+
+with R sinusoidal and dist(i, j) = (S + i) - j, the distance along the
+concatenation. Valid slots are always the newest of each bank, so this index
+distance is the true token distance inside the memory. The causal mask is
+aligned bottom-right: query i sees every valid slot and segment tokens <= i.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+_MASKED = -1e30
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm whose parameters can be read through a stop-gradient.
+
+  The attention-reconstruction loss must use the layer's own normalisation
+  without training it (§3.2), hence `frozen`.
+  """
+
+  def __init__(self, d: int, *, param_dtype=jnp.float32, eps: float = 1e-6):
+    self.scale = nnx.Param(jnp.ones((d,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((d,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array, *, frozen: bool = False) -> jax.Array:
+    scale, bias = self.scale[...], self.bias[...]
+    if frozen:
+      scale, bias = jax.lax.stop_gradient((scale, bias))
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias
+    return y.astype(x.dtype)
+
+
+def sinusoid_positions(length: int, d: int, dtype=jnp.float32) -> jax.Array:
+  """R for distances length-1, ..., 1, 0 (descending): [length, d]."""
+  dist = jnp.arange(length - 1, -1, -1, dtype=jnp.float32)
+  inv_freq = 1.0 / (10000 ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  angles = dist[:, None] * inv_freq[None, :]
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1).astype(dtype)
+
+
+def rel_shift(x: jax.Array) -> jax.Array:
+  """Turns position scores indexed by R's row into scores indexed by key.
+
+  x[..., i, p] is the score of query i against R row p (distance K - 1 - p);
+  the result [..., i, j] is the score for dist(i, j) = K - T + i - j, for every
+  j <= K - T + i (entries above that diagonal are masked by the caller).
+  """
+  *lead, t, k = x.shape
+  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (1, 0)])  # [..., T, K + 1]
+  x = x.reshape(*lead, k + 1, t)[..., 1:, :]  # [..., K, T]
+  return x.reshape(*lead, t, k)
+
+
+def causal_mask(key_valid: jax.Array, t: int) -> jax.Array:
+  """[B, K] slot validity -> [B, 1, T, K]: valid and not in the future."""
+  k = key_valid.shape[-1]
+  s = k - t
+  visible = jnp.arange(k)[None, :] <= (s + jnp.arange(t))[:, None]  # [T, K]
+  return (visible[None] & key_valid[:, None, :])[:, None]
+
+
+class RelativeAttention(nnx.Module):
+  """Pre-norm relative multi-head attention of one layer."""
+
+  def __init__(
+      self,
+      d_model: int,
+      num_heads: int,
+      *,
+      dropout_rate: float,
+      rngs: nnx.Rngs,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+  ):
+    h, hd = num_heads, d_model // num_heads
+    init = nnx.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
+    self.norm = LayerNorm(d_model, param_dtype=param_dtype)
+    self.wq = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
+    self.wk = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
+    self.wv = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
+    self.wr = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
+    self.wo = nnx.Param(
+        nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)(
+            rngs.params(), (h, hd, d_model), param_dtype))
+    self.u = nnx.Param(jnp.zeros((h, hd), param_dtype))
+    self.v = nnx.Param(jnp.zeros((h, hd), param_dtype))
+    self.dropout = nnx.Dropout(dropout_rate, deterministic=False)
+    self.dtype = dtype
+    self.scale = hd**-0.5
+
+  def _w(self, name: str, frozen: bool = False) -> jax.Array:
+    w = getattr(self, name)[...].astype(self.dtype)
+    return jax.lax.stop_gradient(w) if frozen else w
+
+  def __call__(
+      self,
+      x: jax.Array,
+      past: jax.Array,
+      past_valid: jax.Array,
+      positions: jax.Array,
+      *,
+      dropout_rng: Optional[jax.Array] = None,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Attends from the segment over [past; segment].
+
+    Args:
+      x: [B, T, d] the segment's layer inputs (not yet normalised).
+      past: [B, S, d] [compressed memory; memory] slots (layer inputs).
+      past_valid: [B, S] bool.
+      positions: [K, d] sinusoids for distances K-1 .. 0.
+      dropout_rng: key for attention dropout; None when deterministic.
+
+    Returns:
+      The attention output [B, T, d] and the attention weights [B, H, T, K].
+    """
+    b, t, _ = x.shape
+    xn = self.norm(x)
+    context = jnp.concatenate([self.norm(past), xn], axis=1)  # [B, K, d]
+    valid = jnp.concatenate([past_valid, jnp.ones((b, t), bool)], axis=1)
+    q = jnp.einsum("btd,dhe->bthe", xn, self._w("wq"))
+    k = jnp.einsum("bkd,dhe->bkhe", context, self._w("wk"))
+    v = jnp.einsum("bkd,dhe->bkhe", context, self._w("wv"))
+    r = jnp.einsum("kd,dhe->khe", positions.astype(self.dtype), self._w("wr"))
+    content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)
+    position = rel_shift(jnp.einsum("bthe,khe->bhtk", q + self._w("v"), r))
+    logits = (content + position).astype(jnp.float32) * self.scale
+    logits = jnp.where(causal_mask(valid, t), logits, _MASKED)
+    probs = jax.nn.softmax(logits, axis=-1)  # [B, H, T, K]
+    dropped = probs
+    if dropout_rng is not None:
+      dropped = self.dropout(probs, rngs=dropout_rng)
+    out = jnp.einsum("bhtk,bkhe->bthe", dropped.astype(self.dtype), v)
+    return jnp.einsum("bthe,hed->btd", out, self._w("wo")), probs
+
+  def content_attention(
+      self, x: jax.Array, slots: jax.Array, slots_valid: jax.Array
+  ) -> jax.Array:
+    """Content-only attention of this layer, with frozen weights (§3.2).
+
+    Used only by the attention-reconstruction loss: queries from `x [B, T, d]`
+    over `slots [B, N, d]` (no positions, no causal mask), every weight and
+    normalisation parameter behind a stop-gradient so that only the
+    compression network learns from this loss. Returns [B, T, H, D].
+    """
+    xn = self.norm(x, frozen=True)
+    sn = self.norm(slots, frozen=True)
+    q = jnp.einsum("btd,dhe->bthe", xn, self._w("wq", frozen=True))
+    k = jnp.einsum("bnd,dhe->bnhe", sn, self._w("wk", frozen=True))
+    v = jnp.einsum("bnd,dhe->bnhe", sn, self._w("wv", frozen=True))
+    logits = jnp.einsum("bthe,bnhe->bhtn", q, k).astype(jnp.float32) * self.scale
+    logits = jnp.where(slots_valid[:, None, None, :], logits, _MASKED)
+    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    return jnp.einsum("bhtn,bnhe->bthe", probs, v)

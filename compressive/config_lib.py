@@ -1,0 +1,122 @@
+"""Typed, validated view of the `model` config, and the project's ConfigError.
+
+Configs are ml_collections ConfigDicts (configs/*.py). The model reads them
+through `ModelConfig`, a frozen (hashable) dataclass, so that a bad value is
+reported once, by field name, before anything is built or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from compressive.compression import COMPRESSIONS
+from compressive.losses import RECONSTRUCTION_LOSSES
+
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+  """A user's config cannot work; the message names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  num_layers: int
+  num_heads: int
+  d_model: int
+  d_ff: int
+  segment_length: int
+  memory_length: int
+  compressed_memory_length: int
+  compression_rate: int
+  compression: str = "conv"
+  reconstruction_loss: str = "attention"
+  dropout_rate: float = 0.0
+  dtype: str = "float32"  # activations; parameters are always float32
+
+  @classmethod
+  def from_config(cls, config: Any) -> "ModelConfig":
+    """From a ConfigDict / mapping (extra keys ignored) or a ModelConfig."""
+    if isinstance(config, ModelConfig):
+      return config
+    if hasattr(config, "to_dict"):
+      config = config.to_dict()
+    if not isinstance(config, Mapping):
+      raise ConfigError(f"model config must be a ConfigDict or mapping, got {type(config).__name__}")
+    values = {}
+    for f in dataclasses.fields(cls):
+      if f.name in config:
+        values[f.name] = config[f.name]
+      elif f.default is dataclasses.MISSING:
+        raise ConfigError(f"model.{f.name} is missing from the config")
+    return cls(**values)
+
+  def __post_init__(self):
+    validate(self)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def temporal_range(self) -> int:
+    """Tokens back one layer can reach: n_m + c * n_cm (paper §3)."""
+    return self.memory_length + self.compression_rate * self.compressed_memory_length
+
+
+def _int(cfg: ModelConfig, name: str, minimum: int) -> None:
+  value = getattr(cfg, name)
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ConfigError(f"model.{name}={value!r} must be an integer")
+  if value < minimum:
+    raise ConfigError(f"model.{name}={value} must be >= {minimum}")
+
+
+def validate(cfg: ModelConfig) -> None:
+  """Raises ConfigError naming the first inconsistent field."""
+  for name in ("vocab_size", "num_layers", "num_heads", "d_model", "d_ff",
+               "segment_length", "compression_rate"):
+    _int(cfg, name, 1)
+  for name in ("memory_length", "compressed_memory_length"):
+    _int(cfg, name, 0)
+  if cfg.d_model % cfg.num_heads:
+    raise ConfigError(
+        f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
+  if cfg.compression not in COMPRESSIONS:
+    raise ConfigError(
+        f"model.compression={cfg.compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
+  if cfg.reconstruction_loss not in RECONSTRUCTION_LOSSES:
+    raise ConfigError(
+        f"model.reconstruction_loss={cfg.reconstruction_loss!r} is unknown; choose one of "
+        f"{', '.join(RECONSTRUCTION_LOSSES)}")
+  if not isinstance(cfg.dropout_rate, (int, float)) or not 0.0 <= cfg.dropout_rate < 1.0:
+    raise ConfigError(f"model.dropout_rate={cfg.dropout_rate!r} must be in [0, 1)")
+  if cfg.dtype not in DTYPES:
+    raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+  check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
+  if cfg.compressed_memory_length and cfg.segment_length % cfg.compression_rate:
+    raise ConfigError(
+        f"model.segment_length={cfg.segment_length} is not a multiple of "
+        f"model.compression_rate={cfg.compression_rate}: each segment's evicted "
+        "memories are compressed in groups of compression_rate")
+
+
+def check_memory_sizes(cfg: ModelConfig, memory_length: Any, compressed_memory_length: Any,
+                       batch_size: Any = 1, *, prefix: str = "model") -> None:
+  """Checks memory sizes (training's or evaluation's) against the model."""
+  for name, value in (("memory_length", memory_length),
+                      ("compressed_memory_length", compressed_memory_length)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ConfigError(f"{prefix}.{name}={value!r} must be an integer >= 0")
+  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
+  if compressed_memory_length and not memory_length:
+    raise ConfigError(
+        f"{prefix}.compressed_memory_length={compressed_memory_length} needs "
+        f"{prefix}.memory_length > 0: only memories that leave the memory are compressed")
+  if compressed_memory_length and not cfg.compressed_memory_length:
+    raise ConfigError(
+        f"{prefix}.compressed_memory_length={compressed_memory_length} but the model was "
+        "built with model.compressed_memory_length=0 (Transformer-XL): it has no compressor")

@@ -1,0 +1,203 @@
+"""The Compressive Transformer language model (Rae et al. 2020), in Flax NNX.
+
+Notation: B rows, T segment tokens, M memory slots, C compressed slots,
+S = C + M, K = S + T keys, L layers, d width, V vocabulary.
+
+    logits, new_memory, aux = model(tokens, memory, start_of_sequence)
+
+Per layer (paper Alg. 1): attend over [cmem; mem; segment]; push the
+segment's layer inputs into mem; compress the T oldest slots that fall out
+(f_c, rate c) into T / c slots pushed into cmem, whose oldest fall off. The
+compression network learns only from the reconstruction loss (§3.2); memories
+are stop-gradient between segments (truncated BPTT over one segment).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from compressive import losses
+from compressive import memory as memory_lib
+from compressive.attention import LayerNorm, RelativeAttention, sinusoid_positions
+from compressive.compression import Compressor
+from compressive.config_lib import ConfigError, ModelConfig
+from compressive.memory import Memory
+
+
+class FeedForward(nnx.Module):
+
+  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    init = nnx.initializers.lecun_normal()
+    self.w1 = nnx.Param(init(rngs.params(), (d_model, d_ff), param_dtype))
+    self.b1 = nnx.Param(jnp.zeros((d_ff,), param_dtype))
+    self.w2 = nnx.Param(init(rngs.params(), (d_ff, d_model), param_dtype))
+    self.b2 = nnx.Param(jnp.zeros((d_model,), param_dtype))
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c = lambda p: p[...].astype(self.dtype)
+    h = jax.nn.gelu(x @ c(self.w1) + c(self.b1))
+    return h @ c(self.w2) + c(self.b2)
+
+
+class Block(nnx.Module):
+  """One pre-norm layer with its memory update and compressor."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype=jnp.float32):
+    self.attention = RelativeAttention(
+        cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
+        dtype=dtype, param_dtype=param_dtype)
+    self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
+    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
+    self.reconstruction_loss = cfg.reconstruction_loss
+    if cfg.compressed_memory_length:
+      self.compressor = Compressor(
+          cfg.compression, cfg.compression_rate, cfg.d_model,
+          autoencoder=cfg.reconstruction_loss == "autoencoding",
+          rngs=rngs, param_dtype=param_dtype)
+    else:
+      self.compressor = None  # Transformer-XL: evicted memories are dropped.
+
+  def _drop(self, x, rng, index):
+    if rng is None:
+      return x
+    return self.dropout(x, rngs=jax.random.fold_in(rng, index))
+
+  def __call__(
+      self, x: jax.Array, mem: Memory, positions: jax.Array, rng: Optional[jax.Array]
+  ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
+    """x [B, T, d] layer input; mem is this layer's memory (no layer axis)."""
+    c_len, m_len = mem.compressed_memory_length, mem.memory_length
+    past = jnp.concatenate([mem.cmem, mem.mem], axis=1).astype(x.dtype)  # [B, S, d]
+    past_valid = jnp.concatenate([mem.cmem_mask, mem.mem_mask], axis=1)
+    attn_rng = None if rng is None else jax.random.fold_in(rng, 0)
+    a, probs = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng)
+    h = x + self._drop(a, rng, 1)
+    out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
+
+    # Attention mass by bank, for diagnostics (§5.5): [B, H, T, K] -> scalars.
+    stats = {
+        "attention_mass/compressed_memory": probs[..., :c_len].sum(-1).mean(),
+        "attention_mass/memory": probs[..., c_len:c_len + m_len].sum(-1).mean(),
+        "attention_mass/segment": probs[..., c_len + m_len:].sum(-1).mean(),
+    }
+
+    # Memory update (Alg. 1). Everything stored is stop-gradient (truncated
+    # BPTT), and so is what the compressor sees: only its loss trains it.
+    recon = jnp.zeros((), jnp.float32)
+    if m_len:
+      received = probs.mean(axis=(1, 2))[:, c_len:]  # [B, M + T]
+      new_mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), jax.lax.stop_gradient(received))
+      ev = jax.lax.stop_gradient(ev)
+      if c_len:
+        if self.compressor is None:
+          raise ConfigError(
+              "the memory has a compressed memory but the model was built with "
+              "model.compressed_memory_length=0 (no compressor)")
+        comp, comp_mask = self.compressor(ev.slots, ev.mask, ev.usage)
+        new_mem = memory_lib.push_compressed(new_mem, jax.lax.stop_gradient(comp), comp_mask)
+        if self.reconstruction_loss == "attention":
+          # §3.2: stop-gradient on the queries h, the old memories and the
+          # layer's weights, so that only f_c learns from this loss.
+          xs = jax.lax.stop_gradient(x)
+          recon = losses.attention_reconstruction_loss(
+              lambda slots, valid: self.attention.content_attention(xs, slots, valid),
+              ev.slots, ev.mask, comp, comp_mask)
+        elif self.reconstruction_loss == "autoencoding":
+          recon = losses.autoencoding_loss(self.compressor.decode, ev.slots, ev.mask, comp)
+    else:
+      new_mem = mem  # a segment-local Transformer keeps nothing
+    stats["reconstruction_loss"] = recon
+    return out, new_mem, stats
+
+
+class CompressiveTransformer(nnx.Module):
+  """Compressive Transformer LM. `compressed_memory_length=0` is
+  Transformer-XL; `memory_length=compressed_memory_length=0` a segment-local
+  Transformer."""
+
+  def __init__(self, model_config: Any, *, rngs: nnx.Rngs):
+    cfg = ModelConfig.from_config(model_config)
+    self.config = cfg
+    dtype = jnp.dtype(cfg.dtype)
+    self.dtype = dtype
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs,
+                           embedding_init=nnx.initializers.normal(1.0))
+    self.embed_dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
+    self.blocks = nnx.List([Block(cfg, rngs=rngs, dtype=dtype) for _ in range(cfg.num_layers)])
+    self.final_norm = LayerNorm(cfg.d_model)
+    self.head = nnx.Param(nnx.initializers.lecun_normal()(
+        rngs.params(), (cfg.d_model, cfg.vocab_size), jnp.float32))
+
+  def init_memory(self, batch_size: int, **sizes) -> Memory:
+    """An empty memory for this model (sizes may be overridden for eval)."""
+    return memory_lib.init_memory(self.config, batch_size, self.dtype, **sizes)
+
+  def __call__(
+      self,
+      tokens: jax.Array,
+      memory: Memory,
+      start_of_sequence: Optional[jax.Array] = None,
+      *,
+      dropout_rng: Optional[jax.Array] = None,
+  ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
+    """Processes one segment.
+
+    Args:
+      tokens: int32 [B, T]; T a multiple of the compression rate when the
+        memory has a compressed memory.
+      memory: the memory before this segment (see `init_memory`).
+      start_of_sequence: bool [B]; rows whose memory is reset first.
+      dropout_rng: a key enabling dropout (training); None, or `model.eval()`,
+        makes the call deterministic.
+
+    Returns:
+      logits [B, T, V] (float32), the memory after this segment
+      (stop-gradient), and aux: scalars `reconstruction_loss` (summed over
+      layers; 0 if nothing was evicted) and `attention_mass/*` (mean over
+      layers, heads, queries, rows).
+    """
+    cfg = self.config
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    b, t = tokens.shape
+    if memory.num_layers != cfg.num_layers or memory.batch_size != b:
+      raise ValueError(
+          f"memory is for {memory.num_layers} layers x {memory.batch_size} rows; "
+          f"the model has {cfg.num_layers} layers and tokens have {b} rows")
+    if memory.compressed_memory_length and t % cfg.compression_rate:
+      raise ValueError(
+          f"segment of {t} tokens is not a multiple of compression_rate={cfg.compression_rate}")
+    if memory.mem.shape[-1] != cfg.d_model:
+      raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
+    if self.embed_dropout.deterministic or cfg.dropout_rate == 0.0:
+      dropout_rng = None
+
+    if start_of_sequence is not None:
+      memory = memory_lib.reset_rows(memory, start_of_sequence)
+    memory = jax.lax.stop_gradient(memory)
+
+    x = self.embed(tokens).astype(self.dtype)  # [B, T, d]
+    if dropout_rng is not None:
+      x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
+    k = memory.compressed_memory_length + memory.memory_length + t
+    positions = sinusoid_positions(k, cfg.d_model)  # [K, d]
+    new_layers, stats = [], []
+    for i, block in enumerate(self.blocks):
+      rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+      x, layer_mem, layer_stats = block(x, memory.layer(i), positions, rng)
+      new_layers.append(layer_mem)
+      stats.append(layer_stats)
+    x = self.final_norm(x)
+    logits = (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
+
+    aux = {name: jnp.mean(jnp.stack([s[name] for s in stats])) for name in stats[0]}
+    aux["reconstruction_loss"] = jnp.sum(jnp.stack([s["reconstruction_loss"] for s in stats]))
+    new_memory = jax.lax.stop_gradient(Memory.stack(new_layers))
+    return logits, new_memory, aux

@@ -1,0 +1,143 @@
+"""FIFO order, validity masks and per-row reset of memory and compressed memory.
+
+A one-layer model's memory holds the embeddings of past tokens, so every slot
+can be checked against a plain-Python simulation of the paper's Alg. 1 that
+tracks which token (or group of tokens) each slot holds.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import compressive
+from compressive.compression import COMPRESSIONS
+from conftest import jitted_forward, make_model, tiny_model_config
+
+T, M, C, RATE = 4, 6, 3, 2  # M is not a multiple of T: evicted blocks mix old and new
+
+
+def simulate(num_segments, most_used=False):
+  """Yields (mem_ids, evicted_ids, cmem) after each segment.
+
+  mem_ids: the token in each memory slot (-1 = empty). cmem: for each
+  compressed slot, (valid, source ids): pooling and convolutions summarise a
+  group of c consecutive evicted slots; most-used keeps min(valid, T / c)
+  evicted slots, so its validity is a count, not a per-group "any".
+  """
+  mem = [-1] * M
+  cmem = [(False, (-1,) * RATE)] * C
+  for s in range(num_segments):
+    both = mem + list(range(s * T, (s + 1) * T))
+    evicted, mem = both[:T], both[T:]
+    if most_used:
+      k = min(sum(i >= 0 for i in evicted), T // RATE)
+      new = [(j >= T // RATE - k, tuple(evicted)) for j in range(T // RATE)]
+    else:
+      groups = [tuple(evicted[i:i + RATE]) for i in range(0, T, RATE)]
+      new = [(any(i >= 0 for i in g), g) for g in groups]
+    cmem = (cmem + new)[-C:]
+    yield list(mem), list(evicted), list(cmem)
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_fifo_order_and_masks_step_by_step(compression):
+  cfg = tiny_model_config(num_layers=1, segment_length=T, memory_length=M,
+                          compressed_memory_length=C, compression_rate=RATE,
+                          compression=compression)
+  model = make_model(cfg)
+  state, forward = jitted_forward(model)
+  emb = np.asarray(model.embed.embedding[...])
+  tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(3), (1, 5 * T), 0, cfg.vocab_size))
+  memory = compressive.init_memory(cfg, 1)
+  vec = lambda i: emb[tokens[0, i]] if i >= 0 else np.zeros(cfg.d_model, np.float32)
+  for s, (mem_ids, evicted_ids, cmem_groups) in enumerate(simulate(5, compression == "most_used")):
+    _, memory, _ = forward(state, tokens[:, s * T:(s + 1) * T], memory, None)
+    layer = memory.layer(0)
+    # Memory: the newest M layer inputs, oldest first; empty slots masked.
+    np.testing.assert_array_equal(np.asarray(layer.mem_mask[0]), [i >= 0 for i in mem_ids])
+    np.testing.assert_allclose(np.asarray(layer.mem[0]), np.stack([vec(i) for i in mem_ids]),
+                               rtol=0, atol=0)
+    # Compressed memory: a slot is valid when any of its group was.
+    np.testing.assert_array_equal(np.asarray(layer.cmem_mask[0]), [v for v, _ in cmem_groups])
+    cmem = np.asarray(layer.cmem[0])
+    for slot, (slot_valid, group) in enumerate(cmem_groups):
+      valid = [vec(i) for i in group if i >= 0]
+      if not slot_valid:
+        np.testing.assert_array_equal(cmem[slot], 0.0)
+      elif compression == "mean_pool":
+        np.testing.assert_allclose(cmem[slot], np.mean(valid, 0), rtol=1e-6, atol=1e-6)
+      elif compression == "max_pool":
+        np.testing.assert_allclose(cmem[slot], np.max(valid, 0), rtol=0, atol=0)
+      elif compression == "most_used":
+        # One of its eviction's own slots, kept whole.
+        assert any(np.array_equal(cmem[slot], v) for v in valid)
+    if compression in ("conv", "dilated_conv"):
+      # The newest T / c slots are f_c of exactly the evicted block.
+      block = np.stack([vec(i) for i in evicted_ids])[None]
+      bmask = np.array([[i >= 0 for i in evicted_ids]])
+      comp, comp_mask = model.blocks[0].compressor(jnp.asarray(block), jnp.asarray(bmask),
+                                                    jnp.zeros(bmask.shape))
+      got = cmem[-(T // RATE):]
+      want = np.where(np.asarray(comp_mask[0])[:, None], np.asarray(comp[0]), 0.0)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_most_used_keeps_the_most_attended_in_order():
+  from compressive.compression import Compressor
+  from flax import nnx
+  comp = Compressor("most_used", 2, 3, autoencoder=False, rngs=nnx.Rngs(0))
+  slots = jnp.arange(6 * 3, dtype=jnp.float32).reshape(1, 6, 3)
+  usage = jnp.array([[0.9, 0.1, 0.5, 0.7, 0.2, 0.3]])
+  mask = jnp.array([[True, True, True, True, True, True]])
+  out, out_mask = comp(slots, mask, usage)
+  np.testing.assert_array_equal(out[0], slots[0, jnp.array([0, 2, 3])])  # top 3, time order
+  assert bool(out_mask.all())
+  # An empty slot is never preferred over a valid one, whatever its usage.
+  mask = mask.at[0, 0].set(False)
+  out, out_mask = comp(slots, mask, usage)
+  np.testing.assert_array_equal(out[0], slots[0, jnp.array([2, 3, 5])])
+
+
+def test_usage_accumulates_attention_received():
+  cfg = tiny_model_config(num_layers=1, compression="most_used")
+  state, forward = jitted_forward(make_model(cfg))
+  memory = compressive.init_memory(cfg, 2)
+  tokens = jnp.ones((2, cfg.segment_length), jnp.int32)
+  _, memory, _ = forward(state, tokens, memory, None)
+  usage1 = np.asarray(memory.usage[0])
+  _, memory2, _ = forward(state, tokens, memory, None)
+  usage2 = np.asarray(memory2.usage[0])
+  t = cfg.segment_length
+  # Slots that stayed in memory gained usage; empty slots have none.
+  assert np.all(usage2[:, :-t] >= usage1[:, t:])
+  assert np.all(usage1[:, :-t] == 0) and np.all(usage1[:, -t:] > 0)
+
+
+def test_per_row_reset_matches_fresh_memory_and_leaves_other_rows():
+  cfg = tiny_model_config()
+  state, forward = jitted_forward(make_model(cfg))
+  t = cfg.segment_length
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 5 * t), 0, cfg.vocab_size)
+  memory = compressive.init_memory(cfg, 3)
+  for s in range(4):  # fill memory and compressed memory
+    _, memory, _ = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
+  seg = tokens[:, 4 * t:]
+  sos = jnp.array([False, True, False])
+  logits_reset, mem_reset, _ = forward(state, seg, memory, sos)
+  logits_keep, mem_keep, _ = forward(state, seg, memory, None)
+  fresh_logits, fresh_mem, _ = forward(state, seg, compressive.init_memory(cfg, 3), None)
+  np.testing.assert_array_equal(logits_reset[1], fresh_logits[1])
+  for a, b in zip(jax.tree.leaves(mem_reset), jax.tree.leaves(fresh_mem)):
+    np.testing.assert_array_equal(a[:, 1], b[:, 1])
+  for row in (0, 2):
+    np.testing.assert_array_equal(logits_reset[row], logits_keep[row])
+    for a, b in zip(jax.tree.leaves(mem_reset), jax.tree.leaves(mem_keep)):
+      np.testing.assert_array_equal(a[:, row], b[:, row])
+
+
+def test_init_memory_is_empty_and_sized_from_overrides():
+  cfg = tiny_model_config()
+  memory = compressive.init_memory(cfg, 2, memory_length=12, compressed_memory_length=10)
+  assert memory.mem.shape == (2, 2, 12, 16) and memory.cmem.shape == (2, 2, 10, 16)
+  assert not bool(memory.mem_mask.any()) and not bool(memory.cmem_mask.any())

@@ -1,0 +1,144 @@
+"""Model-level promises: temporal range, segment-by-segment == whole sequence,
+scan under jit, determinism, and the Transformer-XL / local special cases."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import compressive
+from conftest import jitted_forward, make_model, tiny_model_config
+
+
+def run_segments(forward, state, tokens, memory, t):
+  outs = []
+  for s in range(tokens.shape[1] // t):
+    logits, memory, aux = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
+    outs.append(logits)
+  return jnp.concatenate(outs, 1), memory
+
+
+@pytest.mark.parametrize("compression", ["max_pool", "mean_pool", "conv", "dilated_conv"])
+def test_temporal_range_of_one_layer(compression):
+  # One layer: a past token reaches the last segment exactly when it lies within
+  # n_m + c * n_cm tokens before it (paper §3).
+  t, m, cm, c = 4, 4, 3, 2
+  reach = m + c * cm  # 10
+  cfg = tiny_model_config(num_layers=1, segment_length=t, memory_length=m,
+                          compressed_memory_length=cm, compression_rate=c,
+                          compression=compression)
+  state, forward = jitted_forward(make_model(cfg))
+  n_seg = 6
+  start = (n_seg - 1) * t  # first token of the last segment
+  base = jax.random.randint(jax.random.PRNGKey(0), (1, n_seg * t), 0, cfg.vocab_size)
+  # Row 0 is unperturbed; row d perturbs the token d positions before `start`.
+  distances = np.arange(1, start + 1)
+  batch = jnp.repeat(base, len(distances) + 1, 0)
+  batch = batch.at[distances, start - distances].set((base[0, start - distances] + 7) % cfg.vocab_size)
+  logits, _ = run_segments(forward, state, batch, compressive.init_memory(cfg, batch.shape[0]), t)
+  last = np.asarray(logits[:, start:])
+  changed = np.abs(last[1:] - last[:1]).max(axis=(1, 2)) > 0
+  np.testing.assert_array_equal(changed, distances <= reach)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_segment_by_segment_equals_whole_sequence(layers):
+  # No compressed memory and a memory as long as the sequence: the recurrence
+  # must reproduce one pass over the whole sequence (positions and masks).
+  t, n_seg = 4, 5
+  total = t * n_seg
+  cfg = tiny_model_config(num_layers=layers, segment_length=t, memory_length=total,
+                          compressed_memory_length=0)
+  state, forward = jitted_forward(make_model(cfg))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, total), 0, cfg.vocab_size)
+  seg_logits, _ = run_segments(forward, state, tokens, compressive.init_memory(cfg, 2), t)
+  whole, _, _ = forward(state, tokens, compressive.init_memory(cfg, 2), None)
+  np.testing.assert_allclose(np.asarray(seg_logits), np.asarray(whole), rtol=1e-5, atol=1e-5)
+
+
+def test_scan_under_jit_matches_eager_and_does_not_retrace():
+  cfg = tiny_model_config()
+  model = make_model(cfg)
+  graphdef, state = nnx.split(model)
+  t, n_seg = cfg.segment_length, 6
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, n_seg * t), 0, cfg.vocab_size)
+  segments = tokens.reshape(2, n_seg, t).transpose(1, 0, 2)  # [S, B, T]
+  sos = jnp.zeros((n_seg, 2), bool).at[0].set(True).at[3, 1].set(True)
+  traces = []
+
+  @jax.jit
+  def scanned(state, memory, segments, sos):
+    traces.append(1)
+    m = nnx.merge(graphdef, state)
+
+    def body(memory, xs):
+      seg, flag = xs
+      logits, memory, aux = m(seg, memory, flag)
+      return memory, (logits, aux["reconstruction_loss"])
+
+    return jax.lax.scan(body, memory, (segments, sos))
+
+  memory0 = compressive.init_memory(cfg, 2)
+  final, (logits, recon) = scanned(state, memory0, segments, sos)
+  scanned(state, final, segments, sos)  # new values, same shapes
+  assert len(traces) == 1
+
+  memory = memory0
+  for s in range(n_seg):
+    want, memory, aux = model(segments[s], memory, sos[s])
+    np.testing.assert_allclose(np.asarray(logits[s]), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(recon[s]), float(aux["reconstruction_loss"]), rtol=1e-5, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(memory)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_needs_a_key_and_eval_mode_is_deterministic():
+  cfg = tiny_model_config(dropout_rate=0.5)
+  model = make_model(cfg)
+  memory = compressive.init_memory(cfg, 1)
+  tokens = jnp.arange(cfg.segment_length)[None] % cfg.vocab_size
+  a, _, _ = model(tokens, memory, dropout_rng=jax.random.PRNGKey(0))
+  b, _, _ = model(tokens, memory, dropout_rng=jax.random.PRNGKey(1))
+  assert not np.allclose(a, b)
+  c, _, _ = model(tokens, memory)  # no key: deterministic
+  model.eval()
+  d, _, _ = model(tokens, memory, dropout_rng=jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(c, d)
+
+
+@pytest.mark.parametrize("m,cm", [(0, 0), (8, 0), (8, 4)])
+def test_same_code_for_local_transformer_xl_and_compressive(m, cm):
+  cfg = tiny_model_config(memory_length=m, compressed_memory_length=cm)
+  model = make_model(cfg)
+  has_compressor = any("compressor" in str(p) for p, _ in nnx.to_flat_state(nnx.state(model)))
+  assert has_compressor == (cm > 0)
+  state, forward = jitted_forward(model)
+  memory = compressive.init_memory(cfg, 2)
+  tokens = jnp.ones((2, 3 * cfg.segment_length), jnp.int32)
+  logits, memory = run_segments(forward, state, tokens, memory, cfg.segment_length)
+  assert logits.shape == (2, 3 * cfg.segment_length, cfg.vocab_size)
+  assert memory.mem.shape[2] == m and memory.cmem.shape[2] == cm
+  assert np.all(np.isfinite(np.asarray(logits)))
+
+
+def test_evaluation_may_use_longer_memories_and_other_segment_lengths():
+  cfg = tiny_model_config()  # trained with n_m = 8, n_cm = 4, T = 4
+  state, forward = jitted_forward(make_model(cfg))
+  memory = compressive.init_memory(cfg, 1, memory_length=16, compressed_memory_length=12)
+  tokens = jnp.ones((1, 8), jnp.int32)
+  for _ in range(6):  # 16 memory slots fill after 2 segments; then 4 slots a segment
+    logits, memory, aux = forward(state, tokens, memory, None)
+  assert bool(memory.cmem_mask.all()) and float(aux["attention_mass/compressed_memory"]) > 0
+  with pytest.raises(ValueError, match="multiple of compression_rate"):
+    forward(state, jnp.ones((1, 5), jnp.int32), memory, None)
+
+
+def test_attention_mass_sums_to_one():
+  cfg = tiny_model_config()
+  state, forward = jitted_forward(make_model(cfg))
+  memory = compressive.init_memory(cfg, 2)
+  for _ in range(5):
+    _, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
+  total = sum(float(aux[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
+  assert abs(total - 1.0) < 1e-5
