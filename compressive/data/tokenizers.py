@@ -1,0 +1,186 @@
+"""Tokenizers: UTF-8 bytes (enwik8, the default books run) and SentencePiece.
+
+Both map `str -> np.int32 [L]` and back. Neither adds BOS/EOS: a document is
+a plain token stream whose first token is context only (see `documents.py`),
+the same for every tokenizer, so bits per byte and word-level perplexity are
+comparable across them.
+
+Id 0 is padding in batches. For bytes it is also the NUL byte (which never
+occurs in text); SentencePiece models trained here reserve id 0 as `<pad>` so
+that a padded position never aliases a real piece.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterable, Iterator, Protocol, Sequence
+
+import ml_collections
+import numpy as np
+
+
+class Tokenizer(Protocol):
+  """What the data pipeline and the sampler need from a tokenizer."""
+
+  @property
+  def vocab_size(self) -> int:
+    ...
+
+  def encode(self, text: str) -> np.ndarray:
+    ...
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    ...
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as tokens: vocabulary 256, bits per token = bits per byte."""
+
+  vocab_size = 256
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.frombuffer(text.encode('utf-8'), dtype=np.uint8).astype(np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    # A model may emit a byte sequence that is not valid UTF-8 (e.g. a cut
+    # multi-byte character); show it as U+FFFD rather than failing mid-sample.
+    data = np.asarray(ids, dtype=np.int64)
+    if data.size and (data.min() < 0 or data.max() > 255):
+      raise ValueError('byte tokenizer ids must lie in [0, 255]')
+    return data.astype(np.uint8).tobytes().decode('utf-8', errors='replace')
+
+
+class SentencePieceTokenizer:
+  """A trained SentencePiece model (the paper uses 32k subwords on PG-19)."""
+
+  def __init__(self, model_path: str):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+    if not model_path:
+      raise ValueError(
+          'data.tokenizer=sentencepiece needs data.spm_model, the path of a '
+          '.model file; train one with train_tokenizer.py --config=...')
+    if not os.path.exists(model_path):
+      raise FileNotFoundError(
+          f'SentencePiece model {model_path!r} (data.spm_model) does not '
+          'exist; train it with train_tokenizer.py --config=...')
+    self.model_path = model_path
+    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self._sp.get_piece_size())
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._sp.encode(text), dtype=np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+
+def get_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
+  """The tokenizer named by `data_config.tokenizer` ('bytes'|'sentencepiece')."""
+  name = data_config.tokenizer
+  if name == 'bytes':
+    return ByteTokenizer()
+  if name == 'sentencepiece':
+    return SentencePieceTokenizer(data_config.spm_model)
+  raise ValueError(
+      f"Unknown data.tokenizer {name!r}; expected 'bytes' or 'sentencepiece'")
+
+
+def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+  """Cuts documents into line-aligned pieces of at most ~max_chars.
+
+  SentencePiece samples and scores "sentences"; a whole book as one sentence
+  would be dropped for exceeding max_sentence_length. Pieces keep their
+  newlines, so '\\n' is learned as a symbol of its own.
+  """
+  for text in texts:
+    start = 0
+    while start < len(text):
+      end = min(len(text), start + max_chars)
+      if end < len(text):
+        cut = text.rfind('\n', start, end)
+        if cut > start:
+          end = cut + 1
+      piece = text[start:end]
+      if piece.strip():
+        yield piece
+      start = end
+
+
+def train_sentencepiece(
+    texts: Iterable[str],
+    vocab_size: int,
+    model_path: str,
+    *,
+    model_type: str = 'unigram',
+    character_coverage: float = 0.9999,
+    byte_fallback: bool = True,
+    max_sentence_chars: int = 4096,
+    input_sentence_size: int = 10_000_000,
+    num_threads: int = 1,
+    seed: int = 0,
+) -> SentencePieceTokenizer:
+  """Trains a lossless SentencePiece model on `texts`; writes `model_path`.
+
+  Choices, and why:
+  - identity normalisation, no whitespace squashing, byte fallback and '\\n'
+    as a user symbol: decode(encode(text)) == text for any text, so bits per
+    byte and word counts refer to exactly the original documents;
+  - id 0 = <pad>, 1 = <unk>, no BOS/EOS (documents are plain streams);
+  - hard_vocab_limit off: `vocab_size` is an upper bound, so tiny corpora in
+    tests train; read the real size from `.vocab_size`. With byte fallback
+    the vocabulary needs at least ~260 + number of characters entries.
+
+  Args:
+    texts: documents (any iterable, consumed once).
+    vocab_size: the largest vocabulary to learn.
+    model_path: where to write the .model file (folders are created).
+    model_type: 'unigram' or 'bpe' (SentencePiece's names).
+    character_coverage: share of characters covered by single pieces.
+    byte_fallback: spell rare characters as UTF-8 byte pieces.
+    max_sentence_chars: documents are cut at line ends into pieces of about
+      this many characters, the units SentencePiece samples.
+    input_sentence_size: at most this many pieces are sampled for training.
+    num_threads: trainer threads.
+    seed: seeds SentencePiece's sampling of pieces.
+
+  Returns:
+    The trained tokenizer, loaded from `model_path`.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  buffer = io.BytesIO()
+  spm.set_random_generator_seed(seed)
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=_chunks(texts, max_sentence_chars),
+      model_writer=buffer,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      byte_fallback=byte_fallback,
+      normalization_rule_name='identity',
+      remove_extra_whitespaces=False,
+      user_defined_symbols=['\n'],
+      pad_id=0,
+      unk_id=1,
+      bos_id=-1,
+      eos_id=-1,
+      hard_vocab_limit=False,
+      # UTF-8 may take 4 bytes a character; leave room for the whole piece.
+      max_sentence_length=4 * max_sentence_chars + 16,
+      input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True,
+      num_threads=num_threads,
+      minloglevel=2,
+  )
+  folder = os.path.dirname(os.path.abspath(model_path))
+  os.makedirs(folder, exist_ok=True)
+  tmp = model_path + '.tmp'
+  with open(tmp, 'wb') as f:
+    f.write(buffer.getvalue())
+  os.replace(tmp, model_path)
+  return SentencePieceTokenizer(model_path)
