@@ -296,3 +296,29 @@ def test_split_by_hash_is_deterministic_disjoint_and_keeps_groups():
               & {keys[i] for i in split['validation'] + split['test']})
   with pytest.raises(ValueError, match='at least 3'):
     documents_lib.split_by_hash(['a', 'b'], 0.05)
+
+
+def test_text_documents_counts_tokens_and_cache():
+  texts = ['one two  three\n', 'ü ★', 'a']
+  loads = []
+
+  def load(i):
+    loads.append(i)
+    return texts[i]
+
+  docs = data.TextDocuments(['a', 'b', 'c'], load, data.ByteTokenizer(),
+                            'test/docs', cache_tokens=8)
+  # Counts first, tokens after: both must come from the text.
+  assert docs.num_words(0) == 3 and docs.num_bytes(0) == 15
+  assert len(docs.tokens(0)) == 15 == docs.num_tokens(0)
+  assert docs.num_words(1) == 2 and docs.num_bytes(1) == 6
+  assert docs.tokens(1).tolist() == list('ü ★'.encode())
+  docs.tokens(1)
+  assert loads.count(1) == 2  # Counting, then tokenizing; then cached.
+  # Doc 0 (15 tokens) is over the 8-token cache: loaded each time.
+  docs.tokens(0)
+  assert loads.count(0) == 3
+  with pytest.raises(ValueError, match=r"'c' \(index 2 of test/docs\)"):
+    docs.num_tokens(2)
+  with pytest.raises(IndexError):
+    docs.tokens(3)

@@ -451,3 +451,22 @@ def test_synthetic_copy_kind_repeats_its_block():
              synthetic_min_length=30, synthetic_max_length=30)
   doc = data.get_documents(c, 'train', data.ByteTokenizer()).tokens(0)
   np.testing.assert_array_equal(doc[7:], doc[:-7])
+
+
+# -- The real books corpus, when this machine has fetched it. ----------------
+
+_REAL_CACHE = books.default_cache_dir()
+
+
+@pytest.mark.skipif(
+    not all(os.path.exists(os.path.join(_REAL_CACHE, 'books', a.filename))
+            for a in books.ARCHIVES),
+    reason='books corpus not fetched into ~/.cache/compressive')
+def test_real_books_corpus_is_unchanged():
+  # The corpus defines the default experiment's numbers: a change in parsing
+  # or splitting must be deliberate.
+  splits = all_splits(config(source='books'))
+  sizes = {s: (len(d), sum(d.num_bytes(i) for i in range(len(d))))
+           for s, d in splits.items()}
+  assert sizes == {'train': (81, 13_518_477), 'validation': (4, 794_448),
+                   'test': (5, 658_333)}

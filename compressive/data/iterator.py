@@ -257,6 +257,11 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     that restoring into a differently built iterator is an error rather than
     a silent change of data order.
     """
+    # Multi-host: the [num_rows] arrays are this process's rows only, laid
+    # out like its rows of the batch; to keep all processes' rows in one
+    # checkpoint, assemble them into global [B] arrays sharded like the
+    # batch (e.g. jax.make_array_from_process_local_data) and hand each
+    # process its own rows back on restore. The scalars agree everywhere.
     state = {
         'epoch': self._epoch.copy(),
         'position': self._position.copy(),

@@ -96,10 +96,9 @@ def _local_builder_class(raw_dir: str):
   return LocalPg19
 
 
-def get_builder(data_config: ml_collections.ConfigDict):
+def get_builder(data_config: ml_collections.ConfigDict
+                ) -> 'tfds.core.DatasetBuilder':  # noqa: F821 (lazy import)
   """The pg19 builder over data.data_dir, preparing it if needed."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
   if not data_config.data_dir:
     raise ValueError(
         'data.source=pg19 needs data.data_dir, the TFDS data_dir where PG-19 '

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import ml_collections
 
 from compressive.data import books as books_lib
@@ -54,7 +56,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 
 
 def iter_texts(data_config: ml_collections.ConfigDict, split: str,
-               max_bytes: int | None = None, seed: int = 0):
+               max_bytes: int | None = None, seed: int = 0) -> Iterator[str]:
   """Yields original texts of a split (e.g. to train a tokenizer).
 
   Documents come in a seeded random order, so that a `max_bytes` budget
