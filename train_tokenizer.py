@@ -8,6 +8,8 @@ to config.data.spm_model, with config.data.spm_vocab_size pieces at most
 (the paper: 32k subwords for PG-19).
 """
 
+import os
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -34,6 +36,7 @@ def main(argv):
       model_path=data_config.spm_model,
       model_type=data_config.spm_model_type,
       character_coverage=data_config.spm_character_coverage,
+      num_threads=os.cpu_count() or 1,
       seed=data_config.spm_train_seed)
   logging.info('Wrote %s (%d pieces).', data_config.spm_model,
                tokenizer.vocab_size)
