@@ -10,5 +10,12 @@ __all__ = [
     "Memory",
     "ModelConfig",
     "init_memory",
+    "load",
     "reset_rows",
 ]
+
+
+def load(workdir: str, step=None):
+  """(config, model) of a training workdir's latest (or given) checkpoint."""
+  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  return train_lib.load(workdir, step)
