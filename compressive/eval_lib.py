@@ -80,7 +80,8 @@ def evaluate(
   sizes = eval_sizes(config)
   model.eval()
   step = make_eval_step(model)
-  b, t = sizes["batch_size"], sizes["segment_length"]
+  # Rows beyond the number of documents would only stream padding.
+  b, t = min(sizes["batch_size"], len(documents)), sizes["segment_length"]
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
                                 seed=config.seed, repeat=False)
   memory = memory_lib.init_memory(

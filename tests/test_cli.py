@@ -1,0 +1,74 @@
+"""The entry points as a user runs them: train.py with overrides, resume,
+eval.py's JSON line, and clear errors with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                        timeout=600)
+
+
+@pytest.fixture
+def tiny_config_file(tmp_path):
+  path = tmp_path / "tiny.py"
+  path.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+      from test_train import tiny_experiment
+
+      def get_config():
+        return tiny_experiment()
+      """))
+  return str(path)
+
+
+def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
+  workdir = str(tmp_path / "wd")
+  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
+          "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
+          "--config.model.compression=mean_pool")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "final evaluation" in r.stdout
+  saved = json.load(open(os.path.join(workdir, "config.json")))
+  assert saved["model"]["compression"] == "mean_pool"
+
+  r = run("eval.py", f"--workdir={workdir}", "--split=validation",
+          "--compressed_memory_length=16")
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["compressed_memory_length"] == 16 and result["step"] == 4
+  assert result["bits_per_byte"] > 0
+  assert os.path.exists(os.path.join(workdir, "eval_validation_step4.json"))
+
+  # Resuming a finished run trains no further and keeps its checkpoints.
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
+          "--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
+          "--config.model.compression=mean_pool")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from step 4" in r.stderr
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "6"
+  del before
+
+
+def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file):
+  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={tmp_path / 'wd'}",
+          "--config.model.compression_rate=3")
+  assert r.returncode == 2
+  assert r.stderr.strip().splitlines()[-1].startswith("error: model.segment_length=8")
+  assert "Traceback" not in r.stderr
+  assert not os.path.exists(tmp_path / "wd" / "checkpoints")
+
+
+def test_eval_of_a_missing_workdir(tmp_path):
+  r = run("eval.py", f"--workdir={tmp_path / 'nothing'}")
+  assert r.returncode == 2 and "not a training workdir" in r.stderr
