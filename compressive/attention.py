@@ -132,13 +132,10 @@ class RelativeAttention(nnx.Module):
       The attention output [B, T, d] and the attention weights [B, H, T, K].
     """
     b, t, _ = x.shape
-    xn = self.norm(x)
-    context = jnp.concatenate([self.norm(past), xn], axis=1)  # [B, K, d]
+    q = self.query(x)
+    k, v = self.keys_values(jnp.concatenate([past, x], axis=1))  # [B, K, H, D]
     valid = jnp.concatenate([past_valid, jnp.ones((b, t), bool)], axis=1)
-    q = jnp.einsum("btd,dhe->bthe", xn, self._w("wq"))
-    k = jnp.einsum("bkd,dhe->bkhe", context, self._w("wk"))
-    v = jnp.einsum("bkd,dhe->bkhe", context, self._w("wv"))
-    r = jnp.einsum("kd,dhe->khe", positions.astype(self.dtype), self._w("wr"))
+    r = self.position_keys(positions)
     content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)
     position = rel_shift(jnp.einsum("bthe,khe->bhtk", q + self._w("v"), r))
     logits = (content + position).astype(jnp.float32) * self.scale
@@ -149,6 +146,47 @@ class RelativeAttention(nnx.Module):
       dropped = self.dropout(probs, rngs=dropout_rng)
     out = jnp.einsum("bhtk,bkhe->bthe", dropped.astype(self.dtype), v)
     return jnp.einsum("bthe,hed->btd", out, self._w("wo")), probs
+
+  def query(self, x: jax.Array) -> jax.Array:
+    """[B, T, d] layer inputs -> queries [B, T, H, D]."""
+    return jnp.einsum("btd,dhe->bthe", self.norm(x), self._w("wq"))
+
+  def keys_values(self, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, N, d] layer inputs (memory or segment) -> keys, values [B, N, H, D].
+
+    Normalisation is per slot, so keys of memory slots can be computed once
+    and cached while the weights do not change (streaming generation).
+    """
+    n = self.norm(slots)
+    return (jnp.einsum("bnd,dhe->bnhe", n, self._w("wk")),
+            jnp.einsum("bnd,dhe->bnhe", n, self._w("wv")))
+
+  def position_keys(self, positions: jax.Array) -> jax.Array:
+    """Sinusoids [K, d] for distances K-1 .. 0 -> W_r R, [K, H, D]."""
+    return jnp.einsum("kd,dhe->khe", positions.astype(self.dtype), self._w("wr"))
+
+  def attend_one(
+      self, q: jax.Array, k: jax.Array, v: jax.Array, r: jax.Array,
+      valid: jax.Array, index: jax.Array,
+  ) -> jax.Array:
+    """One query at key position `index` (a traced scalar) over cached keys.
+
+    q [B, H, D]; k, v [B, K, H, D]; r [K, H, D] (distances K-1 .. 0); valid
+    [B, K]. Keys after `index` are masked. Returns the output [B, d], equal to
+    that query's row of `__call__` on the same keys.
+    """
+    kk = k.shape[1]
+    j = jnp.arange(kk)
+    dist = index - j  # [K]
+    content = jnp.einsum("bhe,bkhe->bhk", q + self._w("u"), k)
+    r_at = jnp.take(r, jnp.clip(kk - 1 - dist, 0, kk - 1), axis=0)  # [K, H, D]
+    position = jnp.einsum("bhe,khe->bhk", q + self._w("v"), r_at)
+    logits = (content + position).astype(jnp.float32) * self.scale
+    visible = valid & (dist >= 0)[None, :]
+    logits = jnp.where(visible[:, None, :], logits, _MASKED)
+    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bhk,bkhe->bhe", probs, v)
+    return jnp.einsum("bhe,hed->bd", out, self._w("wo"))
 
   def content_attention(
       self, x: jax.Array, slots: jax.Array, slots_valid: jax.Array

@@ -1,0 +1,217 @@
+"""Streaming generation with memory: prompt in, tokens out, memory bounded.
+
+Notation: B rows, T segment length, S = C + M memory slots, K = S + T keys,
+L layers, H heads, D head width.
+
+The prompt's whole segments go through the model as in training. Tokens are
+then decoded one at a time by a jitted step that reuses cached keys and values:
+those of the memory (computed once per segment, since the weights do not
+change) and those of the current segment's earlier tokens. When a segment is
+complete it is pushed into the memory by one ordinary model call (which also
+compresses what it evicts), and the cache is rebuilt from the new memory. The
+length of a generation is unbounded; memory use is fixed by (S, T).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence
+
+import flax.struct
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from compressive import memory as memory_lib
+from compressive.attention import sinusoid_positions
+from compressive.memory import Memory
+from compressive.model import CompressiveTransformer
+
+
+@flax.struct.dataclass
+class Cache:
+  """Keys and values of the memory and of the current segment, per layer."""
+
+  mem_k: jax.Array  # [L, B, S, H, D] keys of [cmem; mem]
+  mem_v: jax.Array  # [L, B, S, H, D]
+  mem_valid: jax.Array  # [L, B, S]
+  seg_k: jax.Array  # [L, B, T, H, D] keys of this segment's tokens so far
+  seg_v: jax.Array  # [L, B, T, H, D]
+  r: jax.Array  # [L, K, H, D] W_r R for distances K-1 .. 0
+
+
+def build_cache(model: CompressiveTransformer, memory: Memory, segment_length: int) -> Cache:
+  mem_k, mem_v, valid, rs = [], [], [], []
+  s = memory.compressed_memory_length + memory.memory_length
+  positions = sinusoid_positions(s + segment_length, model.config.d_model)
+  for i, block in enumerate(model.blocks):
+    layer = memory.layer(i)
+    past = jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(model.dtype)
+    k, v = block.attention.keys_values(past)
+    mem_k.append(k)
+    mem_v.append(v)
+    valid.append(jnp.concatenate([layer.cmem_mask, layer.mem_mask], axis=1))
+    rs.append(block.attention.position_keys(positions))
+  b = memory.batch_size
+  h, d = model.config.num_heads, model.config.head_dim
+  seg = jnp.zeros((len(mem_k), b, segment_length, h, d), model.dtype)
+  return Cache(mem_k=jnp.stack(mem_k), mem_v=jnp.stack(mem_v), mem_valid=jnp.stack(valid),
+               seg_k=seg, seg_v=seg, r=jnp.stack(rs))
+
+
+def decode_step(
+    model: CompressiveTransformer, cache: Cache, token: jax.Array, position: jax.Array
+) -> tuple[jax.Array, Cache]:
+  """Feeds `token [B]` at segment position `position`; returns its logits [B, V]."""
+  x = model.embed(token).astype(model.dtype)  # [B, d]
+  s = cache.mem_k.shape[2]
+  t = cache.seg_k.shape[2]
+  seg_valid = jnp.arange(t) <= position  # [T]
+  seg_k, seg_v = [], []
+  for i, block in enumerate(model.blocks):
+    att = block.attention
+    q = att.query(x[:, None])[:, 0]  # [B, H, D]
+    k_new, v_new = att.keys_values(x[:, None])  # [B, 1, H, D]
+    sk = jax.lax.dynamic_update_slice_in_dim(cache.seg_k[i], k_new, position, axis=1)
+    sv = jax.lax.dynamic_update_slice_in_dim(cache.seg_v[i], v_new, position, axis=1)
+    seg_k.append(sk)
+    seg_v.append(sv)
+    keys = jnp.concatenate([cache.mem_k[i], sk], axis=1)  # [B, K, H, D]
+    values = jnp.concatenate([cache.mem_v[i], sv], axis=1)
+    valid = jnp.concatenate(
+        [cache.mem_valid[i], jnp.broadcast_to(seg_valid, (x.shape[0], t))], axis=1)
+    h = x + att.attend_one(q, keys, values, cache.r[i], valid, s + position)
+    x = h + block.ffn(block.ffn_norm(h))
+  logits = (model.final_norm(x) @ model.head[...].astype(model.dtype)).astype(jnp.float32)
+  return logits, cache.replace(seg_k=jnp.stack(seg_k), seg_v=jnp.stack(seg_v))
+
+
+def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+  """Next tokens [B] from logits [B, V]: greedy at temperature 0, else
+  sampling restricted to the top k and to the smallest set of mass >= top_p."""
+  if temperature <= 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / temperature
+  if top_k and top_k > 0:
+    kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if 0.0 < top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # Keep tokens whose preceding cumulative mass is below top_p.
+    keep = jnp.cumsum(probs, axis=-1) - probs < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+class Sampler:
+  """Streams tokens from a model, carrying its memory across segments.
+
+      sampler = Sampler(model, batch_size=1)
+      for token in sampler.generate(prompt_ids, 200, temperature=0.8, top_k=40):
+        ...
+  """
+
+  def __init__(self, model: CompressiveTransformer, batch_size: int = 1, *,
+               segment_length: Optional[int] = None, memory_length: Optional[int] = None,
+               compressed_memory_length: Optional[int] = None):
+    model.eval()
+    cfg = model.config
+    self.segment_length = segment_length or cfg.segment_length
+    sizes = {}
+    if memory_length is not None:
+      sizes["memory_length"] = memory_length
+    if compressed_memory_length is not None:
+      sizes["compressed_memory_length"] = compressed_memory_length
+    self.memory = memory_lib.init_memory(cfg, batch_size, jnp.dtype(cfg.dtype), **sizes)
+    if self.memory.compressed_memory_length and self.segment_length % cfg.compression_rate:
+      raise ValueError(f"segment_length={self.segment_length} is not a multiple of "
+                       f"compression_rate={cfg.compression_rate}")
+    graphdef, state = nnx.split(model)
+    self._state = state
+    t = self.segment_length
+
+    @jax.jit
+    def advance(state, memory, tokens):
+      m = nnx.merge(graphdef, state)
+      logits, memory, _ = m(tokens, memory)
+      return logits[:, -1], memory, build_cache(m, memory, t)
+
+    @jax.jit
+    def step(state, cache, token, position):
+      return decode_step(nnx.merge(graphdef, state), cache, token, position)
+
+    self._advance, self._step = advance, step
+    self.cache = jax.jit(lambda st, mem: build_cache(nnx.merge(graphdef, st), mem, t))(
+        state, self.memory)
+    self.segment = np.zeros((batch_size, t), np.int32)  # the current segment so far
+    self.position = 0
+    self.logits = None  # logits after the last token fed
+
+  def feed(self, tokens: np.ndarray) -> None:
+    """Consumes tokens [B, N]: whole segments at once, the rest one by one."""
+    tokens = np.asarray(tokens, np.int32)
+    if tokens.ndim == 1:
+      tokens = tokens[None]
+    i, t = 0, self.segment_length
+    while i < tokens.shape[1]:
+      if self.position == 0 and tokens.shape[1] - i >= t:
+        self.segment[:] = tokens[:, i:i + t]
+        self.logits, self.memory, self.cache = self._advance(self._state, self.memory, self.segment)
+        i += t
+      else:
+        self._feed_one(tokens[:, i])
+        i += 1
+
+  def _feed_one(self, token: np.ndarray) -> None:
+    self.segment[:, self.position] = token
+    self.logits, self.cache = self._step(self._state, self.cache, jnp.asarray(token),
+                                         jnp.asarray(self.position, jnp.int32))
+    self.position += 1
+    if self.position == self.segment_length:
+      # The segment is complete: push it into the memory (compressing what
+      # falls out) with one ordinary call, then rebuild the cache.
+      _, self.memory, self.cache = self._advance(self._state, self.memory, self.segment)
+      self.position = 0
+
+  def generate(self, prompt: Sequence[int] | np.ndarray, num_tokens: int, *,
+               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int = 0) -> Iterator[np.ndarray]:
+    """Feeds the prompt, then yields `num_tokens` new tokens [B] one at a time."""
+    prompt = np.asarray(prompt, np.int32)
+    if prompt.size == 0:
+      raise ValueError("the prompt is empty: give at least one token")
+    self.feed(prompt)
+    rng = jax.random.PRNGKey(seed)
+    pick = jax.jit(choose, static_argnums=(2, 3, 4))
+    for n in range(num_tokens):
+      token = np.asarray(pick(self.logits, jax.random.fold_in(rng, n), temperature, top_k, top_p))
+      yield token
+      self._feed_one(token)
+
+
+class TextStream:
+  """Turns generated token ids into text pieces as they come.
+
+  Bytes may split a UTF-8 character and subword pieces carry their spacing in
+  context, so each piece is the difference between decoding a short tail of
+  recent tokens with and without the new ones. Work per token is constant.
+  """
+
+  def __init__(self, tokenizer, context: int = 16):
+    self._tokenizer = tokenizer
+    self._tail: list[int] = []  # recent tokens already shown
+    self._pending: list[int] = []  # tokens of an incomplete character
+    self._context = context
+
+  def push(self, token: int) -> str:
+    self._pending.append(int(token))
+    before = self._tokenizer.decode(self._tail) if self._tail else ""
+    after = self._tokenizer.decode(self._tail + self._pending)
+    piece = after[len(before):] if after.startswith(before) else self._tokenizer.decode(self._pending)
+    if piece.endswith("\ufffd") and len(self._pending) < 4:
+      return ""  # a UTF-8 character cut short: wait for the rest of it
+    self._tail = (self._tail + self._pending)[-self._context:]
+    self._pending = []
+    return piece

@@ -1,0 +1,88 @@
+"""Streaming generation: cached decoding equals uncached decoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import compressive
+from compressive.sampling import Sampler, choose
+from conftest import jitted_forward, make_model, tiny_model_config
+
+
+def greedy_without_cache(cfg, model, prompt, n):
+  """Segment-by-segment greedy decoding: every token re-runs its segment so far
+  (padded to a whole segment; causality makes the padding irrelevant)."""
+  state, forward = jitted_forward(model)
+  t = cfg.segment_length
+  memory = compressive.init_memory(cfg, 1)
+  seq = list(prompt)
+  done = 0  # tokens already pushed into memory
+  out = []
+  while len(out) < n:
+    while len(seq) - done >= t:  # push complete segments into memory
+      logits, memory, _ = forward(state, jnp.asarray([seq[done:done + t]]), memory, None)
+      done += t
+    part = seq[done:]
+    if part:
+      padded = jnp.asarray([part + [0] * (t - len(part))])
+      logits, _, _ = forward(state, padded, memory, None)
+      nxt = int(jnp.argmax(logits[0, len(part) - 1]))
+    else:  # the last pushed segment's final logits
+      nxt = int(jnp.argmax(logits[0, -1]))
+    seq.append(nxt)
+    out.append(nxt)
+  return out
+
+
+@pytest.mark.parametrize("compression", ["conv", "most_used"])
+def test_greedy_cached_decoding_equals_uncached(compression):
+  cfg = tiny_model_config(vocab_size=32, compression=compression, num_layers=2)
+  model = make_model(cfg, seed=3)
+  prompt = [int(x) for x in jax.random.randint(jax.random.PRNGKey(0), (6,), 0, 32)]
+  n = 30  # crosses several segment boundaries and compressions (T = 4)
+  want = greedy_without_cache(cfg, model, prompt, n)
+  sampler = Sampler(model, batch_size=1)
+  got = [int(tok[0]) for tok in sampler.generate(prompt, n, temperature=0.0)]
+  assert got == want
+  assert bool(sampler.memory.cmem_mask.any())  # the memory was compressed on the way
+
+
+def test_cached_logits_match_a_full_segment():
+  cfg = tiny_model_config()
+  model = make_model(cfg)
+  state, forward = jitted_forward(model)
+  tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 3 * cfg.segment_length), 0, cfg.vocab_size)
+  want, _ = [], None
+  memory = compressive.init_memory(cfg, 2)
+  for s in range(3):
+    logits, memory, _ = forward(state, tokens[:, s * 4:(s + 1) * 4], memory, None)
+    want.append(logits)
+  want = np.asarray(jnp.concatenate(want, 1))
+  sampler = Sampler(model, batch_size=2)
+  got = []
+  for i in range(tokens.shape[1]):
+    sampler.feed(np.asarray(tokens[:, i:i + 1]))
+    got.append(np.asarray(sampler.logits))
+  np.testing.assert_allclose(np.stack(got, 1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_top_k_and_top_p_restrict_the_choice():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  keys = [jax.random.PRNGKey(i) for i in range(200)]
+  top1 = {int(choose(logits, k, 1.0, 1, 1.0)[0]) for k in keys}
+  assert top1 == {0}
+  top2 = {int(choose(logits, k, 1.0, 2, 1.0)[0]) for k in keys}
+  assert top2 == {0, 1}
+  nucleus = {int(choose(logits, k, 1.0, 0, 0.7)[0]) for k in keys}
+  assert nucleus == {0, 1}  # 0.5 < 0.7 <= 0.8
+  assert int(choose(logits, keys[0], 0.0, 0, 1.0)[0]) == 0
+
+
+def test_text_stream_reassembles_utf8_and_subwords():
+  from compressive.data import ByteTokenizer
+  from compressive.sampling import TextStream
+  text = "naïve café — 東京 ok"
+  tok = ByteTokenizer()
+  stream = TextStream(tok, context=4)
+  assert "".join(stream.push(t) for t in tok.encode(text)) == text
