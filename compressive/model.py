@@ -69,7 +69,8 @@ class Block(nnx.Module):
     return self.dropout(x, rngs=jax.random.fold_in(rng, index))
 
   def __call__(
-      self, x: jax.Array, mem: Memory, positions: jax.Array, rng: Optional[jax.Array]
+      self, x: jax.Array, mem: Memory, positions: jax.Array, rng: Optional[jax.Array],
+      collect_attention: bool = False,
   ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
     """x [B, T, d] layer input; mem is this layer's memory (no layer axis)."""
     c_len, m_len = mem.compressed_memory_length, mem.memory_length
@@ -86,6 +87,8 @@ class Block(nnx.Module):
         "attention_mass/memory": probs[..., c_len:c_len + m_len].sum(-1).mean(),
         "attention_mass/segment": probs[..., c_len + m_len:].sum(-1).mean(),
     }
+    if collect_attention:
+      stats["attention_by_key"] = probs.mean(axis=(1, 2))  # [B, K]
 
     # Memory update (Alg. 1). Everything stored is stop-gradient (truncated
     # BPTT), and so is what the compressor sees: only its loss trains it.
@@ -145,6 +148,7 @@ class CompressiveTransformer(nnx.Module):
       start_of_sequence: Optional[jax.Array] = None,
       *,
       dropout_rng: Optional[jax.Array] = None,
+      collect_attention: bool = False,
   ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
     """Processes one segment.
 
@@ -155,6 +159,9 @@ class CompressiveTransformer(nnx.Module):
       start_of_sequence: bool [B]; rows whose memory is reset first.
       dropout_rng: a key enabling dropout (training); None, or `model.eval()`,
         makes the call deterministic.
+      collect_attention: also return aux["attention_by_key"] [L, B, K], each
+        layer's attention weight on every key of [cmem; mem; segment], averaged
+        over heads and queries (the paper's §5.5 analysis).
 
     Returns:
       logits [B, T, V] (float32), the memory after this segment
@@ -191,13 +198,16 @@ class CompressiveTransformer(nnx.Module):
     new_layers, stats = [], []
     for i, block in enumerate(self.blocks):
       rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-      x, layer_mem, layer_stats = block(x, memory.layer(i), positions, rng)
+      x, layer_mem, layer_stats = block(x, memory.layer(i), positions, rng, collect_attention)
       new_layers.append(layer_mem)
       stats.append(layer_stats)
     x = self.final_norm(x)
     logits = (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
 
-    aux = {name: jnp.mean(jnp.stack([s[name] for s in stats])) for name in stats[0]}
+    aux = {name: jnp.mean(jnp.stack([s[name] for s in stats])) for name in stats[0]
+           if name != "attention_by_key"}
+    if collect_attention:
+      aux["attention_by_key"] = jnp.stack([s["attention_by_key"] for s in stats])
     aux["reconstruction_loss"] = jnp.sum(jnp.stack([s["reconstruction_loss"] for s in stats]))
     new_memory = jax.lax.stop_gradient(Memory.stack(new_layers))
     return logits, new_memory, aux

@@ -142,3 +142,15 @@ def test_attention_mass_sums_to_one():
     _, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
   total = sum(float(aux[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
   assert abs(total - 1.0) < 1e-5
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+  cfg = tiny_model_config(dtype="bfloat16")
+  model = make_model(cfg)
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype("float32")}
+  state, forward = jitted_forward(model)
+  memory = compressive.init_memory(cfg, 2, jnp.bfloat16)
+  for _ in range(4):
+    logits, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
+  assert logits.dtype == jnp.float32 and memory.mem.dtype == jnp.bfloat16
+  assert np.all(np.isfinite(np.asarray(logits))) and float(aux["reconstruction_loss"]) > 0

@@ -1,0 +1,99 @@
+"""Analyse what a checkpoint's memory does; JSON plus a PNG figure.
+
+    python analyze.py --workdir=runs/default --analysis=attention --split=validation
+    python analyze.py --workdir=runs/default --analysis=loss_by_position
+
+`attention`: the paper's §5.5 figure, average attention weight per position
+bucket over [compressed memory | memory | segment], per layer.
+`loss_by_position`: mean loss by position within documents.
+Outputs go to DIR/analysis_<name>_<split>.{json,png} and the JSON is printed
+as the last line of stdout.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging as absl_logging
+
+import compressive
+from compressive import analysis
+from compressive import data as data_lib
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A training workdir.")
+flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position"], "What to measure.")
+flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
+flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
+flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
+flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
+flags.mark_flags_as_required(["workdir"])
+
+
+def plot_attention(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(9, 4))
+  x = range(len(result["mean"]))
+  for i, layer in enumerate(result["layers"]):
+    ax.plot(x, layer, alpha=0.35, label=f"layer {i}")
+  ax.plot(x, result["mean"], color="black", linewidth=2, label="mean")
+  b = len(result["mean"]) // 3
+  for edge in (b - 0.5, 2 * b - 0.5):
+    ax.axvline(edge, color="grey", linestyle=":")
+  ax.set_xticks([b / 2 - 0.5, 1.5 * b - 0.5, 2.5 * b - 0.5],
+                ["compressed memory", "memory", "segment"])
+  ax.set_ylabel("average attention weight")
+  ax.set_title("Attention by position (oldest left), §5.5")
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def plot_loss(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot([max(s, 1) for s in result["start"]], result["bits"], marker="o")
+  ax.set_xscale("log")
+  ax.set_xlabel("position in document (tokens, bucket start)")
+  ax.set_ylabel("bits per token")
+  ax.set_title("Loss by position within documents")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  try:
+    config, model = compressive.load(FLAGS.workdir, FLAGS.step)
+  except FileNotFoundError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  tokenizer = data_lib.get_tokenizer(config.data)
+  documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+  if FLAGS.analysis == "attention":
+    result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+                                          max_segments=FLAGS.max_segments)
+    plot = plot_attention
+  else:
+    result = analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
+                                       max_segments=FLAGS.max_segments)
+    plot = plot_loss
+  stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}")
+  with open(stem + ".json", "w") as f:
+    json.dump(result, f, indent=2)
+  plot(result, stem + ".png")
+  print(f"figure: {stem}.png", file=sys.stderr)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,125 @@
+"""What the memory does, measured on a checkpoint (paper §5.5).
+
+- `attention_by_bucket`: each layer's average attention weight over position
+  buckets of [compressed memory | memory | segment] (6 buckets each by
+  default), the paper's §5.5 figure; only rows whose memories are full count,
+  so empty slots at document starts do not dilute the averages.
+- `loss_by_position`: mean loss by token position within the documents (does
+  the loss keep falling as a book goes on?).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from compressive import data as data_lib
+from compressive import eval_lib
+from compressive import memory as memory_lib
+
+BANKS = ("compressed_memory", "memory", "segment")
+
+
+def _stream(model, documents, config, max_segments, collect_attention):
+  """Yields (batch, memory before the call, logits, aux) over a split."""
+  sizes = eval_lib.eval_sizes(config)
+  b = min(sizes["batch_size"], len(documents))
+  it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=sizes["segment_length"],
+                                seed=config.seed, repeat=False)
+  memory = memory_lib.init_memory(
+      config.model, b, jnp.dtype(config.model.dtype), memory_length=sizes["memory_length"],
+      compressed_memory_length=sizes["compressed_memory_length"])
+  model.eval()
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def step(state, memory, batch):
+    m = nnx.merge(graphdef, state)
+    reset = memory_lib.reset_rows(memory, batch["start_of_sequence"])
+    logits, new_memory, aux = m(batch["inputs"], reset, collect_attention=collect_attention)
+    logp = jax.nn.log_softmax(logits, -1)
+    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    return new_memory, reset, nll, aux
+
+  for n, batch in enumerate(it):
+    if max_segments and n >= max_segments:
+      break
+    memory, before, nll, aux = step(state, memory, batch)
+    yield batch, before, nll, aux
+
+
+def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
+  """[N] -> [buckets] means of contiguous, near-equal chunks (oldest first)."""
+  if values.size == 0:
+    return np.full(buckets, np.nan)
+  return np.array([chunk.mean() for chunk in np.array_split(values, buckets)])
+
+
+def attention_by_bucket(
+    model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
+    buckets: int = 6, max_segments: Optional[int] = None,
+) -> dict:
+  """Average attention weight per position bucket, per layer (§5.5 figure).
+
+  Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
+  "rows": rows counted}. Within a bank, buckets run oldest to newest.
+  """
+  total, rows = None, 0
+  c_len = m_len = None
+  for batch, before, _, aux in _stream(model, documents, config, max_segments, True):
+    full = np.asarray(before.mem_mask[0].all(-1) & before.cmem_mask[0].all(-1))  # [B]
+    if not full.any():
+      continue
+    c_len, m_len = before.compressed_memory_length, before.memory_length
+    by_key = np.asarray(aux["attention_by_key"], np.float64)  # [L, B, K]
+    by_key = by_key[:, full].sum(1)  # [L, K]
+    total = by_key if total is None else total + by_key
+    rows += int(full.sum())
+  if total is None:
+    raise ValueError("no segment had full memories: evaluate longer documents or more segments")
+  mean_by_key = total / rows
+  layers = []
+  for per_key in mean_by_key:
+    banks = (per_key[:c_len], per_key[c_len:c_len + m_len], per_key[c_len + m_len:])
+    layers.append(np.concatenate([_bucket(x, buckets) for x in banks]).tolist())
+  labels = [f"{bank}[{i}]" for bank in BANKS for i in range(buckets)]
+  return {"layers": layers, "mean": np.mean(layers, 0).tolist(), "labels": labels, "rows": rows}
+
+
+def loss_by_position(
+    model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
+    bucket_tokens: int = 1024, max_segments: Optional[int] = None,
+) -> dict:
+  """Mean loss (nats) by position within documents, in log-spaced buckets.
+
+  Bucket edges are bucket_tokens * 2**k; returns their start positions, mean
+  nats and token counts.
+  """
+  t = eval_lib.eval_sizes(config)["segment_length"]
+  nats, counts = {}, {}
+  row_pos = None
+  for batch, _, nll, _ in _stream(model, documents, config, max_segments, False):
+    sos = np.asarray(batch["start_of_sequence"])
+    row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
+    row_pos[sos] = 0
+    pos = row_pos[:, None] + np.arange(t)[None]  # [B, T] position of each target
+    bucket = np.where(pos < bucket_tokens, 0,
+                      np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1)
+    mask = np.asarray(batch["mask"])
+    values = np.asarray(nll, np.float64)
+    for k in np.unique(bucket[mask]):
+      sel = mask & (bucket == k)
+      nats[int(k)] = nats.get(int(k), 0.0) + float(values[sel].sum())
+      counts[int(k)] = counts.get(int(k), 0) + int(sel.sum())
+    row_pos += t
+  keys = sorted(nats)
+  starts = [0 if k == 0 else bucket_tokens * 2 ** (k - 1) for k in keys]
+  return {"start": starts, "loss": [nats[k] / counts[k] for k in keys],
+          "bits": [nats[k] / counts[k] / math.log(2) for k in keys],
+          "tokens": [counts[k] for k in keys]}
