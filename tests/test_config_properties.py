@@ -1,0 +1,94 @@
+"""Property tests for model-config validation (hypothesis).
+
+For random configs, validation must accept exactly the consistent ones, and
+reject every inconsistent one with one line naming an offending field; an
+accepted config must build and run a segment.
+"""
+
+from flax import nnx
+from hypothesis import given, settings, strategies as st
+import jax.numpy as jnp
+
+import compressive
+from compressive.compression import COMPRESSIONS
+from compressive.config_lib import ConfigError, ModelConfig
+
+FIELDS = dict(
+    vocab_size=st.integers(-2, 40),
+    num_layers=st.integers(-1, 3),
+    num_heads=st.integers(-1, 5),
+    d_model=st.integers(-4, 24),
+    d_ff=st.integers(-1, 16),
+    segment_length=st.integers(-2, 12),
+    memory_length=st.integers(-3, 12),
+    compressed_memory_length=st.integers(-3, 8),
+    compression_rate=st.integers(-1, 4),
+    compression=st.sampled_from(COMPRESSIONS + ("avg_pool",)),
+    reconstruction_loss=st.sampled_from(("attention", "autoencoding", "none", "l1")),
+    dropout_rate=st.sampled_from((0.0, 0.1, 1.0, -0.5)),
+    dtype=st.sampled_from(("float32", "bfloat16", "float16")),
+)
+
+
+def expected_problems(v):
+  """Independent statement of the rules: the fields that make `v` invalid."""
+  bad = set()
+  for name in ("vocab_size", "num_layers", "num_heads", "d_model", "d_ff", "segment_length",
+               "compression_rate"):
+    if v[name] < 1:
+      bad.add(name)
+  for name in ("memory_length", "compressed_memory_length"):
+    if v[name] < 0:
+      bad.add(name)
+  if v["num_heads"] >= 1 and v["d_model"] >= 1 and v["d_model"] % v["num_heads"]:
+    bad.add("d_model")
+  if v["compression"] not in COMPRESSIONS:
+    bad.add("compression")
+  if v["reconstruction_loss"] not in ("attention", "autoencoding", "none"):
+    bad.add("reconstruction_loss")
+  if not 0.0 <= v["dropout_rate"] < 1.0:
+    bad.add("dropout_rate")
+  if v["dtype"] not in ("float32", "bfloat16"):
+    bad.add("dtype")
+  if v["compressed_memory_length"] > 0 and v["memory_length"] == 0:
+    bad.add("compressed_memory_length")
+  if (v["compressed_memory_length"] > 0 and v["compression_rate"] >= 1 and v["segment_length"] >= 1
+      and v["segment_length"] % v["compression_rate"]):
+    bad.add("segment_length")
+  return bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries(FIELDS))
+def test_validation_accepts_exactly_the_consistent_configs(values):
+  bad = expected_problems(values)
+  try:
+    ModelConfig.from_config(values)
+  except ConfigError as e:
+    message = str(e)
+    assert bad, f"rejected a consistent config: {message}"
+    assert "\n" not in message
+    named = {f for f in FIELDS if f"model.{f}=" in message or f"model.{f} " in message}
+    assert named & bad, f"{message!r} names none of {bad}"
+  else:
+    assert not bad, f"accepted an inconsistent config: {bad}"
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.fixed_dictionaries(dict(
+    FIELDS,
+    vocab_size=st.integers(1, 20), num_layers=st.integers(1, 2), num_heads=st.integers(1, 2),
+    d_model=st.sampled_from((4, 8)), d_ff=st.integers(1, 8), segment_length=st.sampled_from((2, 4)),
+    memory_length=st.integers(0, 5), compressed_memory_length=st.integers(0, 3),
+    compression_rate=st.sampled_from((1, 2)), compression=st.sampled_from(COMPRESSIONS),
+    reconstruction_loss=st.sampled_from(("attention", "autoencoding", "none")),
+    dropout_rate=st.just(0.0), dtype=st.just("float32"))))
+def test_accepted_configs_build_and_run(values):
+  if expected_problems(values):
+    return
+  model = compressive.CompressiveTransformer(values, rngs=nnx.Rngs(0))
+  memory = compressive.init_memory(values, 1)
+  tokens = jnp.zeros((1, values["segment_length"]), jnp.int32)
+  for _ in range(2):
+    logits, memory, _ = model(tokens, memory)
+  assert logits.shape == (1, values["segment_length"], values["vocab_size"])
