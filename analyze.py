@@ -6,6 +6,8 @@
 `attention`: the paper's §5.5 figure, average attention weight per position
 bucket over [compressed memory | memory | segment], per layer.
 `loss_by_position`: mean loss by position within documents.
+`recall`: accuracy on planted facts by distance (a model trained with
+data.source=recall).
 Outputs go to DIR/analysis_<name>_<split>.{json,png} and the JSON is printed
 as the last line of stdout.
 """
@@ -25,7 +27,8 @@ from compressive import data as data_lib
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
-flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position"], "What to measure.")
+flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
+                  "What to measure.")
 flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
 flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
@@ -68,6 +71,22 @@ def plot_loss(result, path):
   fig.savefig(path, dpi=120)
 
 
+def plot_recall(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot(result["distance"], result["byte_accuracy"], marker="o", label="answer bytes")
+  ax.plot(result["distance"], result["exact_match"], marker="s", label="whole answers")
+  ax.set_xscale("log")
+  ax.set_xlabel("distance from fact to query (bytes)")
+  ax.set_ylabel("accuracy")
+  ax.set_ylim(0, 1)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -83,6 +102,12 @@ def main(argv):
     result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
                                           max_segments=FLAGS.max_segments)
     plot = plot_attention
+  elif FLAGS.analysis == "recall":
+    if config.data.source != "recall":
+      print("error: --analysis=recall needs a model trained with data.source=recall", file=sys.stderr)
+      sys.exit(2)
+    result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments)
+    plot = plot_recall
   else:
     result = analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
                                        max_segments=FLAGS.max_segments)

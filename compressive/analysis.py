@@ -6,6 +6,8 @@
   so empty slots at document starts do not dilute the averages.
 - `loss_by_position`: mean loss by token position within the documents (does
   the loss keep falling as a book goes on?).
+- `recall_accuracy`: on the `recall` source, how often the model predicts a
+  queried fact's value, by distance between fact and query.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ def _stream(model, documents, config, max_segments, collect_attention):
     logits, new_memory, aux = m(batch["inputs"], reset, collect_attention=collect_attention)
     logp = jax.nn.log_softmax(logits, -1)
     nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    return new_memory, reset, nll, aux
+    correct = jnp.argmax(logits, -1) == batch["targets"]
+    return new_memory, reset, nll, correct, aux
 
   for n, batch in enumerate(it):
     if max_segments and n >= max_segments:
       break
-    memory, before, nll, aux = step(state, memory, batch)
-    yield batch, before, nll, aux
+    memory, before, nll, correct, aux = step(state, memory, batch)
+    yield batch, before, nll, correct, aux
 
 
 def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
@@ -72,7 +75,7 @@ def attention_by_bucket(
   """
   total, rows = None, 0
   c_len = m_len = None
-  for batch, before, _, aux in _stream(model, documents, config, max_segments, True):
+  for batch, before, _, _, aux in _stream(model, documents, config, max_segments, True):
     full = np.asarray(before.mem_mask[0].all(-1) & before.cmem_mask[0].all(-1))  # [B]
     if not full.any():
       continue
@@ -104,7 +107,7 @@ def loss_by_position(
   t = eval_lib.eval_sizes(config)["segment_length"]
   nats, counts = {}, {}
   row_pos = None
-  for batch, _, nll, _ in _stream(model, documents, config, max_segments, False):
+  for batch, _, nll, _, _ in _stream(model, documents, config, max_segments, False):
     sos = np.asarray(batch["start_of_sequence"])
     row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
     row_pos[sos] = 0
@@ -123,3 +126,58 @@ def loss_by_position(
   return {"start": starts, "loss": [nats[k] / counts[k] for k in keys],
           "bits": [nats[k] / counts[k] / math.log(2) for k in keys],
           "tokens": [counts[k] for k in keys]}
+
+
+def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
+                    max_segments: Optional[int] = None) -> dict:
+  """Accuracy on the answers of `recall` documents, by fact-to-query distance.
+
+  Returns {"distance": [...], "byte_accuracy": [...], "exact_match": [...],
+  "queries": [...]}: per distance, the share of answer bytes predicted
+  (argmax) and of queries with every answer byte right.
+  """
+  sizes = eval_lib.eval_sizes(config)
+  b = min(sizes["batch_size"], len(documents))
+  t = sizes["segment_length"]
+  # Evaluation order is natural: global row r streams documents r, r + b, ...
+  docs_seen = np.zeros(b, np.int64)
+  row_pos = np.zeros(b, np.int64)
+  hits: dict[int, list[int]] = {}  # query id -> [correct bytes]
+  answer_at: list[dict[int, tuple[int, int]]] = []  # per doc: position -> (query id, distance)
+  for i in range(len(documents)):
+    table = {}
+    for q in documents.queries(i):
+      qid = len(hits)
+      hits[qid] = []
+      for k in range(4):
+        table[q.answer_start + k] = (qid, q.distance)
+    answer_at.append(table)
+  distance_of = {}
+  for batch, _, _, correct, _ in _stream(model, documents, config, max_segments, False):
+    sos = np.asarray(batch["start_of_sequence"])
+    docs_seen += sos
+    row_pos[sos] = 0
+    correct = np.asarray(correct)
+    mask = np.asarray(batch["mask"])
+    for r in range(b):
+      if docs_seen[r] == 0:
+        continue
+      doc = r + b * (docs_seen[r] - 1)
+      table = answer_at[doc]
+      for j in range(t):
+        pos = row_pos[r] + j + 1  # document position of target j
+        if mask[r, j] and pos in table:
+          qid, dist = table[pos]
+          hits[qid].append(int(correct[r, j]))
+          distance_of[qid] = dist
+    row_pos += t
+  by_distance: dict[int, list[list[int]]] = {}
+  for qid, dist in distance_of.items():
+    by_distance.setdefault(dist, []).append(hits[qid])
+  dists = sorted(by_distance)
+  return {
+      "distance": dists,
+      "byte_accuracy": [float(np.mean([x for q in by_distance[d] for x in q])) for d in dists],
+      "exact_match": [float(np.mean([len(q) == 4 and all(q) for q in by_distance[d]])) for d in dists],
+      "queries": [len(by_distance[d]) for d in dists],
+  }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
-SOURCES = ('books', 'enwik8', 'pg19', 'text_files', 'synthetic')
+SOURCES = ('books', 'enwik8', 'pg19', 'text_files', 'synthetic', 'recall')
 TOKENIZERS = ('bytes', 'sentencepiece')
 
 
@@ -57,6 +57,13 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.synthetic_max_length = 2048
   c.synthetic_period = 64
   c.synthetic_seed = 0
+
+  # recall (compressive/data/recall.py): facts planted in filler text and
+  # queried this many bytes later (one distance drawn per fact); documents of
+  # recall_doc_length bytes with recall_facts facts each.
+  c.recall_distances = (64, 256, 1024)
+  c.recall_doc_length = 4096
+  c.recall_facts = 8
 
   # SentencePiece training (train_tokenizer.py); the paper uses 32k subwords
   # on PG-19. Training reads at most spm_train_max_bytes of the train split.

@@ -50,9 +50,12 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   if source == 'synthetic':
     from compressive.data import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.get_documents(data_config, split, tokenizer)
+  if source == 'recall':
+    from compressive.data import recall  # pylint: disable=g-import-not-at-top
+    return recall.get_documents(data_config, split, tokenizer)
   raise ValueError(
       f'Unknown data.source {source!r}; expected one of books, enwik8, pg19, '
-      'text_files, synthetic')
+      'text_files, synthetic, recall')
 
 
 def iter_texts(data_config: ml_collections.ConfigDict, split: str,
