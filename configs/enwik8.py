@@ -12,17 +12,11 @@ warmup to 3e-4, cosine decay, gradient-norm clip 0.1 (PAPER.md).
 
 import ml_collections
 
-from configs import default
+from configs import paper
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
-  config.batch_size = 32
-  config.num_train_steps = 100_000  # x 4 segments = 400k updates
-  config.segments_per_step = 4
-  config.log_every_steps = 100
-  config.eval_every_steps = 5_000
-  config.checkpoint_every_steps = 1_000
+  config = paper.base()
 
   m = config.model
   m.vocab_size = 256
@@ -34,19 +28,6 @@ def get_config() -> ml_collections.ConfigDict:
   m.memory_length = 768
   m.compressed_memory_length = 1152
   m.compression_rate = 3
-  m.compression = "conv"
-  m.reconstruction_loss = "attention"
-  m.dropout_rate = 0.1
-  m.dtype = "bfloat16"
-
-  o = config.optimizer
-  o.name = "adam"
-  o.learning_rate = 3e-4
-  o.warmup_steps = 1_000  # x 4 = 4k updates
-  o.final_lr_fraction = 0.0
-  o.b2 = 0.999
-  o.eps = 1e-8
-  o.grad_clip_norm = 0.1  # "crucial" (§5)
 
   config.data.source = "enwik8"
   config.data.tokenizer = "bytes"

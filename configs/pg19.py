@@ -14,17 +14,11 @@ linear warmup to 3e-4, cosine decay, gradient-norm clip 0.1.
 
 import ml_collections
 
-from configs import default
+from configs import paper
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
-  config.batch_size = 32
-  config.num_train_steps = 100_000  # x 4 segments = 400k updates
-  config.segments_per_step = 4
-  config.log_every_steps = 100
-  config.eval_every_steps = 5_000
-  config.checkpoint_every_steps = 1_000
+  config = paper.base()
 
   m = config.model
   m.vocab_size = 32_000
@@ -36,19 +30,6 @@ def get_config() -> ml_collections.ConfigDict:
   m.memory_length = 512
   m.compressed_memory_length = 512
   m.compression_rate = 2
-  m.compression = "conv"
-  m.reconstruction_loss = "attention"
-  m.dropout_rate = 0.1
-  m.dtype = "bfloat16"
-
-  o = config.optimizer
-  o.name = "adam"
-  o.learning_rate = 3e-4
-  o.warmup_steps = 1_000
-  o.final_lr_fraction = 0.0
-  o.b2 = 0.999
-  o.eps = 1e-8
-  o.grad_clip_norm = 0.1
 
   config.data.source = "pg19"
   config.data.tokenizer = "sentencepiece"

@@ -1,0 +1,32 @@
+"""What the paper's large runs share (PAPER.md, §5): run length, logging, and
+the optimiser — Adam, linear warmup to 3e-4, cosine decay, gradient-norm clip
+0.1 ("crucial"). Not an experiment itself: configs/enwik8.py and pg19.py
+start from `base()` and set their model and data."""
+
+import ml_collections
+
+from configs import default
+
+
+def base() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.batch_size = 32
+  config.num_train_steps = 100_000  # x 4 segments = 400k updates
+  config.segments_per_step = 4
+  config.log_every_steps = 100
+  config.eval_every_steps = 5_000
+  config.checkpoint_every_steps = 1_000
+  config.model.dropout_rate = 0.1
+  config.model.dtype = "bfloat16"
+  config.model.compression = "conv"  # the paper's best: conv + attention loss
+  config.model.reconstruction_loss = "attention"
+
+  o = config.optimizer
+  o.name = "adam"
+  o.learning_rate = 3e-4
+  o.warmup_steps = 1_000  # x 4 = 4k updates
+  o.final_lr_fraction = 0.0
+  o.b2 = 0.999
+  o.eps = 1e-8
+  o.grad_clip_norm = 0.1
+  return config
