@@ -15,7 +15,12 @@ __all__ = [
 ]
 
 
-def load(workdir: str, step=None):
-  """(config, model) of a training workdir's latest (or given) checkpoint."""
+def load(workdir: str, step=None, *, config=None):
+  """(config, model) of a training workdir's latest (or given) checkpoint.
+
+  The parameters are restored onto the saved config's mesh, or, if that
+  does not fit this machine, data parallel over all its devices; `config`
+  replaces the saved one (e.g. to choose the mesh).
+  """
   from compressive import train_lib  # pylint: disable=g-import-not-at-top
-  return train_lib.load(workdir, step)
+  return train_lib.load(workdir, step, config=config)

@@ -2,7 +2,9 @@
 
 A checkpoint holds, under one step: the train state (parameters, optimizer
 state, update count, RNG), the training memory, and the data iterator's
-position, so that a resumed run continues exactly where it stopped. The
+position, so that a resumed run continues exactly where it stopped. Arrays are
+global (jax.Array over the mesh): every process writes its own shards of the
+same checkpoint, and a restore may target another mesh. The
 experiment config is written beside the checkpoints as JSON (`config.json`)
 so that `compressive.load(workdir)` can rebuild the model.
 """
@@ -41,6 +43,9 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray]) -> None:
+    """Every process calls this; each writes its shards of `state` and
+    `memory`, and the primary process writes `data_state` (the iterator
+    position of every batch row) as JSON."""
     data_json = {k: np.asarray(v).tolist() for k, v in data_state.items()}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -70,9 +75,19 @@ class Checkpointer:
     self._manager.close()
 
 
-def abstract(tree: Any) -> Any:
-  """Shape/dtype (and sharding) skeleton of a pytree, for restoring into."""
-  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+def abstract(tree: Any, shardings: Any = None) -> Any:
+  """Shape/dtype/sharding skeleton of a pytree, for restoring into.
+
+  `tree` may hold arrays or ShapeDtypeStructs; `shardings` (a matching tree
+  of jax.sharding.Sharding) is where the restored arrays go, which need not
+  be the mesh that wrote them: Orbax reads each device's slice of the saved
+  global arrays, so 8 devices restore onto 1 and 1 onto 8. Without
+  `shardings`, the arrays' own shardings are kept.
+  """
+  if shardings is None:
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:

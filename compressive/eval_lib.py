@@ -9,10 +9,16 @@ Metrics: `loss` (nats per predicted token), `bits_per_token`, `bits_per_byte`
 (nats / ln 2 over the UTF-8 bytes of the predicted text; for the bytes
 tokenizer the bytes predicted), and for PG-19 `word_perplexity`: exp(total
 nats / words), words counted by whitespace in the original text (PAPER.md).
+
+Evaluation runs on the config's device mesh like training: rows split along
+the data axes (the batch is padded with empty rows to a multiple of that
+split), parameters laid out by the partition rules, and each process reads
+only its own rows.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional
 
@@ -20,10 +26,12 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import Mesh
 
 from compressive import data as data_lib
 from compressive import losses
 from compressive import memory as memory_lib
+from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
 
 
@@ -51,17 +59,36 @@ def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) ->
     raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
 
 
-def make_eval_step(model):
-  graphdef, state = nnx.split(model)
+def make_eval_step(model, mesh: Optional[Mesh] = None,
+                   config: Optional[ml_collections.ConfigDict] = None, memory_shardings=None):
+  """step(memory, batch) -> (memory, nats, count), jitted.
 
-  @jax.jit
-  def step(state, memory, batch):
+  With a mesh (and the config's partition rules), the parameters are stored
+  on it as training stores them and gathered along the data axes to compute;
+  the memory keeps `memory_shardings`.
+  """
+  graphdef, template = nnx.split(model)
+  params = nnx.to_pure_dict(template)
+  gathered = out_shardings = None
+  if mesh is not None:
+    specs = sharding.param_specs(config, params)
+    params = jax.device_put(params, sharding.shardings(mesh, specs))
+    gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
+    replicated = sharding.replicated(mesh)
+    out_shardings = (memory_shardings, replicated, replicated)
+
+  @functools.partial(jax.jit, out_shardings=out_shardings)
+  def step(params, memory, batch):
+    if gathered is not None:
+      params = jax.lax.with_sharding_constraint(params, gathered)
+    state = jax.tree.map(lambda x: x, template)  # a copy to fill
+    nnx.replace_by_pure_dict(state, params)
     m = nnx.merge(graphdef, state)
     logits, memory, _ = m(batch["inputs"], memory, batch["start_of_sequence"])
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     return memory, nats, count
 
-  return lambda memory, batch: step(state, memory, batch)
+  return lambda memory, batch: step(params, memory, batch)
 
 
 def evaluate(
@@ -70,27 +97,43 @@ def evaluate(
     config: ml_collections.ConfigDict,
     *,
     max_segments: Optional[int] = None,
+    mesh: Optional[Mesh] = None,
 ) -> dict[str, float]:
   """Streams `documents` through `model` with a fresh evaluation memory.
 
   Args:
     max_segments: stop after this many segments per row (a quick periodic
       estimate during training); None or <= 0 evaluates the whole split.
+    mesh: where to run; default the config's mesh over all devices. In a
+      multi-process run every process calls this and gets the same result.
   """
   sizes = eval_sizes(config)
   model.eval()
-  step = make_eval_step(model)
-  # Rows beyond the number of documents would only stream padding.
+  mesh = sharding.make_mesh(config) if mesh is None else mesh
+  # Rows beyond the number of documents would only stream padding; round up
+  # to a multiple of the data-parallel split (the extra rows are all padding).
+  dp = sharding.data_parallel_size(config, mesh)
   b, t = min(sizes["batch_size"], len(documents)), sizes["segment_length"]
+  b = -(-b // dp) * dp
+  rows = sharding.rows_sharding(mesh, config, 2, 0)  # [B, T]
+  row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
-                                seed=config.seed, repeat=False)
-  memory = memory_lib.init_memory(
-      config.model, b, jnp.dtype(config.model.dtype),
-      memory_length=sizes["memory_length"],
+                                seed=config.seed, repeat=False,
+                                row_start=row_start, num_rows=num_rows)
+  dtype = jnp.dtype(config.model.dtype)
+  init = lambda: memory_lib.init_memory(
+      config.model, b, dtype, memory_length=sizes["memory_length"],
       compressed_memory_length=sizes["compressed_memory_length"])
+  memory_shardings = sharding.memory_shardings(mesh, config, jax.eval_shape(init))
+  memory = jax.jit(init, out_shardings=memory_shardings)()
+  step = make_eval_step(model, mesh, config, memory_shardings)
+  batch_shardings = {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
+                     (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []
-  for batch in it:
+  for local in it:
+    batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
+             for k, v in local.items()}
     memory, nats, count = step(memory, batch)
     pending.append((nats, count))
     segments += 1

@@ -8,10 +8,18 @@ as the paper trains (truncated BPTT over one segment). The memory is part of
 the carry, never module state, and is saved with every checkpoint together
 with the data iterator's position, so a resumed run sees exactly the batches
 and memories it would have.
+
+Sharding (compressive/sharding.py): the train state, the memory and every
+batch live on the config's device mesh; the step is one `jit` with input and
+output shardings, so the same code runs on one CPU, a GPU node or a TPU
+slice. Each process reads only its own batch rows and contributes them to a
+global batch; checkpoints are written collectively and restore onto any
+mesh whose batch split divides the batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -21,7 +29,9 @@ from typing import Any, Callable, Iterator, Optional
 import flax.struct
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
 import ml_collections
 import numpy as np
 import optax
@@ -31,6 +41,7 @@ from compressive import data as data_lib
 from compressive import eval_lib
 from compressive import losses
 from compressive import memory as memory_lib
+from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.metrics import MetricWriter, read_jsonl
 from compressive.model import CompressiveTransformer
@@ -49,6 +60,14 @@ class TrainState:
 def build_model(config: ml_collections.ConfigDict, seed: Optional[int] = None):
   """(graphdef, abstract nnx state, initial params dict) of the config's model."""
   model = CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed if seed is None else seed))
+  graphdef, state = nnx.split(model)
+  return graphdef, state, nnx.to_pure_dict(state)
+
+
+def abstract_model(config: ml_collections.ConfigDict):
+  """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays."""
+  model = nnx.eval_shape(
+      lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed)))
   graphdef, state = nnx.split(model)
   return graphdef, state, nnx.to_pure_dict(state)
 
@@ -99,11 +118,55 @@ def create_train_state(config, params, tx) -> TrainState:
       rng=jax.random.PRNGKey(config.seed + 1))
 
 
-def make_train_step(graphdef, state_template, tx, dropout: bool) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where training's arrays live on the mesh (pytrees of NamedSharding)."""
+  mesh: Mesh
+  state: Any  # TrainState: parameters and optimizer state by mesh.rules
+  compute_params: Any  # parameters while computing: gathered along the data axes
+  memory: Any  # Memory: rows split along mesh.data_axes, like the batch
+  batch: dict[str, NamedSharding]  # [S, B, ...]: rows along mesh.data_axes
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return sharding.replicated(self.mesh)
+
+
+def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, abstract_params,
+                abstract_state: TrainState, abstract_memory) -> Layout:
+  """Shardings of the train state, memory and batch (shapes suffice)."""
+  state = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
+  compute = sharding.gathered_specs(config, sharding.param_specs(config, abstract_params))
+  batch = {k: sharding.rows_sharding(mesh, config, n, 1)
+           for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
+  return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
+                memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, abstract_params, tx) -> TrainState:
+  return jax.eval_shape(lambda p: create_train_state(config, p, tx), abstract_params)
+
+
+def init_train_state(config: ml_collections.ConfigDict, tx, layout: Layout) -> TrainState:
+  """A fresh train state, each parameter initialised straight into its shards."""
+  return jax.jit(lambda: create_train_state(config, build_model(config)[2], tx),
+                 out_shardings=layout.state)()
+
+
+def init_sharded_memory(config: ml_collections.ConfigDict, batch_size: int, layout: Layout):
+  dtype = jnp.dtype(config.model.dtype)
+  return jax.jit(lambda: memory_lib.init_memory(config.model, batch_size, dtype),
+                 out_shardings=layout.memory)()
+
+
+def make_train_step(graphdef, state_template, tx, dropout: bool,
+                    layout: Optional[Layout] = None) -> Callable:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
 
   batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
   start_of_sequence [S, B] bool. metrics: per segment, summed over rows.
+  With a `layout`, inputs and outputs keep its shardings (metrics
+  replicated) and XLA partitions the step over the mesh.
   """
 
   def segment(carry, seg):
@@ -111,6 +174,8 @@ def make_train_step(graphdef, state_template, tx, dropout: bool) -> Callable:
     rng = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
+      if layout is not None:  # FSDP: gather the stored shards to compute
+        params = jax.lax.with_sharding_constraint(params, layout.compute_params)
       model = merge(graphdef, state_template, params)
       logits, new_memory, aux = model(
           seg["inputs"], memory, seg["start_of_sequence"],
@@ -125,13 +190,20 @@ def make_train_step(graphdef, state_template, tx, dropout: bool) -> Callable:
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = dict(aux, nats=nats, tokens=count, grad_norm=optax.global_norm(grads))
+    if layout is not None:  # keep the carry laid out as it came in
+      new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
+      new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
     return (new_state, new_memory), metrics
 
   def train_step(state, memory, batch):
     (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
     return state, memory, metrics
 
-  return jax.jit(train_step, donate_argnums=(0, 1))
+  if layout is None:
+    return jax.jit(train_step, donate_argnums=(0, 1))
+  return jax.jit(train_step, donate_argnums=(0, 1),
+                 in_shardings=(layout.state, layout.memory, layout.batch),
+                 out_shardings=(layout.state, layout.memory, layout.replicated))
 
 
 def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -153,6 +225,10 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   eval_lib.validate_eval_config(config, cfg)
+  # The mesh against the devices of every process, and the batch, heads,
+  # hidden units and widths against the axes that split them: before any
+  # compilation.
+  sharding.validate(config)
   return cfg
 
 
@@ -164,9 +240,14 @@ def train_and_evaluate(
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
+  In a multi-process run every process calls this with the same arguments
+  (after `jax.distributed.initialize`); process 0 alone writes the config,
+  metrics and logs, and all processes write the checkpoints together.
+
   Args:
     config: the experiment config (configs/*.py).
-    workdir: checkpoints, metrics and TensorBoard logs go here.
+    workdir: checkpoints, metrics and TensorBoard logs go here (shared by
+      all processes).
     stop_at_step: return after this step (checkpointed) instead of running to
       `num_train_steps`; the schedule is unchanged (for tests and pauses).
 
@@ -174,48 +255,65 @@ def train_and_evaluate(
     The last evaluation's metrics (or the last training metrics).
   """
   validate_config(config)
+  is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
-  ckpt_lib.save_config(workdir, config)
+  if is_main:
+    ckpt_lib.save_config(workdir, config)
 
   tokenizer = data_lib.get_tokenizer(config.data)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
         f"vocabulary ({tokenizer.vocab_size})")
+
+  s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
+  mesh = sharding.make_mesh(config)
+  graphdef, state_template, abstract_params = abstract_model(config)
+  tx = make_optimizer(config, abstract_params)
+  abstract_state = abstract_train_state(config, abstract_params, tx)
+  dtype = jnp.dtype(config.model.dtype)
+  abstract_memory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, b, dtype))
+  layout = make_layout(config, mesh, abstract_params, abstract_state, abstract_memory)
+  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params))
+
+  # This process reads only the batch rows its devices hold.
+  row_start, num_rows = sharding.local_rows(layout.batch["inputs"], (s, b, t), axis=1)
   train_docs = data_lib.get_documents(config.data, "train", tokenizer)
   train_iter = data_lib.SegmentIterator(
-      train_docs, batch_size=config.batch_size, segment_length=config.model.segment_length,
-      seed=config.seed, repeat=True)
+      train_docs, batch_size=b, segment_length=t, seed=config.seed, repeat=True,
+      row_start=row_start, num_rows=num_rows)
   eval_docs = data_lib.get_documents(config.data, config.eval.split, tokenizer)
-
-  graphdef, state_template, params = build_model(config)
-  tx = make_optimizer(config, params)
-  state = create_train_state(config, params, tx)
-  dtype = jnp.dtype(config.model.dtype)
-  memory = memory_lib.init_memory(config.model, config.batch_size, dtype)
-  num_params = sum(x.size for x in jax.tree.leaves(params))
 
   checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   start = checkpointer.latest_step() or 0
-  writer = MetricWriter(workdir, "train")
+  writer = MetricWriter(workdir, "train", enabled=is_main)
+  eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
   if start:
+    # Onto this run's mesh, whatever mesh wrote the checkpoint.
     state, memory, data_state = checkpointer.restore(
-        start, ckpt_lib.abstract(state), ckpt_lib.abstract(memory))
-    train_iter.set_state(data_state)
-    _truncate_metrics(writer.jsonl, start)
+        start, ckpt_lib.abstract(abstract_state, layout.state),
+        ckpt_lib.abstract(abstract_memory, layout.memory))
+    train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
+    if is_main:
+      _truncate_metrics(writer.jsonl, start)
     _log.info("resumed from step %d in %s", start, workdir)
   else:
+    state = init_train_state(config, tx, layout)
+    memory = init_sharded_memory(config, b, layout)
     _log.info("training from scratch in %s: %d parameters", workdir, num_params)
+  _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
+            dict(mesh.shape), mesh.size, jax.process_count(), row_start, row_start + num_rows)
 
-  train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0)
-  s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
+  train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0, layout)
   end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
   bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
   window: list[dict[str, Any]] = []
   last_eval: dict[str, float] = {}
   t_last, steps_timed = time.time(), 0
   for step in range(start + 1, end + 1):
-    batch = stack_segments([next(train_iter) for _ in range(s)])
+    local = stack_segments([next(train_iter) for _ in range(s)])  # [S, rows of this process, ...]
+    batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
+             for k, v in local.items()}
     state, memory, metrics = train_step(state, memory, batch)
     window.append(metrics)
     steps_timed += 1
@@ -249,19 +347,61 @@ def train_and_evaluate(
           scalars["attention_mass/segment"], scalars["tokens_per_second"], _hms(eta))
       t_last, steps_timed = time.time(), 0
     if config.checkpoint_every_steps and (step % config.checkpoint_every_steps == 0 or step == end):
-      checkpointer.save(step, state, memory, train_iter.get_state())
+      checkpointer.save(step, state, memory, _global_data_state(train_iter))
     if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
       model = merge(graphdef, state_template, state.params)
       final = step == config.num_train_steps
       last_eval = eval_lib.evaluate(
-          model, eval_docs, config, max_segments=None if final else config.eval.max_segments)
-      MetricWriter(workdir, "eval").write(step, last_eval)
+          model, eval_docs, config, max_segments=None if final else config.eval.max_segments,
+          mesh=mesh)
+      eval_writer.write(step, last_eval)
       _log.info("eval at step %d on %s: %s", step, config.eval.split,
                 "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
       t_last = time.time()
   checkpointer.close()
   writer.close()
+  eval_writer.close()
   return last_eval
+
+
+_ROW_KEYS = ("epoch", "position", "offset")
+
+
+def _global_data_state(it: data_lib.SegmentIterator) -> dict[str, np.ndarray]:
+  """The iterator position of ALL batch rows, as one process-independent dict.
+
+  Each process knows only its own rows (compressive/data/iterator.py); they
+  are exchanged so that the checkpoint holds every row and restores onto any
+  number of processes (each takes its rows back, `_local_data_state`).
+  """
+  state = it.get_state()
+  if jax.process_count() == 1:
+    return state
+  rows = np.stack([state[k] for k in _ROW_KEYS]).astype(np.int32)  # [3, rows]
+  starts = np.asarray(multihost_utils.process_allgather(np.int32(it.row_start)))  # [P]
+  every = np.asarray(multihost_utils.process_allgather(rows))  # [P, 3, rows]
+  full = np.full([3, it.batch_size], -1, np.int64)
+  for p in range(every.shape[0]):
+    full[:, starts[p]:starts[p] + it.num_rows] = every[p]
+  if (full < 0).any():
+    raise RuntimeError("the processes' batch rows do not cover the global batch")
+  state.update({k: full[i] for i, k in enumerate(_ROW_KEYS)})
+  state["row_start"] = np.asarray(0, np.int64)
+  state["num_rows"] = np.asarray(it.batch_size, np.int64)
+  return state
+
+
+def _local_data_state(state: dict[str, np.ndarray], row_start: int, num_rows: int) -> dict[str, np.ndarray]:
+  """This process's rows of a checkpoint's (all-row) iterator state."""
+  saved_rows = len(np.asarray(state["epoch"]).reshape(-1))
+  if int(state.get("row_start", 0)) != 0 or int(state.get("num_rows", saved_rows)) != saved_rows:
+    raise ValueError("the checkpoint's iterator state does not hold every batch row")
+  local = dict(state)
+  for k in _ROW_KEYS:
+    local[k] = np.asarray(state[k], np.int64).reshape(-1)[row_start:row_start + num_rows]
+  local["row_start"] = np.asarray(row_start, np.int64)
+  local["num_rows"] = np.asarray(num_rows, np.int64)
+  return local
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -283,18 +423,27 @@ def load(
 ) -> tuple[ml_collections.ConfigDict, CompressiveTransformer]:
   """(config, model) of a training workdir's latest (or given) checkpoint.
 
-  `config` replaces the workdir's saved config (e.g. with other eval sizes);
-  its model must match the checkpoint.
+  `config` replaces the workdir's saved config (e.g. with other eval sizes,
+  or another `mesh.shape` for this machine's devices); its model must match
+  the checkpoint. The parameters are restored onto the config's mesh,
+  whatever mesh wrote them; a saved config whose mesh does not fit this
+  machine is loaded data parallel over all its devices instead.
   """
-  config = ckpt_lib.load_config(workdir) if config is None else config
-  graphdef, state_template, params = build_model(config)
-  tx = make_optimizer(config, params)
-  state = create_train_state(config, params, tx)
+  if config is None:
+    config = ckpt_lib.load_config(workdir)
+    if sharding.fit_mesh_to_devices(config):
+      _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
+                jax.device_count(), config.mesh.shape)
+  mesh = sharding.make_mesh(config)
+  graphdef, state_template, abstract_params = abstract_model(config)
+  tx = make_optimizer(config, abstract_params)
+  abstract_state = abstract_train_state(config, abstract_params, tx)
+  shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
   checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=None, create=False)
   step = checkpointer.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {workdir}")
-  state, _, _ = checkpointer.restore(step, ckpt_lib.abstract(state))
+  state, _, _ = checkpointer.restore(step, ckpt_lib.abstract(abstract_state, shardings))
   checkpointer.close()
   model = merge(graphdef, state_template, state.params)
   model.eval()

@@ -9,6 +9,7 @@ minutes on 2 CPU cores. Override any field from the command line, e.g.
 import ml_collections
 
 from compressive.data import default_data_config
+from compressive.sharding import default_mesh_config
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -58,4 +59,12 @@ def get_config() -> ml_collections.ConfigDict:
   ev.memory_length = -1
   ev.compressed_memory_length = -1
   ev.max_segments = 40  # per row, for the periodic estimate during training
+
+  # Devices: mesh axes ('data', 'fsdp', 'tensor') of shape (-1, 1, 1), i.e.
+  # data parallel over every device; batch and memory rows are split along
+  # ('data', 'fsdp'); parameters by mesh.rules (regex on the parameter path
+  # -> one mesh axis or None per dimension): heads and MLP hidden units on
+  # 'tensor', one d-sized dimension on 'fsdp'. See compressive/sharding.py
+  # and the presets configs/gpu1.py, gpu8.py, tpu_v5e8.py.
+  config.mesh = default_mesh_config()
   return config

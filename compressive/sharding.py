@@ -1,0 +1,376 @@
+"""Device mesh and partition rules from the config (`config.mesh`).
+
+Notation: B batch rows, S segments per step, T segment length, L layers,
+d width, H heads, D head width, V vocabulary.
+
+    config.mesh.axes       mesh axis names: ('data', 'fsdp', 'tensor')
+    config.mesh.shape      devices along each axis; one -1 means "the rest"
+    config.mesh.data_axes  axes that split batch rows, and with them the memory
+                           (per-row state, sharded exactly like the batch)
+    config.mesh.rules      (regex, spec) pairs for parameters: the first rule
+                           whose regex matches the parameter's path (re.search
+                           on e.g. 'blocks/3/attention/wq') and whose spec has
+                           one entry per dimension (None, an axis name, or a
+                           tuple of names) shards it; unmatched parameters are
+                           replicated. Optimizer state follows its parameter.
+
+The default rules put attention heads and MLP hidden units on 'tensor'
+(Megatron-style: column-parallel in, row-parallel out) and one d-sized
+dimension of every large matrix on 'fsdp', whose shards are gathered as the
+step needs them; batch rows are split over ('data', 'fsdp'). Every mesh runs
+the same program: only the layout changes, so losses agree across meshes up
+to float reduction order.
+
+Everything here takes the config (or a mesh) as an argument; the entry
+points decide about multi-host initialisation and call
+`initialize_distributed` before anything else touches JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Optional, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import ml_collections
+import numpy as np
+
+from compressive.config_lib import ConfigError
+
+# The rules of the default config. Parameter paths are those of the params
+# pure dict (nnx.to_pure_dict of the model); see compressive/model.py.
+DEFAULT_RULES = (
+    (r"attention/w[qkvr]$", ("fsdp", "tensor", None)),  # [d, H, D]
+    (r"attention/wo$", ("tensor", None, "fsdp")),  # [H, D, d]
+    (r"attention/[uv]$", ("tensor", None)),  # [H, D]
+    (r"ffn/w1$", ("fsdp", "tensor")),  # [d, d_ff]
+    (r"ffn/b1$", ("tensor",)),  # [d_ff]
+    (r"ffn/w2$", ("tensor", "fsdp")),  # [d_ff, d]
+    (r"compressor/kernel$", (None, "fsdp", None)),  # conv: [c, d, d]
+    (r"compressor/kernel$", (None, None, "fsdp", None)),  # dilated conv: [n, 2, d, d]
+    (r"compressor/decoder_kernel$", ("fsdp", None)),  # auto-encoder g: [d, c d]
+    (r"embed/embedding$", (None, "fsdp")),  # [V, d]
+    (r"^head$", ("fsdp", "tensor")),  # [d, V]: logits split along the vocabulary
+)
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """`config.mesh` of every experiment unless it says otherwise."""
+  mesh = ml_collections.ConfigDict()
+  mesh.axes = ("data", "fsdp", "tensor")
+  mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
+  mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
+  mesh.rules = DEFAULT_RULES
+  return mesh
+
+
+def mesh_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config.mesh`, or the defaults for a workdir saved before it existed."""
+  return config.mesh if "mesh" in config else default_mesh_config()
+
+
+# -- The mesh. ----------------------------------------------------------------
+
+
+def _check_mesh_fields(mc: ml_collections.ConfigDict) -> None:
+  axes, shape = tuple(mc.axes), tuple(mc.shape)
+  if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
+    raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
+  if len(shape) != len(axes):
+    raise ConfigError(
+        f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
+  for n in shape:
+    if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+      raise ConfigError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
+  if shape.count(-1) > 1:
+    raise ConfigError(f"mesh.shape={shape!r} has more than one -1")
+  for a in mc.data_axes:
+    if a not in axes:
+      raise ConfigError(f"mesh.data_axes={tuple(mc.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
+  for regex, spec in mc.rules:
+    try:
+      re.compile(regex)
+    except re.error as e:
+      raise ConfigError(f"mesh.rules: {regex!r} is not a valid regex ({e})") from None
+    for entry in spec:
+      for a in _names(entry):
+        if a not in axes:
+          raise ConfigError(f"mesh.rules: {regex!r} uses axis {a!r}, not in mesh.axes={axes!r}")
+
+
+def mesh_shape(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> tuple[int, ...]:
+  """`mesh.shape` with its -1 resolved; ConfigError if it does not fit."""
+  mc = mesh_config(config)
+  _check_mesh_fields(mc)
+  n = jax.device_count() if num_devices is None else num_devices
+  shape = tuple(mc.shape)
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if n % known:
+      raise ConfigError(
+          f"mesh.shape={shape}: the other axes take {known} devices, which does not "
+          f"divide the {n} devices available")
+    shape = tuple(n // known if s == -1 else s for s in shape)
+  if math.prod(shape) != n:
+    raise ConfigError(
+        f"mesh.shape={tuple(mc.shape)} needs {math.prod(shape)} devices but {n} are "
+        f"available; make the product {n} or use -1 on one axis")
+  return shape
+
+
+def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:
+  """For a saved config read on another machine: if its `mesh.shape` does
+  not fit this machine's devices, replace it by every device on the first
+  axis (data parallel; parameters whole on each device). Returns whether it
+  changed the config. Training never does this: there a misfit is an error.
+  """
+  try:
+    mesh_shape(config, num_devices)
+    return False
+  except ConfigError:
+    if "mesh" not in config:
+      raise
+    axes = tuple(config.mesh.axes)
+    config.mesh.shape = (-1,) + (1,) * (len(axes) - 1)
+    mesh_shape(config, num_devices)  # still a misfit: the error is about mesh.axes etc.
+    return True
+
+
+def make_mesh(config: ml_collections.ConfigDict, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """The config's device mesh over all devices (of every process).
+
+  Axes are Auto: the program is written for one device and XLA partitions
+  it from the input and output shardings (GSPMD), so the model code carries
+  no sharding annotations.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  shape = mesh_shape(config, len(devices))
+  axes = tuple(mesh_config(config).axes)
+  return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                       devices=devices)
+
+
+def _names(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _axis_sizes(config, shape) -> dict[str, int]:
+  return dict(zip(mesh_config(config).axes, shape))
+
+
+def data_parallel_size(config: ml_collections.ConfigDict, mesh: Mesh | Sequence[int]) -> int:
+  """How many ways batch rows are split: the product of the data axes' sizes
+  in `mesh` (a Mesh, or a resolved mesh shape in the order of mesh.axes)."""
+  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else _axis_sizes(config, mesh)
+  return math.prod(sizes[a] for a in mesh_config(config).data_axes)
+
+
+# -- Partition specs. -----------------------------------------------------------
+
+
+def path_str(path) -> str:
+  """'blocks/0/attention/wq' for a pytree key path."""
+  return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
+
+
+def param_spec(config: ml_collections.ConfigDict, path: str, ndim: int) -> P:
+  """The PartitionSpec of the parameter at `path` (ConfigError if a matching
+  rule never fits its rank)."""
+  matched = []
+  for regex, spec in mesh_config(config).rules:
+    if re.search(regex, path):
+      if len(spec) == ndim:
+        return P(*[None if e is None else (e if isinstance(e, str) else tuple(e)) for e in spec])
+      matched.append((regex, tuple(spec)))
+  if matched:
+    raise ConfigError(
+        f"mesh.rules: parameter {path} has {ndim} dimensions but the rules matching it "
+        f"give {', '.join(f'{r!r}: {s}' for r, s in matched)}")
+  return P()
+
+
+def param_specs(config: ml_collections.ConfigDict, params: Any) -> Any:
+  """A PartitionSpec for every leaf of the params pure dict."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: param_spec(config, path_str(path), len(x.shape)), params)
+
+
+def state_specs(config: ml_collections.ConfigDict, params: Any, tree: Any) -> Any:
+  """PartitionSpecs for a tree holding parameters and state shaped like them.
+
+  A leaf whose path ends with a parameter's path and has its shape (the
+  parameters themselves, Adam's mu and nu, ...) gets that parameter's spec;
+  everything else (step, counts, RNG keys) is replicated.
+  """
+  table = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    name = path_str(path)
+    table[name] = (tuple(x.shape), param_spec(config, name, len(x.shape)))
+
+  def spec(path, x):
+    parts = path_str(path).split("/")
+    for k in range(len(parts)):
+      hit = table.get("/".join(parts[k:]))
+      if hit is not None and hit[0] == tuple(x.shape):
+        return hit[1]
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+def gathered_specs(config: ml_collections.ConfigDict, specs: Any) -> Any:
+  """The specs with the data axes dropped: how parameters are laid out while
+  the step computes with them.
+
+  A parameter axis that also splits batch rows ('fsdp') only stores the
+  parameter: to compute, each device needs the weights whole along it (XLA
+  all-gathers them, and reduce-scatters their gradients), while 'tensor'
+  splits stay in place as the model's heads and hidden units.
+  """
+  data = set(mesh_config(config).data_axes)
+
+  def drop(entry):
+    kept = tuple(a for a in _names(entry) if a not in data)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+  return jax.tree.map(lambda spec: P(*[drop(e) for e in spec]), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def shardings(mesh: Mesh, specs: Any) -> Any:
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def rows_sharding(mesh: Mesh, config: ml_collections.ConfigDict, ndim: int, axis: int) -> NamedSharding:
+  """Rows (dimension `axis` of an ndim array) split along the data axes."""
+  spec = [None] * ndim
+  spec[axis] = tuple(mesh_config(config).data_axes)
+  return NamedSharding(mesh, P(*spec))
+
+
+def memory_shardings(mesh: Mesh, config: ml_collections.ConfigDict, memory: Any) -> Any:
+  """Every memory field is [L, B, ...]: rows split exactly like the batch."""
+  return jax.tree.map(lambda x: rows_sharding(mesh, config, len(x.shape), 1), memory)
+
+
+# -- Process-local rows. --------------------------------------------------------
+
+
+def local_rows(sharding: NamedSharding, global_shape: Sequence[int], axis: int) -> tuple[int, int]:
+  """(first row, number of rows) of dimension `axis` held by this process.
+
+  The rows of a process must be contiguous (true of `jax.make_mesh` meshes,
+  which order devices process by process); the data pipeline then reads
+  exactly global rows [first, first + number).
+  """
+  rows = set()
+  for index in sharding.addressable_devices_indices_map(tuple(global_shape)).values():
+    rows.update(range(*index[axis].indices(global_shape[axis])))
+  start, stop = min(rows), max(rows) + 1
+  if len(rows) != stop - start:
+    raise ConfigError(
+        f"this process holds non-contiguous batch rows {sorted(rows)}; reorder mesh.axes "
+        "so that the data axes come first")
+  return start, stop - start
+
+
+def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Sequence[int]) -> jax.Array:
+  """One global array from every process's rows (each passes its own)."""
+  return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))
+
+
+# -- Checks before anything compiles. ---------------------------------------------
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = None,
+             abstract_params: Any = None) -> tuple[int, ...]:
+  """ConfigError, naming the field, if the mesh does not fit the devices or a
+  batch, head, hidden or width size does not divide along its axes.
+
+  Args:
+    config: the experiment config.
+    num_devices: defaults to jax.device_count() (all processes).
+    abstract_params: the params pure dict (shapes suffice); built with
+      `jax.eval_shape` when needed and not given.
+
+  Returns:
+    The resolved mesh shape.
+  """
+  shape = mesh_shape(config, num_devices)
+  mc = mesh_config(config)
+  sizes = _axis_sizes(config, shape)
+  where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"
+  dp = data_parallel_size(config, shape)
+  if config.batch_size % dp:
+    raise ConfigError(
+        f"batch_size={config.batch_size} is not divisible by {dp}, the devices along "
+        f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
+  used = {a for _, spec in mc.rules for e in spec for a in _names(e)}
+  if all(sizes[a] == 1 for a in used):
+    return shape  # every parameter is whole on every device
+  if abstract_params is None:
+    abstract_params = _abstract_params(config)
+  m = config.model
+  fields = {"model.num_heads": m.num_heads, "model.d_model": m.d_model, "model.d_ff": m.d_ff,
+            "model.vocab_size": m.vocab_size}
+  for path, x in jax.tree_util.tree_leaves_with_path(abstract_params):
+    name = path_str(path)
+    spec = param_spec(config, name, len(x.shape))
+    for dim, (size, entry) in enumerate(zip(x.shape, tuple(spec) + (None,) * len(x.shape))):
+      axes = _names(entry)
+      n = math.prod(sizes[a] for a in axes)
+      if size % n:
+        named = [f"{k}={v}" for k, v in fields.items() if v == size]
+        raise ConfigError(
+            f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
+            f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
+            f"that way by mesh.rules ({where}); change mesh.shape or the model size")
+  return shape
+
+
+def _abstract_params(config):
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from compressive.model import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  model = nnx.eval_shape(lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
+  return nnx.to_pure_dict(nnx.state(model))
+
+
+# -- Multi-host. ----------------------------------------------------------------
+
+
+def initialize_distributed(
+    *,
+    auto: bool = False,
+    coordinator_address: Optional[str] = None,
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+) -> bool:
+  """Joins JAX's distributed runtime; call before anything else uses JAX.
+
+  `auto`: let JAX detect the cluster (Cloud TPU pod slices, SLURM, Open MPI,
+  ...). Explicit `coordinator_address` ('host:port' of process 0),
+  `num_processes` and `process_id` work anywhere, localhost included (CPU
+  processes then talk through Gloo). Returns whether it initialised.
+  """
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ConfigError(
+          "give all of coordinator_address, num_processes and process_id, or none "
+          "(then multihost auto-detects the cluster)")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+    return True
+  if auto:
+    jax.distributed.initialize()
+    return True
+  return False
