@@ -4,6 +4,13 @@ Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
 Prints the result as one JSON object on the last line of stdout and writes it
 to DIR/eval_<split>_step<N>.json. Checkpoints are only read, never written.
+
+The checkpoint is restored onto this machine's devices, whatever mesh trained
+it: the saved config's `mesh.shape` is used if it fits this machine's devices,
+else data parallel over all of them (-1,1,1), unless --mesh_shape says
+otherwise (e.g. --mesh_shape=1,8,1 to keep parameters sharded). Multi-host:
+the same flags as train.py (--multihost, or --coordinator_address,
+--num_processes, --process_id); process 0 prints and writes the result.
 """
 
 import json
@@ -13,11 +20,13 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
+import jax
 
 from compressive import ConfigError
 from compressive import checkpoint
 from compressive import data as data_lib
 from compressive import eval_lib
+from compressive import sharding
 from compressive import train_lib
 
 FLAGS = flags.FLAGS
@@ -30,6 +39,14 @@ flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length)."
 flags.DEFINE_integer("compressed_memory_length", None,
                      "Compressed memory slots (eval.compressed_memory_length).")
 flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row (a quick estimate).")
+flags.DEFINE_list("mesh_shape", None,
+                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
+                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
+flags.DEFINE_bool("multihost", False,
+                  "Join JAX's distributed runtime, detecting the cluster (as train.py).")
+flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (as train.py).")
+flags.DEFINE_integer("num_processes", None, "Processes in the run (as train.py).")
+flags.DEFINE_integer("process_id", None, "This process (as train.py).")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -38,14 +55,29 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
   try:
+    sharding.initialize_distributed(
+        auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
+        num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
     config = checkpoint.load_config(FLAGS.workdir)
     for name in ("batch_size", "segment_length", "memory_length", "compressed_memory_length"):
       if FLAGS[name].value is not None:
         config.eval[name] = FLAGS[name].value
     config.eval.split = FLAGS.split
+    if "mesh" not in config:  # a workdir saved before config.mesh existed
+      config.mesh = sharding.default_mesh_config()
+    if FLAGS.mesh_shape is not None:
+      try:
+        config.mesh.shape = tuple(int(n) for n in FLAGS.mesh_shape)
+      except ValueError:
+        raise ConfigError(f"--mesh_shape={','.join(FLAGS.mesh_shape)} must be integers") from None
+    elif sharding.fit_mesh_to_devices(config):
+      print(f"note: the training mesh does not fit the {jax.device_count()} devices here; "
+            f"evaluating on mesh.shape={config.mesh.shape} (choose with --mesh_shape)",
+            file=sys.stderr)
     train_lib.validate_config(config)
   except (ConfigError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    hint = " (set --mesh_shape for this machine)" if "mesh.shape" in str(e) else ""
+    print(f"error: {e}{hint}", file=sys.stderr)
     sys.exit(2)
   try:
     config, model = train_lib.load(FLAGS.workdir, FLAGS.step, config=config)
@@ -58,6 +90,8 @@ def main(argv):
   step = FLAGS.step if FLAGS.step is not None else checkpoint.Checkpointer(
       FLAGS.workdir, create=False).latest_step()
   result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
+  if jax.process_index():
+    return
   with open(os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json"), "w") as f:
     json.dump(result, f, indent=2)
   print(json.dumps(result))

@@ -1,7 +1,14 @@
 """Train a Compressive Transformer: python train.py --config=configs/X.py --workdir=DIR.
 
 Override any config field with --config.a.b=value (a typo is an error). A
-workdir that already holds checkpoints is resumed from its latest one.
+workdir that already holds checkpoints is resumed from its latest one, on
+whatever mesh this run's config and devices give.
+
+Multi-host (README "Scaling out"): start the same command on every host with
+--multihost (Cloud TPU slices, SLURM and Open MPI are detected), or with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I anywhere
+else; the workdir must be shared by all hosts. Process 0 alone writes the
+config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
@@ -10,33 +17,55 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
+import jax
 from ml_collections import config_flags
 
 from compressive import ConfigError
+from compressive import sharding
 from compressive import train_lib
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     "config", "configs/default.py", "Experiment config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and TensorBoard logs go here.")
+flags.DEFINE_bool("multihost", False,
+                  "Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
+                  "SLURM, Open MPI); run the same command on every host.")
+flags.DEFINE_string("coordinator_address", None,
+                    "HOST:PORT of process 0, for clusters JAX does not detect (or localhost); "
+                    "with --num_processes and --process_id.")
+flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
+flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (with --coordinator_address).")
 flags.mark_flags_as_required(["workdir"])
+
+
+def initialize_distributed() -> None:
+  """Before anything else touches JAX: joins the other processes, if any."""
+  sharding.initialize_distributed(
+      auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
+      num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
 
 
 def setup_logging() -> None:
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
-  logging.getLogger("compressive").setLevel(logging.INFO)
+  # One log for the run: process 0's (the others log only warnings).
+  level = logging.INFO if jax.process_index() == 0 else logging.WARNING
+  logging.getLogger("compressive").setLevel(level)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  setup_logging()
   try:
+    initialize_distributed()
+    setup_logging()
     train_lib.validate_config(FLAGS.config)
     result = train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  if jax.process_index():
+    return
   print(f"TensorBoard logs: tensorboard --logdir {FLAGS.workdir}/tensorboard")
   if result:
     print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
