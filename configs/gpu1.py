@@ -1,0 +1,25 @@
+"""Preset: one GPU. Runs any experiment of configs/ on a single accelerator.
+
+The part after ':' names the experiment (a module in configs/; default
+'default'); this preset only says where and how it runs:
+
+    python train.py --config=configs/gpu1.py:enwik8 --workdir=runs/enwik8
+    python train.py --config=configs/gpu1.py --workdir=runs/default
+
+Mesh (1, 1, 1); activations in bfloat16 (parameters and optimizer state stay
+float32). The paper-size models keep the experiment's batch (32 rows); if
+they do not fit your GPU's memory, lower it, e.g. --config.batch_size=16
+(the learning rate is not rescaled for you). Not run on a GPU by us: the
+mesh, shapes and divisibility are checked on CPU only.
+"""
+
+import importlib
+
+import ml_collections
+
+
+def get_config(experiment: str = "default") -> ml_collections.ConfigDict:
+  config = importlib.import_module(f"configs.{experiment or 'default'}").get_config()
+  config.mesh.shape = (1, 1, 1)
+  config.model.dtype = "bfloat16"
+  return config
