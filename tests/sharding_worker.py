@@ -1,0 +1,40 @@
+"""Trains the sharding tests' tiny experiment on given meshes, in its own process.
+
+test_sharding.py runs this with fake CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8), which must be set
+before JAX starts and so cannot be set inside the pytest process:
+
+    python tests/sharding_worker.py RUNS_JSON
+
+RUNS_JSON is a list of {"workdir": DIR, "mesh": [data, fsdp, tensor]} run in
+order with train_lib.train_and_evaluate (a workdir holding checkpoints
+resumes). Prints one JSON line: the device count and each run's final
+evaluation.
+"""
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")  # as conftest.py
+
+from compressive import train_lib  # noqa: E402
+from test_sharding import sharding_experiment  # noqa: E402
+
+
+def main(runs_json: str) -> None:
+  results = []
+  for run in json.loads(runs_json):
+    config = sharding_experiment(**{"mesh.shape": tuple(run["mesh"])})
+    results.append(train_lib.train_and_evaluate(config, run["workdir"]))
+  print(json.dumps({"devices": jax.device_count(), "results": results}))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

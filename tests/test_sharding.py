@@ -1,0 +1,356 @@
+"""Sharding: the mesh and partition rules come from the config, every mesh
+trains the same model, checkpoints move between meshes, and two processes
+train like one.
+
+Multi-device runs use fake CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8). That flag only works
+before JAX starts, and this pytest process has one device, so they run in a
+child process (tests/sharding_worker.py); the two-process run starts
+train.py twice with a local coordinator. The one-device reference and the
+8-devices-to-1 resume run in this process.
+"""
+
+import importlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+from flax import nnx
+import jax
+import numpy as np
+import pytest
+
+import compressive
+from compressive import checkpoint as ckpt_lib
+from compressive import sharding
+from compressive import train_lib
+from compressive.attention import sinusoid_positions
+from compressive.metrics import read_jsonl
+from test_train import tiny_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOLERANCE = 1e-5  # relative, fp32
+MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
+
+
+def sharding_experiment(**overrides):
+  """Tiny, with 8 rows (every test mesh splits them) and dropout (its masks
+  must not depend on the mesh); checkpoints at steps 10 and 20."""
+  values = {"batch_size": 8, "num_train_steps": 20, "log_every_steps": 1,
+            "eval_every_steps": 0, "checkpoint_every_steps": 10, "model.dropout_rate": 0.1}
+  values.update(overrides)
+  return tiny_experiment(**values)
+
+
+# -- Rules, mesh shapes and errors (no devices needed). ---------------------------
+
+
+def abstract_params(config):
+  return train_lib.abstract_model(config)[2]
+
+
+def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
+  config = sharding_experiment()
+  specs = sharding.param_specs(config, abstract_params(config))
+  P = jax.sharding.PartitionSpec
+  att = specs["blocks"][0]["attention"]
+  for name in ("wq", "wk", "wv", "wr"):
+    assert att[name] == P("fsdp", "tensor", None)  # [d, H, D]
+  assert att["wo"] == P("tensor", None, "fsdp")  # [H, D, d]
+  assert att["u"] == att["v"] == P("tensor", None)
+  ffn = specs["blocks"][1]["ffn"]
+  assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (P("fsdp", "tensor"), P("tensor"), P("tensor", "fsdp"))
+  assert specs["blocks"][0]["compressor"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
+  assert specs["embed"]["embedding"] == P(None, "fsdp")
+  assert specs["head"] == P("fsdp", "tensor")
+  assert specs["final_norm"]["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
+
+  dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
+  kernel = sharding.param_specs(dilated, abstract_params(dilated))["blocks"][0]["compressor"]["kernel"]
+  assert kernel == P(None, None, "fsdp", None)  # [n, 2, d, d]
+
+
+def test_optimizer_state_follows_its_parameter():
+  config = sharding_experiment()
+  params = abstract_params(config)
+  tx = train_lib.make_optimizer(config, params)
+  state = train_lib.abstract_train_state(config, params, tx)
+  specs = sharding.state_specs(config, params, state)
+  P = jax.sharding.PartitionSpec
+  assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
+  found = {}
+  for path, spec in jax.tree_util.tree_leaves_with_path(
+      specs.opt_state, is_leaf=lambda x: isinstance(x, P)):
+    name = sharding.path_str(path)
+    if name.endswith("blocks/0/attention/wq") or name.endswith("blocks/1/compressor/kernel"):
+      found[name.split("/inner_state/")[1]] = spec
+    if name.endswith("count"):
+      assert spec == P()
+  assert found == {
+      "1/0/mu/blocks/0/attention/wq": P("fsdp", "tensor", None),
+      "1/0/nu/blocks/0/attention/wq": P("fsdp", "tensor", None),
+      "1/0/mu/blocks/1/compressor/kernel": P(None, "fsdp", None),
+      "1/0/nu/blocks/1/compressor/kernel": P(None, "fsdp", None),
+  }
+  assert specs.step == specs.rng == P()
+
+
+@pytest.mark.parametrize("shape,resolved", [
+    ((-1, 1, 1), (8, 1, 1)), ((2, -1, 2), (2, 2, 2)), ((1, 8, 1), (1, 8, 1))])
+def test_minus_one_takes_the_remaining_devices(shape, resolved):
+  config = sharding_experiment(**{"mesh.shape": shape})
+  assert sharding.mesh_shape(config, num_devices=8) == resolved
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"mesh.shape": (4, 1, 1)}, "mesh.shape=(4, 1, 1) needs 4 devices but 8 are available"),
+    ({"mesh.shape": (-1, 3, 1)}, "mesh.shape=(-1, 3, 1)"),
+    ({"mesh.shape": (-1, -1, 1)}, "more than one -1"),
+    ({"mesh.shape": (8, 1)}, "mesh.shape=(8, 1) has 2 entries"),
+    ({"batch_size": 4, "mesh.shape": (8, 1, 1)}, "batch_size=4 is not divisible by 8"),
+    ({"batch_size": 4, "mesh.shape": (1, 8, 1)}, "batch_size=4 is not divisible by 8"),
+    ({"mesh.shape": (2, 1, 4)}, "model.num_heads=2 does not divide along mesh axes ('tensor',) of size 4"),
+    ({"model.num_heads": 4, "model.d_ff": 66, "mesh.shape": (2, 1, 4)}, "model.d_ff=66"),
+    ({"model.d_model": 36, "model.num_heads": 2, "mesh.shape": (1, 8, 1)}, "model.d_model=36"),
+    ({"mesh.data_axes": ("data", "pipeline")}, "mesh.data_axes"),
+    ({"mesh.rules": ((r"ffn/w1$", ("fsdp",)),), "mesh.shape": (1, 2, 4)},
+     "parameter blocks/0/ffn/w1 has 2 dimensions"),
+])
+def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
+  config = sharding_experiment(**overrides)
+  with pytest.raises(compressive.ConfigError) as info:
+    sharding.validate(config, num_devices=8)
+  assert message in str(info.value)
+  assert "\n" not in str(info.value)
+
+
+def test_validate_config_checks_the_mesh_against_this_machine():
+  # One device here: a two-device mesh fails before anything is built.
+  config = sharding_experiment(**{"mesh.shape": (2, 1, 1)})
+  with pytest.raises(compressive.ConfigError, match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"):
+    train_lib.validate_config(config)
+
+
+def test_cli_mesh_override_and_its_error(tmp_path):
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(config_file_text())
+  r = subprocess.run(
+      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
+       "--config.mesh.shape=(1,2,1)"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2
+  assert r.stderr.strip().splitlines()[-1].startswith("error: mesh.shape=(1, 2, 1) needs 2 devices")
+  assert not os.path.exists(tmp_path / "wd" / "checkpoints")
+
+
+@pytest.mark.parametrize("preset,devices,shape", [
+    ("gpu1", 1, (1, 1, 1)), ("gpu8", 8, (8, 1, 1)), ("tpu_v5e8", 8, (1, 8, 1))])
+@pytest.mark.parametrize("experiment", ["default", "enwik8", "pg19"])
+def test_presets_fit_their_machines(preset, devices, shape, experiment):
+  config = importlib.import_module(f"configs.{preset}").get_config(experiment)
+  base = importlib.import_module(f"configs.{experiment}").get_config()
+  assert sharding.validate(config, num_devices=devices) == shape
+  assert config.model.dtype == "bfloat16"
+  base.model.dtype = "bfloat16"
+  assert config.model == base.model and config.batch_size == base.batch_size
+
+
+# -- Training on meshes, in other processes. ---------------------------------------
+
+
+def config_file_text():
+  return textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+      from test_sharding import sharding_experiment
+
+      def get_config():
+        return sharding_experiment()
+      """)
+
+
+def without_step(src, dst, step):
+  """A copy of workdir `src` as if training had stopped before `step`."""
+  shutil.copytree(src, dst)
+  shutil.rmtree(os.path.join(dst, "checkpoints", str(step)))
+  return str(dst)
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def cpu_env(**extra):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  env["JAX_PLATFORMS"] = "cpu"
+  env.update(extra)
+  return env
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Every training run of the tests below, once (about two minutes on 2 cores)."""
+  base = tmp_path_factory.mktemp("sharding")
+  wd = {name: str(base / name) for name in ("ref", *MESHES, "mp")}
+
+  # The reference: one device, 20 steps.
+  train_lib.train_and_evaluate(sharding_experiment(), wd["ref"])
+  # 1 device -> 8: resume the reference's step-10 checkpoint on mesh (4, 1, 2).
+  wd["from1"] = without_step(wd["ref"], base / "from1", 20)
+
+  # 8 fake devices: three meshes from scratch, then the resume from 1 device.
+  plan = [{"workdir": wd[n], "mesh": list(shape)} for n, shape in MESHES.items()]
+  plan.append({"workdir": wd["from1"], "mesh": [4, 1, 2]})
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "sharding_worker.py"), json.dumps(plan)],
+      cwd=ROOT, capture_output=True, text=True, timeout=900,
+      env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+  assert r.returncode == 0, r.stderr[-4000:]
+  worker = json.loads(r.stdout.strip().splitlines()[-1])
+  assert worker["devices"] == 8
+
+  # 8 devices -> 1: resume mesh (2, 2, 2)'s step-10 checkpoint here.
+  wd["from8"] = without_step(wd["m222"], base / "from8", 20)
+  train_lib.train_and_evaluate(sharding_experiment(), wd["from8"])
+
+  # Two processes x 2 CPU devices on localhost, mesh (2, 1, 2), through train.py.
+  cfg = base / "cfg.py"
+  cfg.write_text(config_file_text())
+  port = free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={wd['mp']}",
+       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
+       "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=600))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, (out, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-4000:]
+  return {"workdirs": wd, "mp_outputs": outputs}
+
+
+def losses(workdir):
+  return {r["step"]: r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics_train.jsonl"))}
+
+
+def relative(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def parameter_differences(workdir, ref_workdir):
+  """Max relative difference of every parameter to the reference's, restored
+  onto this process's one device.
+
+  W_r is compared through what the model computes from it, the positional
+  projections of the key window with their mean over keys removed,
+  (R - mean_k R) W_r: its rows facing the lowest-frequency cosines of R are
+  nearly constant across the window and shift every query's scores by the
+  same amount, which softmax cancels, so the loss does not constrain them and
+  Adam turns float noise there into visible drift (about 1% of W_r's scale
+  after 20 steps, on every mesh alike, while everything the loss sees agrees
+  to 1e-6).
+  """
+  config = sharding_experiment()
+  m = config.model
+  _, a = compressive.load(workdir, config=config)
+  _, b = compressive.load(ref_workdir, config=config)
+  pa, pb = nnx.to_pure_dict(nnx.state(a)), nnx.to_pure_dict(nnx.state(b))
+  r = np.asarray(sinusoid_positions(
+      m.compressed_memory_length + m.memory_length + m.segment_length, m.d_model))
+  centered = r - r.mean(0)
+  out = {}
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(pa), jax.tree.leaves(pb)):
+    name = sharding.path_str(path)
+    if name.endswith("attention/wr"):
+      x, y = (np.einsum("kd,dhe->khe", centered, np.asarray(v)) for v in (x, y))
+    out[name] = relative(x, y)
+  return out
+
+
+def test_every_mesh_trains_like_one_device(runs):
+  wd = runs["workdirs"]
+  ref = losses(wd["ref"])
+  assert sorted(ref) == list(range(1, 21))
+  ref_eval = read_jsonl(os.path.join(wd["ref"], "metrics_eval.jsonl"))[-1]["loss"]
+  for name in MESHES:
+    got = losses(wd[name])
+    assert sorted(got) == sorted(ref), name
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+    assert worst <= TOLERANCE, (name, worst)
+    diffs = parameter_differences(wd[name], wd["ref"])
+    assert max(diffs.values()) <= TOLERANCE, (name, max(diffs.items(), key=lambda kv: kv[1]))
+    got_eval = read_jsonl(os.path.join(wd[name], "metrics_eval.jsonl"))[-1]["loss"]
+    assert abs(got_eval - ref_eval) / ref_eval <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("name", ["from1", "from8"])
+def test_a_checkpoint_resumes_on_another_mesh(runs, name):
+  # from1: written on 1 device, resumed on mesh (4, 1, 2) of 8; from8: written
+  # on (2, 2, 2), resumed on 1 device. Both continue as the reference did.
+  wd = runs["workdirs"]
+  ref, got = losses(wd["ref"]), losses(wd[name])
+  assert sorted(got) == sorted(ref)
+  worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(11, 21))
+  assert worst <= TOLERANCE, worst
+  diffs = parameter_differences(wd[name], wd["ref"])
+  assert max(diffs.values()) <= TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
+
+
+def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
+  # The saved mesh (2, 2, 2) does not fit this process's one device: load()
+  # falls back to data parallel over what there is.
+  from compressive import data as data_lib
+  from compressive import eval_lib
+  wd = runs["workdirs"]["m222"]
+  config, model = compressive.load(wd)
+  assert tuple(config.mesh.shape) == (-1, 1, 1)
+  docs = data_lib.get_documents(config.data, config.eval.split, data_lib.get_tokenizer(config.data))
+  result = eval_lib.evaluate(model, docs, config)
+  trained = read_jsonl(os.path.join(wd, "metrics_eval.jsonl"))[-1]
+  assert abs(result["loss"] - trained["loss"]) / trained["loss"] <= TOLERANCE
+
+
+def test_two_processes_train_like_one(runs):
+  wd = runs["workdirs"]
+  ref, got = losses(wd["ref"]), losses(wd["mp"])
+  # Process 0 alone wrote the metrics: one record per step.
+  assert [r["step"] for r in read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))] == list(range(1, 21))
+  assert max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref) <= TOLERANCE
+  diffs = parameter_differences(wd["mp"], wd["ref"])
+  assert max(diffs.values()) <= TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
+  (out0, _), (out1, _) = runs["mp_outputs"]
+  assert "final evaluation" in out0 and "final evaluation" not in out1
+
+  # The checkpoint the two processes wrote together holds what one process
+  # would resume from: every row's data position, and the memory.
+  config = sharding_experiment()
+  b = config.batch_size
+  memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
+  params = train_lib.abstract_model(config)[2]
+  state = train_lib.abstract_train_state(config, params, train_lib.make_optimizer(config, params))
+  here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  on_one = lambda tree: ckpt_lib.abstract(tree, jax.tree.map(lambda _: here, tree))
+  restored = {}
+  for name in ("mp", "ref"):
+    c = ckpt_lib.Checkpointer(wd[name], create=False)
+    restored[name] = c.restore(20, on_one(state), on_one(memory))
+    c.close()
+  (_, mem_mp, data_mp), (_, mem_ref, data_ref) = restored["mp"], restored["ref"]
+  assert {k: v.tolist() for k, v in data_mp.items()} == {k: v.tolist() for k, v in data_ref.items()}
+  for x, y in zip(jax.tree.leaves(mem_mp), jax.tree.leaves(mem_ref)):
+    assert relative(x, y) <= TOLERANCE
