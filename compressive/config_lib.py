@@ -11,13 +11,10 @@ import dataclasses
 from typing import Any, Mapping
 
 from compressive.compression import COMPRESSIONS
+from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
 from compressive.losses import RECONSTRUCTION_LOSSES
 
 DTYPES = ("float32", "bfloat16")
-
-
-class ConfigError(ValueError):
-  """A user's config cannot work; the message names the field and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)

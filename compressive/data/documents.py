@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from compressive.errors import DataError
 from compressive.data import tokenizers
 
 
@@ -54,7 +55,7 @@ class Documents(abc.ABC):
     self._check_index(i)
     ids = self._load_tokens(i)
     if len(ids) < 2:
-      raise ValueError(
+      raise DataError(
           f'Document {self.name(i)!r} (index {i} of {self.description}) has '
           f'{len(ids)} token(s); a document needs at least 2 tokens to give '
           'one prediction. Remove or merge it.')
@@ -125,7 +126,7 @@ class TextDocuments(Documents):
     super().__init__(description)
     if callable(names):
       if num_documents is None:
-        raise ValueError('num_documents is required when names is a function')
+        raise DataError('num_documents is required when names is a function')
       self._names, self._name_fn, n = None, names, num_documents
     else:
       self._names, self._name_fn = list(names), None
@@ -194,7 +195,7 @@ class ByteStreamDocuments(Documents):
                description: str):
     super().__init__(description)
     if buffer.dtype != np.uint8 or buffer.ndim != 1:
-      raise ValueError('buffer must be a 1-D uint8 array')
+      raise DataError('buffer must be a 1-D uint8 array')
     self._buffer = buffer  # uint8 [total bytes]
     self._bounds = [(int(a), int(b)) for a, b in bounds]
 
@@ -279,11 +280,11 @@ def split_by_hash(keys: Sequence[str], fraction: float
   groups = sorted(set(keys),
                   key=lambda k: (hashlib.sha256(k.encode()).hexdigest(), k))
   if len(groups) < 3:
-    raise ValueError(
+    raise DataError(
         f'Need at least 3 distinct documents to split into train / '
         f'validation / test by hash, got {len(groups)}')
   if not 0 < fraction < 0.5:
-    raise ValueError(f'heldout_fraction must lie in (0, 0.5), got {fraction}')
+    raise DataError(f'heldout_fraction must lie in (0, 0.5), got {fraction}')
   n_held = max(1, round(fraction * len(groups)))
   n_held = min(n_held, (len(groups) - 1) // 2)
   which = {}

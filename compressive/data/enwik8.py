@@ -27,6 +27,7 @@ import zipfile
 import ml_collections
 import numpy as np
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import tokenizers
 
@@ -36,7 +37,7 @@ SPLITS = ('train', 'validation', 'test')
 def load_bytes(path: str) -> np.ndarray:
   """The whole enwik8 file as uint8 [num_bytes] (memory-mapped if raw)."""
   if not path:
-    raise ValueError('data.source=enwik8 needs data.path, the file enwik8 or '
+    raise DataError('data.source=enwik8 needs data.path, the file enwik8 or '
                      'enwik8.zip (http://mattmahoney.net/dc/enwik8.zip)')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'enwik8 file {path!r} (data.path) not found')
@@ -48,7 +49,7 @@ def load_bytes(path: str) -> np.ndarray:
       elif len(names) == 1:
         member = names[0]
       else:
-        raise ValueError(f'{path}: no member named enwik8 among {names}')
+        raise DataError(f'{path}: no member named enwik8 among {names}')
       return np.frombuffer(z.read(member), dtype=np.uint8)
   if os.path.getsize(path) == 0:
     return np.zeros([0], np.uint8)
@@ -59,21 +60,21 @@ def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
                  num_shards: int) -> list[tuple[int, int]]:
   """[start, end) byte ranges of the documents of one split."""
   if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   sizes = [int(s) for s in split_bytes]
   if len(sizes) != 3 or min(sizes) < 0:
-    raise ValueError(f'data.enwik8_split_bytes must be 3 sizes, got {sizes}')
+    raise DataError(f'data.enwik8_split_bytes must be 3 sizes, got {sizes}')
   if sum(sizes) != total:
-    raise ValueError(
+    raise DataError(
         f'the enwik8 file has {total} bytes but data.enwik8_split_bytes '
         f'{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?')
   k = SPLITS.index(split)
   start = sum(sizes[:k])
   end = start + sizes[k]
   if num_shards < 1:
-    raise ValueError(f'enwik8 shards must be >= 1, got {num_shards}')
+    raise DataError(f'enwik8 shards must be >= 1, got {num_shards}')
   if sizes[k] < 2 * num_shards:
-    raise ValueError(
+    raise DataError(
         f'enwik8 {split} split of {sizes[k]} bytes cannot be cut into '
         f'{num_shards} documents of at least 2 bytes')
   cuts = start + (np.arange(num_shards + 1, dtype=np.int64) * sizes[k]
@@ -85,7 +86,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.ByteStreamDocuments:
   if not isinstance(tokenizer, tokenizers.ByteTokenizer):
-    raise ValueError("enwik8 is read as bytes: set data.tokenizer='bytes'")
+    raise DataError("enwik8 is read as bytes: set data.tokenizer='bytes'")
   buffer = load_bytes(data_config.path)
   shards = (data_config.enwik8_train_shards if split == 'train'
             else data_config.enwik8_eval_shards)

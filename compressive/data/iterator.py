@@ -35,6 +35,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 
 _M64 = (1 << 64) - 1
@@ -103,21 +104,21 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
         evaluation reads documents in their natural order.
     """
     if batch_size < 1 or segment_length < 1:
-      raise ValueError(
+      raise DataError(
           f'batch_size ({batch_size}) and segment_length ({segment_length}) '
           'must be positive')
     if num_rows is None:
       num_rows = batch_size - row_start
     if not (0 <= row_start and 1 <= num_rows
             and row_start + num_rows <= batch_size):
-      raise ValueError(
+      raise DataError(
           f'rows [{row_start}, {row_start} + {num_rows}) do not lie within '
           f'the global batch of {batch_size} rows')
     if seed < 0:
-      raise ValueError(f'seed must be non-negative, got {seed}')
+      raise DataError(f'seed must be non-negative, got {seed}')
     n = len(docs)
     if repeat and n < batch_size:
-      raise ValueError(
+      raise DataError(
           f'{docs.description} has {n} documents but the batch has '
           f'{batch_size} rows; training (repeat=True) pins each row to its '
           'own documents and needs at least batch_size documents (for '
@@ -277,12 +278,12 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     mismatched = []
     for key, value in self._arguments().items():
       if key not in state:
-        raise ValueError(f'iterator state lacks {key!r}')
+        raise DataError(f'iterator state lacks {key!r}')
       if int(np.asarray(state[key])) != value:
         mismatched.append(
             f'{key}: state {int(np.asarray(state[key]))}, iterator {value}')
     if mismatched:
-      raise ValueError(
+      raise DataError(
           'iterator state was saved by an iterator built differently: '
           + '; '.join(mismatched))
     b = self.num_rows
@@ -290,7 +291,7 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     for key in ('epoch', 'position', 'offset'):
       arrays[key] = np.asarray(state[key], np.int64).reshape(-1).copy()
       if arrays[key].shape != (b,):
-        raise ValueError(
+        raise DataError(
             f'iterator state {key!r} has shape {arrays[key].shape}, '
             f'expected ({b},)')
     self._reset_position()

@@ -41,6 +41,7 @@ import os
 
 import ml_collections
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import tokenizers
 
@@ -100,7 +101,7 @@ def get_builder(data_config: ml_collections.ConfigDict
                 ) -> 'tfds.core.DatasetBuilder':  # noqa: F821 (lazy import)
   """The pg19 builder over data.data_dir, preparing it if needed."""
   if not data_config.data_dir:
-    raise ValueError(
+    raise DataError(
         'data.source=pg19 needs data.data_dir, the TFDS data_dir where PG-19 '
         'is (or will be) prepared; set data.pg19_raw_dir too to prepare it '
         'from a local copy of the raw files')
@@ -127,12 +128,12 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
   if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   builder = get_builder(data_config)
   try:
     source = builder.as_data_source(split)
   except (NotImplementedError, ValueError) as e:
-    raise ValueError(
+    raise DataError(
         f'PG-19 under {data_config.data_dir} cannot be read with random '
         'access; it must be prepared with file_format=array_record (remove '
         f'{builder.data_dir} to prepare it again): {e}') from e

@@ -23,6 +23,7 @@ import string
 import ml_collections
 import numpy as np
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 
 SPLITS = ("train", "validation", "test")
@@ -94,15 +95,15 @@ class RecallDocuments(documents_lib.TextDocuments):
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
   if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    raise DataError(f"split must be one of {SPLITS}, got {split!r}")
   if getattr(tokenizer, "vocab_size", None) != 256:
-    raise ValueError("data.source=recall is byte text: use data.tokenizer=bytes")
+    raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
   k = SPLITS.index(split)
   seed = int(np.random.SeedSequence([data_config.synthetic_seed, 7, k]).generate_state(1)[0])
   rng = np.random.default_rng(seed)
   distances = tuple(int(d) for d in data_config.recall_distances)
   if not distances or min(distances) <= _EVENT_LEN:
-    raise ValueError(f"data.recall_distances={distances} must be > {_EVENT_LEN} bytes each")
+    raise DataError(f"data.recall_distances={distances} must be > {_EVENT_LEN} bytes each")
   texts, queries = [], []
   for _ in range(int(data_config.synthetic_num_docs[k])):
     text, q = make_document(rng, int(data_config.recall_doc_length),

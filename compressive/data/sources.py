@@ -6,6 +6,7 @@ from typing import Iterator
 
 import ml_collections
 
+from compressive.errors import DataError
 from compressive.data import books as books_lib
 from compressive.data import documents as documents_lib
 from compressive.data import tokenizers
@@ -33,7 +34,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.Documents:
   """The documents of `split` ('train'|'validation'|'test') of data.source."""
   if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   source = data_config.source
   if source == 'books':
     return _books_documents(data_config, split, tokenizer)
@@ -53,7 +54,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   if source == 'recall':
     from compressive.data import recall  # pylint: disable=g-import-not-at-top
     return recall.get_documents(data_config, split, tokenizer)
-  raise ValueError(
+  raise DataError(
       f'Unknown data.source {source!r}; expected one of books, enwik8, pg19, '
       'text_files, synthetic, recall')
 
@@ -70,7 +71,7 @@ def iter_texts(data_config: ml_collections.ConfigDict, split: str,
 
   docs = get_documents(data_config, split, tokenizers.ByteTokenizer())
   if not isinstance(docs, documents_lib.TextDocuments):
-    raise ValueError(
+    raise DataError(
         f'data.source={data_config.source} has no text to train a tokenizer '
         'on (it is read as bytes or tokens)')
   total = 0

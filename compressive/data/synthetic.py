@@ -16,6 +16,7 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import tokenizers
 
@@ -27,13 +28,13 @@ def make_documents(num_docs: int, min_length: int, max_length: int,
                    period: int = 64) -> list[np.ndarray]:
   """`num_docs` int32 token arrays drawn from np.random.default_rng(seed)."""
   if not 1 <= min_length <= max_length:
-    raise ValueError(
+    raise DataError(
         f'need 1 <= synthetic_min_length ({min_length}) <= '
         f'synthetic_max_length ({max_length})')
   if vocab_size < 2:
-    raise ValueError(f'vocab_size must be >= 2, got {vocab_size}')
+    raise DataError(f'vocab_size must be >= 2, got {vocab_size}')
   if kind not in ('random', 'copy'):
-    raise ValueError(
+    raise DataError(
         f"data.synthetic_kind must be 'random' or 'copy', got {kind!r}")
   rng = np.random.default_rng(seed)
   lengths = rng.integers(min_length, max_length + 1, size=num_docs)
@@ -52,7 +53,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TokenDocuments:
   if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   k = SPLITS.index(split)
   docs = make_documents(
       num_docs=int(data_config.synthetic_num_docs[k]),

@@ -17,6 +17,7 @@ import os
 
 import ml_collections
 
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import tokenizers
 
@@ -26,14 +27,14 @@ SPLITS = ('train', 'validation', 'test')
 def read_text(path: str, errors: str = 'strict') -> str:
   """The text of one file; invalid UTF-8 raises an error naming the file."""
   if errors not in ('strict', 'replace'):
-    raise ValueError(
+    raise DataError(
         f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
   with open(path, 'rb') as f:
     raw = f.read()
   try:
     text = raw.decode('utf-8', errors=errors)
   except UnicodeDecodeError as e:
-    raise ValueError(
+    raise DataError(
         f'{path}: invalid UTF-8 at byte {e.start} ({e.reason}); fix the '
         "file, or set data.text_errors='replace' to read such bytes as "
         'U+FFFD') from e
@@ -48,9 +49,9 @@ def _txt_files(folder: str) -> list[str]:
 def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   """Paths of the files of one split, in sorted order."""
   if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   if not path:
-    raise ValueError('data.source=text_files needs data.path, a folder of '
+    raise DataError('data.source=text_files needs data.path, a folder of '
                      '*.txt files')
   if not os.path.isdir(path):
     raise FileNotFoundError(
@@ -63,14 +64,14 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
           f'{folder}/*.txt')
     names = _txt_files(folder)
     if not names:
-      raise ValueError(f'no *.txt files in {folder}')
+      raise DataError(f'no *.txt files in {folder}')
     return [os.path.join(folder, n) for n in names]
   names = _txt_files(path)
   if not names:
-    raise ValueError(
+    raise DataError(
         f'no *.txt files in {path} (and no train/validation/test subfolders)')
   if len(names) < 3:
-    raise ValueError(
+    raise DataError(
         f'{path} holds {len(names)} *.txt file(s); splitting by document '
         'needs at least 3, or put files in train/, validation/ and test/ '
         'subfolders')
@@ -84,7 +85,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   paths = list_split(data_config.path, split, data_config.heldout_fraction)
   errors = data_config.text_errors
   if errors not in ('strict', 'replace'):  # Fail now, not at the first read.
-    raise ValueError(
+    raise DataError(
         f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
   return documents_lib.TextDocuments(
       names=[os.path.basename(p) for p in paths],

@@ -19,6 +19,8 @@ from typing import Iterable, Iterator, Protocol, Sequence
 import ml_collections
 import numpy as np
 
+from compressive.errors import DataError
+
 
 class Tokenizer(Protocol):
   """What the data pipeline and the sampler need from a tokenizer."""
@@ -47,7 +49,7 @@ class ByteTokenizer:
     # multi-byte character); show it as U+FFFD rather than failing mid-sample.
     data = np.asarray(ids, dtype=np.int64)
     if data.size and (data.min() < 0 or data.max() > 255):
-      raise ValueError('byte tokenizer ids must lie in [0, 255]')
+      raise DataError('byte tokenizer ids must lie in [0, 255]')
     return data.astype(np.uint8).tobytes().decode('utf-8', errors='replace')
 
 
@@ -58,7 +60,7 @@ class SentencePieceTokenizer:
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     if not model_path:
-      raise ValueError(
+      raise DataError(
           'data.tokenizer=sentencepiece needs data.spm_model, the path of a '
           '.model file; train one with train_tokenizer.py --config=...')
     if not os.path.exists(model_path):
@@ -86,7 +88,7 @@ def get_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
     return ByteTokenizer()
   if name == 'sentencepiece':
     return SentencePieceTokenizer(data_config.spm_model)
-  raise ValueError(
+  raise DataError(
       f"Unknown data.tokenizer {name!r}; expected 'bytes' or 'sentencepiece'")
 
 

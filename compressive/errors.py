@@ -1,0 +1,22 @@
+"""Errors that are the user's to fix: entry points print them as one line
+`error: ...` and exit with code 2, before any expensive work where possible.
+Anything else is a bug and keeps its traceback."""
+
+
+class UserError(Exception):
+  """Base: a message naming the cause and what would fix it."""
+
+
+class ConfigError(UserError, ValueError):
+  """A config field (or override) that cannot work; names the field."""
+
+
+class DataError(UserError, ValueError):
+  """A corpus, file or document that cannot be read as asked; names it."""
+
+
+class CheckpointError(UserError):
+  """A checkpoint that cannot be restored; names its directory."""
+
+
+EXIT_USER_ERROR = 2
