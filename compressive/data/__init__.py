@@ -46,6 +46,7 @@ imported only by the pg19 source.
 """
 
 from compressive.data.config import default_data_config
+from compressive.data.config import validate_data_config
 from compressive.data.documents import ByteStreamDocuments
 from compressive.data.documents import Documents
 from compressive.data.documents import split_by_hash

@@ -77,3 +77,43 @@ def default_data_config() -> ml_collections.ConfigDict:
   # documents are dropped beyond this.
   c.cache_tokens = 1 << 26
   return c
+
+
+def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: bool = True) -> None:
+  """Checks names and paths before anything is read; ConfigError naming the field.
+
+  need_tokenizer_model=False skips the SentencePiece model check (for the
+  step that trains it).
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  from compressive.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+  if c.source not in SOURCES:
+    raise ConfigError(f"data.source={c.source!r} is unknown; choose one of {', '.join(SOURCES)}")
+  if c.tokenizer not in TOKENIZERS:
+    raise ConfigError(
+        f"data.tokenizer={c.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
+  if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
+    if not c.spm_model:
+      raise ConfigError(
+          "data.spm_model is empty: give the SentencePiece model's path (train one with "
+          "train_tokenizer.py)")
+    if not os.path.isfile(c.spm_model):
+      raise ConfigError(
+          f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
+          "or fix the path")
+  if c.source == 'enwik8':
+    if not c.path:
+      raise ConfigError("data.path is empty: give the enwik8 file or enwik8.zip")
+    if not os.path.isfile(c.path):
+      raise ConfigError(f"data.path={c.path!r} does not exist: give the enwik8 file or enwik8.zip")
+  if c.source == 'text_files' and not os.path.isdir(c.path or ''):
+    raise ConfigError(f"data.path={c.path!r} is not a directory of .txt files")
+  if c.source == 'pg19' and not c.data_dir:
+    raise ConfigError("data.data_dir is empty: give the TFDS data_dir for pg19")
+  if c.source == 'recall' and c.tokenizer != 'bytes':
+    raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
+  if not 0.0 < c.heldout_fraction < 0.5:
+    raise ConfigError(f"data.heldout_fraction={c.heldout_fraction} must be in (0, 0.5)")
+  if c.text_errors not in ('strict', 'replace'):
+    raise ConfigError(f"data.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
