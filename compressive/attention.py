@@ -129,7 +129,9 @@ class RelativeAttention(nnx.Module):
       dropout_rng: key for attention dropout; None when deterministic.
 
     Returns:
-      The attention output [B, T, d] and the attention weights [B, H, T, K].
+      The attention output [B, T, d], the attention weights [B, H, T, K],
+      and (q [B, T, H, D], k, v [B, K, H, D]) for reuse by the
+      reconstruction loss.
     """
     b, t, _ = x.shape
     q = self.query(x)
@@ -145,7 +147,7 @@ class RelativeAttention(nnx.Module):
     if dropout_rng is not None:
       dropped = self.dropout(probs, rngs=dropout_rng)
     out = jnp.einsum("bhtk,bkhe->bthe", dropped.astype(self.dtype), v)
-    return jnp.einsum("bthe,hed->btd", out, self._w("wo")), probs
+    return jnp.einsum("bthe,hed->btd", out, self._w("wo")), probs, (q, k, v)
 
   def query(self, x: jax.Array) -> jax.Array:
     """[B, T, d] layer inputs -> queries [B, T, H, D]."""
@@ -189,21 +191,24 @@ class RelativeAttention(nnx.Module):
     return jnp.einsum("bhe,hed->bd", out, self._w("wo"))
 
   def content_attention(
-      self, x: jax.Array, slots: jax.Array, slots_valid: jax.Array
+      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array
   ) -> jax.Array:
-    """Content-only attention of this layer, with frozen weights (§3.2).
+    """Content-only attention (no positions, no causal mask), §3.2.
 
-    Used only by the attention-reconstruction loss: queries from `x [B, T, d]`
-    over `slots [B, N, d]` (no positions, no causal mask), every weight and
-    normalisation parameter behind a stop-gradient so that only the
-    compression network learns from this loss. Returns [B, T, H, D].
+    Used only by the attention-reconstruction loss, from queries q [B, T, H, D]
+    over keys and values [B, N, H, D] with validity [B, N]. Returns
+    [B, T, H, D]. The caller makes the queries and the layer's weights
+    stop-gradient (see `frozen_keys_values`).
     """
-    xn = self.norm(x, frozen=True)
-    sn = self.norm(slots, frozen=True)
-    q = jnp.einsum("btd,dhe->bthe", xn, self._w("wq", frozen=True))
-    k = jnp.einsum("bnd,dhe->bnhe", sn, self._w("wk", frozen=True))
-    v = jnp.einsum("bnd,dhe->bnhe", sn, self._w("wv", frozen=True))
     logits = jnp.einsum("bthe,bnhe->bhtn", q, k).astype(jnp.float32) * self.scale
-    logits = jnp.where(slots_valid[:, None, None, :], logits, _MASKED)
+    logits = jnp.where(valid[:, None, None, :], logits, _MASKED)
     probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     return jnp.einsum("bhtn,bnhe->bthe", probs, v)
+
+  def frozen_keys_values(self, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [B, N, H, D] of `slots [B, N, d]` through this layer's
+    normalisation and projections read behind a stop-gradient: a gradient
+    reaches the slots, never the weights (§3.2)."""
+    n = self.norm(slots, frozen=True)
+    return (jnp.einsum("bnd,dhe->bnhe", n, self._w("wk", frozen=True)),
+            jnp.einsum("bnd,dhe->bnhe", n, self._w("wv", frozen=True)))

@@ -48,31 +48,25 @@ def _masked_mse(diff: jax.Array, weight: jax.Array) -> jax.Array:
 
 
 def attention_reconstruction_loss(
-    attend: Callable[[jax.Array, jax.Array], jax.Array],
-    old_mem: jax.Array,
-    old_mask: jax.Array,
-    compressed: jax.Array,
-    compressed_mask: jax.Array,
+    target: jax.Array, approx: jax.Array, old_mask: jax.Array
 ) -> jax.Array:
   """|| attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (paper §3.2, Alg. 2).
 
   Args:
-    attend: (slots [B, N, d], valid [B, N]) -> [B, T, ...], the layer's
-      content-only attention from stop-gradient queries h with frozen weights.
-    old_mem: [B, N, d] evicted memories; stop-gradient here.
-    old_mask: [B, N] their validity.
-    compressed: [B, N / c, d] f_c(old_mem), the only path a gradient takes.
-    compressed_mask: [B, N / c].
+    target: [B, T, ...] content attention of the layer over the evicted
+      memories (stop-gradient here).
+    approx: [B, T, ...] the same attention over their compression f_c(old_mem),
+      through frozen weights: the only path a gradient takes.
+    old_mask: [B, N] validity of the evicted memories.
 
   Returns:
     Mean squared difference over the rows that evicted any valid memory;
     0 when nothing valid was evicted.
   """
-  target = jax.lax.stop_gradient(attend(jax.lax.stop_gradient(old_mem), old_mask))
-  approx = attend(compressed, compressed_mask)
   b, t = approx.shape[:2]
   row = old_mask.any(-1).astype(jnp.float32)  # [B]
-  return _masked_mse(target - approx, jnp.broadcast_to(row[:, None], (b, t)))
+  diff = jax.lax.stop_gradient(target) - approx
+  return _masked_mse(diff, jnp.broadcast_to(row[:, None], (b, t)))
 
 
 def autoencoding_loss(

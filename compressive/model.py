@@ -77,25 +77,26 @@ class Block(nnx.Module):
     past = jnp.concatenate([mem.cmem, mem.mem], axis=1).astype(x.dtype)  # [B, S, d]
     past_valid = jnp.concatenate([mem.cmem_mask, mem.mem_mask], axis=1)
     attn_rng = None if rng is None else jax.random.fold_in(rng, 0)
-    a, probs = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng)
+    a, probs, (q, k, v) = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng)
     h = x + self._drop(a, rng, 1)
     out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
 
-    # Attention mass by bank, for diagnostics (§5.5): [B, H, T, K] -> scalars.
+    # Attention each key received, mean over heads and queries: [B, K]. It
+    # feeds the most-used compression's usage and the diagnostics (§5.5).
+    received = jax.lax.stop_gradient(probs.mean(axis=(1, 2)))
     stats = {
-        "attention_mass/compressed_memory": probs[..., :c_len].sum(-1).mean(),
-        "attention_mass/memory": probs[..., c_len:c_len + m_len].sum(-1).mean(),
-        "attention_mass/segment": probs[..., c_len + m_len:].sum(-1).mean(),
+        "attention_mass/compressed_memory": received[:, :c_len].sum(-1).mean(),
+        "attention_mass/memory": received[:, c_len:c_len + m_len].sum(-1).mean(),
+        "attention_mass/segment": received[:, c_len + m_len:].sum(-1).mean(),
     }
     if collect_attention:
-      stats["attention_by_key"] = probs.mean(axis=(1, 2))  # [B, K]
+      stats["attention_by_key"] = received
 
     # Memory update (Alg. 1). Everything stored is stop-gradient (truncated
     # BPTT), and so is what the compressor sees: only its loss trains it.
     recon = jnp.zeros((), jnp.float32)
     if m_len:
-      received = probs.mean(axis=(1, 2))[:, c_len:]  # [B, M + T]
-      new_mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), jax.lax.stop_gradient(received))
+      new_mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), received[:, c_len:])
       ev = jax.lax.stop_gradient(ev)
       if c_len:
         if self.compressor is None:
@@ -106,11 +107,16 @@ class Block(nnx.Module):
         new_mem = memory_lib.push_compressed(new_mem, jax.lax.stop_gradient(comp), comp_mask)
         if self.reconstruction_loss == "attention":
           # §3.2: stop-gradient on the queries h, the old memories and the
-          # layer's weights, so that only f_c learns from this loss.
-          xs = jax.lax.stop_gradient(x)
-          recon = losses.attention_reconstruction_loss(
-              lambda slots, valid: self.attention.content_attention(xs, slots, valid),
-              ev.slots, ev.mask, comp, comp_mask)
+          # layer's weights, so that only f_c learns from this loss. The
+          # queries and the evicted slots' keys and values are the ones this
+          # layer just computed (evicted = keys C .. C+T-1 of [cmem; mem; x]).
+          t = x.shape[1]
+          q0, k_old, v_old = jax.lax.stop_gradient(
+              (q, k[:, c_len:c_len + t], v[:, c_len:c_len + t]))
+          target = self.attention.content_attention(q0, k_old, v_old, ev.mask)
+          k_new, v_new = self.attention.frozen_keys_values(comp)
+          approx = self.attention.content_attention(q0, k_new, v_new, comp_mask)
+          recon = losses.attention_reconstruction_loss(target, approx, ev.mask)
         elif self.reconstruction_loss == "autoencoding":
           recon = losses.autoencoding_loss(self.compressor.decode, ev.slots, ev.mask, comp)
     else:
