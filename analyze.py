@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 import compressive
+from compressive import cli
 from compressive import analysis
 from compressive import data as data_lib
 
@@ -91,11 +92,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   absl_logging.set_verbosity(absl_logging.WARNING)
-  try:
+  with cli.user_errors():
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-  except FileNotFoundError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
   tokenizer = data_lib.get_tokenizer(config.data)
   documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
   if FLAGS.analysis == "attention":
@@ -121,4 +119,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -23,7 +23,9 @@ from absl import logging as absl_logging
 import jax
 
 from compressive import ConfigError
+from compressive.errors import UserError
 from compressive import checkpoint
+from compressive import cli
 from compressive import data as data_lib
 from compressive import eval_lib
 from compressive import sharding
@@ -75,20 +77,17 @@ def main(argv):
             f"evaluating on mesh.shape={config.mesh.shape} (choose with --mesh_shape)",
             file=sys.stderr)
     train_lib.validate_config(config)
-  except (ConfigError, FileNotFoundError) as e:
+  except (UserError, FileNotFoundError) as e:
     hint = " (set --mesh_shape for this machine)" if "mesh.shape" in str(e) else ""
     print(f"error: {e}{hint}", file=sys.stderr)
     sys.exit(2)
-  try:
-    config, model = train_lib.load(FLAGS.workdir, FLAGS.step, config=config)
-  except FileNotFoundError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  tokenizer = data_lib.get_tokenizer(config.data)
-  documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+  with cli.user_errors():
+    step = FLAGS.step if FLAGS.step is not None else checkpoint.Checkpointer(
+        FLAGS.workdir, read_only=True).latest_step()
+    config, model = train_lib.load(FLAGS.workdir, step, config=config)
+    tokenizer = data_lib.get_tokenizer(config.data)
+    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
   result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments)
-  step = FLAGS.step if FLAGS.step is not None else checkpoint.Checkpointer(
-      FLAGS.workdir, create=False).latest_step()
   result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
   if jax.process_index():
     return
@@ -98,4 +97,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -13,6 +13,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 import compressive
+from compressive import cli
 from compressive import data as data_lib
 from compressive.sampling import Sampler, TextStream
 
@@ -41,11 +42,8 @@ def main(argv):
       prompt = f.read()
   else:
     prompt = FLAGS.prompt
-  try:
+  with cli.user_errors():
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-  except FileNotFoundError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
   tokenizer = data_lib.get_tokenizer(config.data)
   ids = tokenizer.encode(prompt)
   if ids.size == 0:
@@ -62,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

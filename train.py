@@ -12,7 +12,9 @@ config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
+import signal
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -20,7 +22,7 @@ from absl import logging as absl_logging
 import jax
 from ml_collections import config_flags
 
-from compressive import ConfigError
+from compressive import cli
 from compressive import sharding
 from compressive import train_lib
 
@@ -36,6 +38,9 @@ flags.DEFINE_string("coordinator_address", None,
                     "with --num_processes and --process_id.")
 flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (with --coordinator_address).")
+flags.DEFINE_bool("restore_intact", False,
+                  "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
+                  "from the newest one that can instead of stopping with an error.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -53,17 +58,33 @@ def setup_logging() -> None:
   logging.getLogger("compressive").setLevel(level)
 
 
+def stop_on_signals() -> threading.Event:
+  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0."""
+  stop = threading.Event()
+
+  def handler(signum, frame):
+    del frame
+    if stop.is_set():  # a second signal: give up at once
+      raise KeyboardInterrupt
+    logging.getLogger("compressive").warning(
+        "%s received: stopping after this step", signal.Signals(signum).name)
+    stop.set()
+
+  signal.signal(signal.SIGTERM, handler)
+  signal.signal(signal.SIGINT, handler)
+  return stop
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
+  with cli.user_errors():
     initialize_distributed()
     setup_logging()
     train_lib.validate_config(FLAGS.config)
-    result = train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    stop = stop_on_signals()
+    result = train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir, should_stop=stop.is_set,
+                                          restore_intact=FLAGS.restore_intact)
   if jax.process_index():
     return
   print(f"TensorBoard logs: tensorboard --logdir {FLAGS.workdir}/tensorboard")
@@ -72,4 +93,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -20,12 +20,19 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from compressive.errors import CheckpointError, ConfigError
+
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
 
 
-def _manager(workdir: str, max_to_keep: Optional[int] = None, create: bool = True):
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
+def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):
+  if read_only:
+    # Evaluation, sampling and analysis never write, delete or clean up
+    # anything, even while a training run is saving into the same workdir.
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+  else:
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
   return ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR), options=options)
 
@@ -33,8 +40,10 @@ def _manager(workdir: str, max_to_keep: Optional[int] = None, create: bool = Tru
 class Checkpointer:
   """Saves and restores (train state, memory, data position) by step."""
 
-  def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True):
-    self._manager = _manager(workdir, max_to_keep, create)
+  def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
+               read_only: bool = False):
+    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    self._manager = _manager(workdir, max_to_keep, create, read_only)
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -62,7 +71,14 @@ class Checkpointer:
                  data=ocp.args.JsonRestore())
     if abstract_memory is not None:
       items["memory"] = ocp.args.StandardRestore(abstract_memory)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
+      raise CheckpointError(
+          f"checkpoint {os.path.join(self.directory, str(step))} cannot be restored "
+          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); it may be "
+          "truncated or corrupt: train.py --restore_intact resumes from the newest "
+          "checkpoint that restores") from e
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = restored["memory"] if abstract_memory is not None else None
     return restored["state"], memory, data_state
@@ -115,3 +131,34 @@ def _tuples(value):
   if isinstance(value, list):
     return tuple(_tuples(v) for v in value)
   return value
+
+
+# Config fields that fix the shapes of what a checkpoint holds (parameters,
+# optimizer state, memory, data position): resuming with other values cannot
+# work, and is reported by name.
+SHAPE_FIELDS = (
+    "model.vocab_size", "model.num_layers", "model.num_heads", "model.d_model", "model.d_ff",
+    "model.memory_length", "model.compressed_memory_length", "model.compression",
+    "model.compression_rate", "model.reconstruction_loss", "model.segment_length",
+    "batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed",
+)
+
+
+def _get(config, dotted: str):
+  value = config
+  for part in dotted.split("."):
+    value = value.get(part) if hasattr(value, "get") else None
+  return value
+
+
+def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """ConfigError naming the fields that differ from the run being resumed."""
+  if not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+    return
+  saved = load_config(workdir)
+  diffs = [f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
+           for name in SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
+  if diffs:
+    raise ConfigError(
+        f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)
+        + ". Use another --workdir, or the same values to resume")

@@ -43,6 +43,7 @@ from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig
+from compressive.errors import CheckpointError
 from compressive.metrics import MetricWriter, read_jsonl
 from compressive.model import CompressiveTransformer
 
@@ -189,7 +190,9 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    metrics = dict(aux, nats=nats, tokens=count, grad_norm=optax.global_norm(grads))
+    grad_norm = optax.tree.norm(grads)
+    metrics = dict(aux, nats=nats, tokens=count, grad_norm=grad_norm,
+                   finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
     if layout is not None:  # keep the carry laid out as it came in
       new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
       new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
@@ -232,11 +235,17 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
   return cfg
 
 
+class NonFiniteError(RuntimeError):
+  """Training produced a NaN or infinite loss or gradient."""
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
     *,
     stop_at_step: Optional[int] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+    restore_intact: bool = False,
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
@@ -250,6 +259,14 @@ def train_and_evaluate(
       all processes).
     stop_at_step: return after this step (checkpointed) instead of running to
       `num_train_steps`; the schedule is unchanged (for tests and pauses).
+    should_stop: polled after every step (e.g. set by a SIGTERM handler);
+      when it returns True the step is checkpointed and training returns.
+    restore_intact: if the newest checkpoint cannot be restored, resume from
+      the newest one that can (instead of raising CheckpointError).
+
+  Raises:
+    NonFiniteError: a loss or gradient was not finite; nothing of that step
+      is checkpointed, so the last good checkpoint stays the newest.
 
   Returns:
     The last evaluation's metrics (or the last training metrics).
@@ -257,6 +274,9 @@ def train_and_evaluate(
   validate_config(config)
   is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
+  checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+  if checkpointer.all_steps():
+    ckpt_lib.check_resume_config(workdir, config)
   if is_main:
     ckpt_lib.save_config(workdir, config)
 
@@ -284,15 +304,24 @@ def train_and_evaluate(
       row_start=row_start, num_rows=num_rows)
   eval_docs = data_lib.get_documents(config.data, config.eval.split, tokenizer)
 
-  checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
-  start = checkpointer.latest_step() or 0
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
-  if start:
-    # Onto this run's mesh, whatever mesh wrote the checkpoint.
-    state, memory, data_state = checkpointer.restore(
-        start, ckpt_lib.abstract(abstract_state, layout.state),
-        ckpt_lib.abstract(abstract_memory, layout.memory))
+  start, restored = 0, None
+  for step in sorted(checkpointer.all_steps(), reverse=True):
+    try:
+      # Onto this run's mesh, whatever mesh wrote the checkpoint.
+      restored = checkpointer.restore(
+          step, ckpt_lib.abstract(abstract_state, layout.state),
+          ckpt_lib.abstract(abstract_memory, layout.memory))
+    except CheckpointError as e:
+      if not restore_intact:
+        raise
+      _log.warning("skipping checkpoint %d: %s", step, e)
+      continue
+    start = step
+    break
+  if restored is not None:
+    state, memory, data_state = restored
     train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
     if is_main:
       _truncate_metrics(writer.jsonl, start)
@@ -315,6 +344,13 @@ def train_and_evaluate(
     batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
              for k, v in local.items()}
     state, memory, metrics = train_step(state, memory, batch)
+    if not bool(metrics["finite"].all()):
+      # Before anything of this step is saved: the newest checkpoint stays good.
+      checkpointer.close()
+      raise NonFiniteError(
+          f"non-finite loss or gradient at step {step}; the last good checkpoint "
+          f"(step {checkpointer.latest_step()}) is kept in {workdir}. Lower "
+          "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
     window.append(metrics)
     steps_timed += 1
     if step == start + 1:  # exclude compilation from throughput and ETA
@@ -346,14 +382,19 @@ def train_and_evaluate(
           scalars["attention_mass/compressed_memory"], scalars["attention_mass/memory"],
           scalars["attention_mass/segment"], scalars["tokens_per_second"], _hms(eta))
       t_last, steps_timed = time.time(), 0
-    if config.checkpoint_every_steps and (step % config.checkpoint_every_steps == 0 or step == end):
+    stopping = should_stop is not None and _agree(should_stop())
+    if stopping or step == end or (
+        config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0):
       checkpointer.save(step, state, memory, _global_data_state(train_iter))
+    if stopping:
+      _log.warning("stopping on request after step %d (checkpointed)", step)
+      break
     if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
+      # A quick estimate (eval.max_segments per row; <= 0 for the whole
+      # split): eval.py evaluates whole splits.
       model = merge(graphdef, state_template, state.params)
-      final = step == config.num_train_steps
       last_eval = eval_lib.evaluate(
-          model, eval_docs, config, max_segments=None if final else config.eval.max_segments,
-          mesh=mesh)
+          model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
       eval_writer.write(step, last_eval)
       _log.info("eval at step %d on %s: %s", step, config.eval.split,
                 "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
@@ -362,6 +403,13 @@ def train_and_evaluate(
   writer.close()
   eval_writer.close()
   return last_eval
+
+
+def _agree(flag: bool) -> bool:
+  """True when any process says so, so that every process stops at one step."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 _ROW_KEYS = ("epoch", "position", "offset")
@@ -439,7 +487,7 @@ def load(
   tx = make_optimizer(config, abstract_params)
   abstract_state = abstract_train_state(config, abstract_params, tx)
   shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
-  checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=None, create=False)
+  checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
   step = checkpointer.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {workdir}")
