@@ -16,10 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.batch_size = 16  # global rows; each row streams one book at a time
-  config.num_train_steps = 600  # jitted steps; each makes segments_per_step updates
+  config.num_train_steps = 260  # jitted steps; each makes segments_per_step updates
   config.segments_per_step = 4  # consecutive segments per step, one update each
   config.log_every_steps = 25
-  config.eval_every_steps = 200  # quick estimate on eval.max_segments; full eval at the end
+  config.eval_every_steps = 100  # a quick estimate on eval.max_segments rows; eval.py does whole splits
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 3
 
