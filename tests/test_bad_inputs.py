@@ -1,0 +1,143 @@
+"""A table of bad inputs: each gets one clear line naming its cause and exit
+code 2 (1 for a non-finite loss), raised before any expensive work.
+
+Each case runs the same checks the entry points run, inside the same
+`cli.user_errors()` that turns exceptions into exits; a few cases also go
+through train.py as a user would (test_cli.py, test_robustness.py).
+"""
+
+import io
+import os
+import zipfile
+from contextlib import redirect_stderr
+
+import pytest
+
+from compressive import checkpoint as ckpt_lib
+from compressive import cli
+from compressive import data as data_lib
+from compressive import train_lib
+from test_train import tiny_experiment
+
+
+def set_fields(**fields):
+  return lambda tmp: tiny_experiment(**fields)
+
+
+def validate(make_config):
+  def run(tmp):
+    train_lib.validate_config(make_config(tmp))
+  return run
+
+
+def read_split(make_config, split="train"):
+  """Validates the data config, then reads every document of `split` (all
+  splits when None: a file lands in one split by the hash of its name)."""
+  def run(tmp):
+    config = make_config(tmp)
+    data_lib.validate_data_config(config.data)
+    tokenizer = data_lib.get_tokenizer(config.data)
+    for s in (split,) if split else ("train", "validation", "test"):
+      docs = data_lib.get_documents(config.data, s, tokenizer)
+      for i in range(len(docs)):
+        docs.tokens(i)
+  return run
+
+
+def text_dir(files):
+  def make(tmp):
+    folder = tmp / "texts"
+    folder.mkdir(exist_ok=True)
+    for name, content in files.items():
+      (folder / name).write_bytes(content)
+    return tiny_experiment(**{"data.source": "text_files", "data.path": str(folder)})
+  return make
+
+
+def enwik8_file(size, name="enwik8", zipped=False):
+  def make(tmp):
+    path = tmp / name
+    if zipped:
+      with zipfile.ZipFile(path, "w") as z:
+        z.writestr("enwik8", b"x" * size)
+    else:
+      path.write_bytes(b"x" * size)
+    return tiny_experiment(**{"data.source": "enwik8", "data.path": str(path)})
+  return make
+
+
+def resume_with(**fields):
+  def run(tmp):
+    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
+    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 2, **fields}), str(tmp / "wd"))
+  return run
+
+
+def load_step(step):
+  def run(tmp):
+    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
+    train_lib.load(str(tmp / "wd"), step)
+  return run
+
+
+CASES = [
+    # Model fields.
+    ("segment not a multiple of rate", validate(set_fields(**{"model.compression_rate": 3})), "model.segment_length=8"),
+    ("width not divisible by heads", validate(set_fields(**{"model.num_heads": 3})), "model.d_model=32"),
+    ("negative memory", validate(set_fields(**{"model.memory_length": -1})), "model.memory_length=-1"),
+    ("compressed memory without memory", validate(set_fields(**{"model.memory_length": 0})), "model.compressed_memory_length=4"),
+    ("unknown compression", validate(set_fields(**{"model.compression": "avg"})), "model.compression='avg'"),
+    ("unknown loss", validate(set_fields(**{"model.reconstruction_loss": "l1"})), "model.reconstruction_loss='l1'"),
+    ("dropout of one", validate(set_fields(**{"model.dropout_rate": 1.0})), "model.dropout_rate=1.0"),
+    ("unknown dtype", validate(set_fields(**{"model.dtype": "float16"})), "model.dtype='float16'"),
+    ("no layers", validate(set_fields(**{"model.num_layers": 0})), "model.num_layers=0"),
+    ("vocabulary below bytes", validate(set_fields(**{"model.vocab_size": 100})), "model.vocab_size=100"),
+    # Training fields.
+    ("zero batch", validate(set_fields(batch_size=0)), "batch_size=0"),
+    ("zero steps", validate(set_fields(num_train_steps=0)), "num_train_steps=0"),
+    ("zero segments per step", validate(set_fields(segments_per_step=0)), "segments_per_step=0"),
+    ("unknown optimizer", validate(set_fields(**{"optimizer.name": "sgd"})), "optimizer.name='sgd'"),
+    ("zero learning rate", validate(set_fields(**{"optimizer.learning_rate": 0.0})), "optimizer.learning_rate=0.0"),
+    # Evaluation fields.
+    ("eval compressed memory without memory", validate(set_fields(**{"eval.memory_length": 0, "eval.compressed_memory_length": 8})), "eval.compressed_memory_length=8"),
+    ("eval segment not a multiple of rate", validate(set_fields(**{"eval.segment_length": 9})), "eval.segment_length=9"),
+    ("unknown eval split", validate(set_fields(**{"eval.split": "dev"})), "eval.split='dev'"),
+    # Mesh.
+    ("mesh larger than the devices", validate(set_fields(**{"mesh.shape": (3, 1, 1)})), "mesh.shape"),
+    # Data.
+    ("unknown source", read_split(set_fields(**{"data.source": "wiki"})), "data.source='wiki'"),
+    ("unknown tokenizer", read_split(set_fields(**{"data.tokenizer": "chars"})), "data.tokenizer='chars'"),
+    ("enwik8 without a path", read_split(set_fields(**{"data.source": "enwik8"})), "data.path is empty"),
+    ("enwik8 path missing", read_split(set_fields(**{"data.source": "enwik8", "data.path": "/nonexistent/enwik8"})), "data.path='/nonexistent/enwik8' does not exist"),
+    ("enwik8 of the wrong size", read_split(enwik8_file(1000)), "enwik8"),
+    ("enwik8 zip of the wrong size", read_split(enwik8_file(1000, "enwik8.zip", zipped=True)), "enwik8"),
+    ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.path": "/nonexistent/texts"})), "data.path='/nonexistent/texts' is not a directory"),
+    ("empty text folder", read_split(text_dir({})), "texts"),
+    ("invalid UTF-8", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"bad.txt": b"ok \xff\xfe bad"}), split=None), "bad.txt"),
+    ("one-byte document", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"tiny.txt": b"x"}), split=None), "tiny.txt"),
+    ("SentencePiece model missing", read_split(set_fields(**{"data.tokenizer": "sentencepiece", "data.spm_model": "/nonexistent.model"})), "data.spm_model='/nonexistent.model' does not exist"),
+    ("pg19 without data_dir", read_split(set_fields(**{"data.source": "pg19", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.data_dir is empty"),
+    ("recall with subwords", read_split(set_fields(**{"data.source": "recall", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.source='recall' is byte text"),
+    # Checkpoints.
+    ("resume with another width", resume_with(**{"model.d_model": 16}), "model.d_model 32 -> 16"),
+    ("resume with another batch", resume_with(batch_size=2), "batch_size 4 -> 2"),
+    ("no checkpoint to load", lambda tmp: train_lib.load(str(tmp)), "config.json not found"),
+    ("checkpoint step that does not exist", load_step(7), "checkpoints/7 cannot be restored"),
+]
+
+
+@pytest.mark.parametrize("name,run,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(name, run, expected, tmp_path):
+  err = io.StringIO()
+  with redirect_stderr(err), pytest.raises(SystemExit) as info:
+    with cli.user_errors():
+      run(tmp_path)
+      raise AssertionError(f"{name}: accepted")
+  lines = err.getvalue().strip().splitlines()
+  assert info.value.code == 2, lines
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  assert expected in lines[0], lines[0]
+
+
+def test_the_table_is_large_enough():
+  assert len(CASES) >= 30
