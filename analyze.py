@@ -91,7 +91,7 @@ def plot_recall(result, path):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
   with cli.user_errors():
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
   tokenizer = data_lib.get_tokenizer(config.data)

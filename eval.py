@@ -55,7 +55,8 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
+  # Orbax is chatty, and warns that a read-only checkpoint directory is read-only.
+  absl_logging.set_verbosity(absl_logging.ERROR)
   try:
     sharding.initialize_distributed(
         auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,

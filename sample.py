@@ -33,7 +33,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
   if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
     print("error: give exactly one of --prompt or --prompt_file", file=sys.stderr)
     sys.exit(2)
