@@ -78,7 +78,7 @@ class Compressor(nnx.Module):
     """Compresses `slots [B, N, d]` (validity `mask [B, N]`, attention
     `usage [B, N]`) into `[B, N / c, d]` and its validity `[B, N / c]`."""
     c = self.rate
-    b, n, d = slots.shape
+    n = slots.shape[1]
     if n % c:
       raise ValueError(f"cannot compress {n} slots at rate {c}: not a multiple")
     dtype = slots.dtype
