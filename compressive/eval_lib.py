@@ -33,6 +33,7 @@ from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
+from compressive.model import merge_params
 
 
 def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
@@ -81,9 +82,7 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
   def step(params, memory, batch):
     if gathered is not None:
       params = jax.lax.with_sharding_constraint(params, gathered)
-    state = jax.tree.map(lambda x: x, template)  # a copy to fill
-    nnx.replace_by_pure_dict(state, params)
-    m = nnx.merge(graphdef, state)
+    m = merge_params(graphdef, template, params)
     logits, memory, _ = m(batch["inputs"], memory, batch["start_of_sequence"])
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     return memory, nats, count

@@ -217,3 +217,12 @@ class CompressiveTransformer(nnx.Module):
     aux["reconstruction_loss"] = jnp.sum(jnp.stack([s["reconstruction_loss"] for s in stats]))
     new_memory = jax.lax.stop_gradient(Memory.stack(new_layers))
     return logits, new_memory, aux
+
+
+def merge_params(graphdef, state_template, params) -> CompressiveTransformer:
+  """The model with `params` (a pure dict, nnx.to_pure_dict's form) filled
+  into a copy of `state_template` — how the functional train and eval steps
+  rebuild the module inside jit."""
+  state = jax.tree.map(lambda x: x, state_template)  # a copy to fill
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state)

@@ -45,7 +45,7 @@ from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
 from compressive.metrics import MetricWriter, read_jsonl
-from compressive.model import CompressiveTransformer
+from compressive.model import CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
 
@@ -71,12 +71,6 @@ def abstract_model(config: ml_collections.ConfigDict):
       lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed)))
   graphdef, state = nnx.split(model)
   return graphdef, state, nnx.to_pure_dict(state)
-
-
-def merge(graphdef, state_template, params) -> CompressiveTransformer:
-  state = jax.tree.map(lambda x: x, state_template)  # a copy to fill
-  nnx.replace_by_pure_dict(state, params)
-  return nnx.merge(graphdef, state)
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -177,7 +171,7 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     def loss_fn(params):
       if layout is not None:  # FSDP: gather the stored shards to compute
         params = jax.lax.with_sharding_constraint(params, layout.compute_params)
-      model = merge(graphdef, state_template, params)
+      model = merge_params(graphdef, state_template, params)
       logits, new_memory, aux = model(
           seg["inputs"], memory, seg["start_of_sequence"],
           dropout_rng=rng if dropout else None)
@@ -346,10 +340,11 @@ def train_and_evaluate(
     state, memory, metrics = train_step(state, memory, batch)
     if not bool(metrics["finite"].all()):
       # Before anything of this step is saved: the newest checkpoint stays good.
+      last_good = checkpointer.latest_step()
       checkpointer.close()
       raise NonFiniteError(
           f"non-finite loss or gradient at step {step}; the last good checkpoint "
-          f"(step {checkpointer.latest_step()}) is kept in {workdir}. Lower "
+          f"(step {last_good}) is kept in {workdir}. Lower "
           "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
     window.append(metrics)
     steps_timed += 1
@@ -392,7 +387,7 @@ def train_and_evaluate(
     if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
       # A quick estimate (eval.max_segments per row; <= 0 for the whole
       # split): eval.py evaluates whole splits.
-      model = merge(graphdef, state_template, state.params)
+      model = merge_params(graphdef, state_template, state.params)
       last_eval = eval_lib.evaluate(
           model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
       eval_writer.write(step, last_eval)
@@ -493,6 +488,6 @@ def load(
     raise FileNotFoundError(f"no checkpoint in {workdir}")
   state, _, _ = checkpointer.restore(step, ckpt_lib.abstract(abstract_state, shardings))
   checkpointer.close()
-  model = merge(graphdef, state_template, state.params)
+  model = merge_params(graphdef, state_template, state.params)
   model.eval()
   return config, model
