@@ -11,11 +11,13 @@ so that `compressive.load(workdir)` can rebuild the model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -56,10 +58,11 @@ class Checkpointer:
     `memory`, and the primary process writes `data_state` (the iterator
     position of every batch row) as JSON."""
     data_json = {k: np.asarray(v).tolist() for k, v in data_state.items()}
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        memory=ocp.args.StandardSave(memory),
-        data=ocp.args.JsonSave(data_json)))
+    items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_json))
+    stored = _nonempty_fields(memory)
+    if stored:  # a segment-local model has no memory to store
+      items["memory"] = ocp.args.StandardSave(stored)
+    self._manager.save(step, args=ocp.args.Composite(**items))
 
   def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None):
     """Returns (state, memory or None, data_state) of `step`.
@@ -69,8 +72,8 @@ class Checkpointer:
     """
     items = dict(state=ocp.args.StandardRestore(abstract_state),
                  data=ocp.args.JsonRestore())
-    if abstract_memory is not None:
-      items["memory"] = ocp.args.StandardRestore(abstract_memory)
+    if abstract_memory is not None and _nonempty_fields(abstract_memory):
+      items["memory"] = ocp.args.StandardRestore(_nonempty_fields(abstract_memory))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
@@ -80,7 +83,9 @@ class Checkpointer:
           "truncated or corrupt: train.py --restore_intact resumes from the newest "
           "checkpoint that restores") from e
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
-    memory = restored["memory"] if abstract_memory is not None else None
+    memory = None
+    if abstract_memory is not None:
+      memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
   def wait(self) -> None:
@@ -89,6 +94,31 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _nonempty_fields(memory: Any) -> Any:
+  """The memory's fields as a dict, without zero-size ones (a Transformer-XL
+  has no compressed memory, a segment-local model no memory), which Orbax
+  refuses to save."""
+  if not dataclasses.is_dataclass(memory):
+    return memory
+  return {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)
+          if np.prod(getattr(memory, f.name).shape) > 0}
+
+
+def _with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
+  """Inverse of `_nonempty_fields`: the memory, zero-size fields recreated."""
+  if not dataclasses.is_dataclass(abstract_memory):
+    return restored
+  fields = {}
+  for f in dataclasses.fields(abstract_memory):
+    if f.name in restored:
+      fields[f.name] = restored[f.name]
+    else:
+      x = getattr(abstract_memory, f.name)
+      sharding = getattr(x, "sharding", None)
+      fields[f.name] = jax.jit(lambda x=x: jnp.zeros(x.shape, x.dtype), out_shardings=sharding)()
+  return dataclasses.replace(abstract_memory, **fields)
 
 
 def abstract(tree: Any, shardings: Any = None) -> Any:

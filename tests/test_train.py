@@ -73,3 +73,18 @@ def test_training_reduces_the_loss_that_evaluation_measures(tmp_path):
   first = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))[0]
   assert result["bits_per_byte"] < 0.6 * first["bits_per_byte"]
   assert set(result) >= {"loss", "bits_per_byte", "bits_per_token"}
+
+
+@pytest.mark.parametrize("memory,compressed", [(8, 0), (0, 0)], ids=["transformer_xl", "local"])
+def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, compressed):
+  # Their memory has zero-size fields, which Orbax will not save by itself.
+  config = tiny_experiment(**{
+      "model.memory_length": memory, "model.compressed_memory_length": compressed,
+      "model.reconstruction_loss": "none", "num_train_steps": 4,
+      "checkpoint_every_steps": 2, "eval_every_steps": 0})
+  train_lib.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  from compressive import checkpoint
+  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 2
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4
+  assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics_train.jsonl"))] == [2, 4]
