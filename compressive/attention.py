@@ -118,6 +118,7 @@ class RelativeAttention(nnx.Module):
       positions: jax.Array,
       *,
       dropout_rng: Optional[jax.Array] = None,
+      past_kv: Optional[tuple[jax.Array, jax.Array]] = None,
   ) -> tuple[jax.Array, jax.Array]:
     """Attends from the segment over [past; segment].
 
@@ -127,6 +128,9 @@ class RelativeAttention(nnx.Module):
       past_valid: [B, S] bool.
       positions: [K, d] sinusoids for distances K-1 .. 0.
       dropout_rng: key for attention dropout; None when deterministic.
+      past_kv: the keys and values [B, S, H, D] of `past`, when cached
+        (evaluation: the weights do not change, so each slot's are computed
+        once, when it enters the memory); `past` is then not read.
 
     Returns:
       The attention output [B, T, d], the attention weights [B, H, T, K],
@@ -135,7 +139,12 @@ class RelativeAttention(nnx.Module):
     """
     b, t, _ = x.shape
     q = self.query(x)
-    k, v = self.keys_values(jnp.concatenate([past, x], axis=1))  # [B, K, H, D]
+    if past_kv is None:
+      k, v = self.keys_values(jnp.concatenate([past, x], axis=1))  # [B, K, H, D]
+    else:
+      k_x, v_x = self.keys_values(x)
+      k = jnp.concatenate([past_kv[0].astype(k_x.dtype), k_x], axis=1)
+      v = jnp.concatenate([past_kv[1].astype(v_x.dtype), v_x], axis=1)
     valid = jnp.concatenate([past_valid, jnp.ones((b, t), bool)], axis=1)
     r = self.position_keys(positions)
     content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)

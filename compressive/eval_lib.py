@@ -33,7 +33,7 @@ from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
-from compressive.model import merge_params
+from compressive.model import KeysValues, merge_params
 
 
 def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
@@ -61,33 +61,57 @@ def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) ->
 
 
 def make_eval_step(model, mesh: Optional[Mesh] = None,
-                   config: Optional[ml_collections.ConfigDict] = None, memory_shardings=None):
-  """step(memory, batch) -> (memory, nats, count), jitted.
+                   config: Optional[ml_collections.ConfigDict] = None, memory_shardings=None,
+                   *, cache_keys_values: bool = True):
+  """(init, step): init(memory) -> carry; step(carry, batch) -> (carry, nats,
+  count), jitted.
 
-  With a mesh (and the config's partition rules), the parameters are stored
-  on it as training stores them and gathered along the data axes to compute;
-  the memory keeps `memory_shardings`.
+  The carry is the memory and, with `cache_keys_values`, every memory slot's
+  keys and values, computed once when the slot enters the memory instead of
+  every segment (the weights do not change during evaluation); the results
+  are the same. With a mesh (and the config's partition rules), the
+  parameters are stored on it as training stores them and gathered along the
+  data axes to compute; the carry keeps `memory_shardings` (rows split like
+  the batch).
   """
   graphdef, template = nnx.split(model)
   params = nnx.to_pure_dict(template)
-  gathered = out_shardings = None
+  gathered = carry_shardings = out_shardings = None
   if mesh is not None:
     specs = sharding.param_specs(config, params)
     params = jax.device_put(params, sharding.shardings(mesh, specs))
     gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
     replicated = sharding.replicated(mesh)
-    out_shardings = (memory_shardings, replicated, replicated)
+    carry_shardings = memory_shardings
+    if cache_keys_values and memory_shardings is not None:
+      kv_rows = sharding.rows_sharding(mesh, config, 5, 1)  # [L, B, S, H, D]
+      carry_shardings = (memory_shardings, KeysValues(k=kv_rows, v=kv_rows))
+    out_shardings = (carry_shardings, replicated, replicated)
 
-  @functools.partial(jax.jit, out_shardings=out_shardings)
-  def step(params, memory, batch):
+  def merged(params):
     if gathered is not None:
       params = jax.lax.with_sharding_constraint(params, gathered)
-    m = merge_params(graphdef, template, params)
-    logits, memory, _ = m(batch["inputs"], memory, batch["start_of_sequence"])
-    nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
-    return memory, nats, count
+    return merge_params(graphdef, template, params)
 
-  return lambda memory, batch: step(params, memory, batch)
+  @functools.partial(jax.jit, out_shardings=carry_shardings)
+  def init(params, memory):
+    if not cache_keys_values:
+      return memory
+    return memory, merged(params).memory_keys_values(memory)
+
+  @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
+  def step(params, carry, batch):
+    m = merged(params)
+    if cache_keys_values:
+      memory, kv = carry
+      logits, memory, aux = m(batch["inputs"], memory, batch["start_of_sequence"], kv_cache=kv)
+      carry = (memory, aux["kv_cache"])
+    else:
+      logits, carry, _ = m(batch["inputs"], carry, batch["start_of_sequence"])
+    nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
+    return carry, nats, count
+
+  return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
 
 
 def evaluate(
@@ -125,7 +149,8 @@ def evaluate(
       compressed_memory_length=sizes["compressed_memory_length"])
   memory_shardings = sharding.memory_shardings(mesh, config, jax.eval_shape(init))
   memory = jax.jit(init, out_shardings=memory_shardings)()
-  step = make_eval_step(model, mesh, config, memory_shardings)
+  init_carry, step = make_eval_step(model, mesh, config, memory_shardings)
+  carry = init_carry(memory)
   batch_shardings = {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
                      (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
   total_nats, total_tokens, segments = 0.0, 0.0, 0
@@ -133,7 +158,7 @@ def evaluate(
   for local in it:
     batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
              for k, v in local.items()}
-    memory, nats, count = step(memory, batch)
+    carry, nats, count = step(carry, batch)
     pending.append((nats, count))
     segments += 1
     if len(pending) >= 64:

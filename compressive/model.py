@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import flax.struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,14 @@ from compressive.attention import LayerNorm, RelativeAttention, sinusoid_positio
 from compressive.compression import Compressor
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.memory import Memory
+
+
+@flax.struct.dataclass
+class KeysValues:
+  """Keys and values of every layer's [cmem; mem] slots: k, v [L, B, S, H, D]."""
+
+  k: jax.Array
+  v: jax.Array
 
 
 class FeedForward(nnx.Module):
@@ -70,14 +79,19 @@ class Block(nnx.Module):
 
   def __call__(
       self, x: jax.Array, mem: Memory, positions: jax.Array, rng: Optional[jax.Array],
-      collect_attention: bool = False,
+      collect_attention: bool = False, past_kv: Optional[tuple[jax.Array, jax.Array]] = None,
   ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
-    """x [B, T, d] layer input; mem is this layer's memory (no layer axis)."""
+    """x [B, T, d] layer input; mem is this layer's memory (no layer axis).
+
+    With `past_kv`, the cached keys and values [B, S, H, D] of [cmem; mem],
+    they are not recomputed, and stats["kv"] holds those of the new memory.
+    """
     c_len, m_len = mem.compressed_memory_length, mem.memory_length
     past = jnp.concatenate([mem.cmem, mem.mem], axis=1).astype(x.dtype)  # [B, S, d]
     past_valid = jnp.concatenate([mem.cmem_mask, mem.mem_mask], axis=1)
     attn_rng = None if rng is None else jax.random.fold_in(rng, 0)
-    a, probs, (q, k, v) = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng)
+    a, probs, (q, k, v) = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng,
+                                         past_kv=past_kv)
     h = x + self._drop(a, rng, 1)
     out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
 
@@ -122,6 +136,16 @@ class Block(nnx.Module):
     else:
       new_mem = mem  # a segment-local Transformer keeps nothing
     stats["reconstruction_loss"] = recon
+    if past_kv is not None:
+      # The cache follows the memory: mem keeps the newest M of [mem; x]
+      # (keys C + T ..), cmem the newest C of [cmem; compressed].
+      t = x.shape[1]
+      new_k, new_v = k[:, c_len + t:], v[:, c_len + t:]
+      if c_len:
+        k_c, v_c = self.attention.keys_values(jax.lax.stop_gradient(comp).astype(x.dtype))
+        new_k = jnp.concatenate([jnp.concatenate([k[:, :c_len], k_c], 1)[:, -c_len:], new_k], 1)
+        new_v = jnp.concatenate([jnp.concatenate([v[:, :c_len], v_c], 1)[:, -c_len:], new_v], 1)
+      stats["kv"] = jax.lax.stop_gradient((new_k, new_v))
     return out, new_mem, stats
 
 
@@ -147,6 +171,18 @@ class CompressiveTransformer(nnx.Module):
     """An empty memory for this model (sizes may be overridden for eval)."""
     return memory_lib.init_memory(self.config, batch_size, self.dtype, **sizes)
 
+  def memory_keys_values(self, memory: Memory) -> KeysValues:
+    """Every layer's keys and values of its [cmem; mem] slots, to pass as
+    `kv_cache` while the weights do not change (evaluation, generation)."""
+    ks, vs = [], []
+    for i, block in enumerate(self.blocks):
+      layer = memory.layer(i)
+      past = jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype)
+      k, v = block.attention.keys_values(past)
+      ks.append(k)
+      vs.append(v)
+    return KeysValues(k=jnp.stack(ks), v=jnp.stack(vs))
+
   def __call__(
       self,
       tokens: jax.Array,
@@ -155,6 +191,7 @@ class CompressiveTransformer(nnx.Module):
       *,
       dropout_rng: Optional[jax.Array] = None,
       collect_attention: bool = False,
+      kv_cache: Optional[KeysValues] = None,
   ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
     """Processes one segment.
 
@@ -168,6 +205,10 @@ class CompressiveTransformer(nnx.Module):
       collect_attention: also return aux["attention_by_key"] [L, B, K], each
         layer's attention weight on every key of [cmem; mem; segment], averaged
         over heads and queries (the paper's §5.5 analysis).
+      kv_cache: the memory's keys and values (`memory_keys_values(memory)`,
+        or the previous call's aux["kv_cache"]), so that each slot's are
+        computed once rather than every segment. Only valid while the weights
+        do not change; aux["kv_cache"] then holds the new memory's.
 
     Returns:
       logits [B, T, V] (float32), the memory after this segment
@@ -204,14 +245,19 @@ class CompressiveTransformer(nnx.Module):
     new_layers, stats = [], []
     for i, block in enumerate(self.blocks):
       rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-      x, layer_mem, layer_stats = block(x, memory.layer(i), positions, rng, collect_attention)
+      past_kv = None if kv_cache is None else (kv_cache.k[i], kv_cache.v[i])
+      x, layer_mem, layer_stats = block(x, memory.layer(i), positions, rng, collect_attention,
+                                        past_kv)
       new_layers.append(layer_mem)
       stats.append(layer_stats)
     x = self.final_norm(x)
     logits = (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
 
     aux = {name: jnp.mean(jnp.stack([s[name] for s in stats])) for name in stats[0]
-           if name != "attention_by_key"}
+           if name not in ("attention_by_key", "kv")}
+    if kv_cache is not None:
+      aux["kv_cache"] = KeysValues(k=jnp.stack([s["kv"][0] for s in stats]),
+                                   v=jnp.stack([s["kv"][1] for s in stats]))
     if collect_attention:
       aux["attention_by_key"] = jnp.stack([s["attention_by_key"] for s in stats])
     aux["reconstruction_loss"] = jnp.sum(jnp.stack([s["reconstruction_loss"] for s in stats]))

@@ -41,22 +41,15 @@ class Cache:
 
 
 def build_cache(model: CompressiveTransformer, memory: Memory, segment_length: int) -> Cache:
-  mem_k, mem_v, valid, rs = [], [], [], []
+  kv = model.memory_keys_values(memory)
   s = memory.compressed_memory_length + memory.memory_length
   positions = sinusoid_positions(s + segment_length, model.config.d_model)
-  for i, block in enumerate(model.blocks):
-    layer = memory.layer(i)
-    past = jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(model.dtype)
-    k, v = block.attention.keys_values(past)
-    mem_k.append(k)
-    mem_v.append(v)
-    valid.append(jnp.concatenate([layer.cmem_mask, layer.mem_mask], axis=1))
-    rs.append(block.attention.position_keys(positions))
+  rs = jnp.stack([block.attention.position_keys(positions) for block in model.blocks])
+  valid = jnp.concatenate([memory.cmem_mask, memory.mem_mask], axis=2)  # [L, B, S]
   b = memory.batch_size
   h, d = model.config.num_heads, model.config.head_dim
-  seg = jnp.zeros((len(mem_k), b, segment_length, h, d), model.dtype)
-  return Cache(mem_k=jnp.stack(mem_k), mem_v=jnp.stack(mem_v), mem_valid=jnp.stack(valid),
-               seg_k=seg, seg_v=seg, r=jnp.stack(rs))
+  seg = jnp.zeros((len(model.blocks), b, segment_length, h, d), model.dtype)
+  return Cache(mem_k=kv.k, mem_v=kv.v, mem_valid=valid, seg_k=seg, seg_v=seg, r=rs)
 
 
 def decode_step(
