@@ -1,0 +1,219 @@
+"""Shared pieces of the benchmarks: the reference config, timed train and
+streaming-evaluation loops on synthetic tokens, FLOP counting, a matmul
+roofline and memory readings. Not part of the package, not run by CI.
+
+The reference config (issue #6): vocab 256, d_model 512, 8 layers, 8 heads,
+d_ff 2048, segment 256, memory 256, compressed memory 256, rate 4, batch 4,
+fp32; its Transformer-XL of equal attention span has memory 512 and no
+compressed memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import sys
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from compressive import eval_lib  # noqa: E402
+from compressive import memory as memory_lib  # noqa: E402
+from compressive import train_lib  # noqa: E402
+from configs import default as default_config  # noqa: E402
+
+REFERENCE_MODEL = dict(
+    vocab_size=256, d_model=512, num_layers=8, num_heads=8, d_ff=2048,
+    segment_length=256, memory_length=256, compressed_memory_length=256,
+    compression_rate=4, compression="conv", reconstruction_loss="attention",
+    dropout_rate=0.0, dtype="float32")
+
+
+def reference_config(kind: str = "ct", *, batch_size: int = 4, segments_per_step: int = 4,
+                     dtype: str = "float32", **model_overrides) -> ml_collections.ConfigDict:
+  """The benchmark config: 'ct' (Compressive Transformer) or 'txl'
+  (Transformer-XL with memory = memory + compressed memory, same span)."""
+  config = default_config.get_config()
+  config.batch_size = batch_size
+  config.segments_per_step = segments_per_step
+  config.num_train_steps = 1000
+  for k, v in REFERENCE_MODEL.items():
+    config.model[k] = v
+  config.model.dtype = dtype
+  for k, v in model_overrides.items():
+    config.model[k] = v
+  if kind == "txl":
+    m = config.model
+    m.memory_length = m.memory_length + m.compressed_memory_length
+    m.compressed_memory_length = 0
+    m.reconstruction_loss = "none"
+  elif kind != "ct":
+    raise ValueError(f"kind must be 'ct' or 'txl', got {kind!r}")
+  return config
+
+
+def _block(x):
+  jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
+
+
+class TrainBench:
+  """Jitted training steps (segments_per_step updates each) on random bytes."""
+
+  def __init__(self, config: ml_collections.ConfigDict, seed: int = 0):
+    self.config = config
+    train_lib.validate_config(config)
+    graphdef, template, params = train_lib.build_model(config)
+    self.tx = train_lib.make_optimizer(config, params)
+    self.state = train_lib.create_train_state(config, params, self.tx)
+    self.num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+    b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
+    self.memory = memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype))
+    self.step_fn = train_lib.make_train_step(graphdef, template, self.tx, dropout=False)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.model.vocab_size, (s, b, t + 1), dtype=np.int32)
+    sos = np.zeros((s, b), bool)
+    sos[0] = True
+    self.batch = jax.device_put(dict(
+        inputs=tokens[..., :-1], targets=tokens[..., 1:], mask=np.ones((s, b, t), bool),
+        start_of_sequence=sos))
+    self.tokens_per_step = s * b * t
+
+  def compile(self) -> float:
+    """Seconds to lower and compile the train step (not run)."""
+    start = time.perf_counter()
+    self.step_fn.lower(self.state, self.memory, self.batch).compile()
+    return time.perf_counter() - start
+
+  def run(self, steps: int) -> float:
+    """Tokens per second over `steps` steps (after one warm-up step)."""
+    if not getattr(self, "_warm", False):
+      self.state, self.memory, m = self.step_fn(self.state, self.memory, self.batch)
+      _block(m)
+      self._warm = True
+    start = time.perf_counter()
+    for _ in range(steps):
+      self.state, self.memory, m = self.step_fn(self.state, self.memory, self.batch)
+    _block((self.state, m))
+    return steps * self.tokens_per_step / (time.perf_counter() - start)
+
+
+class EvalBench:
+  """Streaming evaluation: one jitted step per segment, memory threaded."""
+
+  def __init__(self, config: ml_collections.ConfigDict, seed: int = 0, model=None,
+               cache_keys_values: bool = True):
+    self.config = config
+    if model is None:
+      graphdef, template, params = train_lib.build_model(config)
+      from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
+      model = merge_params(graphdef, template, params)
+    self.model = model
+    init, self.step = eval_lib.make_eval_step(model, cache_keys_values=cache_keys_values)
+    b, t = config.batch_size, config.model.segment_length
+    self.carry = init(memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype)))
+    self.rng = np.random.default_rng(seed)
+    self.b, self.t = b, t
+    self.tokens_per_segment = b * t
+    self._batches = [self._random_batch(i == 0) for i in range(8)]
+
+  def _random_batch(self, first: bool):
+    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1), dtype=np.int32)
+    return jax.device_put(dict(
+        inputs=tokens[:, :-1], targets=tokens[:, 1:], mask=np.ones((self.b, self.t), bool),
+        start_of_sequence=np.full((self.b,), first)))
+
+  def run(self, segments: int) -> float:
+    """Tokens per second over `segments` segments (after one warm-up)."""
+    if not getattr(self, "_warm", False):
+      self.carry, nats, _ = self.step(self.carry, self._batches[0])
+      _block(nats)
+      self._warm = True
+    start = time.perf_counter()
+    for i in range(segments):
+      self.carry, nats, _ = self.step(self.carry, self._batches[1 + i % 7])
+    _block((self.carry, nats))
+    return segments * self.tokens_per_segment / (time.perf_counter() - start)
+
+
+def matmul_gflops(n: int = 2048, dtype=jnp.float32, seconds: float = 2.0) -> float:
+  """Measured matmul throughput of this process's XLA backend (GFLOP/s): the
+  roofline MFU divides by. Best of repeated n x n @ n x n products."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+  f = jax.jit(lambda a, b: a @ b)
+  f(x, x).block_until_ready()
+  best = 0.0
+  end = time.perf_counter() + seconds
+  while time.perf_counter() < end:
+    start = time.perf_counter()
+    f(x, x).block_until_ready()
+    best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+  return best
+
+
+@dataclasses.dataclass
+class Flops:
+  """Model FLOPs per token, MaxText's way: matmuls only, 2 per multiply-add;
+  training = forward + backward, where a weight's backward is 2x its forward
+  (input and weight gradients) except where its input is stop-gradient
+  (memory key/value projections, the compressor: weight gradient only);
+  causal attention within the segment counted at half."""
+  forward: float
+  train: float
+
+
+def flops_per_token(model_config, batch_size: int) -> Flops:
+  m = model_config
+  d, f, v, t = m.d_model, m.d_ff, m.vocab_size, m.segment_length
+  mem, cmem, c = m.memory_length, m.compressed_memory_length, m.compression_rate
+  keys = cmem + mem + t
+  # Dense weights applied to the segment's tokens (fwd 2 flops per MAC).
+  seg_weights = 2 * (d * d  # query
+                     + 2 * d * d  # key, value of the segment
+                     + d * d  # output
+                     + 2 * d * f)  # feed-forward
+  # Keys and values of the memories (both banks), per segment token.
+  mem_kv = 2 * 2 * d * d * (cmem + mem) / t
+  # Relative position keys: W_r on `keys` sinusoids, once per segment for
+  # all rows.
+  pos = 2 * d * d * keys / (t * batch_size)
+  # Attention: content logits, position logits, weighted values.
+  attend = 3 * 2 * d * (cmem + mem + t / 2)
+  # Compression (conv, kernel = stride = c): t / c new slots per segment, each
+  # a c*d -> d product: 2*d*d per token. Reconstruction (training only):
+  # the segment's queries attend over the t evicted memories and their t/c
+  # compressed slots (content logits + values), with keys and values of both.
+  compress = 2 * d * d if cmem and m.compression in ("conv",) else 0
+  if cmem and m.reconstruction_loss == "attention":
+    recon = 2 * 2 * d * (t + t / c) + 2 * 2 * d * d * (t + t / c) / t
+  else:
+    recon = 0
+  head = 2 * d * v
+  layers = m.num_layers
+  forward = layers * (seg_weights + mem_kv + pos + attend + compress) + head
+  train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * (compress + recon))
+           + 3 * head)
+  return Flops(forward=forward, train=train)
+
+
+def peak_rss_mib() -> float:
+  """Peak resident set size of this process so far (MiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+  """Current resident set size (MiB)."""
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def environment() -> dict:
+  return dict(jax=jax.__version__, backend=jax.default_backend(),
+              devices=[str(d) for d in jax.devices()], cpu_count=os.cpu_count(),
+              xla_flags=os.environ.get("XLA_FLAGS", ""))
