@@ -14,7 +14,8 @@ distances straddle the reach of a Transformer-XL of equal attention cost
 
 Facts are queried at distances from 24 to 344 bytes in steps of 16, so
 training sees every distance, near and far, and the accuracy by distance
-crosses both models' reach.
+crosses both models' reach. Facts are dense (48 per 2048 bytes) so that a
+small model learns to retrieve within minutes.
 """
 
 import ml_collections
@@ -49,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.source = "recall"
   d.recall_distances = tuple(range(24, 345, 16))
   d.recall_doc_length = 2048
-  d.recall_facts = 16
+  d.recall_facts = 48  # dense: about half of every document is facts and queries
   d.synthetic_num_docs = (4096, 64, 256)
 
   config.eval.split = "validation"
