@@ -3,15 +3,26 @@
 Notation: B rows, T segment length, S = C + M memory slots before the segment,
 K = S + T keys, H heads, D head width, d model width.
 
-Transformer-XL relative positions (Dai et al. 2019, §3.3; paper §3): the score
-of query i and key j is
+Positions are indices along the concatenation: key j (0 .. K-1) sits at j,
+query i of the segment at S + i, and dist(i, j) = (S + i) - j. Valid slots are
+always the newest of each bank, so this index distance is the true token
+distance inside the memory. Two ways to turn it into scores
+(`model.positions`):
 
-    (q_i + u) . k_j  +  (q_i + v) . (W_r R_{dist(i, j)})
+- "relative" (default): Transformer-XL relative positions (Dai et al. 2019,
+  §3.3; paper §3), with R sinusoidal and learned u, v, W_r:
 
-with R sinusoidal and dist(i, j) = (S + i) - j, the distance along the
-concatenation. Valid slots are always the newest of each bank, so this index
-distance is the true token distance inside the memory. The causal mask is
-aligned bottom-right: query i sees every valid slot and segment tokens <= i.
+      (q_i + u) . k_j  +  (q_i + v) . (W_r R_{dist(i, j)})
+
+- "rope": rotary embeddings (Su et al. 2021): q_i is rotated by the angles of
+  S + i and k_j by those of j, so rot(q_i) . rot(k_j) depends on dist(i, j)
+  only. No extra parameters, and the score is a plain dot product, so the
+  output can come from `jax.nn.dot_product_attention` (a fused kernel) when
+  the attention weights themselves are not needed. Keys are cached unrotated
+  (a slot's index shifts every segment) and rotated at use.
+
+The causal mask is aligned bottom-right: query i sees every valid slot and
+segment tokens <= i.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import jax
 import jax.numpy as jnp
 
 _MASKED = -1e30
+
+POSITIONS = ("relative", "rope")  # model.positions
 
 
 class LayerNorm(nnx.Module):
@@ -69,6 +82,21 @@ def rel_shift(x: jax.Array) -> jax.Array:
   return x.reshape(*lead, t, k)
 
 
+def rotate(x: jax.Array, index: jax.Array) -> jax.Array:
+  """Rotary position embedding of x [B, N, H, D] at positions index [N].
+
+  Channel a and a + D/2 form a pair turned by index * theta_a, with
+  theta_a = 10000^(-2a / D); then rotate(q, i) . rotate(k, j) depends on i - j
+  only. Computed in float32 (indices reach thousands in evaluation).
+  """
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (10000 ** (jnp.arange(half, dtype=jnp.float32) * 2 / (2 * half)))
+  angles = index.astype(jnp.float32)[:, None, None] * inv_freq  # [N, 1, D/2]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
 def causal_mask(key_valid: jax.Array, t: int) -> jax.Array:
   """[B, K] slot validity -> [B, 1, T, K]: valid and not in the future."""
   k = key_valid.shape[-1]
@@ -87,21 +115,29 @@ class RelativeAttention(nnx.Module):
       *,
       dropout_rate: float,
       rngs: nnx.Rngs,
+      positions: str = "relative",
       dtype=jnp.float32,
       param_dtype=jnp.float32,
   ):
+    if positions not in POSITIONS:
+      raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
+    self.positions = positions
+    self.num_heads, self.head_dim = h, hd
     init = nnx.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
     self.norm = LayerNorm(d_model, param_dtype=param_dtype)
     self.wq = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
     self.wk = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
     self.wv = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
-    self.wr = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
+    if positions == "relative":  # rope has no position parameters
+      # Drawn before wo, so that relative models initialise as they always did.
+      self.wr = nnx.Param(init(rngs.params(), (d_model, h, hd), param_dtype))
     self.wo = nnx.Param(
         nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)(
             rngs.params(), (h, hd, d_model), param_dtype))
-    self.u = nnx.Param(jnp.zeros((h, hd), param_dtype))
-    self.v = nnx.Param(jnp.zeros((h, hd), param_dtype))
+    if positions == "relative":
+      self.u = nnx.Param(jnp.zeros((h, hd), param_dtype))
+      self.v = nnx.Param(jnp.zeros((h, hd), param_dtype))
     self.dropout = nnx.Dropout(dropout_rate, deterministic=False)
     self.dtype = dtype
     self.scale = hd**-0.5
@@ -119,23 +155,30 @@ class RelativeAttention(nnx.Module):
       *,
       dropout_rng: Optional[jax.Array] = None,
       past_kv: Optional[tuple[jax.Array, jax.Array]] = None,
-  ) -> tuple[jax.Array, jax.Array]:
+      need_weights: bool = True,
+  ) -> tuple[jax.Array, Optional[jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
     """Attends from the segment over [past; segment].
 
     Args:
       x: [B, T, d] the segment's layer inputs (not yet normalised).
       past: [B, S, d] [compressed memory; memory] slots (layer inputs).
       past_valid: [B, S] bool.
-      positions: [K, d] sinusoids for distances K-1 .. 0.
+      positions: [K, d] sinusoids for distances K-1 .. 0 (relative mode);
+        unused, and may be None, in rope mode.
       dropout_rng: key for attention dropout; None when deterministic.
       past_kv: the keys and values [B, S, H, D] of `past`, when cached
         (evaluation: the weights do not change, so each slot's are computed
         once, when it enters the memory); `past` is then not read.
+      need_weights: False lets rope mode compute the output with
+        `jax.nn.dot_product_attention`, which never materialises the weights
+        (unless attention dropout is on: the fused call has no dropout). The
+        relative mode always computes them.
 
     Returns:
-      The attention output [B, T, d], the attention weights [B, H, T, K],
-      and (q [B, T, H, D], k, v [B, K, H, D]) for reuse by the
-      reconstruction loss.
+      The attention output [B, T, d], the attention weights [B, H, T, K]
+      (None when the fused call made the output), and (q [B, T, H, D],
+      k, v [B, K, H, D]) for reuse by the reconstruction loss: content only,
+      so unrotated in rope mode.
     """
     b, t, _ = x.shape
     q = self.query(x)
@@ -146,11 +189,21 @@ class RelativeAttention(nnx.Module):
       k = jnp.concatenate([past_kv[0].astype(k_x.dtype), k_x], axis=1)
       v = jnp.concatenate([past_kv[1].astype(v_x.dtype), v_x], axis=1)
     valid = jnp.concatenate([past_valid, jnp.ones((b, t), bool)], axis=1)
-    r = self.position_keys(positions)
-    content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)
-    position = rel_shift(jnp.einsum("bthe,khe->bhtk", q + self._w("v"), r))
-    logits = (content + position).astype(jnp.float32) * self.scale
-    logits = jnp.where(causal_mask(valid, t), logits, _MASKED)
+    mask = causal_mask(valid, t)  # [B, 1, T, K]
+    if self.positions == "rope":
+      kk = k.shape[1]
+      q_rot = rotate(q, kk - t + jnp.arange(t))  # queries at S + i
+      k_rot = rotate(k, jnp.arange(kk))  # keys at j
+      if not need_weights and dropout_rng is None:
+        out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale)
+        return jnp.einsum("bthe,hed->btd", out, self._w("wo")), None, (q, k, v)
+      logits = jnp.einsum("bthe,bkhe->bhtk", q_rot, k_rot).astype(jnp.float32) * self.scale
+    else:
+      r = self.position_keys(positions)
+      content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)
+      position = rel_shift(jnp.einsum("bthe,khe->bhtk", q + self._w("v"), r))
+      logits = (content + position).astype(jnp.float32) * self.scale
+    logits = jnp.where(mask, logits, _MASKED)
     probs = jax.nn.softmax(logits, axis=-1)  # [B, H, T, K]
     dropped = probs
     if dropout_rng is not None:
@@ -173,7 +226,12 @@ class RelativeAttention(nnx.Module):
             jnp.einsum("bnd,dhe->bnhe", n, self._w("wv")))
 
   def position_keys(self, positions: jax.Array) -> jax.Array:
-    """Sinusoids [K, d] for distances K-1 .. 0 -> W_r R, [K, H, D]."""
+    """Sinusoids [K, d] for distances K-1 .. 0 -> W_r R, [K, H, D].
+
+    Rope mode has no W_r: an empty [0, H, D] (attend_one does not read it).
+    """
+    if self.positions == "rope":
+      return jnp.zeros((0, self.num_heads, self.head_dim), self.dtype)
     return jnp.einsum("kd,dhe->khe", positions.astype(self.dtype), self._w("wr"))
 
   def attend_one(
@@ -182,17 +240,22 @@ class RelativeAttention(nnx.Module):
   ) -> jax.Array:
     """One query at key position `index` (a traced scalar) over cached keys.
 
-    q [B, H, D]; k, v [B, K, H, D]; r [K, H, D] (distances K-1 .. 0); valid
+    q [B, H, D]; k, v [B, K, H, D]; r [K, H, D] (distances K-1 .. 0; unused
+    in rope mode, where q and the unrotated k are rotated here); valid
     [B, K]. Keys after `index` are masked. Returns the output [B, d], equal to
     that query's row of `__call__` on the same keys.
     """
     kk = k.shape[1]
     j = jnp.arange(kk)
     dist = index - j  # [K]
-    content = jnp.einsum("bhe,bkhe->bhk", q + self._w("u"), k)
-    r_at = jnp.take(r, jnp.clip(kk - 1 - dist, 0, kk - 1), axis=0)  # [K, H, D]
-    position = jnp.einsum("bhe,khe->bhk", q + self._w("v"), r_at)
-    logits = (content + position).astype(jnp.float32) * self.scale
+    if self.positions == "rope":
+      q_rot = rotate(q[:, None], jnp.reshape(index, (1,)))[:, 0]
+      logits = jnp.einsum("bhe,bkhe->bhk", q_rot, rotate(k, j)).astype(jnp.float32) * self.scale
+    else:
+      content = jnp.einsum("bhe,bkhe->bhk", q + self._w("u"), k)
+      r_at = jnp.take(r, jnp.clip(kk - 1 - dist, 0, kk - 1), axis=0)  # [K, H, D]
+      position = jnp.einsum("bhe,khe->bhk", q + self._w("v"), r_at)
+      logits = (content + position).astype(jnp.float32) * self.scale
     visible = valid & (dist >= 0)[None, :]
     logits = jnp.where(visible[:, None, :], logits, _MASKED)
     probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)

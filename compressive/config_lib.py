@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from compressive.attention import POSITIONS
 from compressive.compression import COMPRESSIONS
 from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
 from compressive.losses import RECONSTRUCTION_LOSSES
@@ -30,6 +31,7 @@ class ModelConfig:
   compression_rate: int
   compression: str = "conv"
   reconstruction_loss: str = "attention"
+  positions: str = "relative"  # relative (Transformer-XL) | rope (rotary)
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activations; parameters are always float32
 
@@ -88,6 +90,13 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         f"model.reconstruction_loss={cfg.reconstruction_loss!r} is unknown; choose one of "
         f"{', '.join(RECONSTRUCTION_LOSSES)}")
+  if cfg.positions not in POSITIONS:
+    raise ConfigError(
+        f"model.positions={cfg.positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
+  if cfg.positions == "rope" and cfg.head_dim % 2:
+    raise ConfigError(
+        f"model.positions='rope' rotates channel pairs, so the head width must be even: "
+        f"model.d_model / model.num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}")
   if not isinstance(cfg.dropout_rate, (int, float)) or not 0.0 <= cfg.dropout_rate < 1.0:
     raise ConfigError(f"model.dropout_rate={cfg.dropout_rate!r} must be in [0, 1)")
   if cfg.dtype not in DTYPES:

@@ -59,11 +59,12 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype=jnp.float32):
     self.attention = RelativeAttention(
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
-        dtype=dtype, param_dtype=param_dtype)
+        positions=cfg.positions, dtype=dtype, param_dtype=param_dtype)
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
     self.reconstruction_loss = cfg.reconstruction_loss
+    self.needs_usage = cfg.compression == "most_used"
     if cfg.compressed_memory_length:
       self.compressor = Compressor(
           cfg.compression, cfg.compression_rate, cfg.d_model,
@@ -78,31 +79,41 @@ class Block(nnx.Module):
     return self.dropout(x, rngs=jax.random.fold_in(rng, index))
 
   def __call__(
-      self, x: jax.Array, mem: Memory, positions: jax.Array, rng: Optional[jax.Array],
+      self, x: jax.Array, mem: Memory, positions: Optional[jax.Array], rng: Optional[jax.Array],
       collect_attention: bool = False, past_kv: Optional[tuple[jax.Array, jax.Array]] = None,
   ) -> tuple[jax.Array, Memory, dict[str, jax.Array]]:
     """x [B, T, d] layer input; mem is this layer's memory (no layer axis).
 
     With `past_kv`, the cached keys and values [B, S, H, D] of [cmem; mem],
     they are not recomputed, and stats["kv"] holds those of the new memory.
+
+    The attention weights are computed only where something reads them: the
+    most-used compression's usage and `collect_attention`. Otherwise rope
+    attention runs fused (`jax.nn.dot_product_attention`), and the
+    attention_mass/* diagnostics are NaN; relative attention always has them.
     """
     c_len, m_len = mem.compressed_memory_length, mem.memory_length
     past = jnp.concatenate([mem.cmem, mem.mem], axis=1).astype(x.dtype)  # [B, S, d]
     past_valid = jnp.concatenate([mem.cmem_mask, mem.mem_mask], axis=1)
     attn_rng = None if rng is None else jax.random.fold_in(rng, 0)
-    a, probs, (q, k, v) = self.attention(x, past, past_valid, positions, dropout_rng=attn_rng,
-                                         past_kv=past_kv)
+    a, probs, (q, k, v) = self.attention(
+        x, past, past_valid, positions, dropout_rng=attn_rng, past_kv=past_kv,
+        need_weights=self.needs_usage or collect_attention)
     h = x + self._drop(a, rng, 1)
     out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
 
     # Attention each key received, mean over heads and queries: [B, K]. It
     # feeds the most-used compression's usage and the diagnostics (§5.5).
-    received = jax.lax.stop_gradient(probs.mean(axis=(1, 2)))
-    stats = {
-        "attention_mass/compressed_memory": received[:, :c_len].sum(-1).mean(),
-        "attention_mass/memory": received[:, c_len:c_len + m_len].sum(-1).mean(),
-        "attention_mass/segment": received[:, c_len + m_len:].sum(-1).mean(),
-    }
+    if probs is not None:
+      received = jax.lax.stop_gradient(probs.mean(axis=(1, 2)))
+      mass = [received[:, :c_len].sum(-1).mean(),
+              received[:, c_len:c_len + m_len].sum(-1).mean(),
+              received[:, c_len + m_len:].sum(-1).mean()]
+    else:  # fused rope attention: no weights; usage is read by most_used only
+      received = jnp.zeros(past_valid.shape[:1] + (k.shape[1],), jnp.float32)
+      mass = [jnp.full((), jnp.nan, jnp.float32)] * 3
+    stats = {f"attention_mass/{name}": value for name, value in
+             zip(("compressed_memory", "memory", "segment"), mass)}
     if collect_attention:
       stats["attention_by_key"] = received
 
@@ -214,7 +225,8 @@ class CompressiveTransformer(nnx.Module):
       logits [B, T, V] (float32), the memory after this segment
       (stop-gradient), and aux: scalars `reconstruction_loss` (summed over
       layers; 0 if nothing was evicted) and `attention_mass/*` (mean over
-      layers, heads, queries, rows).
+      layers, heads, queries, rows; NaN where rope attention ran fused, see
+      `Block`).
     """
     cfg = self.config
     tokens = jnp.asarray(tokens)
@@ -241,7 +253,9 @@ class CompressiveTransformer(nnx.Module):
     if dropout_rng is not None:
       x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
     k = memory.compressed_memory_length + memory.memory_length + t
-    positions = sinusoid_positions(k, cfg.d_model)  # [K, d]
+    positions = None  # rope: the attention rotates by index
+    if cfg.positions == "relative":
+      positions = sinusoid_positions(k, cfg.d_model)  # [K, d]
     new_layers, stats = [], []
     for i, block in enumerate(self.blocks):
       rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)

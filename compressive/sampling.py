@@ -37,13 +37,15 @@ class Cache:
   mem_valid: jax.Array  # [L, B, S]
   seg_k: jax.Array  # [L, B, T, H, D] keys of this segment's tokens so far
   seg_v: jax.Array  # [L, B, T, H, D]
-  r: jax.Array  # [L, K, H, D] W_r R for distances K-1 .. 0
+  r: jax.Array  # [L, K, H, D] W_r R for distances K-1 .. 0; [L, 0, H, D] in rope mode
 
 
 def build_cache(model: CompressiveTransformer, memory: Memory, segment_length: int) -> Cache:
   kv = model.memory_keys_values(memory)
   s = memory.compressed_memory_length + memory.memory_length
-  positions = sinusoid_positions(s + segment_length, model.config.d_model)
+  positions = None  # rope: keys stay unrotated here and are rotated at use
+  if model.config.positions == "relative":
+    positions = sinusoid_positions(s + segment_length, model.config.d_model)
   rs = jnp.stack([block.attention.position_keys(positions) for block in model.blocks])
   valid = jnp.concatenate([memory.cmem_mask, memory.mem_mask], axis=2)  # [L, B, S]
   b = memory.batch_size
