@@ -35,6 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.compression_rate = 2  # c
   model.compression = "conv"  # max_pool | mean_pool | conv | dilated_conv | most_used
   model.reconstruction_loss = "attention"  # attention | autoencoding | none
+  model.positions = "relative"  # relative (Transformer-XL: W_r, u, v) | rope (rotary, fusable)
   model.dropout_rate = 0.0
   model.dtype = "float32"  # activations: float32 | bfloat16 (parameters stay float32)
 
