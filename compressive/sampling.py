@@ -153,7 +153,8 @@ class Sampler:
     while i < tokens.shape[1]:
       if self.position == 0 and tokens.shape[1] - i >= t:
         self.segment[:] = tokens[:, i:i + t]
-        self.logits, self.memory, self.cache = self._advance(self._state, self.memory, self.segment)
+        self.logits, self.memory, self.cache = self._advance(self._state, self.memory,
+                                                             self.segment.copy())
         i += t
       else:
         self._feed_one(tokens[:, i])
@@ -166,8 +167,10 @@ class Sampler:
     self.position += 1
     if self.position == self.segment_length:
       # The segment is complete: push it into the memory (compressing what
-      # falls out) with one ordinary call, then rebuild the cache.
-      _, self.memory, self.cache = self._advance(self._state, self.memory, self.segment)
+      # falls out) with one ordinary call, then rebuild the cache. A copy:
+      # on CPU, JAX may read a NumPy argument in place after the call has
+      # returned (asynchronous dispatch), while the next tokens overwrite it.
+      _, self.memory, self.cache = self._advance(self._state, self.memory, self.segment.copy())
       self.position = 0
 
   def generate(self, prompt: Sequence[int] | np.ndarray, num_tokens: int, *,
