@@ -61,24 +61,30 @@ def measure_throughput() -> dict:
     tb = common.TrainBench(config)
     compile_s = tb.compile()
     eb = common.EvalBench(config)
+    # The same evaluation recomputing every memory slot's keys and values
+    # each segment, to show what evaluation's key/value cache buys.
+    eb_plain = common.EvalBench(config, cache_keys_values=False)
     flops = common.flops_per_token(config.model, config.batch_size)
-    benches[kind] = (tb, eb)
+    benches[kind] = (tb, eb, eb_plain)
     result["models"][kind] = {
         "model": config.model.to_dict(), "batch_size": config.batch_size,
         "segments_per_step": config.segments_per_step, "parameters": tb.num_params,
         "compile_train_step_s": compile_s,
         "train_flops_per_token": flops.train, "forward_flops_per_token": flops.forward,
-        "train_tokens_per_s": [], "eval_tokens_per_s": [],
+        "train_tokens_per_s": [], "eval_tokens_per_s": [], "eval_uncached_tokens_per_s": [],
     }
     print(f"{kind}: compiled the train step in {compile_s:.1f} s", file=sys.stderr)
   for r in range(FLAGS.rounds):
-    for kind, (tb, eb) in benches.items():
+    for kind, (tb, eb, eb_plain) in benches.items():
       entry = result["models"][kind]
       tr = tb.run(FLAGS.train_steps)
       ev = eb.run(FLAGS.eval_segments)
+      ev_plain = eb_plain.run(FLAGS.eval_segments)
       entry["train_tokens_per_s"].append(tr)
       entry["eval_tokens_per_s"].append(ev)
-      print(f"round {r} {kind}: train {tr:.0f} tok/s, eval {ev:.0f} tok/s", file=sys.stderr)
+      entry["eval_uncached_tokens_per_s"].append(ev_plain)
+      print(f"round {r} {kind}: train {tr:.0f} tok/s, eval {ev:.0f} tok/s "
+            f"({ev_plain:.0f} without the key/value cache)", file=sys.stderr)
   after = common.matmul_gflops()
   result["matmul_gflops"]["after"] = after
   peak = max(peak, after)
@@ -88,6 +94,8 @@ def measure_throughput() -> dict:
     ev = statistics.median(entry["eval_tokens_per_s"])
     entry["train_tokens_per_s_median"] = tr
     entry["eval_tokens_per_s_median"] = ev
+    entry["eval_uncached_tokens_per_s_median"] = statistics.median(
+        entry["eval_uncached_tokens_per_s"])
     entry["train_mfu"] = tr * entry["train_flops_per_token"] / (peak * 1e9)
     entry["eval_mfu"] = ev * entry["forward_flops_per_token"] / (peak * 1e9)
   result["peak_rss_mib"] = common.peak_rss_mib()
