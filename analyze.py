@@ -24,6 +24,7 @@ import compressive
 from compressive import cli
 from compressive import analysis
 from compressive import data as data_lib
+from compressive import train_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")
@@ -32,6 +33,10 @@ flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "re
                   "What to measure.")
 flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
 flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
+flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
+flags.DEFINE_integer("compressed_memory_length", None,
+                     "Compressed memory slots (eval.compressed_memory_length); 0 removes the "
+                     "compressed memory, to see what it contributes.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
 flags.mark_flags_as_required(["workdir"])
@@ -94,6 +99,13 @@ def main(argv):
   absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
   with cli.user_errors():
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
+  suffix = ""
+  for name in ("memory_length", "compressed_memory_length"):
+    if FLAGS[name].value is not None:
+      config.eval[name] = FLAGS[name].value
+      suffix += f"_{name}{FLAGS[name].value}"
+  with cli.user_errors():
+    train_lib.validate_config(config)
   tokenizer = data_lib.get_tokenizer(config.data)
   documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
   if FLAGS.analysis == "attention":
@@ -110,7 +122,7 @@ def main(argv):
     result = analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
                                        max_segments=FLAGS.max_segments)
     plot = plot_loss
-  stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}")
+  stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
   with open(stem + ".json", "w") as f:
     json.dump(result, f, indent=2)
   plot(result, stem + ".png")

@@ -145,28 +145,42 @@ def recall(out: str) -> dict:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   result = {}
-  for name, config in (("ct", "configs/recall.py"), ("txl", "configs/recall_txl.py")):
-    s = train(f"{out}/{name}", config)
-    acc = json.loads(_run(["analyze.py", f"--workdir={out}/{name}", "--analysis=recall",
-                           "--split=test"]).strip().splitlines()[-1])
-    with open(f"{out}/{name}/config.json") as f:
+  runs = (("ct", "configs/recall.py", []), ("txl", "configs/recall_txl.py", []),
+          # The same trained Compressive Transformer evaluated with its
+          # compressed memory removed: what retrieval the compressed slots carry.
+          ("ct_without_compressed_memory", None, ["--compressed_memory_length=0"]))
+  for name, config, flags_ in runs:
+    workdir = f"{out}/{name}" if config else f"{out}/ct"
+    s = train(workdir, config) if config else train_summary(workdir)
+    suffix = "".join("_" + f[2:].replace("=", "") for f in flags_)
+    cached = f"{workdir}/analysis_recall_test{suffix}.json"
+    if os.path.exists(cached):  # analyze.py's output from an earlier run of this command
+      acc = json.load(open(cached))
+    else:
+      acc = json.loads(_run(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
+                             "--split=test", *flags_]).strip().splitlines()[-1])
+    with open(f"{workdir}/config.json") as f:
       m = json.load(f)["model"]
+    span = m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]
+    if flags_:
+      span = m["memory_length"]
     result[name] = {"steps": s["steps"], "train_seconds": s["train_seconds"], **acc,
-                    "one_hop_reach": m["memory_length"]
-                    + m["compression_rate"] * m["compressed_memory_length"],
-                    "layers_reach": m["num_layers"] * (
-                        m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"])}
-  fig, ax = plt.subplots(figsize=(7, 4))
+                    "one_hop_reach": span, "layers_reach": m["num_layers"] * span}
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  labels = {"ct": "Compressive Transformer", "txl": "Transformer-XL",
+            "ct_without_compressed_memory": "Compressive Transformer, compressed memory removed"}
   for name, r in result.items():
-    label = {"ct": "Compressive Transformer", "txl": "Transformer-XL"}[name]
-    line, = ax.plot(r["distance"], r["exact_match"], marker="o", label=f"{label}: whole answers")
-    ax.plot(r["distance"], r["byte_accuracy"], marker=".", ls="--", color=line.get_color(),
-            label=f"{label}: answer bytes")
-    ax.axvline(r["layers_reach"], color=line.get_color(), ls=":", alpha=0.7)
-  ax.set_xlabel("distance from fact to query (bytes); dotted: layers x span")
-  ax.set_ylabel("accuracy on the test split")
+    line, = ax.plot(r["distance"], r["byte_accuracy"], marker="o", label=f"{labels[name]}: answer bytes")
+    ax.plot(r["distance"], r["exact_match"], marker=".", ls="--", color=line.get_color(),
+            label=f"{labels[name]}: whole answers")
+    if name != "ct_without_compressed_memory":
+      ax.axvline(r["one_hop_reach"] + m["segment_length"], color=line.get_color(), ls=":",
+                 alpha=0.7)
+  ax.axhline(0.1, color="gray", lw=0.8)
+  ax.set_xlabel("distance from fact to query (bytes); dotted: one-hop reach (span + segment)")
+  ax.set_ylabel("accuracy on the test split (chance: 0.1 per byte)")
   ax.set_ylim(0, 1)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(f"{out}/recall.png", dpi=120)
   return result
@@ -191,10 +205,10 @@ def ablation(out: str) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  out = os.path.join(FLAGS.root, FLAGS.experiment)
-  os.makedirs(os.path.join(ROOT, out), exist_ok=True)
+  out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
+  os.makedirs(out, exist_ok=True)
   result = {"ct_vs_txl": ct_vs_txl, "recall": recall, "ablation": ablation}[FLAGS.experiment](out)
-  with open(os.path.join(ROOT, out, "results.json"), "w") as f:
+  with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(result, f, indent=2)
   print(json.dumps(result))
 

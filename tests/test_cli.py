@@ -49,6 +49,14 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   assert result["bits_per_byte"] > 0
   assert os.path.exists(os.path.join(workdir, "eval_validation_step4.json"))
 
+  # analyze.py takes evaluation memory sizes too, and names its output by them.
+  r = run("analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
+          "--split=validation", "--compressed_memory_length=0", "--max_segments=3")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert os.path.exists(os.path.join(
+      workdir, "analysis_loss_by_position_validation_compressed_memory_length0.json"))
+  assert json.loads(r.stdout.strip().splitlines()[-1])["bits"]
+
   # Resuming a finished run trains no further and keeps its checkpoints.
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
