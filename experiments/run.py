@@ -3,6 +3,7 @@
     .venv/bin/python experiments/run.py --experiment=ct_vs_txl
     .venv/bin/python experiments/run.py --experiment=recall
     .venv/bin/python experiments/run.py --experiment=ablation
+    .venv/bin/python experiments/run.py --experiment=positions
 
 Each trains its runs with train.py, evaluates them with eval.py / analyze.py
 (as a user would), and writes results.json and PNG figures under
@@ -16,6 +17,9 @@ ct_vs_txl  configs/default.py against configs/default_txl.py (equal attention
            held-out bits per byte on the whole test split.
 recall     configs/recall.py against configs/recall_txl.py: accuracy of
            recalling planted facts by distance (analyze.py --analysis=recall).
+positions  configs/default_rope.py (rotary positions) against the relative
+           positions of configs/default.py (the ct_vs_txl run, trained here if
+           missing); held-out bits per byte on the whole test split.
 ablation   the default model with each compression function (attention-
            reconstruction loss) and conv with the auto-encoding loss, for
            --ablation_steps steps; bits per byte on the first
@@ -35,7 +39,8 @@ from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("experiment", None, ["ct_vs_txl", "recall", "ablation"], "Which experiment.")
+flags.DEFINE_enum("experiment", None, ["ct_vs_txl", "recall", "ablation", "positions"],
+                  "Which experiment.")
 flags.DEFINE_string("root", "runs/experiments", "Where runs and results go.")
 flags.DEFINE_integer("equal_time_steps", None,
                      "Steps of the equal-wall-time Transformer-XL run; default from the "
@@ -202,12 +207,26 @@ def ablation(out: str) -> dict:
   return result
 
 
+def positions(out: str) -> dict:
+  runs = {"relative": (os.path.join(os.path.dirname(out), "ct_vs_txl", "ct"), "configs/default.py"),
+          "rope": (f"{out}/rope", "configs/default_rope.py")}
+  result = {}
+  for name, (workdir, config) in runs.items():
+    s = train(workdir, config)
+    ev = evaluate(workdir)
+    result[name] = {"workdir": workdir, "steps": s["steps"], "train_seconds": s["train_seconds"],
+                    "tokens_per_second": s["tokens_per_second"],
+                    "test_bits_per_byte": ev["bits_per_byte"]}
+  return result
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
   os.makedirs(out, exist_ok=True)
-  result = {"ct_vs_txl": ct_vs_txl, "recall": recall, "ablation": ablation}[FLAGS.experiment](out)
+  result = {"ct_vs_txl": ct_vs_txl, "recall": recall, "ablation": ablation,
+            "positions": positions}[FLAGS.experiment](out)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(result, f, indent=2)
   print(json.dumps(result))
