@@ -39,7 +39,7 @@ mkdir -p "$(dirname "$PEER_VENV")"
 "$PEER_PYTHON" -m venv "$PEER_VENV"
 "$PEER_VENV/bin/python" -m pip install --quiet --upgrade pip
 "$PEER_VENV/bin/python" -m pip install --quiet \
-  "torch==$TORCH_VERSION" "compressive-transformer-pytorch==$PEER_VERSION" numpy
+  "torch==$TORCH_VERSION" "compressive-transformer-pytorch==$PEER_VERSION" "numpy==2.4.6"
 if ! check; then
   echo "peer venv at $PEER_VENV is incomplete: torch==$TORCH_VERSION and" \
        "compressive-transformer-pytorch==$PEER_VERSION did not import" >&2
