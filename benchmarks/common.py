@@ -166,6 +166,7 @@ class Flops:
   causal attention within the segment counted at half."""
   forward: float
   train: float
+  evaluate: float  # forward with evaluation's key/value cache
 
 
 def flops_per_token(model_config, batch_size: int) -> Flops:
@@ -199,7 +200,11 @@ def flops_per_token(model_config, batch_size: int) -> Flops:
   forward = layers * (seg_weights + mem_kv + pos + attend + compress) + head
   train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * (compress + recon))
            + 3 * head)
-  return Flops(forward=forward, train=train)
+  # Evaluation's cache computes a slot's keys and values once: the segment's
+  # (already in seg_weights) and those of the t / c new compressed slots.
+  cached_kv = 2 * 2 * d * d / c if cmem else 0
+  evaluate = forward - layers * (mem_kv - cached_kv)
+  return Flops(forward=forward, train=train, evaluate=evaluate)
 
 
 def peak_rss_mib() -> float:

@@ -71,6 +71,7 @@ def measure_throughput() -> dict:
         "segments_per_step": config.segments_per_step, "parameters": tb.num_params,
         "compile_train_step_s": compile_s,
         "train_flops_per_token": flops.train, "forward_flops_per_token": flops.forward,
+        "eval_flops_per_token": flops.evaluate,
         "train_tokens_per_s": [], "eval_tokens_per_s": [], "eval_uncached_tokens_per_s": [],
     }
     print(f"{kind}: compiled the train step in {compile_s:.1f} s", file=sys.stderr)
@@ -97,7 +98,9 @@ def measure_throughput() -> dict:
     entry["eval_uncached_tokens_per_s_median"] = statistics.median(
         entry["eval_uncached_tokens_per_s"])
     entry["train_mfu"] = tr * entry["train_flops_per_token"] / (peak * 1e9)
-    entry["eval_mfu"] = ev * entry["forward_flops_per_token"] / (peak * 1e9)
+    entry["eval_mfu"] = ev * entry["eval_flops_per_token"] / (peak * 1e9)
+    entry["eval_uncached_mfu"] = (entry["eval_uncached_tokens_per_s_median"]
+                                  * entry["forward_flops_per_token"] / (peak * 1e9))
   result["peak_rss_mib"] = common.peak_rss_mib()
   if "ct" in benches and "txl" in benches:
     m = result["models"]
