@@ -201,21 +201,20 @@ def main(argv=None) -> int:
          for k in ("ours_train", "theirs_train", "ours_eval", "theirs_eval")}
   best = {k: max(r[k] for r in rounds) for k in med}
   flops = common.flops_per_token(config.model, config.batch_size)
+  def speeds(stat):
+    return {p: dict(ours=round(stat[f"ours_{p}"], 1), theirs=round(stat[f"theirs_{p}"], 1))
+            for p in ("train", "eval")}
+
+  def ratios(stat):
+    return {p: round(stat[f"ours_{p}"] / stat[f"theirs_{p}"], 3) for p in ("train", "eval")}
+
   result = dict(
       benchmark="compare_peer",
-      tokens_per_second=dict(
-          train=dict(ours=round(med["ours_train"], 1), theirs=round(med["theirs_train"], 1)),
-          eval=dict(ours=round(med["ours_eval"], 1), theirs=round(med["theirs_eval"], 1))),
-      ratio_ours_over_theirs=dict(
-          train=round(med["ours_train"] / med["theirs_train"], 3),
-          eval=round(med["ours_eval"] / med["theirs_eval"], 3)),
+      tokens_per_second=speeds(med),
+      ratio_ours_over_theirs=ratios(med),
       # Best round of each side: less sensitive to other jobs' load bursts.
-      best_tokens_per_second=dict(
-          train=dict(ours=round(best["ours_train"], 1), theirs=round(best["theirs_train"], 1)),
-          eval=dict(ours=round(best["ours_eval"], 1), theirs=round(best["theirs_eval"], 1))),
-      best_ratio_ours_over_theirs=dict(
-          train=round(best["ours_train"] / best["theirs_train"], 3),
-          eval=round(best["ours_eval"] / best["theirs_eval"], 3)),
+      best_tokens_per_second=speeds(best),
+      best_ratio_ours_over_theirs=ratios(best),
       rounds=[{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}
               for r in rounds],
       tokens_counted="batch x segment_length per optimizer update (train) / per segment (eval)",

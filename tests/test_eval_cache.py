@@ -12,9 +12,14 @@ from conftest import make_model, tiny_model_config
 COMPRESSIONS = ["conv", "max_pool", "mean_pool", "dilated_conv", "most_used"]
 
 
-@pytest.mark.parametrize("compression", COMPRESSIONS)
-def test_cached_keys_values_give_the_uncached_logits(compression):
-  cfg = tiny_model_config(compression=compression, compressed_memory_length=6)
+@pytest.mark.parametrize("compression,positions",
+                         [(c, "relative") for c in COMPRESSIONS]
+                         + [("conv", "rope"), ("most_used", "rope")])
+def test_cached_keys_values_give_the_uncached_logits(compression, positions):
+  # Rotary keys are cached unrotated (a slot's index shifts every segment)
+  # and rotated at use; the cache must hold exactly the memory's own.
+  cfg = tiny_model_config(compression=compression, compressed_memory_length=6,
+                          positions=positions)
   model = make_model(cfg, seed=1)
   model.eval()
   rng = np.random.default_rng(0)
