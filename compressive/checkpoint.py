@@ -169,9 +169,14 @@ def _tuples(value):
 SHAPE_FIELDS = (
     "model.vocab_size", "model.num_layers", "model.num_heads", "model.d_model", "model.d_ff",
     "model.memory_length", "model.compressed_memory_length", "model.compression",
-    "model.compression_rate", "model.reconstruction_loss", "model.segment_length",
+    "model.compression_rate", "model.reconstruction_loss", "model.positions",
+    "model.segment_length",
     "batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed",
 )
+
+
+# Values a run saved before the field existed had.
+_ADDED_FIELD_DEFAULTS = {"model.positions": "relative"}
 
 
 def _get(config, dotted: str):
@@ -186,8 +191,13 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None
   if not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
     return
   saved = load_config(workdir)
-  diffs = [f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
-           for name in SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
+
+  def saved_value(name):
+    value = _get(saved, name)
+    return _ADDED_FIELD_DEFAULTS.get(name) if value is None else value
+
+  diffs = [f"{name} {saved_value(name)!r} -> {_get(config, name)!r}"
+           for name in SHAPE_FIELDS if saved_value(name) != _get(config, name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)

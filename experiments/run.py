@@ -28,7 +28,6 @@ ablation   the default model with each compression function (attention-
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -93,8 +92,6 @@ def train_summary(workdir: str) -> dict:
 
 
 def evaluate(workdir: str, split: str = "test", max_segments: int | None = None) -> dict:
-  steps = sorted(int(p.rsplit("step", 1)[1][:-5])
-                 for p in glob.glob(os.path.join(workdir, f"eval_{split}_step*.json")))
   tag = f"_first{max_segments}" if max_segments else ""
   cached = os.path.join(workdir, f"result_{split}{tag}.json")
   if os.path.exists(cached):
@@ -103,7 +100,6 @@ def evaluate(workdir: str, split: str = "test", max_segments: int | None = None)
   if max_segments:
     args.append(f"--max_segments={max_segments}")
   result = json.loads(_run(args).strip().splitlines()[-1])
-  del steps
   with open(cached, "w") as f:
     json.dump(result, f, indent=2)
   return result

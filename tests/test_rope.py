@@ -169,3 +169,20 @@ def test_rope_greedy_cached_decoding_equals_uncached():
   got = [int(tok[0]) for tok in sampler.generate(prompt, n, temperature=0.0)]
   assert got == want
   assert bool(sampler.memory.cmem_mask.any())
+
+
+def test_resuming_with_other_positions_names_the_field(tmp_path):
+  import json
+  from compressive import checkpoint
+  from configs import default, default_rope
+  checkpoint.save_config(str(tmp_path), default.get_config())
+  with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
+    checkpoint.check_resume_config(str(tmp_path), default_rope.get_config())
+  # A run saved before model.positions existed was relative, and resumes.
+  path = tmp_path / checkpoint.CONFIG_FILE
+  saved = json.loads(path.read_text())
+  del saved["model"]["positions"]
+  path.write_text(json.dumps(saved))
+  checkpoint.check_resume_config(str(tmp_path), default.get_config())
+  with pytest.raises(ConfigError, match="model.positions"):
+    checkpoint.check_resume_config(str(tmp_path), default_rope.get_config())
