@@ -27,6 +27,7 @@ segment tokens <= i.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 from flax import nnx
@@ -54,11 +55,36 @@ class LayerNorm(nnx.Module):
     scale, bias = self.scale[...], self.bias[...]
     if frozen:
       scale, bias = jax.lax.stop_gradient((scale, bias))
-    xf = x.astype(jnp.float32)
-    mean = xf.mean(-1, keepdims=True)
-    var = jnp.square(xf - mean).mean(-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias
-    return y.astype(x.dtype)
+    return _layer_norm(x, scale, bias, self.eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x, scale, bias, eps):
+  return _layer_norm_fwd(x, scale, bias, eps)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+  xf = x.astype(jnp.float32)
+  mean = xf.mean(-1, keepdims=True)
+  centred = xf - mean
+  rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
+  xhat = centred * rstd
+  return (xhat * scale + bias).astype(x.dtype), (xhat, rstd, scale)
+
+
+def _layer_norm_bwd(eps, res, dy):
+  """The normalisation's gradient in one pass over x's shape:
+  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale."""
+  del eps
+  xhat, rstd, scale = res
+  dyf = dy.astype(jnp.float32)
+  g = dyf * scale
+  dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+  lead = tuple(range(dy.ndim - 1))
+  return dx.astype(dy.dtype), (dyf * xhat).sum(lead).astype(scale.dtype), dyf.sum(lead).astype(scale.dtype)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def sinusoid_positions(length: int, d: int, dtype=jnp.float32) -> jax.Array:
@@ -67,6 +93,29 @@ def sinusoid_positions(length: int, d: int, dtype=jnp.float32) -> jax.Array:
   inv_freq = 1.0 / (10000 ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
   angles = dist[:, None] * inv_freq[None, :]
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1).astype(dtype)
+
+
+@jax.custom_vjp
+def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
+  """softmax(logits) over the last axis where `mask` (broadcastable) is True;
+  masked entries get weight 0. A row must keep at least one True entry."""
+  return _masked_softmax_fwd(logits, mask)[0]
+
+
+def _masked_softmax_fwd(logits, mask):
+  logits = jnp.where(mask, logits, _MASKED)
+  e = jnp.exp(logits - logits.max(-1, keepdims=True))
+  p = e / e.sum(-1, keepdims=True)
+  return p, p
+
+
+def _masked_softmax_bwd(p, dp):
+  """d logits = p * (dp - sum(p * dp)): one pass over the weights' shape, no
+  recomputation of the normalisation (masked entries have p = 0)."""
+  return p * (dp - (p * dp).sum(-1, keepdims=True)), None
+
+
+masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
 def rel_shift(x: jax.Array) -> jax.Array:
@@ -190,6 +239,11 @@ class RelativeAttention(nnx.Module):
       v = jnp.concatenate([past_kv[1].astype(v_x.dtype), v_x], axis=1)
     valid = jnp.concatenate([past_valid, jnp.ones((b, t), bool)], axis=1)
     mask = causal_mask(valid, t)  # [B, 1, T, K]
+    # The score and value products run head-major ([B, H, T, D] against
+    # [B, H, K, D]): with the head axis next to the batch axis they are plain
+    # batched matmuls, and the [B, H, T, K] scores never need a transpose.
+    heads = lambda a: jnp.swapaxes(a, 1, 2)  # [B, N, H, D] <-> [B, H, N, D]
+    v_h = heads(v)
     if self.positions == "rope":
       kk = k.shape[1]
       q_rot = rotate(q, kk - t + jnp.arange(t))  # queries at S + i
@@ -197,19 +251,20 @@ class RelativeAttention(nnx.Module):
       if not need_weights and dropout_rng is None:
         out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale)
         return jnp.einsum("bthe,hed->btd", out, self._w("wo")), None, (q, k, v)
-      logits = jnp.einsum("bthe,bkhe->bhtk", q_rot, k_rot).astype(jnp.float32) * self.scale
+      logits = jnp.einsum("bhte,bhke->bhtk", heads(q_rot), heads(k_rot))
+      logits = logits.astype(jnp.float32) * self.scale
     else:
-      r = self.position_keys(positions)
-      content = jnp.einsum("bthe,bkhe->bhtk", q + self._w("u"), k)
-      position = rel_shift(jnp.einsum("bthe,khe->bhtk", q + self._w("v"), r))
+      r = jnp.swapaxes(self.position_keys(positions), 0, 1)  # [H, K, D]
+      q_h = heads(q)
+      content = jnp.einsum("bhte,bhke->bhtk", q_h + self._w("u")[:, None], heads(k))
+      position = rel_shift(jnp.einsum("bhte,hke->bhtk", q_h + self._w("v")[:, None], r))
       logits = (content + position).astype(jnp.float32) * self.scale
-    logits = jnp.where(mask, logits, _MASKED)
-    probs = jax.nn.softmax(logits, axis=-1)  # [B, H, T, K]
+    probs = masked_softmax(logits, mask)  # [B, H, T, K]
     dropped = probs
     if dropout_rng is not None:
       dropped = self.dropout(probs, rngs=dropout_rng)
-    out = jnp.einsum("bhtk,bkhe->bthe", dropped.astype(self.dtype), v)
-    return jnp.einsum("bthe,hed->btd", out, self._w("wo")), probs, (q, k, v)
+    out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_h)
+    return jnp.einsum("bhte,hed->btd", out, self._w("wo")), probs, (q, k, v)
 
   def query(self, x: jax.Array) -> jax.Array:
     """[B, T, d] layer inputs -> queries [B, T, H, D]."""

@@ -1,5 +1,6 @@
 """Relative attention: the position shift, and causality inside a segment."""
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,3 +54,59 @@ def test_causality_inside_a_segment(memory):
   for p in range(t):
     assert np.all(diff[p, :p] == 0.0), f"position {p} leaked into the past"
     assert diff[p, p] > 0.0
+
+
+def _reference_layer_norm(x, scale, bias, eps=1e-6):
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.square(x - mean).mean(-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_layer_norm_hand_written_gradient_matches_autodiff(frozen):
+  """LayerNorm's custom backward (one pass, for speed) equals the gradient
+  of the textbook formula, for x and, unless frozen, for scale and bias."""
+  from compressive.attention import LayerNorm
+  from compressive.model import merge_params
+  keys = jax.random.split(jax.random.PRNGKey(1), 4)
+  x = 3.0 * jax.random.normal(keys[0], (2, 5, 16)) + 1.0
+  w = jax.random.normal(keys[1], (2, 5, 16))  # a cotangent that is not all ones
+  ln = LayerNorm(16)
+  ln.scale[...] = 1.0 + 0.1 * jax.random.normal(keys[2], (16,))
+  ln.bias[...] = 0.1 * jax.random.normal(keys[3], (16,))
+  scale, bias = ln.scale[...], ln.bias[...]
+  graphdef, state = nnx.split(ln)
+
+  def ours(x, scale, bias):
+    ln = merge_params(graphdef, state, {"scale": scale, "bias": bias})
+    return jnp.sum(ln(x, frozen=frozen) * w)
+
+  def reference(x, scale, bias):
+    if frozen:
+      scale, bias = jax.lax.stop_gradient((scale, bias))
+    return jnp.sum(_reference_layer_norm(x, scale, bias) * w)
+
+  np.testing.assert_allclose(ours(x, scale, bias), reference(x, scale, bias), rtol=1e-5)
+  got = jax.grad(ours, argnums=(0, 1, 2))(x, scale, bias)
+  want = jax.grad(reference, argnums=(0, 1, 2))(x, scale, bias)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+  if frozen:
+    assert not np.any(np.asarray(got[1])) and not np.any(np.asarray(got[2]))
+
+
+def test_masked_softmax_value_and_gradient_match_autodiff():
+  """The attention softmax's custom backward equals autodiff of softmax
+  over masked logits; masked entries get weight 0 and gradient 0."""
+  from compressive.attention import masked_softmax
+  logits = 4.0 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4, 6))
+  mask = causal_mask(jnp.array([[True] * 6, [False, True] + [True] * 4]), 4)  # [2, 1, 4, 6]
+  w = jax.random.normal(jax.random.PRNGKey(3), logits.shape)
+  reference = lambda z: jax.nn.softmax(jnp.where(mask, z, -1e30), axis=-1)
+  p = masked_softmax(logits, mask)
+  np.testing.assert_allclose(p, reference(logits), rtol=1e-6, atol=1e-7)
+  assert not np.any(np.asarray(p)[~np.broadcast_to(np.asarray(mask), p.shape)])
+  got = jax.grad(lambda z: jnp.sum(masked_softmax(z, mask) * w))(logits)
+  want = jax.grad(lambda z: jnp.sum(reference(z) * w))(logits)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert not np.any(np.asarray(got)[~np.broadcast_to(np.asarray(mask), got.shape)])
