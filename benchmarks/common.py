@@ -187,18 +187,24 @@ def flops_per_token(model_config, batch_size: int) -> Flops:
   # Attention: content logits, position logits, weighted values.
   attend = 3 * 2 * d * (cmem + mem + t / 2)
   # Compression (conv, kernel = stride = c): t / c new slots per segment, each
-  # a c*d -> d product: 2*d*d per token. Reconstruction (training only):
-  # the segment's queries attend over the t evicted memories and their t/c
-  # compressed slots (content logits + values), with keys and values of both.
+  # a c*d -> d product: 2*d*d per token.
   compress = 2 * d * d if cmem and m.compression in ("conv",) else 0
+  # Reconstruction (training only): the segment's queries attend (content
+  # logits + values) over the t evicted memories, whose keys and values the
+  # layer's attention already computed (the target: forward only, no
+  # gradient), and over the t / c compressed slots through frozen key/value
+  # weights (the approximation: forward, then the gradient into the slots
+  # and on to the compressor; none into the weights or the queries).
   if cmem and m.reconstruction_loss == "attention":
-    recon = 2 * 2 * d * (t + t / c) + 2 * 2 * d * d * (t + t / c) / t
+    target = 2 * 2 * d * t
+    approx = 2 * 2 * d * t / c + 2 * 2 * d * d * (t / c) / t
+    recon_train = target + 2 * approx
   else:
-    recon = 0
+    recon_train = 0
   head = 2 * d * v
   layers = m.num_layers
   forward = layers * (seg_weights + mem_kv + pos + attend + compress) + head
-  train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * (compress + recon))
+  train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * compress + recon_train)
            + 3 * head)
   # Evaluation's cache computes a slot's keys and values once: the segment's
   # (already in seg_weights) and those of the t / c new compressed slots.

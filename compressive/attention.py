@@ -328,8 +328,7 @@ class RelativeAttention(nnx.Module):
     stop-gradient (see `frozen_keys_values`).
     """
     logits = jnp.einsum("bthe,bnhe->bhtn", q, k).astype(jnp.float32) * self.scale
-    logits = jnp.where(valid[:, None, None, :], logits, _MASKED)
-    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    probs = masked_softmax(logits, valid[:, None, None, :]).astype(self.dtype)
     return jnp.einsum("bhtn,bnhe->bthe", probs, v)
 
   def frozen_keys_values(self, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
