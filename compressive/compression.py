@@ -19,6 +19,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from compressive.attention import dense
+
 COMPRESSIONS = ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
 
 
@@ -93,7 +95,7 @@ class Compressor(nnx.Module):
       out = jnp.where(gmask[..., None], _groups(slots, c), neg).max(2)
       out = jnp.where(out_mask[..., None], out, 0)
     elif self.kind == "conv":
-      out = jnp.einsum("bgkd,kde->bge", _groups(x, c), self.kernel[...].astype(dtype))
+      out = dense(_groups(x, c), self.kernel[...].astype(dtype), 2)
       out = out + self.bias[...].astype(dtype)
     elif self.kind == "dilated_conv":
       h = x
@@ -102,8 +104,7 @@ class Compressor(nnx.Module):
       for i in range(kernel.shape[0]):
         dil = 2**i
         shifted = jnp.pad(h, ((0, 0), (dil, 0), (0, 0)))[:, :n]  # h[t - dil]
-        y = (jnp.einsum("btd,de->bte", shifted, kernel[i, 0])
-             + jnp.einsum("btd,de->bte", h, kernel[i, 1]) + bias[i])
+        y = dense(shifted, kernel[i, 0]) + dense(h, kernel[i, 1]) + bias[i]
         h = h + jax.nn.gelu(y)
       out = h[:, c - 1::c]
     elif self.kind == "most_used":
@@ -123,5 +124,6 @@ class Compressor(nnx.Module):
     """g: [B, N / c, d] -> [B, N, d] (auto-encoding loss only)."""
     b, g, d = compressed.shape
     dtype = compressed.dtype
-    y = compressed @ self.decoder_kernel[...].astype(dtype) + self.decoder_bias[...].astype(dtype)
+    y = dense(compressed, self.decoder_kernel[...].astype(dtype))
+    y = y + self.decoder_bias[...].astype(dtype)
     return y.reshape(b, g * self.rate, d)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from compressive import losses
 from compressive import memory as memory_lib
-from compressive.attention import LayerNorm, RelativeAttention, sinusoid_positions
+from compressive.attention import LayerNorm, RelativeAttention, dense, sinusoid_positions
 from compressive.compression import Compressor
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.memory import Memory
@@ -49,8 +49,8 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     c = lambda p: p[...].astype(self.dtype)
-    h = jax.nn.gelu(x @ c(self.w1) + c(self.b1))
-    return h @ c(self.w2) + c(self.b2)
+    h = jax.nn.gelu(dense(x, c(self.w1)) + c(self.b1))
+    return dense(h, c(self.w2)) + c(self.b2)
 
 
 class Block(nnx.Module):
@@ -265,7 +265,7 @@ class CompressiveTransformer(nnx.Module):
       new_layers.append(layer_mem)
       stats.append(layer_stats)
     x = self.final_norm(x)
-    logits = (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
+    logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
 
     aux = {name: jnp.mean(jnp.stack([s[name] for s in stats])) for name in stats[0]
            if name not in ("attention_by_key", "kv")}
