@@ -271,7 +271,12 @@ class RelativeAttention(nnx.Module):
       r = jnp.swapaxes(self.position_keys(positions), 0, 1)  # [H, K, D]
       q_h = heads(q)
       content = jnp.einsum("bhte,bhke->bhtk", q_h + self._w("u")[:, None], heads(k))
-      position = rel_shift(jnp.einsum("bhte,hke->bhtk", q_h + self._w("v")[:, None], r))
+      # Position scores of all rows at once, one [B*T, D] x [D, K] product per
+      # head, laid out [H, B, T, K] so that neither the product nor the shift
+      # needs a transpose; only whole [T, K] blocks move to [B, H, T, K].
+      qv = jnp.transpose(q + self._w("v"), (2, 0, 1, 3)).reshape(self.num_heads, b * t, -1)
+      position = jax.lax.dot_general(qv, r, (((2,), (2,)), ((0,), (0,))))  # [H, B*T, K]
+      position = rel_shift(position.reshape(self.num_heads, b, t, -1)).swapaxes(0, 1)
       logits = (content + position).astype(jnp.float32) * self.scale
     probs = masked_softmax(logits, mask)  # [B, H, T, K]
     dropped = probs
