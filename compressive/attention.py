@@ -112,7 +112,8 @@ def sinusoid_positions(length: int, d: int, dtype=jnp.float32) -> jax.Array:
 @jax.custom_vjp
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
   """softmax(logits) over the last axis where `mask` (broadcastable) is True;
-  masked entries get weight 0. A row must keep at least one True entry."""
+  masked entries get weight 0. A row with no True entry comes out uniform, as
+  with a plain softmax over masked logits; callers ignore such rows."""
   return _masked_softmax_fwd(logits, mask)[0]
 
 
@@ -257,7 +258,6 @@ class RelativeAttention(nnx.Module):
     # [B, H, K, D]): with the head axis next to the batch axis they are plain
     # batched matmuls, and the [B, H, T, K] scores never need a transpose.
     heads = lambda a: jnp.swapaxes(a, 1, 2)  # [B, N, H, D] <-> [B, H, N, D]
-    v_h = heads(v)
     if self.positions == "rope":
       kk = k.shape[1]
       q_rot = rotate(q, kk - t + jnp.arange(t))  # queries at S + i
@@ -282,7 +282,7 @@ class RelativeAttention(nnx.Module):
     dropped = probs
     if dropout_rng is not None:
       dropped = self.dropout(probs, rngs=dropout_rng)
-    out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_h)
+    out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), heads(v))
     return dense(jnp.swapaxes(out, 1, 2), self._w("wo"), 2), probs, (q, k, v)
 
   def query(self, x: jax.Array) -> jax.Array:
