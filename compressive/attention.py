@@ -34,6 +34,7 @@ from typing import Optional
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _MASKED = -1e30
 
@@ -103,10 +104,12 @@ def dense(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:
 
 def sinusoid_positions(length: int, d: int, dtype=jnp.float32) -> jax.Array:
   """R for distances length-1, ..., 1, 0 (descending): [length, d]."""
-  dist = jnp.arange(length - 1, -1, -1, dtype=jnp.float32)
-  inv_freq = 1.0 / (10000 ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  dist = np.arange(length - 1, -1, -1, dtype=np.float32)
+  inv_freq = 1.0 / (10000 ** (np.arange(0, d, 2, dtype=np.float32) / d))
   angles = dist[:, None] * inv_freq[None, :]
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1).astype(dtype)
+  # Computed here, not traced: the table depends on static sizes only, and
+  # as a constant it costs the compiled step nothing.
+  return jnp.asarray(np.concatenate([np.sin(angles), np.cos(angles)], -1), dtype)
 
 
 @jax.custom_vjp
@@ -265,19 +268,23 @@ class RelativeAttention(nnx.Module):
       if not need_weights and dropout_rng is None:
         out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale)
         return dense(out, self._w("wo"), 2), None, (q, k, v)
-      logits = jnp.einsum("bhte,bhke->bhtk", heads(q_rot), heads(k_rot))
-      logits = logits.astype(jnp.float32) * self.scale
+      logits = jnp.einsum("bhte,bhke->bhtk", heads(q_rot) * self.scale, heads(k_rot))
+      logits = logits.astype(jnp.float32)
     else:
       r = jnp.swapaxes(self.position_keys(positions), 0, 1)  # [H, K, D]
       q_h = heads(q)
-      content = jnp.einsum("bhte,bhke->bhtk", q_h + self._w("u")[:, None], heads(k))
+      # The 1/sqrt(D) scale goes on the [B, H, T, D] queries, not on the K
+      # times larger scores (nor, in the backward pass, on their gradient).
+      content = jnp.einsum("bhte,bhke->bhtk", (q_h + self._w("u")[:, None]) * self.scale,
+                           heads(k))
       # Position scores of all rows at once, one [B*T, D] x [D, K] product per
       # head, laid out [H, B, T, K] so that neither the product nor the shift
       # needs a transpose; only whole [T, K] blocks move to [B, H, T, K].
-      qv = jnp.transpose(q + self._w("v"), (2, 0, 1, 3)).reshape(self.num_heads, b * t, -1)
+      qv = jnp.transpose((q + self._w("v")) * self.scale, (2, 0, 1, 3))
+      qv = qv.reshape(self.num_heads, b * t, -1)
       position = jax.lax.dot_general(qv, r, (((2,), (2,)), ((0,), (0,))))  # [H, B*T, K]
       position = rel_shift(position.reshape(self.num_heads, b, t, -1)).swapaxes(0, 1)
-      logits = (content + position).astype(jnp.float32) * self.scale
+      logits = (content + position).astype(jnp.float32)
     probs = masked_softmax(logits, mask)  # [B, H, T, K]
     dropped = probs
     if dropout_rng is not None:
