@@ -37,7 +37,8 @@ from compressive.model import KeysValues, merge_params
 
 
 def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """Evaluation segment and memory sizes; 0 / unset fields fall back to training's."""
+  """Evaluation segment and memory sizes. -1 (or unset) takes training's; so does 0 for
+  the batch and segment sizes (0 memory slots is a size: no memory)."""
   ev, m = config.eval, config.model
   pick = lambda v, default: default if v is None or v < 0 else v
   return dict(
@@ -49,6 +50,11 @@ def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
+  for name in ("batch_size", "segment_length", "memory_length", "compressed_memory_length"):
+    value = config.eval.get(name)
+    if value is not None and value < -1:
+      raise ConfigError(
+          f"eval.{name}={value}: use -1 for the training run's size, or a size >= 0")
   sizes = eval_sizes(config)
   check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
                      sizes["batch_size"], prefix="eval")

@@ -101,6 +101,9 @@ CASES = [
     # Evaluation fields.
     ("eval compressed memory without memory", validate(set_fields(**{"eval.memory_length": 0, "eval.compressed_memory_length": 8})), "eval.compressed_memory_length=8"),
     ("eval segment not a multiple of rate", validate(set_fields(**{"eval.segment_length": 9})), "eval.segment_length=9"),
+    ("eval memory below -1", validate(set_fields(**{"eval.memory_length": -5})), "eval.memory_length=-5"),
+    ("eval compressed memory below -1", validate(set_fields(**{"eval.compressed_memory_length": -2})), "eval.compressed_memory_length=-2"),
+    ("eval segment below -1", validate(set_fields(**{"eval.segment_length": -3})), "eval.segment_length=-3"),
     ("unknown eval split", validate(set_fields(**{"eval.split": "dev"})), "eval.split='dev'"),
     # Mesh.
     ("mesh larger than the devices", validate(set_fields(**{"mesh.shape": (3, 1, 1)})), "mesh.shape"),
