@@ -48,6 +48,7 @@ from compressive.metrics import MetricWriter, read_jsonl
 from compressive.model import CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
+_MASS = ("compressed_memory", "memory", "segment")  # attention_mass/* scalars
 
 
 @flax.struct.dataclass
@@ -366,16 +367,19 @@ def train_and_evaluate(
           "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
           "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
       }
-      for k in ("compressed_memory", "memory", "segment"):
-        scalars[f"attention_mass/{k}"] = float(np.mean([x[f"attention_mass/{k}"] for x in m]))
+      mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in _MASS]
+      # Fused rope attention computes no weights, so there is no mass to log
+      # (the model reports NaN); leave the scalars out rather than log NaN.
+      attn = "n/a"
+      if all(np.isfinite(mass)):
+        scalars.update({f"attention_mass/{k}": v for k, v in zip(_MASS, mass)})
+        attn = "/".join(f"{v:.2f}" for v in mass)
       eta = (end - step) * elapsed / max(steps_timed, 1)
       writer.write(step, scalars)
       _log.info(
-          "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %.2f/%.2f/%.2f  "
-          "%.0f tok/s  ETA %s", step, config.num_train_steps, scalars["loss"],
-          bits_name, scalars[bits_name], scalars["reconstruction_loss"],
-          scalars["attention_mass/compressed_memory"], scalars["attention_mass/memory"],
-          scalars["attention_mass/segment"], scalars["tokens_per_second"], _hms(eta))
+          "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s  ETA %s",
+          step, config.num_train_steps, scalars["loss"], bits_name, scalars[bits_name],
+          scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], _hms(eta))
       t_last, steps_timed = time.time(), 0
     stopping = should_stop is not None and _agree(should_stop())
     if stopping or step == end or (

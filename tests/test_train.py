@@ -1,6 +1,8 @@
 """Training end to end on a tiny config: it learns, resumes bit-exactly, and
 `compressive.load` gives the trained model back."""
 
+import logging
+
 import jax
 import numpy as np
 import pytest
@@ -88,3 +90,22 @@ def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, co
   train_lib.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4
   assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics_train.jsonl"))] == [2, 4]
+
+
+@pytest.mark.parametrize("positions", ["relative", "rope"])
+def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions, caplog):
+  # Fused rope attention computes no weights (the model reports NaN mass);
+  # training logs and writes no NaN, and leaves those scalars out.
+  config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0,
+                              "model.positions": positions})
+  with caplog.at_level(logging.INFO, logger="compressive"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+  rows = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))
+  assert rows and all(np.isfinite(v) for row in rows for v in row.values())
+  mass = [k for k in rows[-1] if k.startswith("attention_mass/")]
+  step_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+  if positions == "rope":
+    assert mass == [] and all("attn c/m/s n/a" in line for line in step_lines)
+  else:
+    assert len(mass) == 3 and abs(sum(rows[-1][k] for k in mass) - 1.0) < 1e-3
+  assert step_lines and not any("nan" in line for line in step_lines)
