@@ -33,7 +33,13 @@ from compressive.metrics import read_jsonl
 from test_train import tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOLERANCE = 1e-5  # relative, fp32
+TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
+# Parameters after 20 Adam steps: Adam divides each update by the root of the
+# squared gradients, so an entry whose gradient is float noise (an embedding
+# row of a rarely seen byte) moves by noise-driven amounts. Meshes and float
+# reorderings of the same maths measured 0.6e-6 to 1.2e-5 on the embedding;
+# a sharding bug (a missed reduction, a wrong partition) is orders larger.
+PARAM_TOLERANCE = 3e-5
 MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
 
 
@@ -293,7 +299,7 @@ def test_every_mesh_trains_like_one_device(runs):
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
     assert worst <= TOLERANCE, (name, worst)
     diffs = parameter_differences(wd[name], wd["ref"])
-    assert max(diffs.values()) <= TOLERANCE, (name, max(diffs.items(), key=lambda kv: kv[1]))
+    assert max(diffs.values()) <= PARAM_TOLERANCE, (name, max(diffs.items(), key=lambda kv: kv[1]))
     got_eval = read_jsonl(os.path.join(wd[name], "metrics_eval.jsonl"))[-1]["loss"]
     assert abs(got_eval - ref_eval) / ref_eval <= TOLERANCE, name
 
@@ -308,7 +314,7 @@ def test_a_checkpoint_resumes_on_another_mesh(runs, name):
   worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(11, 21))
   assert worst <= TOLERANCE, worst
   diffs = parameter_differences(wd[name], wd["ref"])
-  assert max(diffs.values()) <= TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
+  assert max(diffs.values()) <= PARAM_TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
 
 
 def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
@@ -333,7 +339,7 @@ def test_two_processes_train_like_one(runs):
   assert [r["step"] for r in read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))] == list(range(1, 21))
   assert max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref) <= TOLERANCE
   diffs = parameter_differences(wd["mp"], wd["ref"])
-  assert max(diffs.values()) <= TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
+  assert max(diffs.values()) <= PARAM_TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
   (out0, _), (out1, _) = runs["mp_outputs"]
   assert "final evaluation" in out0 and "final evaluation" not in out1
 
