@@ -62,7 +62,7 @@ def main(argv):
         auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
         num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
     config = checkpoint.load_config(FLAGS.workdir)
-    for name in ("batch_size", "segment_length", "memory_length", "compressed_memory_length"):
+    for name in eval_lib.SIZE_FIELDS:
       if FLAGS[name].value is not None:
         config.eval[name] = FLAGS[name].value
     config.eval.split = FLAGS.split

@@ -24,8 +24,7 @@ import numpy as np
 from compressive import data as data_lib
 from compressive import eval_lib
 from compressive import memory as memory_lib
-
-BANKS = ("compressed_memory", "memory", "segment")
+from compressive.model import BANKS
 
 
 def _stream(model, documents, config, max_segments, collect_attention):

@@ -272,11 +272,9 @@ class RelativeAttention(nnx.Module):
       logits = logits.astype(jnp.float32)
     else:
       r = jnp.swapaxes(self.position_keys(positions), 0, 1)  # [H, K, D]
-      q_h = heads(q)
       # The 1/sqrt(D) scale goes on the [B, H, T, D] queries, not on the K
       # times larger scores (nor, in the backward pass, on their gradient).
-      content = jnp.einsum("bhte,bhke->bhtk", (q_h + self._w("u")[:, None]) * self.scale,
-                           heads(k))
+      content = jnp.einsum("bhte,bhke->bhtk", heads((q + self._w("u")) * self.scale), heads(k))
       # Position scores of all rows at once, one [B*T, D] x [D, K] product per
       # head, laid out [H, B, T, K] so that neither the product nor the shift
       # needs a transpose; only whole [T, K] blocks move to [B, H, T, K].
@@ -330,12 +328,12 @@ class RelativeAttention(nnx.Module):
     dist = index - j  # [K]
     if self.positions == "rope":
       q_rot = rotate(q[:, None], jnp.reshape(index, (1,)))[:, 0]
-      logits = jnp.einsum("bhe,bkhe->bhk", q_rot, rotate(k, j)).astype(jnp.float32) * self.scale
+      logits = jnp.einsum("bhe,bkhe->bhk", q_rot * self.scale, rotate(k, j)).astype(jnp.float32)
     else:
-      content = jnp.einsum("bhe,bkhe->bhk", q + self._w("u"), k)
+      content = jnp.einsum("bhe,bkhe->bhk", (q + self._w("u")) * self.scale, k)
       r_at = jnp.take(r, jnp.clip(kk - 1 - dist, 0, kk - 1), axis=0)  # [K, H, D]
-      position = jnp.einsum("bhe,khe->bhk", q + self._w("v"), r_at)
-      logits = (content + position).astype(jnp.float32) * self.scale
+      position = jnp.einsum("bhe,khe->bhk", (q + self._w("v")) * self.scale, r_at)
+      logits = (content + position).astype(jnp.float32)
     visible = valid & (dist >= 0)[None, :]
     logits = jnp.where(visible[:, None, :], logits, _MASKED)
     probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
@@ -352,7 +350,7 @@ class RelativeAttention(nnx.Module):
     [B, T, H, D]. The caller makes the queries and the layer's weights
     stop-gradient (see `frozen_keys_values`).
     """
-    logits = jnp.einsum("bthe,bnhe->bhtn", q, k).astype(jnp.float32) * self.scale
+    logits = jnp.einsum("bthe,bnhe->bhtn", q * self.scale, k).astype(jnp.float32)
     probs = masked_softmax(logits, valid[:, None, None, :]).astype(self.dtype)
     return jnp.einsum("bhtn,bnhe->bthe", probs, v)
 

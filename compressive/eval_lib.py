@@ -36,6 +36,9 @@ from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
 from compressive.model import KeysValues, merge_params
 
 
+SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memory_length")
+
+
 def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
   """Evaluation segment and memory sizes. -1 (or unset) takes training's; so does 0 for
   the batch and segment sizes (0 memory slots is a size: no memory)."""
@@ -50,7 +53,7 @@ def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
-  for name in ("batch_size", "segment_length", "memory_length", "compressed_memory_length"):
+  for name in SIZE_FIELDS:
     value = config.eval.get(name)
     if value is not None and value < -1:
       raise ConfigError(

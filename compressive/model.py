@@ -28,6 +28,9 @@ from compressive.compression import Compressor
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.memory import Memory
 
+# Where attention goes, in key order: the aux["attention_mass/<bank>"] names.
+BANKS = ("compressed_memory", "memory", "segment")
+
 
 @flax.struct.dataclass
 class KeysValues:
@@ -113,7 +116,7 @@ class Block(nnx.Module):
       received = jnp.zeros(past_valid.shape[:1] + (k.shape[1],), jnp.float32)
       mass = [jnp.full((), jnp.nan, jnp.float32)] * 3
     stats = {f"attention_mass/{name}": value for name, value in
-             zip(("compressed_memory", "memory", "segment"), mass)}
+             zip(BANKS, mass)}
     if collect_attention:
       stats["attention_by_key"] = received
 

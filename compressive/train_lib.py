@@ -45,10 +45,9 @@ from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
 from compressive.metrics import MetricWriter, read_jsonl
-from compressive.model import CompressiveTransformer, merge_params
+from compressive.model import BANKS, CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
-_MASS = ("compressed_memory", "memory", "segment")  # attention_mass/* scalars
 
 
 @flax.struct.dataclass
@@ -367,12 +366,12 @@ def train_and_evaluate(
           "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
           "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
       }
-      mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in _MASS]
+      mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
       # Fused rope attention computes no weights, so there is no mass to log
       # (the model reports NaN); leave the scalars out rather than log NaN.
       attn = "n/a"
       if all(np.isfinite(mass)):
-        scalars.update({f"attention_mass/{k}": v for k, v in zip(_MASS, mass)})
+        scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
         attn = "/".join(f"{v:.2f}" for v in mass)
       eta = (end - step) * elapsed / max(steps_timed, 1)
       writer.write(step, scalars)
