@@ -10,6 +10,7 @@ train.py twice with a local coordinator. The one-device reference and the
 8-devices-to-1 resume run in this process.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -40,6 +41,16 @@ TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
 # reorderings of the same maths measured 0.6e-6 to 1.2e-5 on the embedding;
 # a sharding bug (a missed reduction, a wrong partition) is orders larger.
 PARAM_TOLERANCE = 3e-5
+# The two-process run is held to the noise the same maths shows in the same
+# run on the same machine: NOISE_FACTOR times the largest deviation of the
+# single-process 8-device meshes from the reference (floored at TOLERANCE).
+# Float reorderings differ between machines (another machine of this kind
+# measured 1.37e-5 on the memory where this one measures 0.79e-5 to 1.04e-5),
+# a fixed bound set from one machine does not hold on the next; a sharding
+# bug (rows missing, swapped or stale in the checkpoint) is 1e-1 or more,
+# and NOISE_CEILING keeps an inflated floor from hiding it.
+NOISE_FACTOR = 4.0
+NOISE_CEILING = 1e-3
 MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
 
 
@@ -338,13 +349,34 @@ def test_two_processes_train_like_one(runs):
   # Process 0 alone wrote the metrics: one record per step.
   assert [r["step"] for r in read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))] == list(range(1, 21))
   assert max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref) <= TOLERANCE
+  allowed_params = noise_bound(max(max(parameter_differences(wd[n], wd["ref"]).values())
+                                   for n in MESHES), PARAM_TOLERANCE)
   diffs = parameter_differences(wd["mp"], wd["ref"])
-  assert max(diffs.values()) <= PARAM_TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
+  assert max(diffs.values()) <= allowed_params, (allowed_params, max(diffs.items(), key=lambda kv: kv[1]))
   (out0, _), (out1, _) = runs["mp_outputs"]
   assert "final evaluation" in out0 and "final evaluation" not in out1
 
   # The checkpoint the two processes wrote together holds what one process
   # would resume from: every row's data position, and the memory.
+  restored = {name: step20_checkpoint(wd[name]) for name in ("mp", "ref", *MESHES)}
+  (_, mem_ref, data_ref) = restored["ref"]
+  (_, mem_mp, data_mp) = restored["mp"]
+  assert {k: v.tolist() for k, v in data_mp.items()} == {k: v.tolist() for k, v in data_ref.items()}
+  fields = [f.name for f in dataclasses.fields(mem_ref)]
+  for field in fields:
+    ref = getattr(mem_ref, field)
+    noise = max(relative(getattr(restored[n][1], field), ref) for n in MESHES)
+    allowed = noise_bound(noise, TOLERANCE)
+    assert relative(getattr(mem_mp, field), ref) <= allowed, (field, noise)
+
+
+def noise_bound(noise, floor):
+  """What the two-process run may deviate: NOISE_FACTOR x the meshes' noise."""
+  return min(max(floor, NOISE_FACTOR * noise), NOISE_CEILING)
+
+
+def step20_checkpoint(workdir):
+  """(state, memory, data position) of a workdir's step 20, on this device."""
   config = sharding_experiment()
   b = config.batch_size
   memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
@@ -352,12 +384,22 @@ def test_two_processes_train_like_one(runs):
   state = train_lib.abstract_train_state(config, params, train_lib.make_optimizer(config, params))
   here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   on_one = lambda tree: ckpt_lib.abstract(tree, jax.tree.map(lambda _: here, tree))
-  restored = {}
-  for name in ("mp", "ref"):
-    c = ckpt_lib.Checkpointer(wd[name], create=False)
-    restored[name] = c.restore(20, on_one(state), on_one(memory))
+  c = ckpt_lib.Checkpointer(workdir, create=False, read_only=True)
+  try:
+    return c.restore(20, on_one(state), on_one(memory))
+  finally:
     c.close()
-  (_, mem_mp, data_mp), (_, mem_ref, data_ref) = restored["mp"], restored["ref"]
-  assert {k: v.tolist() for k, v in data_mp.items()} == {k: v.tolist() for k, v in data_ref.items()}
-  for x, y in zip(jax.tree.leaves(mem_mp), jax.tree.leaves(mem_ref)):
-    assert relative(x, y) <= TOLERANCE
+
+
+def test_the_noise_bound_still_catches_a_sharding_bug(runs):
+  # A checkpoint whose rows of process 1 were never written (zeros) or were
+  # written into the wrong rows must fail the bound above, on any machine.
+  _, mem_ref, _ = step20_checkpoint(runs["workdirs"]["ref"])
+  ref = np.asarray(mem_ref.mem)
+  noise = max(relative(step20_checkpoint(runs["workdirs"][n])[1].mem, ref) for n in MESHES)
+  allowed = noise_bound(noise, TOLERANCE)
+  half = ref.shape[1] // 2
+  zeroed = ref.copy()
+  zeroed[:, half:] = 0
+  swapped = np.concatenate([ref[:, half:], ref[:, :half]], axis=1)
+  assert relative(zeroed, ref) > allowed and relative(swapped, ref) > allowed
