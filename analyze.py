@@ -8,8 +8,9 @@ bucket over [compressed memory | memory | segment], per layer.
 `loss_by_position`: mean loss by position within documents.
 `recall`: accuracy on planted facts by distance (a model trained with
 data.source=recall).
-Outputs go to DIR/analysis_<name>_<split>.{json,png} and the JSON is printed
-as the last line of stdout.
+The JSON is printed as the last line of stdout, then written with a figure to
+DIR/analysis_<name>_<split>.{json,png} (a workdir that cannot be written, e.g.
+read-only, is a warning).
 """
 
 import json
@@ -21,10 +22,12 @@ from absl import flags
 from absl import logging as absl_logging
 
 import compressive
-from compressive import cli
 from compressive import analysis
+from compressive import checkpoint
+from compressive import cli
 from compressive import data as data_lib
 from compressive import train_lib
+from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")
@@ -93,41 +96,65 @@ def plot_recall(result, path):
   fig.savefig(path, dpi=120)
 
 
+def validate_flags() -> None:
+  """The flags' own ranges, before anything is read."""
+  cli.check_flag("buckets", cli.at_least(1), ">= 1")
+  cli.check_flag("bucket_tokens", cli.at_least(1), ">= 1")
+  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
   with cli.user_errors():
+    validate_flags()
+    saved = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    if FLAGS.analysis == "recall" and saved.data.source != "recall":
+      raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
+                        f"{FLAGS.workdir} was trained on data.source={saved.data.source}")
+    # The corpus before the model: a corpus that cannot be read fails before any loading.
+    tokenizer = data_lib.get_tokenizer(saved.data)
+    documents = data_lib.get_documents(saved.data, FLAGS.split, tokenizer)
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-  suffix = ""
-  for name in ("memory_length", "compressed_memory_length"):
-    if FLAGS[name].value is not None:
-      config.eval[name] = FLAGS[name].value
-      suffix += f"_{name}{FLAGS[name].value}"
-  with cli.user_errors():
+    suffix = ""
+    for name in ("memory_length", "compressed_memory_length"):
+      if FLAGS[name].value is not None:
+        config.eval[name] = FLAGS[name].value
+        suffix += f"_{name}{FLAGS[name].value}"
     train_lib.validate_config(config)
-  tokenizer = data_lib.get_tokenizer(config.data)
-  documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
-  if FLAGS.analysis == "attention":
-    result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
-                                          max_segments=FLAGS.max_segments)
-    plot = plot_attention
-  elif FLAGS.analysis == "recall":
-    if config.data.source != "recall":
-      print("error: --analysis=recall needs a model trained with data.source=recall", file=sys.stderr)
-      sys.exit(2)
-    result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments)
-    plot = plot_recall
-  else:
-    result = analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
-                                       max_segments=FLAGS.max_segments)
-    plot = plot_loss
+    if FLAGS.analysis == "attention":
+      try:
+        result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+                                              max_segments=FLAGS.max_segments)
+      except ValueError as e:  # the split's documents are too short to fill the memories
+        if not str(e).startswith("no segment had full memories"):
+          raise
+        raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+      plot = plot_attention
+    elif FLAGS.analysis == "recall":
+      result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments)
+      plot = plot_recall
+    else:
+      result = analysis.loss_by_position(model, documents, config,
+                                         bucket_tokens=FLAGS.bucket_tokens,
+                                         max_segments=FLAGS.max_segments)
+      plot = plot_loss
+  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
+  print(json.dumps(result), flush=True)
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
-  with open(stem + ".json", "w") as f:
-    json.dump(result, f, indent=2)
-  plot(result, stem + ".png")
+  try:
+    with open(stem + ".json", "w") as f:
+      json.dump(result, f, indent=2)
+    plot(result, stem + ".png")
+  except OSError as e:
+    cli.warn(f"the result is printed but not saved: cannot write {e.filename or stem}: "
+             f"{e.strerror or e}")
+    return
   print(f"figure: {stem}.png", file=sys.stderr)
-  print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The prompt is consumed segment by segment into the memory; decoding is token by
 token with cached keys and values; length is unbounded, memory use is not.
 """
 
+import os
 import sys
 
 from absl import app
@@ -13,8 +14,10 @@ from absl import flags
 from absl import logging as absl_logging
 
 import compressive
+from compressive import checkpoint
 from compressive import cli
 from compressive import data as data_lib
+from compressive.errors import ConfigError
 from compressive.sampling import Sampler, TextStream
 
 FLAGS = flags.FLAGS
@@ -30,33 +33,69 @@ flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.mark_flags_as_required(["workdir"])
 
 
+def validate_flags() -> None:
+  """The flags' own ranges, before any model is loaded."""
+  if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
+    raise ConfigError("give exactly one of --prompt or --prompt_file")
+  cli.check_flag("num_tokens", cli.at_least(1), ">= 1")
+  cli.check_flag("temperature", cli.finite_at_least(0.0), "a finite number >= 0 (0: greedy)")
+  cli.check_flag("top_k", cli.at_least(0), ">= 0 (0: all tokens)")
+  cli.check_flag("top_p", lambda p: 0.0 < p <= 1.0, "in (0, 1] (1: off)")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+
+
+def read_prompt() -> str:
+  """The prompt text (UTF-8), from --prompt or --prompt_file; never empty."""
+  if FLAGS.prompt_file is not None:
+    name = FLAGS.prompt_file
+    if not os.path.exists(name):
+      raise ConfigError(f"--prompt_file={name}: no such file")
+    if os.path.isdir(name):
+      raise ConfigError(f"--prompt_file={name} is a folder, not a file")
+    with open(name, "rb") as f:
+      raw = f.read()
+    try:
+      prompt = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+      raise ConfigError(f"--prompt_file={name} is not UTF-8 text: invalid byte at offset "
+                        f"{e.start} ({e.reason})") from None
+    flag = f"--prompt_file={name}"
+  else:
+    prompt, flag = FLAGS.prompt, "--prompt"
+    try:
+      prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes on the command line
+      raise ConfigError("--prompt is not valid UTF-8 text") from None
+  if not prompt:
+    raise ConfigError(f"the prompt is empty ({flag}): give at least one character")
+  return prompt
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
-  if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
-    print("error: give exactly one of --prompt or --prompt_file", file=sys.stderr)
-    sys.exit(2)
-  if FLAGS.prompt_file is not None:
-    with open(FLAGS.prompt_file, encoding="utf-8") as f:
-      prompt = f.read()
-  else:
-    prompt = FLAGS.prompt
   with cli.user_errors():
+    validate_flags()
+    prompt = read_prompt()
+    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    tokenizer = data_lib.get_tokenizer(config.data)
+    ids = tokenizer.encode(prompt)
+    if ids.size == 0:
+      raise ConfigError("the prompt is empty after tokenization: give at least one token")
     config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-  tokenizer = data_lib.get_tokenizer(config.data)
-  ids = tokenizer.encode(prompt)
-  if ids.size == 0:
-    print("error: the prompt is empty", file=sys.stderr)
-    sys.exit(2)
-  sampler = Sampler(model, batch_size=1)
-  stream = TextStream(tokenizer)
-  sys.stdout.write(prompt)
-  for token in sampler.generate(ids, FLAGS.num_tokens, temperature=FLAGS.temperature,
-                                top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed):
-    sys.stdout.write(stream.push(int(token[0])))
-    sys.stdout.flush()
-  sys.stdout.write("\n")
+    sampler = Sampler(model, batch_size=1)
+    stream = TextStream(tokenizer)
+    try:
+      sys.stdout.write(prompt)
+      for token in sampler.generate(ids, FLAGS.num_tokens, temperature=FLAGS.temperature,
+                                    top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed):
+        sys.stdout.write(stream.push(int(token[0])))
+        sys.stdout.flush()
+      sys.stdout.write("\n")
+      sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

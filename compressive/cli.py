@@ -1,52 +1,284 @@
 """What the entry points share: user errors as one line and exit code 2.
 
-A user's mistake (a config field, an override, a corpus, a checkpoint) is
-printed as `error: ...` with exit code 2 and no traceback; anything else is a
-bug and keeps its traceback. The library never reads flags: this module only
-turns its exceptions into exits.
+A user's mistake (a flag, a config field, an override, a corpus, a
+checkpoint) or the environment's (a full disk, a read-only or unwritable
+folder, a workdir that is a file) is printed as one line `error: ...` with
+exit code 2 and no traceback; anything else is a bug and keeps its
+traceback. The library never reads flags: this module only turns its
+exceptions into exits, and checks the flags' own ranges.
+
+Every entry point parses its flags with `parse_flags` and runs all its work
+inside `with user_errors():`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import math
+import os
+import re
 import sys
-from typing import Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from absl import flags
 
-from compressive.errors import EXIT_USER_ERROR, UserError
+from compressive.errors import ConfigError, EXIT_USER_ERROR, UserError
+
+# The repository root: relative default config paths are resolved against it,
+# so that the entry points work from any directory.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# OSErrors that are the environment's, not a bug: each is reported as one
+# line naming the path. ENOENT (FileNotFoundError) is reported the same way.
+_WRITE_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, name))
+ENVIRONMENT_ERRNOS = _WRITE_ERRNOS | frozenset(
+    getattr(errno, name) for name in (
+        "EACCES", "EPERM", "ENOTDIR", "EISDIR", "EEXIST", "ENAMETOOLONG", "ELOOP", "ENOENT")
+    if hasattr(errno, name))
+
+
+def one_line(message: str) -> str:
+  """The message's lines joined by '; ' (by ' ' after a colon): an error is
+  one line."""
+  out = ""
+  for line in str(message).splitlines():
+    line = line.strip()
+    if line:
+      out += ("" if not out else " " if out.endswith(":") else "; ") + line
+  return out
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
-  print(f"error: {message}", file=sys.stderr)
+  sys.stdout.flush()
+  print(f"error: {one_line(message)}", file=sys.stderr)
   sys.exit(code)
+
+
+def warn(message: str) -> None:
+  print(f"warning: {one_line(message)}", file=sys.stderr)
+
+
+# -- Environment errors. -------------------------------------------------------
+
+
+def _path(name: Any) -> str:
+  return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
+
+
+def _file_in_the_way(path: str) -> Optional[str]:
+  """The path itself or its nearest existing ancestor, if that is not a folder."""
+  current = os.path.abspath(path)
+  while True:
+    if os.path.lexists(current):
+      return current if not os.path.isdir(current) else None
+    parent = os.path.dirname(current)
+    if parent == current:
+      return None
+    current = parent
+
+
+def environment_error(e: Optional[BaseException]) -> Optional[OSError]:
+  """e, or the nearest exception e was explicitly raised from, if it is an
+  OSError of the environment (ENVIRONMENT_ERRNOS, or any FileNotFoundError)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS or isinstance(e, FileNotFoundError)):
+      return e
+    e = e.__cause__
+  return None
+
+
+def describe_os_error(error: BaseException) -> Optional[str]:
+  """One line for an environment OSError (see environment_error); None when
+  there is none (then it is a bug and keeps its traceback)."""
+  e = environment_error(error)
+  if e is None:
+    return None
+  if e.errno is None or e.filename is None:
+    # Raised with a message of its own (FileNotFoundError(message)), or one
+    # without a path: the message is all there is.
+    if e.errno is None:
+      return str(e) or type(e).__name__
+    cause = e.strerror or os.strerror(e.errno)
+    return f"cannot write: {cause}" if e.errno in _WRITE_ERRNOS else cause
+  path = _path(e.filename)
+  where = path if e.filename2 is None else f"{path} -> {_path(e.filename2)}"
+  cause = e.strerror or os.strerror(e.errno)
+  if e.errno in _WRITE_ERRNOS:
+    return f"cannot write {where}: {cause}"
+  if e.errno in (errno.EACCES, errno.EPERM):
+    return f"cannot access {where}: {cause}"
+  if e.errno == errno.ENOENT:
+    return f"{where}: {cause}"
+  hint = ""
+  if e.errno in (errno.ENOTDIR, errno.EEXIST):
+    blocker = _file_in_the_way(path)
+    if blocker is not None:
+      what = "it" if blocker == os.path.abspath(path) else blocker
+      hint = f" ({what} is a file, not a folder)"
+  elif e.errno == errno.EISDIR:
+    hint = " (it is a folder, not a file)"
+  return f"cannot use {where}: {cause}{hint}"
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-  """Turns UserError, a missing file and a non-finite loss into one line."""
-  from compressive.train_lib import NonFiniteError  # pylint: disable=g-import-not-at-top
+  """Turns UserError, an environment OSError (a missing file, a full disk, a
+  read-only or unwritable path, a file where a folder should be) and a
+  non-finite loss (exit code 1) into one line; anything else propagates."""
   try:
     yield
-  except (UserError, FileNotFoundError) as e:
+  except UserError as e:
     fail(str(e) or type(e).__name__)
-  except NonFiniteError as e:
-    fail(str(e), code=1)
+  except Exception as e:  # pylint: disable=broad-except
+    train_lib = sys.modules.get("compressive.train_lib")  # only it raises NonFiniteError
+    if train_lib is not None and isinstance(e, train_lib.NonFiniteError):
+      fail(str(e), code=1)
+    message = describe_os_error(e)
+    if message is None:
+      raise
+    fail(message)
+
+
+# -- Flags. --------------------------------------------------------------------
+
+_DEFAULT_CONFIGS: dict[str, str] = {}
+
+
+def define_config_flag(name: str = "config", default: Optional[str] = None,
+                       help_string: str = "Experiment config file.", *,
+                       required: bool = False) -> flags.FlagHolder:
+  """--config=FILE with --config.a.b=value overrides (ml_collections), whose
+  default file is loaded only while `parse_flags` runs (a mistyped override
+  of the default config is then one line, not a traceback at import), and
+  found relative to the repository root (the entry points work from any
+  directory). A --config given on the command line is relative to the
+  current directory, as usual."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  if default is not None:
+    _DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
+  holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
+  if default is not None:
+    flags.FLAGS[name].default_as_str = repr(default)  # for --help
+  if required:
+    flags.mark_flag_as_required(name)
+  return holder
+
+
+def _config_given(argv: list[str], name: str) -> bool:
+  try:
+    expanded = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  except flags.Error:
+    expanded = argv  # reported by the parse itself
+  return any(re.match(rf"^-{{1,2}}{re.escape(name)}(=|$)", a) for a in expanded[1:])
+
+
+def _with_default_configs(argv: list[str]) -> list[str]:
+  """argv with --config=<default> first where no --config is given (in place
+  when argv is sys.argv: ml_collections reads its overrides from sys.argv)."""
+  missing = [f"--{name}={path}" for name, path in _DEFAULT_CONFIGS.items()
+             if name in flags.FLAGS and not _config_given(argv, name)]
+  if not missing:
+    return argv
+  if argv is sys.argv:
+    sys.argv[1:1] = missing
+    return sys.argv
+  return [argv[0], *missing, *argv[1:]]
+
+
+def _config_flags() -> list[str]:
+  """Names of the --config style flags (ml_collections config files)."""
+  return [name for name in flags.FLAGS
+          if type(flags.FLAGS[name].parser).__name__ == "ConfigFileFlagParser"]
+
+
+def _config_argument(argv: list[str], name: str) -> str:
+  """The config file path as given (the last --config=...), or its default."""
+  value = None
+  args = argv[1:]
+  for i, a in enumerate(args):
+    m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", a)
+    if m:
+      value = m.group(2) if m.group(1) else (args[i + 1] if i + 1 < len(args) else "")
+  if value is None:
+    value = (flags.FLAGS[name].default_as_str or "").strip("'") if name in flags.FLAGS else ""
+  return value.split(":", 1)[0]
+
+
+def _load_failure(name: str, path: str, error: BaseException) -> str:
+  """One line for a config file that could not be loaded."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  reason = lines[-1] if lines else type(error).__name__
+  reason = re.sub(r"^\[Errno \d+\] ", "", reason)
+  if "No such file or directory" in reason:
+    where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+    return f"--{name}={path}: no such config file{where}"
+  return f"--{name}={path}: cannot load the config file: {reason}"
+
+
+def _config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
+  """'--config=FILE (line N)' if e was raised by the code of a config file."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  for name in _config_flags():
+    path = _config_argument(argv, name)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if path and os.path.abspath(f.filename) == os.path.abspath(path)]
+    if frames:
+      return f"--{name}={path} (line {frames[-1].lineno})"
+  return None
+
+
+def _check_configs_loaded(argv: list[str]) -> None:
+  """ml_collections defers a config file's load error to its first use:
+  report it now; and a config file must give a config."""
+  for name in _config_flags():
+    value = flags.FLAGS[name].value
+    error = getattr(value, "_error", None) if type(value).__name__ == "_ErrorConfig" else None
+    if error is not None:
+      fail(_load_failure(name, _config_argument(argv, name), error))
+    if value is None and _config_argument(argv, name):
+      fail(f"--{name}={_config_argument(argv, name)}: get_config() returned None")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad --config override reported in one line
-  (ml_collections raises plain exceptions for an unknown field or a wrong
-  type, which would otherwise print a traceback)."""
+  """absl's flag parsing, with every mistake reported in one line: an unknown
+  or malformed flag, a missing or broken --config file, and a bad --config
+  override (ml_collections raises plain exceptions for an unknown field or a
+  wrong type, which would otherwise print a traceback)."""
+  argv = _with_default_configs(argv)
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
-    fail(str(e).splitlines()[0])
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
+    if required:
+      text = f"--{required.group(1)} is required"
+    elif "Error whilst parsing config file" in text:  # get_config raised; lines end with why
+      text = f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
+    fail(text)
+  except SyntaxError as e:  # a config file that is not Python
+    name = next(iter(_config_flags()), "config")
+    fail(f"--{name}={_config_argument(argv, name)}: {e.msg} (line {e.lineno})")
+  except OSError as e:  # the config file could not be loaded (and an override needs it)
+    name = next(iter(_config_flags()), "config")
+    fail(_load_failure(name, _config_argument(argv, name), e.__cause__ or e))
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
     override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
     fail(f"cannot apply {_culprit(argv, text) or override}: {text}")
-  return []  # unreachable
+  except Exception as e:  # pylint: disable=broad-except
+    where = _config_file_line(argv, e)
+    if where is None:
+      raise  # not raised by a config file's own code: a bug
+    fail(f"{where}: {type(e).__name__}: {e}")
+  _check_configs_loaded(argv)
+  if len(rest) > 1:  # no entry point takes positional arguments
+    fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
+  return rest
 
 
 def _culprit(argv: list[str], text: str) -> str:
@@ -57,3 +289,26 @@ def _culprit(argv: list[str], text: str) -> str:
       if name.split(".")[-1] in text:
         return arg.split("=", 1)[0]
   return ""
+
+
+def check_flag(name: str, ok: Callable[[Any], bool], must: str) -> None:
+  """ConfigError `--name=value must be ...` unless the flag is unset or ok(value)."""
+  value = flags.FLAGS[name].value
+  if value is None:
+    return
+  try:
+    good = bool(ok(value))
+  except (TypeError, ValueError):
+    good = False
+  if not good:
+    shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+    raise ConfigError(f"--{name}={shown} must be {must}")
+
+
+def at_least(minimum: int, *also: int) -> Callable[[Any], bool]:
+  """A check_flag test: value >= minimum, or one of `also` (e.g. -1)."""
+  return lambda v: v >= minimum or v in also
+
+
+def finite_at_least(minimum: float) -> Callable[[Any], bool]:
+  return lambda v: math.isfinite(v) and v >= minimum

@@ -14,6 +14,7 @@ length of a generation is unbounded; memory use is fixed by (S, T).
 
 from __future__ import annotations
 
+import math
 from typing import Iterator, Optional, Sequence
 
 import flax.struct
@@ -79,6 +80,19 @@ def decode_step(
     x = h + block.ffn(block.ffn_norm(h))
   logits = (model.final_norm(x) @ model.head[...].astype(model.dtype)).astype(jnp.float32)
   return logits, cache.replace(seg_k=jnp.stack(seg_k), seg_v=jnp.stack(seg_v))
+
+
+def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+  """ValueError naming the argument that is out of range."""
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+    raise ValueError(f"num_tokens={num_tokens!r} must be an integer >= 0")
+  if not (isinstance(temperature, (int, float, np.number)) and math.isfinite(temperature)
+          and temperature >= 0):
+    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0: greedy)")
+  if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+    raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0: all tokens)")
+  if not (isinstance(top_p, (int, float, np.number)) and 0.0 < top_p <= 1.0):
+    raise ValueError(f"top_p={top_p!r} must be in (0, 1] (1: off)")
 
 
 def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -176,10 +190,17 @@ class Sampler:
   def generate(self, prompt: Sequence[int] | np.ndarray, num_tokens: int, *,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int = 0) -> Iterator[np.ndarray]:
-    """Feeds the prompt, then yields `num_tokens` new tokens [B] one at a time."""
+    """Feeds the prompt, then yields `num_tokens` new tokens [B] one at a time.
+
+    The arguments are checked at the call (ValueError), not at the first token.
+    """
     prompt = np.asarray(prompt, np.int32)
     if prompt.size == 0:
       raise ValueError("the prompt is empty: give at least one token")
+    check_sampling_args(num_tokens, temperature, top_k, top_p)
+    return self._generate(prompt, num_tokens, temperature, top_k, top_p, seed)
+
+  def _generate(self, prompt, num_tokens, temperature, top_k, top_p, seed):
     self.feed(prompt)
     rng = jax.random.PRNGKey(seed)
     pick = jax.jit(choose, static_argnums=(2, 3, 4))

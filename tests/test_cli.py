@@ -80,3 +80,13 @@ def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file
 def test_eval_of_a_missing_workdir(tmp_path):
   r = run("eval.py", f"--workdir={tmp_path / 'nothing'}")
   assert r.returncode == 2 and "not a training workdir" in r.stderr
+  assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("script,extra", [("eval.py", []), ("sample.py", ["--prompt=x"]),
+                                          ("analyze.py", [])])
+def test_entry_points_run_from_another_directory(tmp_path, script, extra):
+  r = run(os.path.join(ROOT, script), f"--workdir={tmp_path / 'nothing'}", *extra,
+          cwd=str(tmp_path))
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert r.stderr.strip().startswith("error: ") and "not a training workdir" in r.stderr

@@ -1,6 +1,7 @@
 """Data: corpora -> documents -> batches of segments, all numpy on the host.
 
     tok = data.get_tokenizer(config.data)
+    data.check_documents(config.data, 'train', tok)  # optional: every document now
     docs = data.get_documents(config.data, 'train', tok)
     it = data.SegmentIterator(docs, batch_size=B, segment_length=T, seed=0)
     batch = next(it)  # inputs, targets [b, T] int32; mask [b, T] bool;
@@ -54,6 +55,7 @@ from compressive.data.documents import TextDocuments
 from compressive.data.documents import TokenDocuments
 from compressive.data.iterator import epoch_permutation
 from compressive.data.iterator import SegmentIterator
+from compressive.data.sources import check_documents
 from compressive.data.sources import get_documents
 from compressive.data.sources import iter_texts
 from compressive.data.tokenizers import ByteTokenizer
@@ -71,6 +73,7 @@ __all__ = [
     'TextDocuments',
     'TokenDocuments',
     'Tokenizer',
+    'check_documents',
     'default_data_config',
     'epoch_permutation',
     'get_documents',

@@ -263,6 +263,12 @@ ARCHIVES: tuple[Archive, ...] = (
 # -- Fetching. -----------------------------------------------------------------
 
 
+class FetchError(DataError, RuntimeError):
+  """An archive could not be downloaded (no network, a wrong checksum): a
+  DataError, so an entry point prints it as one line; a RuntimeError, as it
+  always was."""
+
+
 def _download(url: str, timeout: float = 120.0) -> bytes:
   with urllib.request.urlopen(url, timeout=timeout) as response:
     return response.read()
@@ -292,30 +298,55 @@ def fetch(archive: Archive, cache_dir: str,
           f'{path} has sha256 {digest}, expected {archive.sha256}; delete it '
           'to download it again')
     return data
+  # The cache must be writable before anything is downloaded.
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise DataError(_unwritable(folder, e)) from e
+  if not os.access(folder, os.W_OK):
+    raise DataError(_unwritable(folder, None))
   download = download or _download
   errors = []
   for url in archive.urls:
     try:
       data = download(url)
     except Exception as e:  # pylint: disable=broad-except
-      errors.append(f'{url}: {e}')
+      errors.append(f'{url}: {_one_line(e)}')
       continue
     digest = hashlib.sha256(data).hexdigest()
     if digest != archive.sha256:
       errors.append(f'{url}: sha256 {digest}, expected {archive.sha256}')
       continue
-    os.makedirs(folder, exist_ok=True)
     tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, path)
+    try:
+      with open(tmp, 'wb') as f:
+        f.write(data)
+      os.replace(tmp, path)
+    except OSError as e:
+      try:
+        os.remove(tmp)
+      except OSError:
+        pass
+      raise DataError(_unwritable(folder, e)) from e
     return data
-  raise RuntimeError(
-      f'Could not fetch {archive.filename} for the books corpus:\n  '
-      + '\n  '.join(errors)
-      + f'\nDownload it on a machine with network access from one of the '
-      f'URLs above and place it at {path} (sha256 {archive.sha256}), or set '
-      'data.cache_dir to a folder whose books/ subfolder holds it.')
+  raise FetchError(
+      f'could not fetch {archive.filename} for the books corpus ('
+      + '; '.join(errors)
+      + f'): on a machine with network access, download it from one of these URLs and '
+      f'place it at {path} (sha256 {archive.sha256}), or set data.cache_dir to a folder '
+      'whose books/ subfolder holds it')
+
+
+def _one_line(e: BaseException) -> str:
+  return ' '.join(str(e).split()) or type(e).__name__
+
+
+def _unwritable(folder: str, e: OSError | None) -> str:
+  cause = (e.strerror or _one_line(e)) if e is not None else 'not writable'
+  if e is not None and e.filename is not None and os.fsdecode(e.filename) != folder:
+    cause = f'{os.fsdecode(e.filename)}: {cause}'
+  return (f'the books cache folder {folder} cannot be written ({cause}); set data.cache_dir '
+          '(default ~/.cache/compressive) to a writable folder')
 
 
 def load_books(cache_dir: str,

@@ -59,6 +59,33 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
       'text_files, synthetic, recall')
 
 
+def check_documents(data_config: ml_collections.ConfigDict, split: str,
+                    tokenizer: tokenizers.Tokenizer) -> None:
+  """Finds up front what reading `split` would otherwise find mid-run.
+
+  Raises DataError naming the first bad document, as get_documents and
+  Documents.tokens would when a batch row reached it:
+  - text_files: every file is read once (streamed, one at a time): it must
+    be readable, not empty, UTF-8 (unless data.text_errors='replace'), have
+    at least 2 tokens, and a printable UTF-8 name;
+  - synthetic, recall, enwik8 (held in memory): every document has at least
+    2 tokens;
+  - books (pinned archives), pg19 (prepared by TFDS): nothing more than
+    get_documents does.
+  Costs one read of the split for text_files; a moment for the others.
+  """
+  if split not in SPLITS:
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+  source = data_config.source
+  if source == 'text_files':
+    from compressive.data import text_files  # pylint: disable=g-import-not-at-top
+    text_files.check_documents(data_config, split, tokenizer)
+  elif source in ('synthetic', 'recall', 'enwik8'):
+    docs = get_documents(data_config, split, tokenizer)
+    for i in range(len(docs)):
+      docs.num_tokens(i)  # DataError naming a document of fewer than 2 tokens
+
+
 def iter_texts(data_config: ml_collections.ConfigDict, split: str,
                max_bytes: int | None = None, seed: int = 0) -> Iterator[str]:
   """Yields original texts of a split (e.g. to train a tokenizer).

@@ -8,11 +8,14 @@ Layout, either:
 
 Files are read lazily, one at a time, and exactly as stored (no newline or
 whitespace changes; only a leading byte-order mark is dropped). Invalid
-UTF-8 is an error naming the file unless data.text_errors='replace'.
+UTF-8 is an error naming the file unless data.text_errors='replace'; so are
+an unreadable or empty file and a file name that is not printable UTF-8.
+`check_documents` finds all of these up front, reading every file once.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 
 import ml_collections
@@ -25,25 +28,116 @@ SPLITS = ('train', 'validation', 'test')
 
 
 def read_text(path: str, errors: str = 'strict') -> str:
-  """The text of one file; invalid UTF-8 raises an error naming the file."""
+  """The text of one file; an unreadable file or invalid UTF-8 raises a
+  DataError naming the file."""
   if errors not in ('strict', 'replace'):
     raise DataError(
         f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
-  with open(path, 'rb') as f:
-    raw = f.read()
+  try:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  except OSError as e:
+    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
   try:
     text = raw.decode('utf-8', errors=errors)
   except UnicodeDecodeError as e:
-    raise DataError(
-        f'{path}: invalid UTF-8 at byte {e.start} ({e.reason}); fix the '
-        "file, or set data.text_errors='replace' to read such bytes as "
-        'U+FFFD') from e
+    raise DataError(_invalid_utf8(path, e.start, e.reason)) from e
   return text.removeprefix('\ufeff')
 
 
+def shown(path: str) -> str:
+  """The path as it can be printed: bytes that are not UTF-8 as \\xNN, and
+  quoted with escapes if it holds unprintable characters (a newline)."""
+  try:
+    path.encode('utf-8')
+  except UnicodeEncodeError:
+    path = os.fsencode(path).decode('utf-8', errors='backslashreplace')
+  return path if path.isprintable() else repr(path)
+
+
+def _invalid_utf8(path: str, offset: int, reason: str) -> str:
+  return (f'{shown(path)}: invalid UTF-8 at byte {offset} ({reason}); fix the file, or set '
+          "data.text_errors='replace' to read such bytes as U+FFFD")
+
+
+def check_name(path: str) -> None:
+  """DataError unless the file name is valid UTF-8 and printable (it is
+  shown in logs and errors, and hashed to choose the split)."""
+  name = os.path.basename(path)
+  try:
+    name.encode('utf-8')
+  except UnicodeEncodeError:
+    raise DataError(
+        f'{shown(path)}: the file name is not valid UTF-8; rename the file') from None
+  if not name.isprintable():
+    raise DataError(
+        f'{shown(path)}: the file name has unprintable characters; rename the file')
+
+
+# Texts up to this many characters are tokenized to count their tokens; a
+# longer one has at least 2 with any tokenizer here (a SentencePiece piece
+# spans at most 16 characters).
+_SHORT_CHARS = 64
+
+
+def check_file(path: str, errors: str = 'strict',
+               tokenizer: tokenizers.Tokenizer | None = None,
+               chunk_bytes: int = 1 << 20) -> None:
+  """Reads one file as training will, streaming (never whole in memory):
+  DataError naming it unless it can be read, decodes as UTF-8 (with
+  errors='strict') and has at least 2 tokens (1 prediction).
+
+  Without a tokenizer, tokens are counted as the bytes tokenizer does; only
+  short texts are tokenized (_SHORT_CHARS).
+  """
+  check_name(path)
+  decoder = codecs.getincrementaldecoder('utf-8')(errors=errors)
+  size = chars = 0
+  started = False
+  short = []  # the text read so far, while the file is short enough to tokenize
+  try:
+    with open(path, 'rb') as f:
+      while True:
+        chunk = f.read(chunk_bytes)
+        pending = len(decoder.getstate()[0])  # bytes of a character cut by the last chunk
+        try:
+          text = decoder.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+          raise DataError(_invalid_utf8(path, size - pending + e.start, e.reason)) from e
+        if not started and text:  # the first character: a byte-order mark is dropped
+          text, started = text.removeprefix('\ufeff'), True
+        size += len(chunk)
+        chars += len(text)
+        if short is not None:
+          short.append(text)
+          if chars > _SHORT_CHARS:
+            short = None
+        if not chunk:
+          break
+  except OSError as e:
+    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+  if size == 0:
+    raise DataError(f'{shown(path)}: the file is empty; remove it')
+  if short is not None:
+    ids = (tokenizers.ByteTokenizer() if tokenizer is None else tokenizer).encode(''.join(short))
+    if len(ids) < 2:
+      raise DataError(
+          f'{shown(path)}: the text has {len(ids)} token(s); a document needs at least 2 '
+          'to give one prediction. Remove or extend it.')
+
+
 def _txt_files(folder: str) -> list[str]:
-  return sorted(n for n in os.listdir(folder)
-                if n.endswith('.txt') and os.path.isfile(os.path.join(folder, n)))
+  """Names of the *.txt files in folder, sorted; DataError for a name that
+  cannot be shown or hashed."""
+  try:
+    listed = os.listdir(folder)
+  except OSError as e:
+    raise DataError(f'{shown(folder)}: cannot list the folder ({e.strerror or e})') from e
+  names = sorted(n for n in listed
+                 if n.endswith('.txt') and os.path.isfile(os.path.join(folder, n)))
+  for n in names:
+    check_name(os.path.join(folder, n))
+  return names
 
 
 def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
@@ -93,3 +187,19 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
       tokenizer=tokenizer,
       description=f'text_files/{split}',
       cache_tokens=data_config.cache_tokens)
+
+
+def check_documents(data_config: ml_collections.ConfigDict, split: str,
+                    tokenizer: tokenizers.Tokenizer | None = None) -> int:
+  """Reads every file of the split now, as training would later (one file at
+  a time, streamed): DataError naming the first file that cannot be read,
+  is empty, is not UTF-8 (data.text_errors='strict') or is too short, or
+  whose name cannot be printed. Returns the number of files."""
+  paths = list_split(data_config.path, split, data_config.heldout_fraction)
+  errors = data_config.text_errors
+  if errors not in ('strict', 'replace'):
+    raise DataError(
+        f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
+  for path in paths:
+    check_file(path, errors, tokenizer)
+  return len(paths)

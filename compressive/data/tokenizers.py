@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Iterable, Iterator, Protocol, Sequence
 
 import ml_collections
@@ -152,33 +153,55 @@ def train_sentencepiece(
 
   Returns:
     The trained tokenizer, loaded from `model_path`.
+
+  Raises:
+    DataError: SentencePiece cannot train on these texts (a vocabulary too
+      small for their characters, no text); what `texts` itself raises is
+      raised as it is.
   """
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
   buffer = io.BytesIO()
+  failures = []  # what the texts raised: SentencePiece would wrap it
+
+  def sentences() -> Iterator[str]:
+    try:
+      yield from _chunks(texts, max_sentence_chars)
+    except Exception as e:  # pylint: disable=broad-except
+      failures.append(e)
+      raise
+
   spm.set_random_generator_seed(seed)
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=_chunks(texts, max_sentence_chars),
-      model_writer=buffer,
-      vocab_size=vocab_size,
-      model_type=model_type,
-      character_coverage=character_coverage,
-      byte_fallback=byte_fallback,
-      normalization_rule_name='identity',
-      remove_extra_whitespaces=False,
-      user_defined_symbols=['\n'],
-      pad_id=0,
-      unk_id=1,
-      bos_id=-1,
-      eos_id=-1,
-      hard_vocab_limit=False,
-      # UTF-8 may take 4 bytes a character; leave room for the whole piece.
-      max_sentence_length=4 * max_sentence_chars + 16,
-      input_sentence_size=input_sentence_size,
-      shuffle_input_sentence=True,
-      num_threads=num_threads,
-      minloglevel=2,
-  )
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=sentences(),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        byte_fallback=byte_fallback,
+        normalization_rule_name='identity',
+        remove_extra_whitespaces=False,
+        user_defined_symbols=['\n'],
+        pad_id=0,
+        unk_id=1,
+        bos_id=-1,
+        eos_id=-1,
+        hard_vocab_limit=False,
+        # UTF-8 may take 4 bytes a character; leave room for the whole piece.
+        max_sentence_length=4 * max_sentence_chars + 16,
+        input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True,
+        num_threads=num_threads,
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    if failures:
+      raise failures[0]  # e.g. a DataError naming a file of the corpus
+    error = _training_error(str(e), vocab_size)
+    if error is None:
+      raise
+    raise error from None
   folder = os.path.dirname(os.path.abspath(model_path))
   os.makedirs(folder, exist_ok=True)
   tmp = model_path + '.tmp'
@@ -186,3 +209,18 @@ def train_sentencepiece(
     f.write(buffer.getvalue())
   os.replace(tmp, model_path)
   return SentencePieceTokenizer(model_path)
+
+
+def _training_error(message: str, vocab_size: int) -> DataError | None:
+  """A SentencePiece training failure that is the input's, as one line."""
+  text = ' '.join(message.split())
+  needed = re.search(r'smaller than required_chars\. (\d+) vs (\d+)', text)
+  if needed:
+    return DataError(
+        f'vocab_size={vocab_size} (data.spm_vocab_size) is too small for this corpus: '
+        f'its characters and the byte pieces need at least {needed.group(2)}; raise it, or '
+        'lower data.spm_character_coverage')
+  if 'sentences_.empty()' in text:
+    return DataError('SentencePiece found no text to train on: the train split is empty '
+                     'or blank')
+  return None  # not known to be the input's fault: a bug keeps its traceback
