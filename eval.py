@@ -2,8 +2,9 @@
 
 Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
-Prints the result as one JSON object on the last line of stdout and writes it
-to DIR/eval_<split>_step<N>.json. Checkpoints are only read, never written.
+Prints the result as one JSON object on the last line of stdout, then writes it
+to DIR/eval_<split>_step<N>.json (a workdir that cannot be written, e.g.
+read-only, is a warning). Checkpoints are only read, never written.
 
 The checkpoint is restored onto this machine's devices, whatever mesh trained
 it: the saved config's `mesh.shape` is used if it fits this machine's devices,
@@ -13,6 +14,7 @@ the same flags as train.py (--multihost, or --coordinator_address,
 --num_processes, --process_id); process 0 prints and writes the result.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -22,8 +24,7 @@ from absl import flags
 from absl import logging as absl_logging
 import jax
 
-from compressive import ConfigError
-from compressive.errors import UserError
+from compressive.errors import CheckpointError, ConfigError, UserError
 from compressive import checkpoint
 from compressive import cli
 from compressive import data as data_lib
@@ -52,12 +53,23 @@ flags.DEFINE_integer("process_id", None, "This process (as train.py).")
 flags.mark_flags_as_required(["workdir"])
 
 
+def validate_flags() -> None:
+  """The flags' own ranges, before anything is read."""
+  for name in ("batch_size", "segment_length"):
+    cli.check_flag(name, cli.at_least(1, -1), ">= 1 (or -1: the training run's)")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   # Orbax is chatty, and warns that a read-only checkpoint directory is read-only.
   absl_logging.set_verbosity(absl_logging.ERROR)
-  try:
+  with cli.user_errors():
+    validate_flags()
     sharding.initialize_distributed(
         auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
         num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
@@ -77,24 +89,45 @@ def main(argv):
       print(f"note: the training mesh does not fit the {jax.device_count()} devices here; "
             f"evaluating on mesh.shape={config.mesh.shape} (choose with --mesh_shape)",
             file=sys.stderr)
-    train_lib.validate_config(config)
-  except (UserError, FileNotFoundError) as e:
-    hint = " (set --mesh_shape for this machine)" if "mesh.shape" in str(e) else ""
-    print(f"error: {e}{hint}", file=sys.stderr)
-    sys.exit(2)
-  with cli.user_errors():
-    step = FLAGS.step if FLAGS.step is not None else checkpoint.Checkpointer(
-        FLAGS.workdir, read_only=True).latest_step()
-    config, model = train_lib.load(FLAGS.workdir, step, config=config)
+    try:
+      train_lib.validate_config(config)
+    except UserError as e:
+      if "mesh.shape" in str(e):
+        raise ConfigError(f"{e} (set --mesh_shape for this machine)") from None
+      raise
+    checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+    saved = checkpointer.all_steps()
+    checkpointer.close()
+    step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+    if step is None:
+      raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+    if step not in saved:
+      raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                            f"saved steps are {', '.join(map(str, saved))}")
     tokenizer = data_lib.get_tokenizer(config.data)
+    # Evaluation reads every document: a bad one is found now, not after compiling.
+    data_lib.check_documents(config.data, FLAGS.split, tokenizer)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
-  result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments)
+    # The newest step when none is given: a trainer may rotate it away
+    # meanwhile, and load() then reads the newest one that exists.
+    config, model, step = train_lib.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
+    result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments)
   result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
   if jax.process_index():
     return
-  with open(os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json"), "w") as f:
-    json.dump(result, f, indent=2)
-  print(json.dumps(result))
+  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
+  print(json.dumps(result), flush=True)
+  path = os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json")
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with open(tmp, "w") as f:
+      json.dump(result, f, indent=2)
+    os.replace(tmp, path)
+  except OSError as e:
+    cli.warn(f"the result is printed but not saved: cannot write {path}: "
+             f"{e.strerror or e}")
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,13 @@ from absl import app
 from absl import flags
 from absl import logging as absl_logging
 import jax
-from ml_collections import config_flags
 
 from compressive import cli
 from compressive import sharding
 from compressive import train_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    "config", "configs/default.py", "Experiment config file.", lock_config=True)
+cli.define_config_flag(default="configs/default.py")
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and TensorBoard logs go here.")
 flags.DEFINE_bool("multihost", False,
                   "Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
@@ -52,7 +50,9 @@ def initialize_distributed() -> None:
 
 
 def setup_logging() -> None:
-  absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
+  # Orbax is chatty at INFO, and logs a traceback from its background thread
+  # for a save the disk refused; the run reports that itself, in one line.
+  absl_logging.set_verbosity(absl_logging.FATAL)
   # One log for the run: process 0's (the others log only warnings).
   level = logging.INFO if jax.process_index() == 0 else logging.WARNING
   logging.getLogger("compressive").setLevel(level)
@@ -78,16 +78,26 @@ def stop_on_signals() -> threading.Event:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    train(FLAGS.config, FLAGS.workdir)
+  except KeyboardInterrupt:
+    # Ctrl-C before training started, or a second signal during it: stopped
+    # where it was, once the save in flight (if any) was finished.
+    cli.fail(f"stopped at once by a signal; the same command resumes from the newest "
+             f"checkpoint in {FLAGS.workdir}", code=130)
+
+
+def train(config, workdir: str) -> None:
   with cli.user_errors():
     initialize_distributed()
     setup_logging()
-    train_lib.validate_config(FLAGS.config)
+    train_lib.validate_config(config)
     stop = stop_on_signals()
-    result = train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir, should_stop=stop.is_set,
+    result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.is_set,
                                           restore_intact=FLAGS.restore_intact)
   if jax.process_index():
     return
-  print(f"TensorBoard logs: tensorboard --logdir {FLAGS.workdir}/tensorboard")
+  print(f"TensorBoard logs: tensorboard --logdir {workdir}/tensorboard")
   if result:
     print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
 

@@ -11,9 +11,13 @@ so that `compressive.load(workdir)` can rebuild the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
+import re
+import sys
 from typing import Any, Optional
 
 import jax
@@ -34,24 +38,71 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
     # anything, even while a training run is saving into the same workdir.
     options = ocp.CheckpointManagerOptions(read_only=True, create=False)
   else:
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
+    # The one trainer of the workdir (it holds its lock) removes what a save
+    # that was killed or refused left half-written.
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
+                                           cleanup_tmp_directories=True)
+  handlers = {"state": ocp.StandardCheckpointHandler(), "memory": ocp.StandardCheckpointHandler(),
+              "data": ocp.JsonCheckpointHandler(), INTEGRITY: ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR), options=options)
+      os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR), options=options,
+      item_handlers=handlers)
+
+
+INTEGRITY = "integrity"
+SKIPPED_DIR = "skipped"
+
+
+class MissingStepError(CheckpointError):
+  """The asked-for step was never saved, or has been rotated away."""
+
+
+class ShapeMismatchError(CheckpointError):
+  """The checkpoint holds parameters of other shapes than the config's model:
+  not damage, so --restore_intact never skips it."""
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
+class CheckpointWriteError(CheckpointError):
+  """The disk refused a save: full, read-only or not ours to write."""
+
+
+class DamagedCheckpointError(CheckpointError):
+  """Files missing, truncated or unreadable, a checksum that differs from the
+  one recorded at save time, or non-finite parameters / optimizer state."""
 
 
 class Checkpointer:
-  """Saves and restores (train state, memory, data position) by step."""
+  """Saves and restores (train state, memory, data position) by step.
+
+  Every save also records a fingerprint of each array (two wrapping uint32
+  sums of its bits, one position-weighted; integer sums are exact in any
+  order, so the fingerprint is the same on any mesh) and whether the state
+  is finite; every restore recomputes and compares them, so flipped bytes,
+  truncated files and NaNs are named as damage instead of restored.
+  """
 
   def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
                read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     self._manager = _manager(workdir, max_to_keep, create, read_only)
+    if not read_only:
+      _ignore_closed_loop_callbacks()
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
-    return list(self._manager.all_steps())
+    return sorted(self._manager.all_steps())
+
+  def reload(self) -> None:
+    """Re-reads the steps on disk (another process may have saved or rotated)."""
+    self._manager.reload()
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
 
   def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray]) -> None:
     """Every process calls this; each writes its shards of `state` and
@@ -62,38 +113,224 @@ class Checkpointer:
     stored = _nonempty_fields(memory)
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
-    self._manager.save(step, args=ocp.args.Composite(**items))
+    items[INTEGRITY] = ocp.args.JsonSave(fingerprint({"state": state, "memory": stored or {}}))
+    with self._write_errors():  # the previous save's error surfaces here
+      self._manager.save(step, args=ocp.args.Composite(**items))
 
   def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None):
-    """Returns (state, memory or None, data_state) of `step`.
+    """Returns (state, memory or None, data_state) of `step`, verified.
 
     `abstract_*` give the structure, shapes, dtypes (and shardings) to restore
     into; pass `abstract_memory=None` to skip the memory (evaluation).
+
+    Raises MissingStepError (no such step), ShapeMismatchError (the config's
+    model is not the checkpoint's) or DamagedCheckpointError.
     """
+    where = self.step_dir(step)
+    if step not in self.all_steps():
+      self.reload()
+      if step not in self.all_steps():
+        raise MissingStepError(
+            f"no checkpoint of step {step} in {self.directory}; saved steps are "
+            f"{self.all_steps() or 'none'}")
+    self._check_shapes(step, abstract_state)
     items = dict(state=ocp.args.StandardRestore(abstract_state),
-                 data=ocp.args.JsonRestore())
+                 data=ocp.args.JsonRestore(), **{INTEGRITY: ocp.args.JsonRestore()})
     if abstract_memory is not None and _nonempty_fields(abstract_memory):
       items["memory"] = ocp.args.StandardRestore(_nonempty_fields(abstract_memory))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
-      raise CheckpointError(
-          f"checkpoint {os.path.join(self.directory, str(step))} cannot be restored "
-          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); it may be "
-          "truncated or corrupt: train.py --restore_intact resumes from the newest "
-          "checkpoint that restores") from e
+      if not os.path.isdir(where):
+        raise MissingStepError(
+            f"checkpoint {where} was deleted while it was read (a running trainer "
+            "rotated it away)") from e
+      raise DamagedCheckpointError(
+          f"checkpoint {where} is damaged ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:200] if str(e) else ''}); train.py --restore_intact "
+          "resumes from the newest intact checkpoint") from e
+    record = restored[INTEGRITY]
+    got = fingerprint({"state": restored["state"],
+                       "memory": restored.get("memory") or {}} if "memory" in items
+                      else {"state": restored["state"]})
+    bad = [name for name, sums in got["sums"].items()
+           if record.get("sums", {}).get(name) != sums]
+    if bad:
+      raise DamagedCheckpointError(
+          f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
+          f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+          "train.py --restore_intact resumes from the newest intact checkpoint")
+    if got["nonfinite"]:
+      raise DamagedCheckpointError(
+          f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
+          "train.py --restore_intact resumes from the newest intact checkpoint")
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
     if abstract_memory is not None:
       memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    """ShapeMismatchError naming the parameters whose saved shapes differ."""
+    try:
+      saved = self._manager.item_metadata(step)["state"]
+      saved = _shapes(getattr(saved, "tree", saved))
+    except Exception:  # unreadable metadata is damage, found by the restore
+      return
+    wanted = _shapes(abstract_state)
+    diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
+             if name in saved and saved[name] != wanted[name]]
+    missing = [name for name in wanted if name not in saved]
+    extra = [name for name in saved if name not in wanted]
+    if not (diffs or missing or extra):
+      return
+    parts = []
+    if diffs:
+      parts.append(f"{len(diffs)} of {len(wanted)} have other shapes, saved -> config: "
+                   + "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else ""))
+    if missing:
+      parts.append(f"not in the checkpoint: {', '.join(missing[:3])}" + (", ..." if len(missing) > 3 else ""))
+    if extra:
+      parts.append(f"only in the checkpoint: {', '.join(extra[:3])}" + (", ..." if len(extra) > 3 else ""))
+    raise ShapeMismatchError(
+        f"parameter shapes differ between checkpoint {self.step_dir(step)} and the config's "
+        f"model ({'; '.join(parts)}): the config is not the one that trained it; use the "
+        "saved config (config.json) or another --workdir")
+
+  def move_aside(self, step: int) -> str:
+    """Moves a damaged step into checkpoints/skipped/ (where rotation never
+    deletes it and restores never look); returns its new path."""
+    skipped = os.path.join(self.directory, SKIPPED_DIR)
+    os.makedirs(skipped, exist_ok=True)
+    target = os.path.join(skipped, str(step))
+    n = 1
+    while os.path.exists(target):
+      target = os.path.join(skipped, f"{step}.{n}")
+      n += 1
+    os.replace(self.step_dir(step), target)
+    self.reload()
+    return target
+
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with self._write_errors():
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    error = None
+    try:
+      self.wait()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except
+      if error is None:  # else the same failure, already in hand
+        raise
+    if error is not None:
+      raise error
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """A save that the disk refused (full, read-only, no permission) as one
+    CheckpointWriteError; Orbax reports it from its background threads as
+    a ValueError carrying the OS error code."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      code = getattr(e, "errno", None)
+      found = re.search(r"os_error_code='(\d+)'", str(e))
+      if found:
+        code = int(found.group(1))
+      if code not in WRITE_ERRNOS:
+        raise
+      saved = [s for s in self._manager.all_steps()]
+      raise CheckpointWriteError(
+          f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
+          f"saved before are intact (steps {saved or 'none'})") from e
+
+
+def _ignore_closed_loop_callbacks() -> None:
+  """After a refused write, TensorStore still completes the other writes of
+  that save and calls back into Orbax's event loop, which is closed by then:
+  Python reports each as an unraisable 'Event loop is closed' with a
+  traceback. They are the same failure, which the run reports in one line
+  (CheckpointWriteError); every other unraisable exception still shows."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_drops_closed_loop_callbacks", False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook._drops_closed_loop_callbacks = True
+  sys.unraisablehook = hook
+
+
+def _path_name(path) -> str:
+  parts = []
+  for k in path:
+    for attr in ("name", "key", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """Parameter name -> shape, for the `params` of a train state or of a saved
+  state's metadata (their other entries are laid out differently)."""
+  leaves = jax.tree_util.tree_leaves_with_path(
+      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
+  out = {}
+  for path, leaf in leaves:
+    name = _path_name(path)
+    if name.startswith("params/"):
+      out[name[len("params/"):]] = tuple(int(n) for n in leaf.shape)
+  return out
+
+
+def _bits(x: jax.Array) -> jax.Array:
+  """The array's bits as uint32 words (bool and 1-2 byte types widened)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  size = jnp.dtype(x.dtype).itemsize
+  if size == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  if size in (1, 2):
+    return jax.lax.bitcast_convert_type(x, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)
+  return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2] words
+
+
+@jax.jit
+def _fingerprints(leaves: list[jax.Array]):
+  sums, finite = [], []
+  for x in leaves:
+    words = _bits(x).reshape(-1)
+    weights = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+    sums.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * weights).sum(dtype=jnp.uint32)]))
+    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating) else jnp.bool_(True))
+  return sums, finite
+
+
+def fingerprint(tree: Any) -> dict[str, Any]:
+  """{"sums": {array name: [sum, weighted sum]}, "nonfinite": [names]}.
+
+  Computed where the arrays live (one small jitted reduction per array), so
+  it costs no host transfer of the arrays and works on any mesh and any
+  number of processes: the sums come back replicated.
+  """
+  named = [(_path_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+           if np.prod(x.shape) > 0]
+  if not named:
+    return {"sums": {}, "nonfinite": []}
+  sums, finite = _fingerprints([x for _, x in named])
+  sums = [np.asarray(s).tolist() for s in sums]
+  return {"sums": {name: s for (name, _), s in zip(named, sums)},
+          "nonfinite": [name for (name, _), ok in zip(named, finite) if not bool(ok)]}
 
 
 def _nonempty_fields(memory: Any) -> Any:
@@ -149,8 +386,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
-  with open(path) as f:
-    values = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      values = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path} is damaged ({e}); restore it from a copy, or write it "
+                          "again with the run's config") from None
+  if not isinstance(values, dict):
+    raise CheckpointError(f"{path} is damaged: it holds no config")
   return ml_collections.ConfigDict(_tuples(values))
 
 

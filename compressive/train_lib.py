@@ -19,6 +19,7 @@ mesh whose batch split divides the batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -42,6 +43,7 @@ from compressive import eval_lib
 from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
+from compressive import workdir_lock
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
 from compressive.metrics import MetricWriter, read_jsonl
@@ -207,18 +209,51 @@ def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
   return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def validate_training_config(config: ml_collections.ConfigDict) -> None:
+  """The training and optimizer fields, each against its meaningful range."""
+  for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
+               "keep_checkpoints"):
+    value = config.get(name)
+    if not _is_int(value) or value < 1:
+      raise ConfigError(f"{name}={value!r} must be a positive integer")
+  for name in ("eval_every_steps", "checkpoint_every_steps"):
+    value = config.get(name)
+    if not _is_int(value) or value < 0:
+      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never)")
+  if not _is_int(config.get("seed")):
+    raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
+  opt = config.optimizer
+  if opt.name not in ("adam", "adamw"):
+    raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
+  ranges = {  # field: (test, what it must be)
+      "learning_rate": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+      "final_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1] (a fraction of the peak)"),
+      "b1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+      "b2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+      "eps": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+      "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+      "grad_clip_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
+  }
+  for name, (ok, must) in ranges.items():
+    value = opt.get(name)
+    if not _is_number(value) or not ok(value):
+      raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
+  if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
+    raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
   """Checks the experiment config before anything is built; ConfigError."""
   cfg = ModelConfig.from_config(config.model)
-  for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
-               "eval_every_steps", "checkpoint_every_steps"):
-    value = config[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name.endswith("_every_steps") else 1):
-      raise ConfigError(f"{name}={value!r} must be a positive integer")
-  if config.optimizer.name not in ("adam", "adamw"):
-    raise ConfigError(f"optimizer.name={config.optimizer.name!r} is unknown; choose adam or adamw")
-  if not config.optimizer.learning_rate > 0:
-    raise ConfigError(f"optimizer.learning_rate={config.optimizer.learning_rate} must be > 0")
+  validate_training_config(config)
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   eval_lib.validate_eval_config(config, cfg)
@@ -268,11 +303,101 @@ def train_and_evaluate(
   validate_config(config)
   is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
-  checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+  lock = _lock_workdir(workdir, is_main)
+  try:
+    checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+    try:
+      result = _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
+                      restore_intact)
+    except BaseException:
+      # Whatever ends the run (an exception, a second signal, a NaN): the
+      # save in flight is finished before the error goes on, so no checkpoint
+      # is left half-written and no Orbax thread outlives the process. A
+      # failure of that save too is logged, and the first error reported.
+      try:
+        checkpointer.close()
+      except Exception as e:  # pylint: disable=broad-except
+        _log.warning("the checkpoint save in flight failed too: %s",
+                     str(e).splitlines()[0] if str(e) else type(e).__name__)
+      raise
+    checkpointer.close()  # a failed last save is the run's error
+    return result
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _lock_workdir(workdir: str, is_main: bool):
+  """Process 0 takes the workdir's lock; every process learns whether it could."""
+  lock, busy = None, None
+  if is_main:
+    try:
+      lock = workdir_lock.WorkdirLock(workdir).acquire()
+    except workdir_lock.WorkdirBusyError as e:
+      busy = e
+  if _agree(busy is not None):
+    raise busy or workdir_lock.WorkdirBusyError(
+        f"{workdir} is in use by another trainer (process 0 could not lock it)")
+  return lock
+
+
+def _restore(config, workdir, checkpointer, abstract_state, abstract_memory, layout,
+             restore_intact: bool, is_main: bool):
+  """(step, (state, memory, data_state)) of the newest checkpoint that
+  restores, or (0, None) when there is none.
+
+  Without `restore_intact` any failure stops the run. With it, damaged
+  checkpoints are moved aside into checkpoints/skipped/ (so that rotation
+  never deletes them) and the next older one is tried; a shape mismatch is
+  never skipped, and if every checkpoint is damaged the run stops rather
+  than train from scratch over them.
+  """
+  steps = checkpointer.all_steps()
+  if not steps:
+    return 0, None
+  skipped = []
+  for step in reversed(steps):
+    try:
+      # Onto this run's mesh, whatever mesh wrote the checkpoint.
+      return step, checkpointer.restore(
+          step, ckpt_lib.abstract(abstract_state, layout.state),
+          ckpt_lib.abstract(abstract_memory, layout.memory))
+    except ckpt_lib.DamagedCheckpointError as e:
+      if not restore_intact:
+        raise
+      _log.warning("skipping checkpoint %d: %s", step, e)
+      skipped.append(step)
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"restore_intact_{step}")
+      if is_main:
+        _log.warning("moved damaged checkpoint %d to %s", step, checkpointer.move_aside(step))
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"moved_{step}")
+      checkpointer.reload()
+  raise CheckpointError(
+      f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged and "
+      f"were moved to {os.path.join(checkpointer.directory, ckpt_lib.SKIPPED_DIR)}; nothing "
+      "was trained. Move them back to retry, or use another --workdir to start afresh")
+
+
+def _newest_good_step(checkpointer, abstract_state, abstract_memory, layout) -> Optional[int]:
+  """The newest saved step that restores, verifies and is finite."""
+  checkpointer.wait()
+  checkpointer.reload()
+  for step in reversed(checkpointer.all_steps()):
+    try:
+      checkpointer.restore(step, ckpt_lib.abstract(abstract_state, layout.state),
+                           ckpt_lib.abstract(abstract_memory, layout.memory))
+      return step
+    except CheckpointError as e:
+      _log.warning("checkpoint %d is not usable: %s", step, e)
+  return None
+
+
+def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
+           restore_intact) -> dict[str, float]:
   if checkpointer.all_steps():
     ckpt_lib.check_resume_config(workdir, config)
-  if is_main:
-    ckpt_lib.save_config(workdir, config)
 
   tokenizer = data_lib.get_tokenizer(config.data)
   if tokenizer.vocab_size > config.model.vocab_size:
@@ -297,110 +422,104 @@ def train_and_evaluate(
       train_docs, batch_size=b, segment_length=t, seed=config.seed, repeat=True,
       row_start=row_start, num_rows=num_rows)
   eval_docs = data_lib.get_documents(config.data, config.eval.split, tokenizer)
+  # Every document readable, decodable and long enough, before anything
+  # compiles (a text_files corpus is otherwise read lazily, row by row).
+  for split in dict.fromkeys(("train", config.eval.split)):
+    data_lib.check_documents(config.data, split, tokenizer)
 
+  start, restored = _restore(config, workdir, checkpointer, abstract_state, abstract_memory,
+                             layout, restore_intact, is_main)
+  if is_main:  # only once the run is known to fit what the workdir holds
+    ckpt_lib.save_config(workdir, config)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
-  start, restored = 0, None
-  for step in sorted(checkpointer.all_steps(), reverse=True):
-    try:
-      # Onto this run's mesh, whatever mesh wrote the checkpoint.
-      restored = checkpointer.restore(
-          step, ckpt_lib.abstract(abstract_state, layout.state),
-          ckpt_lib.abstract(abstract_memory, layout.memory))
-    except CheckpointError as e:
-      if not restore_intact:
-        raise
-      _log.warning("skipping checkpoint %d: %s", step, e)
-      continue
-    start = step
-    break
-  if restored is not None:
-    state, memory, data_state = restored
-    train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
-    if is_main:
-      _truncate_metrics(writer.jsonl, start)
-    _log.info("resumed from step %d in %s", start, workdir)
-  else:
-    state = init_train_state(config, tx, layout)
-    memory = init_sharded_memory(config, b, layout)
-    _log.info("training from scratch in %s: %d parameters", workdir, num_params)
-  _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
-            dict(mesh.shape), mesh.size, jax.process_count(), row_start, row_start + num_rows)
+  with contextlib.closing(writer), contextlib.closing(eval_writer):
+    if restored is not None:
+      state, memory, data_state = restored
+      train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
+      if is_main:
+        _truncate_metrics(writer.jsonl, start)
+      _log.info("resumed from step %d in %s", start, workdir)
+    else:
+      state = init_train_state(config, tx, layout)
+      memory = init_sharded_memory(config, b, layout)
+      _log.info("training from scratch in %s: %d parameters", workdir, num_params)
+    _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
+              dict(mesh.shape), mesh.size, jax.process_count(), row_start, row_start + num_rows)
 
-  train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0, layout)
-  end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
-  bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
-  window: list[dict[str, Any]] = []
-  last_eval: dict[str, float] = {}
-  t_last, steps_timed = time.time(), 0
-  for step in range(start + 1, end + 1):
-    local = stack_segments([next(train_iter) for _ in range(s)])  # [S, rows of this process, ...]
-    batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
-             for k, v in local.items()}
-    state, memory, metrics = train_step(state, memory, batch)
-    if not bool(metrics["finite"].all()):
-      # Before anything of this step is saved: the newest checkpoint stays good.
-      last_good = checkpointer.latest_step()
-      checkpointer.close()
-      raise NonFiniteError(
-          f"non-finite loss or gradient at step {step}; the last good checkpoint "
-          f"(step {last_good}) is kept in {workdir}. Lower "
-          "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
-    window.append(metrics)
-    steps_timed += 1
-    if step == start + 1:  # exclude compilation from throughput and ETA
-      jax.block_until_ready(state)
-      _log.info("first step (with compilation) took %.1f s", time.time() - t_last)
-      t_last, steps_timed = time.time(), 0
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
-      m = jax.device_get(window)
-      window = []
-      nats = sum(float(x["nats"].sum()) for x in m)
-      count = max(sum(float(x["tokens"].sum()) for x in m), 1.0)
-      elapsed = time.time() - t_last
-      scalars = {
-          "loss": nats / count,
-          bits_name: nats / count / losses.LN2,
-          "reconstruction_loss": float(np.mean([x["reconstruction_loss"] for x in m])),
-          "grad_norm": float(np.mean([x["grad_norm"] for x in m])),
-          "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
-          "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
-      }
-      mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
-      # Fused rope attention computes no weights, so there is no mass to log
-      # (the model reports NaN); leave the scalars out rather than log NaN.
-      attn = "n/a"
-      if all(np.isfinite(mass)):
-        scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
-        attn = "/".join(f"{v:.2f}" for v in mass)
-      eta = (end - step) * elapsed / max(steps_timed, 1)
-      writer.write(step, scalars)
-      _log.info(
-          "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s  ETA %s",
-          step, config.num_train_steps, scalars["loss"], bits_name, scalars[bits_name],
-          scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], _hms(eta))
-      t_last, steps_timed = time.time(), 0
-    stopping = should_stop is not None and _agree(should_stop())
-    if stopping or step == end or (
-        config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0):
-      checkpointer.save(step, state, memory, _global_data_state(train_iter))
-    if stopping:
-      _log.warning("stopping on request after step %d (checkpointed)", step)
-      break
-    if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
-      # A quick estimate (eval.max_segments per row; <= 0 for the whole
-      # split): eval.py evaluates whole splits.
-      model = merge_params(graphdef, state_template, state.params)
-      last_eval = eval_lib.evaluate(
-          model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
-      eval_writer.write(step, last_eval)
-      _log.info("eval at step %d on %s: %s", step, config.eval.split,
-                "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-      t_last = time.time()
-  checkpointer.close()
-  writer.close()
-  eval_writer.close()
-  return last_eval
+    train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0, layout)
+    end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
+    bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
+    window: list[dict[str, Any]] = []
+    last_eval: dict[str, float] = {}
+    t_last, steps_timed = time.time(), 0
+    for step in range(start + 1, end + 1):
+      local = stack_segments([next(train_iter) for _ in range(s)])  # [S, rows of this process, ...]
+      batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
+               for k, v in local.items()}
+      state, memory, metrics = train_step(state, memory, batch)
+      if not bool(metrics["finite"].all()):
+        # Nothing of this step is saved. Name the newest checkpoint that
+        # actually restores as intact and finite, not merely the newest saved.
+        del state, memory
+        good = _newest_good_step(checkpointer, abstract_state, abstract_memory, layout)
+        where = (f"the newest intact checkpoint is step {good}" if good is not None
+                 else "no intact checkpoint is saved")
+        raise NonFiniteError(
+            f"non-finite loss or gradient at step {step}; {where} in {workdir}. Lower "
+            "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
+      window.append(metrics)
+      steps_timed += 1
+      if step == start + 1:  # exclude compilation from throughput and ETA
+        jax.block_until_ready(state)
+        _log.info("first step (with compilation) took %.1f s", time.time() - t_last)
+        t_last, steps_timed = time.time(), 0
+      if step % config.log_every_steps == 0 or step == config.num_train_steps:
+        m = jax.device_get(window)
+        window = []
+        nats = sum(float(x["nats"].sum()) for x in m)
+        count = max(sum(float(x["tokens"].sum()) for x in m), 1.0)
+        elapsed = time.time() - t_last
+        scalars = {
+            "loss": nats / count,
+            bits_name: nats / count / losses.LN2,
+            "reconstruction_loss": float(np.mean([x["reconstruction_loss"] for x in m])),
+            "grad_norm": float(np.mean([x["grad_norm"] for x in m])),
+            "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
+            "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
+        }
+        mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
+        # Fused rope attention computes no weights, so there is no mass to log
+        # (the model reports NaN); leave the scalars out rather than log NaN.
+        attn = "n/a"
+        if all(np.isfinite(mass)):
+          scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
+          attn = "/".join(f"{v:.2f}" for v in mass)
+        eta = (end - step) * elapsed / max(steps_timed, 1)
+        writer.write(step, scalars)
+        _log.info(
+            "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s  ETA %s",
+            step, config.num_train_steps, scalars["loss"], bits_name, scalars[bits_name],
+            scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], _hms(eta))
+        t_last, steps_timed = time.time(), 0
+      stopping = should_stop is not None and _agree(should_stop())
+      if stopping or step == end or (
+          config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0):
+        checkpointer.save(step, state, memory, _global_data_state(train_iter))
+      if stopping:
+        _log.warning("stopping on request after step %d (checkpointed)", step)
+        break
+      if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
+        # A quick estimate (eval.max_segments per row; <= 0 for the whole
+        # split): eval.py evaluates whole splits.
+        model = merge_params(graphdef, state_template, state.params)
+        last_eval = eval_lib.evaluate(
+            model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
+        eval_writer.write(step, last_eval)
+        _log.info("eval at step %d on %s: %s", step, config.eval.split,
+                  "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+        t_last = time.time()
+    return last_eval
 
 
 def _agree(flag: bool) -> bool:
@@ -467,7 +586,16 @@ def _hms(seconds: float) -> str:
 def load(
     workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
 ) -> tuple[ml_collections.ConfigDict, CompressiveTransformer]:
-  """(config, model) of a training workdir's latest (or given) checkpoint.
+  """(config, model) of a training workdir's latest (or given) checkpoint;
+  see `load_with_step`."""
+  config, model, _ = load_with_step(workdir, step, config=config)
+  return config, model
+
+
+def load_with_step(
+    workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
+) -> tuple[ml_collections.ConfigDict, CompressiveTransformer, int]:
+  """(config, model, step) of a training workdir's latest (or given) checkpoint.
 
   `config` replaces the workdir's saved config (e.g. with other eval sizes,
   or another `mesh.shape` for this machine's devices); its model must match
@@ -486,11 +614,29 @@ def load(
   abstract_state = abstract_train_state(config, abstract_params, tx)
   shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}")
-  state, _, _ = checkpointer.restore(step, ckpt_lib.abstract(abstract_state, shardings))
-  checkpointer.close()
+  try:
+    step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings))
+  finally:
+    checkpointer.close()
   model = merge_params(graphdef, state_template, state.params)
   model.eval()
-  return config, model
+  return config, model, step
+
+
+def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state,
+                    attempts: int = 5):
+  """(step, train state) of `step`, or of the newest checkpoint: a reader takes
+  no lock, so a running trainer may rotate the step away while it is read;
+  then the steps are listed again and the newest is read instead."""
+  for attempt in range(attempts):
+    wanted = checkpointer.latest_step() if step is None else step
+    if wanted is None:
+      raise FileNotFoundError(f"no checkpoint in {os.path.dirname(checkpointer.directory)}")
+    try:
+      return wanted, checkpointer.restore(wanted, abstract_state)[0]
+    except ckpt_lib.MissingStepError as e:
+      if step is not None or attempt == attempts - 1:
+        raise
+      _log.info("checkpoint %d went away while it was read (%s); reading the newest", wanted, e)
+      checkpointer.reload()
+  raise AssertionError("unreachable")

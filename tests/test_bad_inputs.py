@@ -80,6 +80,53 @@ def load_step(step):
   return run
 
 
+def second_trainer(tmp):
+  from compressive.workdir_lock import WorkdirLock
+  os.makedirs(tmp / "wd")
+  with WorkdirLock(str(tmp / "wd")):  # as a running train.py holds it
+    train_lib.train_and_evaluate(tiny_experiment(), str(tmp / "wd"))
+
+
+def _one_step(tmp):
+  train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1, "eval_every_steps": 0}),
+                               str(tmp / "wd"))
+
+
+def _flip(tmp, step=1):
+  state = tmp / "wd" / "checkpoints" / str(step) / "state"
+  files = [os.path.join(r, n) for r, _, ns in os.walk(state) for n in ns if os.sep + "d" + os.sep in os.path.join(r, n)]
+  path = max(files, key=os.path.getsize)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2:len(data) // 2 + 8] = bytes(b ^ 0x5A for b in data[len(data) // 2:len(data) // 2 + 8])
+  open(path, "wb").write(data)
+
+
+def damaged_newest(tmp):
+  _one_step(tmp)
+  _flip(tmp)
+  train_lib.load(str(tmp / "wd"))
+
+
+def stale_config(tmp):
+  _one_step(tmp)
+  narrow = tiny_experiment(**{"model.d_model": 16, "num_train_steps": 2})
+  ckpt_lib.save_config(str(tmp / "wd"), narrow)
+  train_lib.train_and_evaluate(narrow, str(tmp / "wd"), restore_intact=True)
+
+
+def nothing_intact(tmp):
+  _one_step(tmp)
+  _flip(tmp)
+  train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 2}), str(tmp / "wd"),
+                               restore_intact=True)
+
+
+def damaged_config(tmp):
+  _one_step(tmp)
+  (tmp / "wd" / "config.json").write_text('{"model": {"d_model": 3')
+  train_lib.load(str(tmp / "wd"))
+
+
 CASES = [
     # Model fields.
     ("segment not a multiple of rate", validate(set_fields(**{"model.compression_rate": 3})), "model.segment_length=8"),
@@ -98,6 +145,23 @@ CASES = [
     ("zero segments per step", validate(set_fields(segments_per_step=0)), "segments_per_step=0"),
     ("unknown optimizer", validate(set_fields(**{"optimizer.name": "sgd"})), "optimizer.name='sgd'"),
     ("zero learning rate", validate(set_fields(**{"optimizer.learning_rate": 0.0})), "optimizer.learning_rate=0.0"),
+    ("infinite learning rate", validate(set_fields(**{"optimizer.learning_rate": float("inf")})), "optimizer.learning_rate=inf"),
+    ("NaN learning rate", validate(set_fields(**{"optimizer.learning_rate": float("nan")})), "optimizer.learning_rate=nan"),
+    ("negative final learning-rate fraction", validate(set_fields(**{"optimizer.final_lr_fraction": -5.0})), "optimizer.final_lr_fraction=-5.0"),
+    ("final learning-rate fraction above one", validate(set_fields(**{"optimizer.final_lr_fraction": 2.0})), "optimizer.final_lr_fraction=2.0"),
+    ("negative clip norm", validate(set_fields(**{"optimizer.grad_clip_norm": -1.0})), "optimizer.grad_clip_norm=-1.0"),
+    ("zero clip norm", validate(set_fields(**{"optimizer.grad_clip_norm": 0.0})), "optimizer.grad_clip_norm=0.0"),
+    ("b1 of one", validate(set_fields(**{"optimizer.b1": 1.0})), "optimizer.b1=1.0"),
+    ("negative b2", validate(set_fields(**{"optimizer.b2": -0.1})), "optimizer.b2=-0.1"),
+    ("zero eps", validate(set_fields(**{"optimizer.eps": 0.0})), "optimizer.eps=0.0"),
+    ("negative weight decay", validate(set_fields(**{"optimizer.weight_decay": -0.01})), "optimizer.weight_decay=-0.01"),
+    ("negative warmup", validate(set_fields(**{"optimizer.warmup_steps": -1})), "optimizer.warmup_steps=-1"),
+    ("keep no checkpoints", validate(set_fields(keep_checkpoints=0)), "keep_checkpoints=0"),
+    ("keep a negative number of checkpoints", validate(set_fields(keep_checkpoints=-1)), "keep_checkpoints=-1"),
+    ("log every zero steps", validate(set_fields(log_every_steps=0)), "log_every_steps=0"),
+    ("negative eval interval", validate(set_fields(eval_every_steps=-1)), "eval_every_steps=-1"),
+    ("negative checkpoint interval", validate(set_fields(checkpoint_every_steps=-2)), "checkpoint_every_steps=-2"),
+    ("b2 of one", validate(set_fields(**{"optimizer.b2": 1.0})), "optimizer.b2=1.0"),
     # Evaluation fields.
     ("eval compressed memory without memory", validate(set_fields(**{"eval.memory_length": 0, "eval.compressed_memory_length": 8})), "eval.compressed_memory_length=8"),
     ("eval segment not a multiple of rate", validate(set_fields(**{"eval.segment_length": 9})), "eval.segment_length=9"),
@@ -125,7 +189,12 @@ CASES = [
     ("resume with another width", resume_with(**{"model.d_model": 16}), "model.d_model 32 -> 16"),
     ("resume with another batch", resume_with(batch_size=2), "batch_size 4 -> 2"),
     ("no checkpoint to load", lambda tmp: train_lib.load(str(tmp)), "config.json not found"),
-    ("checkpoint step that does not exist", load_step(7), "checkpoints/7 cannot be restored"),
+    ("checkpoint step that does not exist", load_step(7), "no checkpoint of step 7"),
+    ("a second trainer on the workdir", second_trainer, "in use by another trainer (pid"),
+    ("flipped bytes in the newest checkpoint", damaged_newest, "checkpoints/1 is damaged"),
+    ("stale config.json over another model's checkpoints", stale_config, "parameter shapes differ"),
+    ("restore_intact with nothing intact", nothing_intact, "no checkpoint in"),
+    ("damaged config.json", damaged_config, "config.json is damaged"),
 ]
 
 
@@ -143,4 +212,4 @@ def test_bad_input(name, run, expected, tmp_path):
 
 
 def test_the_table_is_large_enough():
-  assert len(CASES) >= 30
+  assert len(CASES) >= 60

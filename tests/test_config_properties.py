@@ -5,9 +5,12 @@ reject every inconsistent one with one line naming an offending field; an
 accepted config must build and run a segment.
 """
 
+import math
+
 from flax import nnx
 from hypothesis import given, settings, strategies as st
 import jax.numpy as jnp
+import ml_collections
 
 import compressive
 from compressive.compression import COMPRESSIONS
@@ -92,3 +95,56 @@ def test_accepted_configs_build_and_run(values):
   for _ in range(2):
     logits, memory, _ = model(tokens, memory)
   assert logits.shape == (1, values["segment_length"], values["vocab_size"])
+
+
+# -- Training and optimizer fields. ---------------------------------------------------
+
+NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3),
+                    st.sampled_from((0.0, 1.0, 0.5, 1e-9)))
+TRAINING_FIELDS = dict(
+    batch_size=st.integers(-1, 3), num_train_steps=st.integers(-1, 3),
+    segments_per_step=st.integers(-1, 3), log_every_steps=st.integers(-1, 3),
+    keep_checkpoints=st.integers(-2, 3), eval_every_steps=st.integers(-2, 3),
+    checkpoint_every_steps=st.integers(-2, 3),
+)
+OPTIMIZER_FIELDS = dict(
+    learning_rate=NUMBERS, final_lr_fraction=NUMBERS, b1=NUMBERS, b2=NUMBERS, eps=NUMBERS,
+    weight_decay=NUMBERS, grad_clip_norm=NUMBERS, warmup_steps=st.integers(-2, 3),
+)
+
+
+def expected_training_problems(v, o):
+  """Independent statement of the ranges: the fields that make (v, o) invalid."""
+  bad = {k for k in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
+                     "keep_checkpoints") if v[k] < 1}
+  bad |= {k for k in ("eval_every_steps", "checkpoint_every_steps") if v[k] < 0}
+  inside = {  # open/closed bounds, written out
+      "learning_rate": lambda x: x > 0 and x != math.inf,
+      "final_lr_fraction": lambda x: 0 <= x <= 1,
+      "b1": lambda x: 0 <= x < 1,
+      "b2": lambda x: 0 <= x < 1,
+      "eps": lambda x: x > 0 and x != math.inf,
+      "weight_decay": lambda x: x >= 0 and x != math.inf,
+      "grad_clip_norm": lambda x: x > 0,
+  }
+  bad |= {f"optimizer.{k}" for k, ok in inside.items() if math.isnan(o[k]) or not ok(o[k])}
+  if o["warmup_steps"] < 0:
+    bad.add("optimizer.warmup_steps")
+  return bad
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
+def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
+  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(dict(values, seed=0, optimizer=dict(opt, name="adam")))
+  bad = expected_training_problems(values, opt)
+  try:
+    train_lib.validate_training_config(config)
+  except ConfigError as e:
+    message = str(e)
+    assert bad, f"rejected a meaningful config: {message}"
+    assert "\n" not in message
+    assert any(message.startswith(f"{name}=") for name in bad), f"{message!r} names none of {bad}"
+  else:
+    assert not bad, f"accepted: {bad}"

@@ -18,7 +18,7 @@ import pytest
 import compressive
 from compressive import checkpoint as ckpt_lib
 from compressive import train_lib
-from compressive.errors import CheckpointError, ConfigError
+from compressive.errors import CheckpointError, ConfigError, DataError
 from test_train import tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +155,7 @@ def inject_nan_at(monkeypatch, bad_step):
 def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):
   config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0})
   inject_nan_at(monkeypatch, 5)
-  with pytest.raises(train_lib.NonFiniteError, match="at step 5; the last good checkpoint"):
+  with pytest.raises(train_lib.NonFiniteError, match="at step 5; the newest intact checkpoint is step 4"):
     train_lib.train_and_evaluate(config, str(tmp_path))
   assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).latest_step() == 4
   assert all(np.isfinite(p).all() for p in params_of(tmp_path))
@@ -173,7 +173,7 @@ def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
   for root, _, files in os.walk(newest):
     for name in files:
       open(os.path.join(root, name), "wb").close()
-  with pytest.raises(CheckpointError, match=r"checkpoints/6 cannot be restored.*--restore_intact"):
+  with pytest.raises(CheckpointError, match=r"checkpoints/6 is damaged.*--restore_intact"):
     train_lib.train_and_evaluate(config, str(broken))
   train_lib.train_and_evaluate(config, str(broken), restore_intact=True)
   assert_same_params(broken, straight)
@@ -197,3 +197,181 @@ def test_evaluation_never_modifies_checkpoints(reference):
   assert r.returncode == 0, r.stderr[-3000:]
   compressive.load(str(reference))
   assert tree_digest(reference / "checkpoints") == before
+
+
+# -- One trainer per workdir. ---------------------------------------------------------
+
+
+def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference, tmp_path):
+  workdir = tmp_path / "wd"
+  first = train(config_file, workdir)
+  wait_for_step(first, 3)
+  second = train(config_file, workdir, "--config.optimizer.learning_rate=0.1")
+  _, err = second.communicate(timeout=300)
+  lines = err.strip().splitlines()
+  assert second.returncode == 2, err[-3000:]
+  assert lines[-1].startswith("error: ") and "in use by another trainer" in lines[-1], lines[-3:]
+  assert f"pid {first.pid} on host" in lines[-1]
+  assert "Traceback" not in err
+  _, err = first.communicate(timeout=600)
+  assert first.returncode == 0, err[-3000:]
+  # The first run's model and config are its own: nothing was overwritten.
+  assert ckpt_lib.load_config(str(workdir)).optimizer.learning_rate != 0.1
+  assert_same_params(workdir, reference)
+
+
+def test_the_lock_is_held_in_process_and_released_after(tmp_path):
+  from compressive.workdir_lock import WorkdirBusyError, WorkdirLock
+  config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0})
+  with WorkdirLock(str(tmp_path)):
+    with pytest.raises(WorkdirBusyError, match=r"in use by another trainer \(pid \d+ on host"):
+      train_lib.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")  # nothing read or written
+  train_lib.train_and_evaluate(config, str(tmp_path))  # free again: trains
+  with pytest.raises(ValueError):  # and an exception inside releases it too
+    with WorkdirLock(str(tmp_path)):
+      raise ValueError
+  WorkdirLock(str(tmp_path)).acquire().release()
+
+
+# -- Saves in flight finish, whatever ends the run. -----------------------------------
+
+
+SLOW_SAVE_AND_FAIL = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_train import tiny_experiment
+import orbax.checkpoint as ocp
+from compressive import eval_lib
+from compressive.errors import DataError
+
+# Every save takes two seconds to finish in the background, and the first
+# evaluation (right after the step-2 save) raises, as a corpus file that
+# cannot be read would.
+_finalize = ocp.CheckpointManager._finalize
+def slow_finalize(self, *args, **kwargs):
+  time.sleep(2.0)
+  return _finalize(self, *args, **kwargs)
+ocp.CheckpointManager._finalize = slow_finalize
+def failing_evaluate(*args, **kwargs):
+  raise DataError("{reason}")
+eval_lib.evaluate = failing_evaluate
+
+def get_config():
+  return tiny_experiment(**{{"num_train_steps": 6, "checkpoint_every_steps": 2,
+                             "eval_every_steps": 2}})
+"""
+
+
+@pytest.mark.parametrize("reason", ["book 7 of the train split cannot be read"])
+def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason):
+  cfg = tmp_path / "slow.py"
+  cfg.write_text(SLOW_SAVE_AND_FAIL.format(tests=os.path.join(ROOT, "tests"), reason=reason))
+  p = train(cfg, tmp_path / "wd")
+  _, err = p.communicate(timeout=600)
+  lines = [l for l in err.strip().splitlines() if l.startswith(("error", "Traceback", "  File"))]
+  assert p.returncode == 2 and lines == [f"error: {reason}"], err[-3000:]
+  assert "cannot schedule new futures" not in err
+  names = os.listdir(tmp_path / "wd" / "checkpoints")
+  assert names == ["2"], names  # finished, not left as 2.orbax-checkpoint-tmp
+  c = ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True)
+  assert c.all_steps() == [2]
+  compressive.load(str(tmp_path / "wd"))  # and it restores, checksums and all
+
+
+def test_a_second_signal_stops_at_once_with_one_line_and_a_whole_checkpoint(
+    config_file, reference, tmp_path):
+  workdir = tmp_path / "wd"
+  p = train(config_file, workdir)
+  wait_for_step(p, 6)
+  p.send_signal(signal.SIGTERM)
+  time.sleep(0.05)
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode in (0, 130), err[-3000:]
+  assert "Traceback" not in err and "cannot schedule new futures" not in err, err[-3000:]
+  if p.returncode == 130:
+    assert err.strip().splitlines()[-1].startswith("error: stopped at once by a signal")
+  names = os.listdir(workdir / "checkpoints")
+  assert not [n for n in names if "tmp" in n], names
+  p = train(config_file, workdir)
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 0, err[-3000:]
+  assert_same_params(workdir, reference)
+
+
+# -- A full disk and a read-only workdir (a small tmpfs; needs root's mount). ---------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mount_point)],
+                     capture_output=True, text=True)
+  if r.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+  yield mount_point
+  subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+DISK_CONFIG = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_train import tiny_experiment
+
+def get_config():
+  return tiny_experiment(**{{"num_train_steps": 8, "checkpoint_every_steps": 2,
+                             "eval_every_steps": 0, "log_every_steps": 1}})
+"""
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, tmp_path):
+  cfg = tmp_path / "disk_cfg.py"
+  cfg.write_text(DISK_CONFIG.format(tests=os.path.join(ROOT, "tests")))
+  workdir = small_disk / "wd"  # room for about one checkpoint
+  p = train(cfg, workdir)
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 2, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "No space left on device" in last, last
+  # What was saved before the disk filled up still restores.
+  saved = ckpt_lib.Checkpointer(str(workdir), read_only=True).all_steps()
+  assert saved, os.listdir(workdir / "checkpoints")
+  compressive.load(str(workdir), saved[-1])
+
+
+def test_a_read_only_workdir_is_one_line(small_disk, tmp_path, config_file):
+  workdir = small_disk / "wd"
+  workdir.mkdir()
+  subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+  p = train(config_file, workdir)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 2, err[-3000:]
+  assert "Traceback" not in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "Read-only file system" in last, last
+
+
+def test_a_bad_file_deep_in_a_text_split_stops_before_anything_compiles(tmp_path):
+  # Forty good books and one that is not UTF-8, far from the first rows: it
+  # used to be found when a row reached it, at step 9 or later.
+  folder = tmp_path / "texts"
+  folder.mkdir()
+  for i in range(40):
+    (folder / f"book{i:02d}.txt").write_text(("a fine sentence of text. " * 40 + "\n") * 4)
+  (folder / "zz_bad.txt").write_bytes(b"fine so far \xff\xfe and then not")
+  config = tiny_experiment(**{"data.source": "text_files", "data.path": str(folder),
+                              "num_train_steps": 30, "eval_every_steps": 0})
+  compiled = []
+  real = train_lib.make_train_step
+  monkey = pytest.MonkeyPatch()
+  monkey.setattr(train_lib, "make_train_step", lambda *a, **k: compiled.append(1) or real(*a, **k))
+  try:
+    with pytest.raises(DataError, match="zz_bad.txt"):
+      train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+  finally:
+    monkey.undo()
+  assert not compiled
+  assert not os.path.exists(tmp_path / "wd" / "checkpoints" / "1")
