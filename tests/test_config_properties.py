@@ -64,15 +64,21 @@ def expected_problems(v):
 @settings(max_examples=300, deadline=None)
 @given(st.fixed_dictionaries(FIELDS))
 def test_validation_accepts_exactly_the_consistent_configs(values):
-  bad = expected_problems(values)
+  assert_rejects_exactly(
+      lambda: ModelConfig.from_config(values), expected_problems(values),
+      lambda message: {f for f in FIELDS if f"model.{f}=" in message or f"model.{f} " in message})
+
+
+def assert_rejects_exactly(validate, bad, named):
+  """`validate()` raises a one-line ConfigError naming one of `bad` (the
+  fields `named(message)` finds) when `bad` is not empty, and passes when it is."""
   try:
-    ModelConfig.from_config(values)
+    validate()
   except ConfigError as e:
     message = str(e)
     assert bad, f"rejected a consistent config: {message}"
     assert "\n" not in message
-    named = {f for f in FIELDS if f"model.{f}=" in message or f"model.{f} " in message}
-    assert named & bad, f"{message!r} names none of {bad}"
+    assert named(message) & bad, f"{message!r} names none of {bad}"
   else:
     assert not bad, f"accepted an inconsistent config: {bad}"
 
@@ -138,13 +144,6 @@ def expected_training_problems(v, o):
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
   from compressive import train_lib  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(dict(values, seed=0, optimizer=dict(opt, name="adam")))
-  bad = expected_training_problems(values, opt)
-  try:
-    train_lib.validate_training_config(config)
-  except ConfigError as e:
-    message = str(e)
-    assert bad, f"rejected a meaningful config: {message}"
-    assert "\n" not in message
-    assert any(message.startswith(f"{name}=") for name in bad), f"{message!r} names none of {bad}"
-  else:
-    assert not bad, f"accepted: {bad}"
+  assert_rejects_exactly(
+      lambda: train_lib.validate_training_config(config), expected_training_problems(values, opt),
+      lambda message: {message.split("=", 1)[0]})
