@@ -1,14 +1,47 @@
 """One writer for metrics: TensorBoard event files, a JSON-lines file, and a
-readable log line."""
+readable log line.
+
+The event files are written with tensorboardX (protobuf and numpy only), not
+TensorFlow: training never imports TensorFlow.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 _log = logging.getLogger("compressive")
+_writer_ids = itertools.count()
+
+
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested config (ConfigDict or mappings) -> {"dotted.key": leaf value}.
+
+  A flat dict comes back as it is (its keys may already hold dots).
+  """
+  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
+    config = config.to_dict()
+  out: dict[str, Any] = {}
+  for k, v in config.items():
+    key = f"{prefix}{k}"
+    if hasattr(v, "to_dict") or isinstance(v, Mapping):
+      out.update(flatten_config(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def hparam_value(v: Any) -> bool | int | float | str:
+  """A config value as a TensorBoard hparam: bool, number or string (tuples,
+  lists, None and anything else as their str())."""
+  if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # numpy scalar
+    v = v.item()
+  if isinstance(v, (bool, int, float, str)):
+    return v
+  return str(v)
 
 
 class MetricWriter:
@@ -19,18 +52,21 @@ class MetricWriter:
     self.enabled = enabled
     self.logdir = os.path.join(workdir, "tensorboard", name)
     self.jsonl = os.path.join(workdir, f"metrics_{name}.jsonl")
-    self._tf_writer = None
+    self._tb_writer = None
     if enabled:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self._tensorboardx = tensorboardX
       os.makedirs(self.logdir, exist_ok=True)
 
   def _tensorboard(self):
-    if self._tf_writer is None:
-      # TensorFlow is heavy: import it only when the first scalars arrive.
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      tf.config.set_visible_devices([], "GPU")
-      self._tf = tf
-      self._tf_writer = tf.summary.create_file_writer(self.logdir)
-    return self._tf_writer
+    if self._tb_writer is None:
+      # Created on first use, so that a writer that writes nothing leaves no
+      # empty event file behind. tensorboardX names event files by the second
+      # and host only, and opens them with "wb": the suffix keeps a second
+      # writer within that second (a quick resume) from truncating the first's.
+      self._tb_writer = self._tensorboardx.SummaryWriter(
+          logdir=self.logdir, filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
+    return self._tb_writer
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
@@ -39,14 +75,37 @@ class MetricWriter:
     with open(self.jsonl, "a") as f:
       f.write(json.dumps({"step": int(step), **scalars}) + "\n")
     writer = self._tensorboard()
-    with writer.as_default():
-      for k, v in scalars.items():
-        self._tf.summary.scalar(k, v, step=int(step))
+    for k, v in scalars.items():
+      writer.add_scalar(k, v, global_step=int(step))
+    writer.flush()
+
+  def write_hparams(self, config_dict_flat: Mapping[str, Any]) -> None:
+    """Logs the run's config as TensorBoard hparams, in this writer's event
+    directory (TensorBoard's HPARAMS tab: one row per run, its scalars as the
+    metrics). Call once per run, before or after the first `write`.
+
+    `config_dict_flat`: {"dotted.key": value}; a nested ConfigDict or dict is
+    flattened too. Values: bool, int, float and str as they are, anything else
+    (tuples, lists, None) as its str(). TensorBoard shows the first record of
+    a directory: writing again into it (a resumed run) adds one it ignores.
+    """
+    if not self.enabled:
+      return
+    from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
+    hparams = {k: hparam_value(v) for k, v in flatten_config(config_dict_flat).items()}
+    # Only the session start info: without an experiment summary TensorBoard
+    # infers the hparams and metrics of every run it sees, which compares runs
+    # with different configs correctly. No session end info: close() cannot
+    # tell a finished run from a failed one.
+    _, session_start, _ = tbx_summary.hparams(hparams, {})
+    writer = self._tensorboard()
+    writer.file_writer.add_summary(session_start)
     writer.flush()
 
   def close(self) -> None:
-    if self._tf_writer is not None:
-      self._tf_writer.close()
+    if self._tb_writer is not None:
+      self._tb_writer.close()
+      self._tb_writer = None
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -49,9 +49,21 @@ SPLITS = ('train', 'validation', 'test')
 BUCKET = 'gs://deepmind-gutenberg'
 
 
+def _import(name: str):
+  """TensorFlow and TFDS are only PG-19's: a missing one is a DataError that
+  says how to install them, not a ModuleNotFoundError."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.import_module(name)
+  except ImportError as e:
+    raise DataError(
+        f'data.source=pg19 needs {name}, which the default install leaves out: '
+        f'pip install -r requirements-pg19.txt ({e})') from None
+
+
 def read_metadata(path: str) -> dict[int, list[str]]:
   """metadata.csv -> {book_id: [title, publication_date, link]}."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = _import('tensorflow')
 
   with tf.io.gfile.GFile(path, 'r') as f:
     rows = list(csv.reader(io.StringIO(f.read())))
@@ -66,7 +78,7 @@ def read_metadata(path: str) -> dict[int, list[str]]:
 
 def _local_builder_class(raw_dir: str):
   """The stock pg19 builder, reading its raw files from `raw_dir`."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds = _import('tensorflow_datasets')
 
   base = tfds.builder_cls('pg19')
 
