@@ -11,16 +11,28 @@ __all__ = [
     "ModelConfig",
     "init_memory",
     "load",
+    "load_with_step",
     "reset_rows",
 ]
 
 
 def load(workdir: str, step=None, *, config=None):
-  """(config, model) of a training workdir's latest (or given) checkpoint.
+  """(config, model) of a training workdir's latest (or given) checkpoint, or
+  of an export (export.py: parameters only) made from one.
 
   The parameters are restored onto the saved config's mesh, or, if that
   does not fit this machine, data parallel over all its devices; `config`
   replaces the saved one (e.g. to choose the mesh).
   """
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top
-  return train_lib.load(workdir, step, config=config)
+  config, model, _ = load_with_step(workdir, step, config=config)
+  return config, model
+
+
+def load_with_step(workdir: str, step=None, *, config=None):
+  """(config, model, step): `load`, and the step whose parameters it holds."""
+  # pylint: disable=g-import-not-at-top
+  from compressive import export_lib
+  from compressive import train_lib
+  if export_lib.is_export(workdir):
+    return export_lib.load_with_step(workdir, step, config=config)
+  return train_lib.load_with_step(workdir, step, config=config)

@@ -8,7 +8,10 @@ traceback. The library never reads flags: this module only turns its
 exceptions into exits, and checks the flags' own ranges.
 
 Every entry point parses its flags with `parse_flags` and runs all its work
-inside `with user_errors():`.
+inside `with user_errors():`. `parse_flags` also finds a config named without
+its path (`--config=enwik8`: configs/enwik8.py of this installation) and turns
+on JAX's persistent compilation cache (`--compilation_cache`, default
+~/.cache/compressive/jax), so that a rerun loads its compiled programs.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ from absl import flags
 
 from compressive.errors import ConfigError, EXIT_USER_ERROR, UserError
 
-# The repository root: relative default config paths are resolved against it,
-# so that the entry points work from any directory.
+# The folder holding the compressive package: the repository, or
+# site-packages once installed (pyproject.toml installs configs/ beside
+# compressive/). Relative default config paths are resolved against it, and
+# the shipped configs are found in it by name, so that the entry points work
+# from any directory.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -147,6 +154,55 @@ def user_errors() -> Iterator[None]:
 
 _DEFAULT_CONFIGS: dict[str, str] = {}
 
+# A config named without its path: `--config=enwik8` (or `--config=gpu8:pg19`,
+# with get_config's argument) is configs/enwik8.py of this installation.
+_CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def config_names() -> list[str]:
+  """The names of the shipped configs (configs/NAME.py), sorted."""
+  try:
+    files = os.listdir(CONFIG_DIR)
+  except OSError:
+    return []
+  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config(value: str) -> str:
+  """A --config value whose file part is a bare name (no '.py', no '/', and
+  no file of that name in the current directory) with the shipped config's
+  path put in; anything else unchanged (a path is relative to the current
+  directory, as usual). An unknown name is left as it is, to be reported."""
+  path, sep, argument = value.partition(":")
+  if _CONFIG_NAME.fullmatch(path) and not os.path.isfile(path):
+    shipped = os.path.join(CONFIG_DIR, f"{path}.py")
+    if os.path.isfile(shipped):
+      return shipped + sep + argument
+  return value
+
+
+def _resolve_config_names(argv: list[str]) -> list[str]:
+  """argv with every --config=NAME (also `--config NAME`) given as the
+  shipped config's path (in place when argv is sys.argv, as
+  _with_default_configs)."""
+  names = _config_flags()
+  out = list(argv)
+  for i in range(1, len(out)):
+    if out[i] == "--":
+      break
+    for name in names:
+      m = re.match(rf"^(-{{1,2}}{re.escape(name)})(=(.*))?$", out[i])
+      if m and m.group(2):
+        out[i] = f"{m.group(1)}={resolve_config(m.group(3))}"
+      elif m and i + 1 < len(out) and not out[i + 1].startswith("-"):
+        out[i + 1] = resolve_config(out[i + 1])
+  if out == argv:
+    return argv
+  if argv is sys.argv:
+    sys.argv[:] = out
+    return sys.argv
+  return out
+
 
 def define_config_flag(name: str = "config", default: Optional[str] = None,
                        help_string: str = "Experiment config file.", *,
@@ -214,6 +270,9 @@ def _load_failure(name: str, path: str, error: BaseException) -> str:
   reason = lines[-1] if lines else type(error).__name__
   reason = re.sub(r"^\[Errno \d+\] ", "", reason)
   if "No such file or directory" in reason:
+    if _CONFIG_NAME.fullmatch(path):
+      return (f"--{name}={path}: no such config name ({', '.join(config_names())}) "
+              f"or config file (relative to {os.getcwd()})")
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
     return f"--{name}={path}: no such config file{where}"
   return f"--{name}={path}: cannot load the config file: {reason}"
@@ -248,7 +307,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   or malformed flag, a missing or broken --config file, and a bad --config
   override (ml_collections raises plain exceptions for an unknown field or a
   wrong type, which would otherwise print a traceback)."""
-  argv = _with_default_configs(argv)
+  # --compilation_cache is every entry point's: listed in each one's --help.
+  flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["compilation_cache"])
+  argv = _resolve_config_names(_with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)
   except flags.Error as e:
@@ -278,7 +339,75 @@ def parse_flags(argv: list[str]) -> list[str]:
   _check_configs_loaded(argv)
   if len(rest) > 1:  # no entry point takes positional arguments
     fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
+  use_compilation_cache(flags.FLAGS.compilation_cache if flags.FLAGS["compilation_cache"].present
+                        else None)
   return rest
+
+
+# -- JAX's persistent compilation cache. ----------------------------------------
+
+COMPILATION_CACHE_ENV = "COMPRESSIVE_COMPILATION_CACHE"
+JAX_COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+flags.DEFINE_string(
+    "compilation_cache", None,
+    "Folder of JAX's persistent compilation cache: a run loads the programs an "
+    "earlier run compiled (the same model on the same devices) instead of "
+    "compiling them again; '' turns it off. Default: JAX's own $" + JAX_COMPILATION_CACHE_ENV +
+    " if set, else $" + COMPILATION_CACHE_ENV + " if set, else ~/.cache/compressive/jax.")
+
+
+def default_compilation_cache() -> str:
+  return os.path.join(os.path.expanduser("~"), ".cache", "compressive", "jax")
+
+
+def compilation_cache_dir(flag: Optional[str],
+                          environ: Optional[dict[str, str]] = None) -> Optional[str]:
+  """Where JAX's persistent compilation cache goes: `flag` (--compilation_cache
+  as given on the command line, None if not given), else None if JAX's own
+  $JAX_COMPILATION_CACHE_DIR is set (JAX's setting is then left as it is),
+  else $COMPRESSIVE_COMPILATION_CACHE, else ~/.cache/compressive/jax; ''
+  for no cache."""
+  environ = os.environ if environ is None else environ
+  if flag is not None:
+    return flag
+  if JAX_COMPILATION_CACHE_ENV in environ:
+    return None
+  if COMPILATION_CACHE_ENV in environ:
+    return environ[COMPILATION_CACHE_ENV]
+  return default_compilation_cache()
+
+
+def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
+  """Points JAX's persistent compilation cache at compilation_cache_dir(flag)
+  (before anything is compiled); returns the folder, '' when off, None when
+  JAX's own setting is kept. A folder that cannot be created or written is
+  a warning, and the run compiles without it.
+
+  What is cached is JAX's choice: programs that took at least
+  jax_persistent_cache_min_compile_time_secs (1 s by default; the train and
+  eval steps) to compile, of any size; JAX's own JAX_PERSISTENT_CACHE_*
+  variables still set them. The folder may be deleted at any time."""
+  import jax  # pylint: disable=g-import-not-at-top
+  path = compilation_cache_dir(flag)
+  if path is None:
+    return None
+  if path:
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+      os.makedirs(path, exist_ok=True)
+      if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+    except OSError as e:
+      warn(f"compiling without the compilation cache: "
+           f"{describe_os_error(e) or f'cannot use {path}: {e}'}; choose another folder "
+           f"with --compilation_cache=DIR, or none with --compilation_cache=")
+      path = ""
+  if not path:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return ""
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
 
 
 def _culprit(argv: list[str], text: str) -> str:

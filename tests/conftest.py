@@ -1,16 +1,42 @@
-"""Shared test helpers: tiny configs and a jitted functional forward."""
+"""Shared test helpers: tiny configs and a jitted functional forward.
+
+`compressive` and `configs` are imported as installed (`pip install -e .`,
+which `make test` runs), and test modules import each other (`from test_train
+import ...`) through pytest's default `prepend` import mode, which puts this
+folder on sys.path.
+
+Entry points that the tests start share one JAX compilation cache for the
+session, in a temporary folder, not the user's ~/.cache/compressive/jax
+(unless COMPRESSIVE_COMPILATION_CACHE is set already; tests that set JAX's own
+JAX_COMPILATION_CACHE_DIR for their processes keep it).
+"""
 
 import os
-import sys
+import shutil
+import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import jax  # noqa: E402
-import ml_collections  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import ml_collections
+import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+_SESSION_CACHE = None
+
+
+def pytest_configure(config):
+  del config
+  global _SESSION_CACHE
+  if "COMPRESSIVE_COMPILATION_CACHE" not in os.environ:
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="compressive-test-jax-cache-")
+    os.environ["COMPRESSIVE_COMPILATION_CACHE"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+  del config
+  if _SESSION_CACHE is not None:
+    os.environ.pop("COMPRESSIVE_COMPILATION_CACHE", None)
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def tiny_model_config(**overrides) -> ml_collections.ConfigDict:

@@ -1,0 +1,187 @@
+"""Parameters-only exports of a training checkpoint: what inference needs.
+
+An export is a folder holding
+
+  config.json   the training run's config, as the workdir holds it;
+  params/       the model's parameters (Orbax StandardCheckpointer): no
+                optimizer state, no memory, no data position;
+  export.json   {"format": "compressive-params", "version": 1, "step": N,
+                 "source": the workdir, "integrity": checksums of params/}.
+
+It is written into a temporary folder beside its destination and renamed into
+place when complete, so a folder named as the output is either a whole export
+or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
+checksums are verified on every load, like a checkpoint's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Optional
+
+from flax import nnx
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from compressive import checkpoint as ckpt_lib
+from compressive import sharding
+from compressive.errors import CheckpointError, ConfigError
+
+FORMAT = "compressive-params"
+VERSION = 1
+EXPORT_FILE = "export.json"
+PARAMS_DIR = "params"
+
+
+def is_export(path: str) -> bool:
+  """Whether `path` is an export (rather than a training workdir)."""
+  return os.path.isfile(os.path.join(path, EXPORT_FILE))
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+  """export.json of the export at `path`, checked; CheckpointError if damaged."""
+  name = os.path.join(path, EXPORT_FILE)
+  try:
+    with open(name, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{name} is damaged ({e}); export the workdir again") from None
+  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    raise CheckpointError(f"{name} is not a compressive export (format {FORMAT!r})")
+  version = manifest.get("version")
+  if not isinstance(version, int) or version > VERSION:
+    raise CheckpointError(f"{name} is export format version {version}; this version of "
+                          f"compressive reads version {VERSION} and older")
+  if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("integrity"), dict):
+    raise CheckpointError(f"{name} is damaged: no step or checksums; export the workdir again")
+  return manifest
+
+
+def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
+  """ConfigError unless `output` can receive an export of `workdir`: a new
+  folder, or an empty one, and not inside the workdir's checkpoints. `label`
+  names it in the message (default: the path)."""
+  label = label or output
+  if os.path.lexists(output):
+    if not os.path.isdir(output):
+      raise ConfigError(f"{label} exists and is not a folder: give a new or empty folder")
+    if os.listdir(output):
+      raise ConfigError(f"{label} exists and is not empty: give a new or empty folder")
+  target = os.path.realpath(output)
+  source = os.path.realpath(workdir)
+  checkpoints = os.path.join(source, ckpt_lib.CHECKPOINT_DIR)
+  if target == source or target == checkpoints or target.startswith(checkpoints + os.sep):
+    raise ConfigError(f"{label} is inside the workdir {workdir}'s checkpoints: give a folder "
+                      "outside them")
+
+
+def export(workdir: str, output: str, step: Optional[int] = None) -> int:
+  """Writes the parameters of `workdir`'s checkpoint `step` (default the
+  newest) and its config to `output` (a new or empty folder); returns the step.
+
+  The checkpoint is verified as it is read (checksums, finite values); the
+  arrays are written as they are (same dtypes), from whatever mesh this
+  machine's devices give.
+  """
+  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  check_output(output, workdir)
+  if is_export(workdir):
+    raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
+                          "training workdir")
+  config = ckpt_lib.load_config(workdir)  # as saved: loading may refit its mesh
+  _, model, step = train_lib.load_with_step(workdir, step)
+  params = nnx.to_pure_dict(nnx.state(model))
+  integrity = ckpt_lib.fingerprint(params)
+  output = os.path.abspath(output)
+  parent = os.path.dirname(output)
+  os.makedirs(parent, exist_ok=True)
+  partial = os.path.join(parent, f".{os.path.basename(output)}.partial-{os.getpid()}")
+  shutil.rmtree(partial, ignore_errors=True)  # a previous attempt of this pid
+  os.mkdir(partial)
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(os.path.join(partial, PARAMS_DIR), params)
+    ckpt_lib.save_config(partial, config)
+    manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
+                "source": os.path.abspath(workdir), "integrity": integrity}
+    with open(os.path.join(partial, EXPORT_FILE), "w", encoding="utf-8") as f:
+      json.dump(manifest, f, indent=2)
+    os.replace(partial, output)  # onto an empty folder, or a new name
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+  return int(step)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  return {sharding.path_str(p): tuple(int(n) for n in x.shape)
+          for p, x in jax.tree_util.tree_leaves_with_path(
+              tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))}
+
+
+def _check_shapes(path: str, saved: Any, wanted: Any) -> None:
+  saved, wanted = _shapes(saved), _shapes(wanted)
+  if saved == wanted:
+    return
+  diffs = [f"{n} {saved[n]} -> {wanted[n]}" for n in wanted if n in saved and saved[n] != wanted[n]]
+  missing = [n for n in wanted if n not in saved]
+  extra = [n for n in saved if n not in wanted]
+  parts = [f"{len(diffs)} have other shapes, saved -> config: " + "; ".join(diffs[:3])] if diffs else []
+  if missing:
+    parts.append("not in the export: " + ", ".join(missing[:3]))
+  if extra:
+    parts.append("only in the export: " + ", ".join(extra[:3]))
+  raise ckpt_lib.ShapeMismatchError(
+      f"parameter shapes differ between export {path} and the config's model "
+      f"({'; '.join(parts)}): use the export's own config (config.json)")
+
+
+def load_with_step(
+    path: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
+):
+  """(config, model, step) of the export at `path`, as train_lib.load_with_step
+  gives them for a workdir: `step`, if given, must be the exported one;
+  `config` replaces the saved one (its model must match); the parameters are
+  restored onto the config's mesh, or data parallel over all devices if the
+  saved mesh does not fit this machine."""
+  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
+  manifest = read_manifest(path)
+  if step is not None and step != manifest["step"]:
+    raise ckpt_lib.MissingStepError(
+        f"{path} is an export of step {manifest['step']} only, not of step {step}")
+  if config is None:
+    config = ckpt_lib.load_config(path)
+    sharding.fit_mesh_to_devices(config)
+  mesh = sharding.make_mesh(config)
+  graphdef, state_template, abstract_params = train_lib.abstract_model(config)
+  shardings = sharding.shardings(mesh, sharding.param_specs(config, abstract_params))
+  where = os.path.join(path, PARAMS_DIR)
+  with ocp.StandardCheckpointer() as checkpointer:
+    try:
+      saved = checkpointer.metadata(where)
+    except Exception as e:  # Orbax raises many kinds on missing or bad files
+      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+                            "export the workdir again") from e
+    _check_shapes(path, getattr(saved, "item_metadata", None) or getattr(saved, "tree", saved),
+                  abstract_params)
+    try:
+      params = checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+                            "export the workdir again") from e
+  got = ckpt_lib.fingerprint(params)
+  recorded = manifest["integrity"].get("sums", {})
+  bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
+  if bad:
+    raise CheckpointError(
+        f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
+        f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again")
+  model = merge_params(graphdef, state_template, params)
+  model.eval()
+  return config, model, manifest["step"]

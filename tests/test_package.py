@@ -1,0 +1,247 @@
+"""The installable package: configs found by name from any directory, JAX's
+persistent compilation cache (on by default, and a warm run compiles
+nothing), and the README's Python snippet run from an installed wheel in
+another directory."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import jax
+import pytest
+
+from compressive import cli
+from compressive import train_lib
+from test_train import tiny_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 600
+
+
+def python(*args, cwd, env=None):
+  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=TIMEOUT)
+
+
+# -- Configs by name. -----------------------------------------------------------
+
+
+def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert {"default", "enwik8", "gpu8"} <= set(cli.config_names())
+  assert cli.resolve_config("default") == os.path.join(cli.CONFIG_DIR, "default.py")
+  assert cli.resolve_config("gpu8:pg19") == os.path.join(cli.CONFIG_DIR, "gpu8.py") + ":pg19"
+  for value in ("configs/default.py", "default.py", "nope", "/x/default", "", "gpu8.py:pg19"):
+    assert cli.resolve_config(value) == value
+  (tmp_path / "default").write_text("")  # a file of that name here is the file
+  assert cli.resolve_config("default") == "default"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config=enwik8", "--config.model.num_layerz=2"], "cannot apply --config.model.num_layerz"),
+    (["--config", "gpu1:recall", "--config.batch_sizee=2"], "cannot apply --config.batch_sizee"),
+    (["--config=enwik9"], "--config=enwik9: no such config name (default, "),
+], ids=["name", "name with argument", "unknown name"])
+def test_train_finds_a_config_by_name_from_another_directory(tmp_path, args, message):
+  # The config is loaded (the override of a field it lacks is the error), from
+  # a directory without configs/.
+  r = python(os.path.join(ROOT, "train.py"), f"--workdir={tmp_path}/wd", *args, cwd=tmp_path)
+  assert r.returncode == 2, r.stderr[-3000:]
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], r.stderr[-3000:]
+  assert not os.path.exists(tmp_path / "wd")
+
+
+# -- The persistent compilation cache. --------------------------------------------
+
+
+@pytest.mark.parametrize("flag,environ,expected", [
+    (None, {}, cli.default_compilation_cache()),
+    (None, {"COMPRESSIVE_COMPILATION_CACHE": "/c"}, "/c"),
+    (None, {"COMPRESSIVE_COMPILATION_CACHE": ""}, ""),
+    (None, {"JAX_COMPILATION_CACHE_DIR": "/j"}, None),  # JAX's own setting is kept
+    (None, {"JAX_COMPILATION_CACHE_DIR": "/j", "COMPRESSIVE_COMPILATION_CACHE": "/c"}, None),
+    ("/f", {"JAX_COMPILATION_CACHE_DIR": "/j", "COMPRESSIVE_COMPILATION_CACHE": "/c"}, "/f"),
+    ("", {"COMPRESSIVE_COMPILATION_CACHE": "/c"}, ""),
+])
+def test_where_the_compilation_cache_goes(flag, environ, expected):
+  assert cli.compilation_cache_dir(flag, environ) == expected
+
+
+def test_default_compilation_cache_is_under_the_users_cache():
+  assert cli.default_compilation_cache() == os.path.join(
+      os.path.expanduser("~"), ".cache", "compressive", "jax")
+
+
+def test_an_unusable_compilation_cache_is_a_warning(tmp_path, capsys):
+  (tmp_path / "file").write_text("")
+  enabled = jax.config.jax_enable_compilation_cache
+  try:
+    assert cli.use_compilation_cache(str(tmp_path / "file" / "cache")) == ""
+    assert not jax.config.jax_enable_compilation_cache
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("warning: compiling without the compilation cache")
+  assert "is a file, not a folder" in err[0]
+
+
+# train.py with JAX's cache events counted (jax.monitoring): a hit is a program
+# loaded from the cache, a miss one compiled and written to it.
+COUNTING_TRAIN = textwrap.dedent("""
+    import atexit, os, runpy, sys
+    import jax.monitoring
+    counts = {"hits": 0, "misses": 0}
+    def listener(event, **kwargs):
+      if event == "/jax/compilation_cache/cache_hits":
+        counts["hits"] += 1
+      elif event == "/jax/compilation_cache/cache_misses":
+        counts["misses"] += 1
+    jax.monitoring.register_event_listener(listener)
+    atexit.register(lambda: print("CACHE", counts["hits"], counts["misses"], file=sys.stderr))
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python train.py`
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """)
+
+
+def cache_counts(stderr: str) -> tuple[int, int]:
+  line = [l for l in stderr.splitlines() if l.startswith("CACHE ")][-1]
+  return tuple(int(n) for n in line.split()[1:])
+
+
+def cache_entries(path) -> set[str]:
+  return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+
+def test_a_warm_run_compiles_nothing(tmp_path):
+  config = tmp_path / "tiny.py"
+  config.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+      from test_train import tiny_experiment
+
+      def get_config():
+        return tiny_experiment(num_train_steps=2, checkpoint_every_steps=2,
+                               eval_every_steps=0, log_every_steps=1)
+      """))
+  cache, jax_cache, ours = tmp_path / "cache", tmp_path / "jax_env", tmp_path / "ours_env"
+  # Every program is written, however fast it compiled: counts, not timings.
+  env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             COMPRESSIVE_COMPILATION_CACHE=str(ours), JAX_COMPILATION_CACHE_DIR=str(cache))
+  train = [os.path.join(ROOT, "train.py"), f"--config={config}"]
+
+  # Cold: JAX's own JAX_COMPILATION_CACHE_DIR wins over the default and
+  # COMPRESSIVE_COMPILATION_CACHE.
+  r = python("-c", COUNTING_TRAIN, *train, f"--workdir={tmp_path}/wd1", cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  _, misses = cache_counts(r.stderr)
+  entries = cache_entries(cache)
+  assert 0 < len([e for e in entries if e.endswith("-cache")]) <= misses
+  assert not cache_entries(ours)
+
+  # Warm, in a new workdir: --compilation_cache wins over everything; every
+  # program comes from the cache and nothing new is written.
+  env["JAX_COMPILATION_CACHE_DIR"] = str(jax_cache)
+  r = python("-c", COUNTING_TRAIN, *train, f"--workdir={tmp_path}/wd2",
+             f"--compilation_cache={cache}", cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  warm_hits, warm_misses = cache_counts(r.stderr)
+  assert warm_hits > 0 and warm_misses == 0, (misses, warm_hits, warm_misses)
+  assert cache_entries(cache) == entries
+  assert not cache_entries(jax_cache) and not cache_entries(ours)
+
+  # Off.
+  r = python("-c", COUNTING_TRAIN, *train, f"--workdir={tmp_path}/wd3", "--compilation_cache=",
+             cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert cache_counts(r.stderr) == (0, 0)
+  assert cache_entries(cache) == entries and not cache_entries(jax_cache)
+
+
+# -- The installed package. ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+  """A virtual environment with the package installed from its wheel (built
+  from a copy of the sources, so the repository gets no build/ folder) and
+  the dependencies of this interpreter's environment (a .pth line: nothing is
+  downloaded). Returns (python, site-packages)."""
+  pytest.importorskip("setuptools", minversion="64")  # builds the wheel here, offline
+  tmp = tmp_path_factory.mktemp("installed")
+  src = tmp / "src"
+  for name in ("pyproject.toml", "README.md", "requirements.txt"):
+    os.makedirs(src, exist_ok=True)
+    shutil.copy(os.path.join(ROOT, name), src / name)
+  for name in ("compressive", "configs"):
+    shutil.copytree(os.path.join(ROOT, name), src / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  r = python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+             "-w", str(tmp / "wheels"), str(src), cwd=tmp)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  [wheel] = os.listdir(tmp / "wheels")
+  venv = tmp / "venv"
+  r = python("-m", "venv", "--without-pip", str(venv), cwd=tmp)
+  assert r.returncode == 0, r.stderr[-3000:]
+  exe = str(venv / "bin" / "python")
+  site = subprocess.run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+  with open(os.path.join(site, "_dependencies.pth"), "w") as f:
+    f.write("\n".join(sorted(deps)) + "\n")
+  r = python("-m", "pip", "install", "--no-deps", "--no-index", "--target", site,
+             str(tmp / "wheels" / wheel), cwd=tmp)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  return exe, site
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("trained") / "wd")
+  train_lib.train_and_evaluate(
+      tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
+                      log_every_steps=1), workdir)
+  return workdir
+
+
+# The README's "From Python" snippet, with a trained workdir.
+README_SNIPPET = """
+import jax.numpy as jnp
+from flax import nnx
+import compressive
+from configs import default
+
+cfg = default.get_config().model
+model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
+memory = compressive.init_memory(cfg, batch_size=2)          # all slots empty
+tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
+start = jnp.array([True, False])                               # row 0 starts a document
+logits, memory, aux = model(tokens, memory, start)
+print(aux["reconstruction_loss"], aux["attention_mass/compressed_memory"])
+
+config, trained = compressive.load(WORKDIR)             # a trained model back
+"""
+
+
+def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, trained, tmp_path):
+  exe, site = installed
+  code = README_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""
+      import os
+      from compressive import cli
+      site = {site!r}
+      assert compressive.__file__.startswith(site), compressive.__file__
+      assert default.__file__.startswith(site), default.__file__
+      assert cli.resolve_config("enwik8") == os.path.join(site, "configs", "enwik8.py")
+      assert logits.shape == (2, cfg.segment_length, cfg.vocab_size)
+      assert config.model.d_model == 32
+      print("OK")
+      """)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  r = subprocess.run([exe, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                     timeout=TIMEOUT)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.strip().splitlines()[-1] == "OK"
