@@ -10,10 +10,14 @@ bucket over [compressed memory | memory | segment], per layer.
 data.source=recall).
 The JSON is printed as the last line of stdout, then written with a figure to
 DIR/analysis_<name>_<split>.{json,png} (a workdir that cannot be written, e.g.
-read-only, is a warning).
+read-only, is a warning). A progress line (segment i/total, tokens per second,
+ETA) goes to stderr every --progress_seconds.
+
+The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -26,7 +30,7 @@ from compressive import analysis
 from compressive import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive import train_lib
+from compressive import eval_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -34,12 +38,18 @@ flags.DEFINE_string("workdir", None, "A training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
 flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
                   "What to measure.")
+# The same default split as eval.py's (validation; see there).
 flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
 flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
 flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
 flags.DEFINE_integer("compressed_memory_length", None,
                      "Compressed memory slots (eval.compressed_memory_length); 0 removes the "
                      "compressed memory, to see what it contributes.")
+flags.DEFINE_list("mesh_shape", None,
+                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
+                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
+flags.DEFINE_float("progress_seconds", 10.0,
+                   "Seconds between progress lines on stderr (0: every segment).")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
 flags.mark_flags_as_required(["workdir"])
@@ -104,6 +114,7 @@ def validate_flags() -> None:
   for name in ("memory_length", "compressed_memory_length"):
     cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
   cli.check_flag("step", cli.at_least(0), ">= 0")
+  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
 
 
 def main(argv):
@@ -112,36 +123,40 @@ def main(argv):
   absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
   with cli.user_errors():
     validate_flags()
-    saved = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
-    if FLAGS.analysis == "recall" and saved.data.source != "recall":
+    logging.getLogger("compressive").setLevel(logging.INFO)  # progress lines on stderr
+    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    if FLAGS.analysis == "recall" and config.data.source != "recall":
       raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
-                        f"{FLAGS.workdir} was trained on data.source={saved.data.source}")
+                        f"{FLAGS.workdir} was trained on data.source={config.data.source}")
+    sizes = {name: FLAGS[name].value for name in ("memory_length", "compressed_memory_length")}
+    suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
+    note = eval_lib.prepare_config(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
     # The corpus before the model: a corpus that cannot be read fails before any loading.
-    tokenizer = data_lib.get_tokenizer(saved.data)
-    documents = data_lib.get_documents(saved.data, FLAGS.split, tokenizer)
-    config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-    suffix = ""
-    for name in ("memory_length", "compressed_memory_length"):
-      if FLAGS[name].value is not None:
-        config.eval[name] = FLAGS[name].value
-        suffix += f"_{name}{FLAGS[name].value}"
-    train_lib.validate_config(config)
+    tokenizer = data_lib.get_tokenizer(config.data)
+    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
+    every = FLAGS.progress_seconds
     if FLAGS.analysis == "attention":
       try:
         result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
-                                              max_segments=FLAGS.max_segments)
+                                              max_segments=FLAGS.max_segments,
+                                              progress_every_s=every)
       except ValueError as e:  # the split's documents are too short to fill the memories
         if not str(e).startswith("no segment had full memories"):
           raise
         raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
       plot = plot_attention
     elif FLAGS.analysis == "recall":
-      result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments)
+      result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
+                                        progress_every_s=every)
       plot = plot_recall
     else:
       result = analysis.loss_by_position(model, documents, config,
                                          bucket_tokens=FLAGS.bucket_tokens,
-                                         max_segments=FLAGS.max_segments)
+                                         max_segments=FLAGS.max_segments,
+                                         progress_every_s=every)
       plot = plot_loss
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
   print(json.dumps(result), flush=True)

@@ -1,4 +1,4 @@
-"""Evaluate a training workdir: python eval.py --workdir=DIR [--split=test].
+"""Evaluate a training workdir: python eval.py --workdir=DIR [--split=validation].
 
 Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
@@ -12,10 +12,14 @@ else data parallel over all of them (-1,1,1), unless --mesh_shape says
 otherwise (e.g. --mesh_shape=1,8,1 to keep parameters sharded). Multi-host:
 the same flags as train.py (--multihost, or --coordinator_address,
 --num_processes, --process_id); process 0 prints and writes the result.
+
+A progress line (segment i/total, tokens per second, ETA) goes to stderr
+every --progress_seconds; stdout holds only the result.
 """
 
 import contextlib
 import json
+import logging
 import os
 import sys
 
@@ -24,18 +28,23 @@ from absl import flags
 from absl import logging as absl_logging
 import jax
 
-from compressive.errors import CheckpointError, ConfigError, UserError
+import compressive
+from compressive.errors import CheckpointError
 from compressive import checkpoint
 from compressive import cli
 from compressive import data as data_lib
 from compressive import eval_lib
+from compressive import export_lib
 from compressive import sharding
-from compressive import train_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
-flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "Split to evaluate.")
+# One default split for eval.py and analyze.py: validation. The test split is
+# for the final numbers a run reports, asked for by name (README's `make
+# experiment` runs eval.py --split=test); a default that reads it invites
+# choosing runs by their test score.
+flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split to evaluate.")
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
 flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
@@ -45,6 +54,8 @@ flags.DEFINE_integer("max_segments", None, "Stop after this many segments per ro
 flags.DEFINE_list("mesh_shape", None,
                   "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
                   "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
+flags.DEFINE_float("progress_seconds", 10.0,
+                   "Seconds between progress lines on stderr (0: every segment).")
 flags.DEFINE_bool("multihost", False,
                   "Join JAX's distributed runtime, detecting the cluster (as train.py).")
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (as train.py).")
@@ -61,6 +72,7 @@ def validate_flags() -> None:
     cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
   cli.check_flag("max_segments", cli.at_least(1), ">= 1")
   cli.check_flag("step", cli.at_least(0), ">= 0")
+  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
 
 
 def main(argv):
@@ -73,45 +85,35 @@ def main(argv):
     sharding.initialize_distributed(
         auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
         num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+    # Progress lines on stderr, from process 0 only.
+    logging.getLogger("compressive").setLevel(
+        logging.INFO if jax.process_index() == 0 else logging.WARNING)
     config = checkpoint.load_config(FLAGS.workdir)
-    for name in eval_lib.SIZE_FIELDS:
-      if FLAGS[name].value is not None:
-        config.eval[name] = FLAGS[name].value
     config.eval.split = FLAGS.split
-    if "mesh" not in config:  # a workdir saved before config.mesh existed
-      config.mesh = sharding.default_mesh_config()
-    if FLAGS.mesh_shape is not None:
-      try:
-        config.mesh.shape = tuple(int(n) for n in FLAGS.mesh_shape)
-      except ValueError:
-        raise ConfigError(f"--mesh_shape={','.join(FLAGS.mesh_shape)} must be integers") from None
-    elif sharding.fit_mesh_to_devices(config):
-      print(f"note: the training mesh does not fit the {jax.device_count()} devices here; "
-            f"evaluating on mesh.shape={config.mesh.shape} (choose with --mesh_shape)",
-            file=sys.stderr)
-    try:
-      train_lib.validate_config(config)
-    except UserError as e:
-      if "mesh.shape" in str(e):
-        raise ConfigError(f"{e} (set --mesh_shape for this machine)") from None
-      raise
-    checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
-    saved = checkpointer.all_steps()
-    checkpointer.close()
-    step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
-    if step is None:
-      raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
-    if step not in saved:
-      raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
-                            f"saved steps are {', '.join(map(str, saved))}")
+    note = eval_lib.prepare_config(
+        config, sizes={name: FLAGS[name].value for name in eval_lib.SIZE_FIELDS},
+        mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
+    if not export_lib.is_export(FLAGS.workdir):  # an export holds one step, checked on load
+      checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+      saved = checkpointer.all_steps()
+      checkpointer.close()
+      step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+      if step is None:
+        raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+      if step not in saved:
+        raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                              f"saved steps are {', '.join(map(str, saved))}")
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
     # The newest step when none is given: a trainer may rotate it away
     # meanwhile, and load() then reads the newest one that exists.
-    config, model, step = train_lib.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
-    result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments)
+    config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
+    result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
+                               progress_every_s=FLAGS.progress_seconds)
   result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
   if jax.process_index():
     return

@@ -4,6 +4,10 @@
 
 The prompt is consumed segment by segment into the memory; decoding is token by
 token with cached keys and values; length is unbounded, memory use is not.
+
+The memory has the evaluation sizes of the workdir's config (config.eval, as
+eval.py and analyze.py use; -1 there: training's), which --memory_length and
+--compressed_memory_length override; --mesh_shape works as in eval.py.
 """
 
 import os
@@ -17,6 +21,7 @@ import compressive
 from compressive import checkpoint
 from compressive import cli
 from compressive import data as data_lib
+from compressive import eval_lib
 from compressive.errors import ConfigError
 from compressive.sampling import Sampler, TextStream
 
@@ -30,6 +35,12 @@ flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
+flags.DEFINE_integer("compressed_memory_length", None,
+                     "Compressed memory slots (eval.compressed_memory_length).")
+flags.DEFINE_list("mesh_shape", None,
+                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
+                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -42,6 +53,8 @@ def validate_flags() -> None:
   cli.check_flag("top_k", cli.at_least(0), ">= 0 (0: all tokens)")
   cli.check_flag("top_p", lambda p: 0.0 < p <= 1.0, "in (0, 1] (1: off)")
   cli.check_flag("step", cli.at_least(0), ">= 0")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
 
 
 def read_prompt() -> str:
@@ -79,12 +92,20 @@ def main(argv):
     validate_flags()
     prompt = read_prompt()
     config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    note = eval_lib.prepare_config(
+        config, sizes={name: FLAGS[name].value
+                       for name in ("memory_length", "compressed_memory_length")},
+        mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
     tokenizer = data_lib.get_tokenizer(config.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
-    config, model = compressive.load(FLAGS.workdir, FLAGS.step)
-    sampler = Sampler(model, batch_size=1)
+    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
+    sizes = eval_lib.eval_sizes(config)
+    sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
+                      compressed_memory_length=sizes["compressed_memory_length"])
     stream = TextStream(tokenizer)
     try:
       sys.stdout.write(prompt)

@@ -4,6 +4,9 @@ Override any config field with --config.a.b=value (a typo is an error). A
 workdir that already holds checkpoints is resumed from its latest one, on
 whatever mesh this run's config and devices give.
 
+Process 0 also appends the log to WORKDIR/train.log; --profile_steps=START,END
+writes a JAX profiler trace of those steps to WORKDIR/profile.
+
 Multi-host (README "Scaling out"): start the same command on every host with
 --multihost (Cloud TPU slices, SLURM and Open MPI are detected), or with
 --coordinator_address=HOST:PORT --num_processes=N --process_id=I anywhere
@@ -15,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -24,6 +28,7 @@ import jax
 from compressive import cli
 from compressive import sharding
 from compressive import train_lib
+from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
@@ -39,7 +44,26 @@ flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
+flags.DEFINE_string("profile_steps", "",
+                    "START,END: a JAX profiler trace of steps START to END (inclusive) into "
+                    "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
 flags.mark_flags_as_required(["workdir"])
+
+
+def profile_steps() -> Optional[tuple[int, int]]:
+  """--profile_steps as (START, END); None when empty; ConfigError if malformed."""
+  text = FLAGS.profile_steps.strip()
+  if not text:
+    return None
+  parts = text.split(",")
+  try:
+    start, end = (int(p) for p in parts)
+  except ValueError:
+    start = end = None
+  if start is None or not 1 <= start <= end:
+    raise ConfigError(f"--profile_steps={FLAGS.profile_steps} must be START,END: two step "
+                      "numbers with 1 <= START <= END")
+  return start, end
 
 
 def initialize_distributed() -> None:
@@ -89,12 +113,14 @@ def main(argv):
 
 def train(config, workdir: str) -> None:
   with cli.user_errors():
+    profile = profile_steps()
     initialize_distributed()
     setup_logging()
     train_lib.validate_config(config)
     stop = stop_on_signals()
     result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.is_set,
-                                          restore_intact=FLAGS.restore_intact)
+                                          restore_intact=FLAGS.restore_intact,
+                                          profile_steps=profile)
   if jax.process_index():
     return
   print(f"TensorBoard logs: tensorboard --logdir {workdir}/tensorboard")

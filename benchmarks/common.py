@@ -1,6 +1,7 @@
 """Shared pieces of the benchmarks: the reference config, timed train and
-streaming-evaluation loops on synthetic tokens, FLOP counting, a matmul
-roofline and memory readings. Not part of the package, not run by CI.
+streaming-evaluation loops on synthetic tokens, FLOP counting (from the
+library: compressive/flops.py, which the training log's MFU uses too), a
+matmul roofline and memory readings. Not part of the package, not run by CI.
 
 The reference config (issue #6): vocab 256, d_model 512, 8 layers, 8 heads,
 d_ff 2048, segment 256, memory 256, compressed memory 256, rate 4, batch 4,
@@ -10,7 +11,6 @@ compressed memory.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import resource
 import sys
@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from compressive import eval_lib  # noqa: E402
+from compressive.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
 from compressive import memory as memory_lib  # noqa: E402
 from compressive import train_lib  # noqa: E402
 from configs import default as default_config  # noqa: E402
@@ -155,62 +156,6 @@ def matmul_gflops(n: int = 2048, dtype=jnp.float32, seconds: float = 2.0) -> flo
     f(x, x).block_until_ready()
     best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
   return best
-
-
-@dataclasses.dataclass
-class Flops:
-  """Model FLOPs per token, MaxText's way: matmuls only, 2 per multiply-add;
-  training = forward + backward, where a weight's backward is 2x its forward
-  (input and weight gradients) except where its input is stop-gradient
-  (memory key/value projections, the compressor: weight gradient only);
-  causal attention within the segment counted at half."""
-  forward: float
-  train: float
-  evaluate: float  # forward with evaluation's key/value cache
-
-
-def flops_per_token(model_config, batch_size: int) -> Flops:
-  m = model_config
-  d, f, v, t = m.d_model, m.d_ff, m.vocab_size, m.segment_length
-  mem, cmem, c = m.memory_length, m.compressed_memory_length, m.compression_rate
-  keys = cmem + mem + t
-  # Dense weights applied to the segment's tokens (fwd 2 flops per MAC).
-  seg_weights = 2 * (d * d  # query
-                     + 2 * d * d  # key, value of the segment
-                     + d * d  # output
-                     + 2 * d * f)  # feed-forward
-  # Keys and values of the memories (both banks), per segment token.
-  mem_kv = 2 * 2 * d * d * (cmem + mem) / t
-  # Relative position keys: W_r on `keys` sinusoids, once per segment for
-  # all rows.
-  pos = 2 * d * d * keys / (t * batch_size)
-  # Attention: content logits, position logits, weighted values.
-  attend = 3 * 2 * d * (cmem + mem + t / 2)
-  # Compression (conv, kernel = stride = c): t / c new slots per segment, each
-  # a c*d -> d product: 2*d*d per token.
-  compress = 2 * d * d if cmem and m.compression in ("conv",) else 0
-  # Reconstruction (training only): the segment's queries attend (content
-  # logits + values) over the t evicted memories, whose keys and values the
-  # layer's attention already computed (the target: forward only, no
-  # gradient), and over the t / c compressed slots through frozen key/value
-  # weights (the approximation: forward, then the gradient into the slots
-  # and on to the compressor; none into the weights or the queries).
-  if cmem and m.reconstruction_loss == "attention":
-    target = 2 * 2 * d * t
-    approx = 2 * 2 * d * t / c + 2 * 2 * d * d * (t / c) / t
-    recon_train = target + 2 * approx
-  else:
-    recon_train = 0
-  head = 2 * d * v
-  layers = m.num_layers
-  forward = layers * (seg_weights + mem_kv + pos + attend + compress) + head
-  train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * compress + recon_train)
-           + 3 * head)
-  # Evaluation's cache computes a slot's keys and values once: the segment's
-  # (already in seg_weights) and those of the t / c new compressed slots.
-  cached_kv = 2 * 2 * d * d / c if cmem else 0
-  evaluate = forward - layers * (mem_kv - cached_kv)
-  return Flops(forward=forward, train=train, evaluate=evaluate)
 
 
 def peak_rss_mib() -> float:

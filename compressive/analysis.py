@@ -27,12 +27,16 @@ from compressive import memory as memory_lib
 from compressive.model import BANKS
 
 
-def _stream(model, documents, config, max_segments, collect_attention):
-  """Yields (batch, memory before the call, logits, aux) over a split."""
+def _stream(model, documents, config, max_segments, collect_attention, progress_every_s=10.0,
+            what="analysis"):
+  """Yields (batch, memory before the call, logits, aux) over a split,
+  logging progress (eval_lib.Progress) every `progress_every_s` seconds."""
   sizes = eval_lib.eval_sizes(config)
   b = min(sizes["batch_size"], len(documents))
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=sizes["segment_length"],
                                 seed=config.seed, repeat=False)
+  total = it.num_batches if not max_segments else min(it.num_batches, max_segments)
+  progress = eval_lib.Progress(what, total, b * sizes["segment_length"], progress_every_s)
   memory = memory_lib.init_memory(
       config.model, b, jnp.dtype(config.model.dtype), memory_length=sizes["memory_length"],
       compressed_memory_length=sizes["compressed_memory_length"])
@@ -53,6 +57,7 @@ def _stream(model, documents, config, max_segments, collect_attention):
     if max_segments and n >= max_segments:
       break
     memory, before, nll, correct, aux = step(state, memory, batch)
+    progress.update(n + 1)
     yield batch, before, nll, correct, aux
 
 
@@ -65,7 +70,7 @@ def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
 
 def attention_by_bucket(
     model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
-    buckets: int = 6, max_segments: Optional[int] = None,
+    buckets: int = 6, max_segments: Optional[int] = None, progress_every_s: float = 10.0,
 ) -> dict:
   """Average attention weight per position bucket, per layer (§5.5 figure).
 
@@ -74,7 +79,8 @@ def attention_by_bucket(
   """
   total, rows = None, 0
   c_len = m_len = None
-  for batch, before, _, _, aux in _stream(model, documents, config, max_segments, True):
+  for batch, before, _, _, aux in _stream(model, documents, config, max_segments, True,
+                                               progress_every_s, "attention"):
     full = np.asarray(before.mem_mask[0].all(-1) & before.cmem_mask[0].all(-1))  # [B]
     if not full.any():
       continue
@@ -97,6 +103,7 @@ def attention_by_bucket(
 def loss_by_position(
     model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
     bucket_tokens: int = 1024, max_segments: Optional[int] = None,
+    progress_every_s: float = 10.0,
 ) -> dict:
   """Mean loss (nats) by position within documents, in log-spaced buckets.
 
@@ -106,7 +113,8 @@ def loss_by_position(
   t = eval_lib.eval_sizes(config)["segment_length"]
   nats, counts = {}, {}
   row_pos = None
-  for batch, _, nll, _, _ in _stream(model, documents, config, max_segments, False):
+  for batch, _, nll, _, _ in _stream(model, documents, config, max_segments, False,
+                                           progress_every_s, "loss_by_position"):
     sos = np.asarray(batch["start_of_sequence"])
     row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
     row_pos[sos] = 0
@@ -128,7 +136,7 @@ def loss_by_position(
 
 
 def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
-                    max_segments: Optional[int] = None) -> dict:
+                    max_segments: Optional[int] = None, progress_every_s: float = 10.0) -> dict:
   """Accuracy on the answers of `recall` documents, by fact-to-query distance.
 
   Returns {"distance": [...], "byte_accuracy": [...], "exact_match": [...],
@@ -152,7 +160,8 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
         table[q.answer_start + k] = (qid, q.distance)
     answer_at.append(table)
   distance_of = {}
-  for batch, _, _, correct, _ in _stream(model, documents, config, max_segments, False):
+  for batch, _, _, correct, _ in _stream(model, documents, config, max_segments, False,
+                                               progress_every_s, "recall"):
     sos = np.asarray(batch["start_of_sequence"])
     docs_seen += sos
     row_pos[sos] = 0

@@ -19,8 +19,10 @@ only its own rows.
 from __future__ import annotations
 
 import functools
+import logging
 import math
-from typing import Any, Optional
+import time
+from typing import Any, Mapping, Optional, Sequence
 
 from flax import nnx
 import jax
@@ -33,7 +35,10 @@ from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
+from compressive.errors import UserError
 from compressive.model import KeysValues, merge_params
+
+_log = logging.getLogger("compressive")
 
 
 SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memory_length")
@@ -67,6 +72,81 @@ def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) ->
         f"eval.segment_length={t} is not a multiple of model.compression_rate={cfg.compression_rate}")
   if config.eval.split not in ("train", "validation", "test"):
     raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
+
+
+def prepare_config(config: ml_collections.ConfigDict, *,
+                   sizes: Optional[Mapping[str, Optional[int]]] = None,
+                   mesh_shape: Optional[Sequence[str]] = None) -> Optional[str]:
+  """A saved training config made ready for the tools that read a workdir
+  (eval.py, analyze.py, sample.py), in place, and checked (ConfigError).
+
+  Args:
+    sizes: evaluation sizes to set (SIZE_FIELDS; None leaves one as saved).
+    mesh_shape: --mesh_shape's values (devices along each of mesh.axes, -1:
+      the rest); None keeps the saved mesh if it fits this machine's devices,
+      else data parallel over all of them.
+
+  Returns:
+    A note for the user when the saved mesh was replaced, else None.
+  """
+  from compressive import train_lib  # pylint: disable=g-import-not-at-top  (it imports this)
+  for name, value in (sizes or {}).items():
+    if name not in SIZE_FIELDS:
+      raise ValueError(f"{name} is not one of {SIZE_FIELDS}")
+    if value is not None:
+      config.eval[name] = value
+  if "mesh" not in config:  # a workdir saved before config.mesh existed
+    config.mesh = sharding.default_mesh_config()
+  note = None
+  if mesh_shape is not None:
+    try:
+      config.mesh.shape = tuple(int(n) for n in mesh_shape)
+    except ValueError:
+      raise ConfigError(f"--mesh_shape={','.join(map(str, mesh_shape))} must be integers") from None
+  elif sharding.fit_mesh_to_devices(config):
+    note = (f"note: the training mesh does not fit the {jax.device_count()} devices here; "
+            f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)")
+  try:
+    train_lib.validate_config(config, training=False)
+  except UserError as e:
+    if "mesh.shape" in str(e):
+      raise ConfigError(f"{e} (set --mesh_shape for this machine)") from None
+    raise
+  return note
+
+
+class Progress:
+  """A progress line on the "compressive" logger (stderr in the tools):
+  `<what>: segment i/total, x tok/s, ETA h:mm:ss`, every `every_s` seconds
+  (<= 0: every segment). Timed from the end of the first segment, so that
+  compilation counts in neither the rate nor the ETA; nothing is logged
+  before a second segment."""
+
+  def __init__(self, what: str, total: Optional[int], tokens_per_segment: int,
+               every_s: float = 10.0):
+    self.what, self.total, self.tokens, self.every_s = what, total, tokens_per_segment, every_s
+    self._start: Optional[tuple[float, int]] = None  # (time, segments) after the first
+    self._last = 0.0
+
+  def update(self, done: int) -> None:
+    """`done` segments are dispatched (per row)."""
+    now = time.time()
+    if self._start is None:
+      self._start, self._last = (now, done), now
+      return
+    if now - self._last < self.every_s:
+      return
+    self._last = now
+    rate = (done - self._start[1]) / max(now - self._start[0], 1e-9)  # segments / s
+    total = "?" if self.total is None else str(self.total)
+    eta = "?" if self.total is None else hms((self.total - done) / max(rate, 1e-9))
+    _log.info("%s: segment %d/%s, %.0f tok/s, ETA %s", self.what, done, total,
+              rate * self.tokens, eta)
+
+
+def hms(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def make_eval_step(model, mesh: Optional[Mesh] = None,
@@ -130,6 +210,7 @@ def evaluate(
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
+    progress_every_s: float = 10.0,
 ) -> dict[str, float]:
   """Streams `documents` through `model` with a fresh evaluation memory.
 
@@ -138,6 +219,7 @@ def evaluate(
       estimate during training); None or <= 0 evaluates the whole split.
     mesh: where to run; default the config's mesh over all devices. In a
       multi-process run every process calls this and gets the same result.
+    progress_every_s: seconds between progress lines (`Progress`).
   """
   sizes = eval_sizes(config)
   model.eval()
@@ -164,12 +246,16 @@ def evaluate(
                      (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []
+  limited = bool(max_segments and max_segments > 0)
+  progress = Progress("eval", min(it.num_batches, max_segments) if limited else it.num_batches,
+                      b * t, progress_every_s)
   for local in it:
     batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
              for k, v in local.items()}
     carry, nats, count = step(carry, batch)
     pending.append((nats, count))
     segments += 1
+    progress.update(segments)
     if len(pending) >= 64:
       total_nats += sum(float(n) for n, _ in pending)
       total_tokens += sum(float(c) for _, c in pending)

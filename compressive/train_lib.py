@@ -4,10 +4,12 @@ Notation: S segments per step, B rows, T segment length.
 
 One jitted call runs S consecutive segments of every row with `lax.scan`,
 carrying (train state, memory) and making one optimizer update per segment,
-as the paper trains (truncated BPTT over one segment). The memory is part of
-the carry, never module state, and is saved with every checkpoint together
-with the data iterator's position, so a resumed run sees exactly the batches
-and memories it would have.
+as the paper trains (truncated BPTT over one segment); with
+`config.grad_accum_steps` > 1 each segment's gradient is first summed over
+micro-batches of rows (the same update, less activation memory). The memory
+is part of the carry, never module state, and is saved with every checkpoint
+together with the data iterator's position, so a resumed run sees exactly
+the batches and memories it would have.
 
 Sharding (compressive/sharding.py): the train state, the memory and every
 batch live on the config's device mesh; the step is one `jit` with input and
@@ -40,6 +42,7 @@ import optax
 from compressive import checkpoint as ckpt_lib
 from compressive import data as data_lib
 from compressive import eval_lib
+from compressive import flops as flops_lib
 from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
@@ -157,32 +160,54 @@ def init_sharded_memory(config: ml_collections.ConfigDict, batch_size: int, layo
 
 
 def make_train_step(graphdef, state_template, tx, dropout: bool,
-                    layout: Optional[Layout] = None) -> Callable:
+                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1) -> Callable:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
 
   batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
   start_of_sequence [S, B] bool. metrics: per segment, summed over rows.
   With a `layout`, inputs and outputs keep its shardings (metrics
   replicated) and XLA partitions the step over the mesh.
+
+  `grad_accum_steps` = A > 1 computes each segment's gradient in A
+  micro-batches of B / A rows, one after the other (activation memory of
+  B / A rows), each with its own rows' memory, and sums them into ONE
+  optimizer update per segment, weighted so that the update is the
+  full-batch one (see `_accumulated_gradients`).
   """
+  if grad_accum_steps < 1:
+    raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
+  dp = _data_split(layout)
 
-  def segment(carry, seg):
-    state, memory = carry
-    rng = jax.random.fold_in(state.rng, state.step)
+  def forward(params, seg, memory, rng):
+    if layout is not None:  # FSDP: gather the stored shards to compute
+      params = jax.lax.with_sharding_constraint(params, layout.compute_params)
+    model = merge_params(graphdef, state_template, params)
+    logits, new_memory, aux = model(
+        seg["inputs"], memory, seg["start_of_sequence"],
+        dropout_rng=rng if dropout else None)
+    nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
+    return nats, count, new_memory, aux
 
+  def full_batch_gradients(params, seg, memory, rng):
     def loss_fn(params):
-      if layout is not None:  # FSDP: gather the stored shards to compute
-        params = jax.lax.with_sharding_constraint(params, layout.compute_params)
-      model = merge_params(graphdef, state_template, params)
-      logits, new_memory, aux = model(
-          seg["inputs"], memory, seg["start_of_sequence"],
-          dropout_rng=rng if dropout else None)
-      nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
+      nats, count, new_memory, aux = forward(params, seg, memory, rng)
       lm = nats / jnp.maximum(count, 1.0)
       # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
       return lm + aux["reconstruction_loss"], (new_memory, aux, nats, count)
 
-    grads, (new_memory, aux, nats, count) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, (new_memory, aux, nats, count) = jax.grad(loss_fn, has_aux=True)(params)
+    return grads, new_memory, aux, nats, count
+
+  def accumulated_gradients(params, seg, memory, rng):
+    return _accumulated_gradients(
+        forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
+        merge_params(graphdef, state_template, params).config.reconstruction_loss)
+
+  def segment(carry, seg):
+    state, memory = carry
+    rng = jax.random.fold_in(state.rng, state.step)
+    gradients = full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
+    grads, new_memory, aux, nats, count = gradients(state.params, seg, memory, rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -203,6 +228,111 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   return jax.jit(train_step, donate_argnums=(0, 1),
                  in_shardings=(layout.state, layout.memory, layout.batch),
                  out_shardings=(layout.state, layout.memory, layout.replicated))
+
+
+def _data_split(layout: Optional[Layout]) -> int:
+  """How many ways the layout splits batch rows (1 without a layout)."""
+  if layout is None:
+    return 1
+  entry = layout.batch["start_of_sequence"].spec[1]  # [S, B]: rows on the data axes
+  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  return math.prod(layout.mesh.shape[a] for a in names)
+
+
+def _split_rows(x: jax.Array, axis: int, parts: int, dp: int) -> jax.Array:
+  """[..., B, ...] (rows at `axis`) -> [parts, ..., B / parts, ...].
+
+  Micro-batch k takes the k-th 1/parts of every one of the `dp` data shards'
+  rows, so each micro-batch is split over the devices as the batch is, and
+  the split moves nothing between devices.
+  """
+  shape = x.shape
+  m = shape[axis] // (dp * parts)
+  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1:])
+  y = jnp.moveaxis(y, axis + 1, 0)  # [parts, ..., dp, m, ...]
+  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1:])
+
+
+def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
+  """The inverse of `_split_rows`: [parts, ..., B / parts, ...] -> [..., B, ...]."""
+  parts, shape = y.shape[0], y.shape[1:]
+  m = shape[axis] // dp
+  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1:])
+  z = jnp.moveaxis(z, 0, axis + 1)  # [..., dp, parts, m, ...]
+  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1:])
+
+
+def _reconstruction_row_weights(kind: str, memory, start_of_sequence, t: int) -> jax.Array:
+  """[B] each row's share of the reconstruction loss's denominator.
+
+  Each layer's reconstruction loss is a masked mean over the batch
+  (losses._masked_mse): over the rows that evict a valid memory slot
+  ("attention"), or over the valid evicted slots ("autoencoding"). The slots
+  a segment evicts are the oldest T of [memory; segment] after the
+  start-of-sequence reset (memory.push), and the masks are the same in every
+  layer (every layer is reset and pushed alike), so layer 0 gives every
+  layer's weights.
+  """
+  mask = memory.mem_mask[0]  # [B, M]
+  mask = jnp.where(start_of_sequence[:, None], False, mask)
+  evicted = jnp.concatenate([mask, jnp.ones((mask.shape[0], t), bool)], axis=1)[:, :t]  # [B, T]
+  if kind == "attention":
+    return evicted.any(-1).astype(jnp.float32)
+  if kind == "autoencoding":
+    return evicted.sum(-1).astype(jnp.float32)
+  return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
+
+
+def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: int,
+                           layout: Optional[Layout], reconstruction: str):
+  """(grads, new memory, aux, nats, count) of one segment, as the full batch
+  gives them, computed in `parts` micro-batches by a `lax.scan`.
+
+  The loss is LM + reconstruction (make_train_step). The LM loss is
+  nats / count over the whole batch, so micro-batch k contributes
+  nats_k / count with the FULL batch's count (known from the mask before
+  anything runs). The reconstruction loss is, per layer, a masked mean
+  S / W; micro-batch k's is S_k / W_k, so it contributes (W_k / W) of its
+  loss (weights from `_reconstruction_row_weights`). The gradients then sum
+  to the full batch's, up to float rounding; so do the metrics: nats and
+  count summed, the reconstruction loss weighted alike, the attention masses
+  (means over rows) averaged over the equal micro-batches. With dropout,
+  micro-batch k draws its masks from fold_in(rng, k).
+  """
+  t = seg["inputs"].shape[-1]
+  total = jnp.maximum(seg["mask"].astype(jnp.float32).sum(), 1.0)
+  row_weights = _reconstruction_row_weights(reconstruction, memory, seg["start_of_sequence"], t)
+  weights = _split_rows(row_weights, 0, parts, dp).sum(-1)  # [parts]
+  coefficients = weights / jnp.maximum(weights.sum(), 1.0)
+  micro_seg = {k: _split_rows(v, 0, parts, dp) for k, v in seg.items()}
+  micro_memory = jax.tree.map(lambda x: _split_rows(x, 1, parts, dp), memory)
+  if layout is not None:  # [parts, rows, ...]: the rows split as the batch's
+    micro_seg = jax.lax.with_sharding_constraint(
+        micro_seg, {k: layout.batch[k] for k in micro_seg})
+    micro_memory = jax.lax.with_sharding_constraint(micro_memory, jax.tree.map(
+        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)),
+        layout.memory))
+
+  def micro(grads, xs):
+    k, seg_k, memory_k, coefficient = xs
+
+    def loss_fn(params):
+      nats, count, new_memory, aux = forward(params, seg_k, memory_k, jax.random.fold_in(rng, k))
+      return nats / total + coefficient * aux["reconstruction_loss"], (new_memory, aux, nats, count)
+
+    g, out = jax.grad(loss_fn, has_aux=True)(params)
+    grads = jax.tree.map(jnp.add, grads, g)
+    if layout is not None:
+      grads = jax.lax.with_sharding_constraint(grads, layout.state.params)
+    return grads, out
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, (new_memory, aux, nats, count) = jax.lax.scan(
+      micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients))
+  new_memory = jax.tree.map(lambda y: _merge_rows(y, 1, dp), new_memory)
+  aux = {k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
+         for k, v in aux.items()}
+  return grads, new_memory, aux, nats.sum(), count.sum()
 
 
 def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -248,10 +378,27 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
   if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
     raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
+  accum = grad_accum_steps(config)
+  if not _is_int(accum) or accum < 1:
+    raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
+  if config.batch_size % accum:
+    raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
+                      f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
+                      "grad_accum_steps rows")
 
 
-def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  """Checks the experiment config before anything is built; ConfigError."""
+def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
+  """config.grad_accum_steps; 1 for a config saved before the field existed."""
+  return config.get("grad_accum_steps", 1)
+
+
+def validate_config(config: ml_collections.ConfigDict, *, training: bool = True) -> ModelConfig:
+  """Checks the experiment config before anything is built; ConfigError.
+
+  `training=False` (evaluating, analysing or sampling a trained config on
+  this machine's mesh) skips what only training's step needs: the
+  micro-batches of grad_accum_steps splitting along the mesh.
+  """
   cfg = ModelConfig.from_config(config.model)
   validate_training_config(config)
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
@@ -260,7 +407,15 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
-  sharding.validate(config)
+  shape = sharding.validate(config)
+  accum = grad_accum_steps(config)
+  dp = sharding.data_parallel_size(config, shape)
+  if training and accum > 1 and (config.batch_size // accum) % dp:
+    raise ConfigError(
+        f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
+        f"{config.batch_size // accum} rows per micro-batch is not divisible by {dp}, the "
+        f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
+        "lower grad_accum_steps or raise batch_size")
   return cfg
 
 
@@ -275,6 +430,7 @@ def train_and_evaluate(
     stop_at_step: Optional[int] = None,
     should_stop: Optional[Callable[[], bool]] = None,
     restore_intact: bool = False,
+    profile_steps: Optional[tuple[int, int]] = None,
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
@@ -292,23 +448,32 @@ def train_and_evaluate(
       when it returns True the step is checkpointed and training returns.
     restore_intact: if the newest checkpoint cannot be restored, resume from
       the newest one that can (instead of raising CheckpointError).
+    profile_steps: (START, END): a JAX profiler trace of steps START..END
+      (inclusive) into WORKDIR/profile (TensorBoard's profile tab, or
+      Perfetto); steps this run does not make are not traced.
 
   Raises:
     NonFiniteError: a loss or gradient was not finite; nothing of that step
       is checkpointed, so the last good checkpoint stays the newest.
 
+  Process 0 appends the "compressive" logger's lines to WORKDIR/train.log
+  while this runs (a handler added here and removed on return).
+
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
   validate_config(config)
+  profile_steps = validate_profile_steps(profile_steps)
   is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   lock = _lock_workdir(workdir, is_main)
+  log_file = None
   try:
+    log_file = _add_log_file(workdir) if is_main else None
     checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
     try:
       result = _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
-                      restore_intact)
+                      restore_intact, profile_steps)
     except BaseException:
       # Whatever ends the run (an exception, a second signal, a NaN): the
       # save in flight is finished before the error goes on, so no checkpoint
@@ -323,8 +488,78 @@ def train_and_evaluate(
     checkpointer.close()  # a failed last save is the run's error
     return result
   finally:
+    if log_file is not None:
+      _log.removeHandler(log_file)
+      log_file.close()
     if lock is not None:
       lock.release()
+
+
+LOG_FILE = "train.log"
+
+
+class _LogFile(logging.FileHandler):
+  """WORKDIR/train.log: appends the logger's lines. A write that fails (a
+  full disk) stops the file with one warning instead of printing logging's
+  traceback for every line; the console keeps the log."""
+
+  def handleError(self, record):
+    if getattr(self, "_failed", False):
+      return
+    self._failed = True
+    import sys  # pylint: disable=g-import-not-at-top
+    e = sys.exc_info()[1]
+    why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    print(f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
+          file=sys.stderr)
+
+  def emit(self, record):
+    if not getattr(self, "_failed", False):
+      super().emit(record)
+
+
+def _add_log_file(workdir: str) -> Optional[logging.Handler]:
+  """Adds WORKDIR/train.log to the "compressive" logger; None if this process
+  already logs to that file (a call within a call must not double lines)."""
+  path = os.path.abspath(os.path.join(workdir, LOG_FILE))
+  if any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in _log.handlers):
+    return None
+  handler = _LogFile(path, mode="a", encoding="utf-8")
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+  _log.addHandler(handler)
+  return handler
+
+
+def validate_profile_steps(profile_steps) -> Optional[tuple[int, int]]:
+  """(START, END) with 1 <= START <= END, or None; ConfigError otherwise."""
+  if profile_steps is None:
+    return None
+  try:
+    start, end = profile_steps
+  except (TypeError, ValueError):
+    start = end = None
+  if not (_is_int(start) and _is_int(end) and 1 <= start <= end):
+    raise ConfigError(f"profile_steps={profile_steps!r} must be (START, END) with "
+                      "1 <= START <= END")
+  return start, end
+
+
+def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The config flattened for MetricWriter.write_hparams: dotted keys, values
+  bool / int / float / str (tuples, lists, None and the rest as str)."""
+  flat: dict[str, Any] = {}
+
+  def visit(prefix: str, value):
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      for k, v in value.items():
+        visit(f"{prefix}{k}.", v)
+    elif isinstance(value, (bool, int, float, str)):
+      flat[prefix[:-1]] = value
+    else:
+      flat[prefix[:-1]] = str(value)
+
+  visit("", config.to_dict() if hasattr(config, "to_dict") else config)
+  return flat
 
 
 def _lock_workdir(workdir: str, is_main: bool):
@@ -395,7 +630,7 @@ def _newest_good_step(checkpointer, abstract_state, abstract_memory, layout) -> 
 
 
 def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
-           restore_intact) -> dict[str, float]:
+           restore_intact, profile_steps=None) -> dict[str, float]:
   if checkpointer.all_steps():
     ckpt_lib.check_resume_config(workdir, config)
 
@@ -406,6 +641,7 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
         f"vocabulary ({tokenizer.vocab_size})")
 
   s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
+  accum = grad_accum_steps(config)
   mesh = sharding.make_mesh(config)
   graphdef, state_template, abstract_params = abstract_model(config)
   tx = make_optimizer(config, abstract_params)
@@ -431,9 +667,17 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
                              layout, restore_intact, is_main)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
+  if config.optimizer.warmup_steps >= config.num_train_steps:
+    _log.warning(
+        "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
+        "up when the run ends and never reaches optimizer.learning_rate=%g",
+        config.optimizer.warmup_steps, config.num_train_steps, config.optimizer.learning_rate)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
-  with contextlib.closing(writer), contextlib.closing(eval_writer):
+  with contextlib.closing(writer), contextlib.closing(eval_writer), \
+      _Profiler(profile_steps, os.path.join(workdir, "profile")) as profiler:
+    if is_main and hasattr(writer, "write_hparams"):
+      writer.write_hparams(hyperparameters(config))
     if restored is not None:
       state, memory, data_state = restored
       train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
@@ -446,18 +690,30 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
       _log.info("training from scratch in %s: %d parameters", workdir, num_params)
     _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
               dict(mesh.shape), mesh.size, jax.process_count(), row_start, row_start + num_rows)
+    if accum > 1:
+      _log.info("accumulating gradients over %d micro-batches of %d rows", accum, b // accum)
 
-    train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0, layout)
+    train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0,
+                                 layout, grad_accum_steps=accum)
+    # MFU: model FLOPs over the devices' peak, where the peak is known (not on CPU).
+    train_flops = flops_lib.flops_per_token(config.model, b // accum).train
+    peak = flops_lib.device_peak_flops(config.model.dtype)
+    peak = None if peak is None else peak * jax.device_count()
     end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
     bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
     window: list[dict[str, Any]] = []
     last_eval: dict[str, float] = {}
-    t_last, steps_timed = time.time(), 0
+    t_start = time.time()
+    t_last, steps_timed = t_start, 0
+    timing = dict(eval=0.0, evals=0, save=0.0, saves=0)
+    step = start
     for step in range(start + 1, end + 1):
+      profiler.before(step)  # the step's input pipeline included
       local = stack_segments([next(train_iter) for _ in range(s)])  # [S, rows of this process, ...]
       batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
                for k, v in local.items()}
       state, memory, metrics = train_step(state, memory, batch)
+      profiler.after(step, (state, memory, metrics))
       if not bool(metrics["finite"].all()):
         # Nothing of this step is saved. Name the newest checkpoint that
         # actually restores as intact and finite, not merely the newest saved.
@@ -488,6 +744,10 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
             "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
             "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
         }
+        mfu = ""
+        if peak and steps_timed:
+          scalars["mfu"] = scalars["tokens_per_second"] * train_flops / peak
+          mfu = f"  MFU {100 * scalars['mfu']:.1f}%"
         mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
         # Fused rope attention computes no weights, so there is no mass to log
         # (the model reports NaN); leave the scalars out rather than log NaN.
@@ -498,28 +758,83 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
         eta = (end - step) * elapsed / max(steps_timed, 1)
         writer.write(step, scalars)
         _log.info(
-            "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s  ETA %s",
+            "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
             step, config.num_train_steps, scalars["loss"], bits_name, scalars[bits_name],
-            scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], _hms(eta))
+            scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], mfu, _hms(eta))
         t_last, steps_timed = time.time(), 0
       stopping = should_stop is not None and _agree(should_stop())
       if stopping or step == end or (
           config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0):
+        t_save = time.time()
         checkpointer.save(step, state, memory, _global_data_state(train_iter))
+        took = time.time() - t_save
+        timing["save"] += took
+        timing["saves"] += 1
+        t_last += took  # not training: out of the throughput and ETA
+        _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
+                  "in the background)", step, took)
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
       if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
         # A quick estimate (eval.max_segments per row; <= 0 for the whole
         # split): eval.py evaluates whole splits.
+        t_eval = time.time()
         model = merge_params(graphdef, state_template, state.params)
         last_eval = eval_lib.evaluate(
             model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
         eval_writer.write(step, last_eval)
-        _log.info("eval at step %d on %s: %s", step, config.eval.split,
-                  "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+        took = time.time() - t_eval
+        timing["eval"] += took
+        timing["evals"] += 1
+        _log.info("eval at step %d on %s: %s  (%.1f s)", step, config.eval.split,
+                  "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()), took)
         t_last = time.time()
+    if step > start:
+      total = time.time() - t_start
+      _log.info(
+          "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
+          "(%d saves), training and the rest %.1f s", start + 1, step, _hms(total), timing["eval"],
+          timing["evals"], timing["save"], timing["saves"],
+          total - timing["eval"] - timing["save"])
     return last_eval
+
+
+class _Profiler:
+  """A JAX profiler trace of steps START..END (inclusive): started before
+  the first of them this run makes, stopped once END's results are ready;
+  stopped too if the run ends inside the range (an error, a stop request)."""
+
+  def __init__(self, steps: Optional[tuple[int, int]], logdir: str):
+    self.steps, self.logdir, self.tracing, self.done = steps, logdir, False, False
+
+  def __enter__(self) -> "_Profiler":
+    return self
+
+  def before(self, step: int) -> None:
+    if self.steps and not (self.tracing or self.done) and self.steps[0] <= step <= self.steps[1]:
+      jax.profiler.start_trace(self.logdir)
+      self.tracing = True
+      _log.info("profiling steps %d-%d into %s", step, self.steps[1], self.logdir)
+
+  def after(self, step: int, outputs) -> None:
+    if self.tracing and step >= self.steps[1]:
+      jax.block_until_ready(outputs)
+      self._stop()
+      _log.info("profile of steps up to %d written to %s", step, self.logdir)
+
+  def _stop(self) -> None:
+    self.tracing, self.done = False, True
+    jax.profiler.stop_trace()
+
+  def __exit__(self, *exc) -> None:
+    if self.tracing:
+      try:
+        self._stop()
+      except Exception as e:  # pylint: disable=broad-except
+        if exc[0] is None:
+          raise
+        _log.warning("the profile trace could not be written: %s", e)
 
 
 def _agree(flag: bool) -> bool:

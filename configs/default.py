@@ -18,6 +18,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 16  # global rows; each row streams one book at a time
   config.num_train_steps = 260  # jitted steps; each makes segments_per_step updates
   config.segments_per_step = 4  # consecutive segments per step, one update each
+  # Each segment's gradient in this many micro-batches of batch_size /
+  # grad_accum_steps rows (each with its rows' memory), summed into one update:
+  # the same update with less activation memory.
+  config.grad_accum_steps = 1
   config.log_every_steps = 25
   config.eval_every_steps = 100  # a quick estimate on eval.max_segments rows; eval.py does whole splits
   config.checkpoint_every_steps = 100

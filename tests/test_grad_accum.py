@@ -1,0 +1,224 @@
+"""Gradient accumulation (config.grad_accum_steps): the rows of a batch in
+micro-batches, one optimizer update per segment, the same update as the
+full batch; resumes bit-identically; its config mistakes are one line."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import compressive
+from compressive import data as data_lib
+from compressive import memory as memory_lib
+from compressive import train_lib
+from compressive.config_lib import ConfigError
+from compressive.metrics import read_jsonl
+from test_train import tiny_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
+# file's scenario) between grad_accum_steps=1 and 2 or 4: the micro-batches
+# only reorder float sums, and the largest differences were
+#   gradients (SGD with learning rate 1: new params = params - grads) 2.4e-7,
+#   memories 1.7e-6 (values of order 1-10),
+#   metrics relative 2.7e-7 (nats summed over 64 tokens, 1.5e-5 absolute).
+# The bounds below are 40-100x those; a wrong weighting of a micro-batch (the
+# reconstruction loss averaged instead of weighted by its rows' evicted slots,
+# the LM loss divided by a micro-batch's own count) is 1e-3 or more here.
+GRAD_TOLERANCE = 1e-5
+MEMORY_TOLERANCE = 1e-4
+METRIC_RTOL = 1e-5
+# With the config's Adam, eps is raised from 1e-9 to 1e-6: Adam divides each
+# update by the root of its squared gradients, so an entry whose gradient is
+# at the float-rounding floor (~1e-10: the relative-position weights W_r
+# before the memory holds anything) takes a full-size step whose sign is
+# noise, a difference of the order of the learning rate (2e-4 measured).
+# With eps=1e-6 such entries stay put and the measured difference was 2.2e-6.
+ADAM_TOLERANCE = 1e-4
+
+
+def _batches(config, steps):
+  tokenizer = data_lib.get_tokenizer(config.data)
+  it = data_lib.SegmentIterator(data_lib.get_documents(config.data, "train", tokenizer),
+                                batch_size=config.batch_size,
+                                segment_length=config.model.segment_length, seed=0)
+  return [train_lib.stack_segments([next(it) for _ in range(config.segments_per_step)])
+          for _ in range(steps)]
+
+
+def _one_step(accum, recon, sgd, warmup=2):
+  """(params, memory, metrics) after `warmup` full-batch steps and then ONE
+  step with grad_accum_steps=accum, on a batch where row 0 starts a new
+  document: its micro-batch then evicts fewer valid memory slots, so the
+  reconstruction loss's micro-batches weigh differently."""
+  config = tiny_experiment(**{
+      "model.memory_length": 12,  # T=8: the evicted slots are partly empty
+      "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
+  graphdef, template, params = train_lib.build_model(config)
+  tx = optax.sgd(1.0) if sgd else train_lib.make_optimizer(config, params)
+  state = train_lib.create_train_state(config, params, tx)
+  memory = memory_lib.init_memory(config.model, config.batch_size)
+  batches = _batches(config, warmup + 1)
+  batches[-1]["start_of_sequence"][0, 0] = True
+  full = train_lib.make_train_step(graphdef, template, tx, False)
+  for batch in batches[:-1]:
+    state, memory, _ = full(state, memory, batch)
+  step = full if accum == 1 else train_lib.make_train_step(
+      graphdef, template, tx, False, grad_accum_steps=accum)
+  state, memory, metrics = step(state, memory, batches[-1])
+  return jax.device_get((state.params, memory, metrics))
+
+
+def _max_abs(a, b):
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)),
+                          initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("accum,recon", [(2, "attention"), (4, "autoencoding")])
+def test_accumulated_step_equals_the_full_batch_step(accum, recon):
+  ref = _one_step(1, recon, sgd=True)
+  got = _one_step(accum, recon, sgd=True)
+  assert _max_abs(ref[0], got[0]) < GRAD_TOLERANCE  # params - grads: the gradients
+  assert _max_abs(ref[1], got[1]) < MEMORY_TOLERANCE  # every row keeps its own memory
+  assert set(ref[2]) == set(got[2])
+  for k in ref[2]:
+    np.testing.assert_allclose(np.asarray(got[2][k], np.float64), np.asarray(ref[2][k], np.float64),
+                               rtol=METRIC_RTOL, atol=1e-7, err_msg=k)
+  assert float(ref[2]["reconstruction_loss"][-1]) > 0  # the weighting was exercised
+  # The config's optimizer (Adam) too: the same new parameters.
+  ref = _one_step(1, recon, sgd=False)
+  got = _one_step(accum, recon, sgd=False)
+  assert _max_abs(ref[0], got[0]) < ADAM_TOLERANCE
+
+
+def test_micro_batches_take_rows_from_every_data_shard():
+  x = np.arange(16)  # 2 data shards of 8 rows, 4 micro-batches of 4 rows
+  parts = np.asarray(train_lib._split_rows(x, 0, 4, 2))
+  assert parts.tolist() == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
+  y = np.arange(3 * 16 * 5).reshape(3, 16, 5)  # rows at axis 1, like the memory
+  back = train_lib._merge_rows(train_lib._split_rows(y, 1, 4, 2), 1, 2)
+  np.testing.assert_array_equal(np.asarray(back), y)
+
+
+def test_resume_with_accumulation_is_bit_identical(tmp_path):
+  config = tiny_experiment(**{"grad_accum_steps": 2, "num_train_steps": 6,
+                              "checkpoint_every_steps": 3, "eval_every_steps": 0,
+                              "model.dropout_rate": 0.1})
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  train_lib.train_and_evaluate(config, str(straight))
+  train_lib.train_and_evaluate(config, str(resumed), stop_at_step=3)
+  train_lib.train_and_evaluate(config, str(resumed))
+  a = read_jsonl(str(straight / "metrics_train.jsonl"))
+  b = read_jsonl(str(resumed / "metrics_train.jsonl"))
+  assert [r["step"] for r in a] == [r["step"] for r in b] == [2, 4, 6]
+  for ra, rb in zip(a, b):
+    if ra["step"] == 4:  # its log window (steps 3-4) straddles the restart
+      continue
+    for k in ("loss", "reconstruction_loss", "grad_norm"):
+      assert ra[k] == rb[k], (ra["step"], k)
+  from flax import nnx
+  _, model_a = compressive.load(str(straight))
+  _, model_b = compressive.load(str(resumed))
+  for x, y in zip(jax.tree.leaves(nnx.state(model_a)), jax.tree.leaves(nnx.state(model_b))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+
+def test_a_run_resumes_with_another_grad_accum_steps(tmp_path):
+  # grad_accum_steps changes no shape and (without dropout, whose masks
+  # depend on the micro-batches) not the maths: a run checkpointed with 2
+  # resumes with 1 and ends where a run with 2 throughout ends, within the
+  # float noise of Adam over 12 updates (eps raised as in ADAM_TOLERANCE).
+  values = {"grad_accum_steps": 2, "num_train_steps": 6, "checkpoint_every_steps": 3,
+            "eval_every_steps": 0, "optimizer.eps": 1e-6}
+  config = tiny_experiment(**values)
+  train_lib.train_and_evaluate(config, str(tmp_path / "straight"))
+  train_lib.train_and_evaluate(config, str(tmp_path / "other"), stop_at_step=3)
+  train_lib.train_and_evaluate(tiny_experiment(**dict(values, grad_accum_steps=1)),
+                               str(tmp_path / "other"))
+  a = read_jsonl(str(tmp_path / "straight" / "metrics_train.jsonl"))
+  c = read_jsonl(str(tmp_path / "other" / "metrics_train.jsonl"))
+  assert [r["step"] for r in c] == [r["step"] for r in a] == [2, 4, 6]
+  np.testing.assert_allclose(c[-1]["loss"], a[-1]["loss"], rtol=1e-4)
+
+
+def test_grad_accum_mistakes_are_config_errors(monkeypatch):
+  for value, words in ((0, "positive integer"), (-2, "positive integer"), (3, "not divisible")):
+    with pytest.raises(ConfigError, match=words) as e:
+      train_lib.validate_config(tiny_experiment(grad_accum_steps=value))
+    assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
+  # The micro-batch rows must split along the data axes like the batch's:
+  # pretend a mesh of 2 data-parallel devices.
+  monkeypatch.setattr(train_lib.sharding, "validate", lambda config: (2, 1, 1))
+  train_lib.validate_config(tiny_experiment(grad_accum_steps=2))  # 2 rows each
+  with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
+    train_lib.validate_config(tiny_experiment(grad_accum_steps=4))
+  # Evaluating a trained config on another machine's mesh does not train.
+  train_lib.validate_config(tiny_experiment(grad_accum_steps=4), training=False)
+
+
+def test_a_config_saved_before_the_field_trains_without_accumulation():
+  config = tiny_experiment()
+  del config["grad_accum_steps"]
+  train_lib.validate_config(config)
+  assert train_lib.grad_accum_steps(config) == 1
+
+
+DATA_PARALLEL = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import conftest  # noqa: F401  (matmul precision)
+import jax, numpy as np
+from compressive import memory as memory_lib, sharding, train_lib
+from test_train import tiny_experiment
+from test_grad_accum import _batches
+
+assert jax.device_count() == 2
+out = []
+for accum in (1, 2):
+  config = tiny_experiment(**{{"grad_accum_steps": accum, "batch_size": 8,
+                              "optimizer.eps": 1e-6}})
+  config.mesh.shape = (2, 1, 1)
+  train_lib.validate_config(config)
+  mesh = sharding.make_mesh(config)
+  graphdef, template, abstract = train_lib.abstract_model(config)
+  tx = train_lib.make_optimizer(config, abstract)
+  astate = train_lib.abstract_train_state(config, abstract, tx)
+  amemory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, 8))
+  layout = train_lib.make_layout(config, mesh, abstract, astate, amemory)
+  state = train_lib.init_train_state(config, tx, layout)
+  memory = train_lib.init_sharded_memory(config, 8, layout)
+  step = train_lib.make_train_step(graphdef, template, tx, False, layout, grad_accum_steps=accum)
+  for batch in _batches(config, 2):
+    batch = {{k: jax.device_put(v, layout.batch[k]) for k, v in batch.items()}}
+    state, memory, metrics = step(state, memory, batch)
+  out.append(jax.device_get((memory, metrics)))
+worst = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0))
+            for x, y in zip(jax.tree.leaves(out[0][0]), jax.tree.leaves(out[1][0])))
+sums = [{{k: float(m[k].sum()) for k in ("nats", "reconstruction_loss", "grad_norm")}}
+        for _, m in out]
+rel = max(abs(sums[0][k] - sums[1][k]) / max(abs(sums[0][k]), 1e-6) for k in sums[0])
+print("WORST", worst, rel)
+"""
+
+
+def test_accumulation_on_a_data_parallel_mesh(tmp_path):
+  # Two fake CPU devices (the flag works only before JAX starts: a child
+  # process): each micro-batch's rows split over both devices, and the memory
+  # rows come back where they were.
+  script = tmp_path / "dp.py"
+  script.write_text(textwrap.dedent(
+      DATA_PARALLEL.format(root=ROOT, tests=os.path.join(ROOT, "tests"))))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                     env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  worst, rel = (float(v) for v in r.stdout.split("WORST")[1].split())
+  assert worst < MEMORY_TOLERANCE and rel < METRIC_RTOL * 10, (worst, rel)
