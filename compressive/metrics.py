@@ -8,9 +8,11 @@ TensorFlow: training never imports TensorFlow.
 from __future__ import annotations
 
 import itertools
+import contextlib
 import json
 import logging
 import os
+import time
 from typing import Any, Mapping
 
 _log = logging.getLogger("compressive")
@@ -54,30 +56,40 @@ class MetricWriter:
     self.jsonl = os.path.join(workdir, f"metrics_{name}.jsonl")
     self._tb_writer = None
     if enabled:
-      import tensorboardX  # pylint: disable=g-import-not-at-top
-      self._tensorboardx = tensorboardX
       os.makedirs(self.logdir, exist_ok=True)
 
   def _tensorboard(self):
     if self._tb_writer is None:
       # Created on first use, so that a writer that writes nothing leaves no
-      # empty event file behind. tensorboardX names event files by the second
-      # and host only, and opens them with "wb": the suffix keeps a second
-      # writer within that second (a quick resume) from truncating the first's.
-      self._tb_writer = self._tensorboardx.SummaryWriter(
-          logdir=self.logdir, filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
+      # empty event file behind. Synchronous (tensorboardX's EventsWriter, not
+      # its SummaryWriter's background thread): a write the disk refuses is
+      # an OSError here, reported in one line, not a dead thread whose queue
+      # a later flush would wait on forever. tensorboardX names event files
+      # by the second and host only, and opens them with "wb": the suffix
+      # keeps a second writer within that second (a quick resume) from
+      # truncating the first's.
+      from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+      self._tb_writer = event_file_writer.EventsWriter(
+          os.path.join(self.logdir, "events"),
+          filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
     return self._tb_writer
+
+  def _write_summary(self, summary, step: int = 0) -> None:
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    writer = self._tensorboard()
+    writer.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
+    from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
     scalars = {k: float(v) for k, v in scalars.items()}
-    with open(self.jsonl, "a") as f:
+    with _naming(self.jsonl), open(self.jsonl, "a") as f:
       f.write(json.dumps({"step": int(step), **scalars}) + "\n")
-    writer = self._tensorboard()
-    for k, v in scalars.items():
-      writer.add_scalar(k, v, global_step=int(step))
-    writer.flush()
+    with _naming(self.logdir):
+      for k, v in scalars.items():
+        self._write_summary(tbx_summary.scalar(k, v), int(step))
+      self._tensorboard().flush()
 
   def write_hparams(self, config_dict_flat: Mapping[str, Any]) -> None:
     """Logs the run's config as TensorBoard hparams, in this writer's event
@@ -98,14 +110,26 @@ class MetricWriter:
     # with different configs correctly. No session end info: close() cannot
     # tell a finished run from a failed one.
     _, session_start, _ = tbx_summary.hparams(hparams, {})
-    writer = self._tensorboard()
-    writer.file_writer.add_summary(session_start)
-    writer.flush()
+    with _naming(self.logdir):
+      self._write_summary(session_start)
+      self._tensorboard().flush()
 
   def close(self) -> None:
     if self._tb_writer is not None:
       self._tb_writer.close()
       self._tb_writer = None
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+  """A failed write (a full disk) names the file: Python's own error for a
+  write or flush does not."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None or e.errno is None:
+      raise
+    raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
 
 
 def read_jsonl(path: str) -> list[dict]:

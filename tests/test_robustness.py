@@ -304,10 +304,11 @@ def test_a_second_signal_stops_at_once_with_one_line_and_a_whole_checkpoint(
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path, request):
   mount_point = tmp_path / "disk"
   mount_point.mkdir()
-  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mount_point)],
+  size = getattr(request, "param", "1200k")
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
                      capture_output=True, text=True)
   if r.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -326,20 +327,25 @@ def get_config():
 """
 
 
-def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, tmp_path):
+# 1200k holds about one checkpoint: the second save fails. 16k fills up at
+# the first metrics write, before any checkpoint.
+@pytest.mark.parametrize("small_disk,saves", [("1200k", 1), ("16k", 0)], indirect=["small_disk"])
+def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, saves, tmp_path):
   cfg = tmp_path / "disk_cfg.py"
   cfg.write_text(DISK_CONFIG.format(tests=os.path.join(ROOT, "tests")))
-  workdir = small_disk / "wd"  # room for about one checkpoint
+  workdir = small_disk / "wd"
   p = train(cfg, workdir)
   _, err = p.communicate(timeout=600)
   assert p.returncode == 2, err[-3000:]
   assert "Traceback" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
   assert last.startswith("error: ") and "No space left on device" in last, last
+  assert str(workdir) in last  # names where
   # What was saved before the disk filled up still restores.
   saved = ckpt_lib.Checkpointer(str(workdir), read_only=True).all_steps()
-  assert saved, os.listdir(workdir / "checkpoints")
-  compressive.load(str(workdir), saved[-1])
+  assert len(saved) >= saves, os.listdir(workdir / "checkpoints")
+  for step in saved:
+    compressive.load(str(workdir), step)
 
 
 def test_a_read_only_workdir_is_one_line(small_disk, tmp_path, config_file):
