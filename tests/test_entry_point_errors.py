@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from contextlib import redirect_stderr
 from typing import Callable, Optional
 
@@ -27,7 +26,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from test_train import tiny_experiment
+from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
@@ -49,17 +48,10 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("cfg") / "tiny.py"
-  path.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_train import tiny_experiment
-
-      def get_config():
-        return tiny_experiment(**{{"num_train_steps": 2, "checkpoint_every_steps": 2,
-                                   "eval_every_steps": 0, "log_every_steps": 1}})
-      """))
-  return str(path)
+  return write_config_file(
+      tmp_path_factory.mktemp("cfg") / "tiny.py",
+      {"num_train_steps": 2, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+       "log_every_steps": 1})
 
 
 @pytest.fixture(scope="module")

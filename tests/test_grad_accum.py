@@ -18,7 +18,7 @@ from compressive import memory as memory_lib
 from compressive import train_lib
 from compressive.config_lib import ConfigError
 from compressive.metrics import read_jsonl
-from test_train import tiny_experiment
+from test_train import assert_same_parameters, tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,11 +122,7 @@ def test_resume_with_accumulation_is_bit_identical(tmp_path):
       continue
     for k in ("loss", "reconstruction_loss", "grad_norm"):
       assert ra[k] == rb[k], (ra["step"], k)
-  from flax import nnx
-  _, model_a = compressive.load(str(straight))
-  _, model_b = compressive.load(str(resumed))
-  for x, y in zip(jax.tree.leaves(nnx.state(model_a)), jax.tree.leaves(nnx.state(model_b))):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert_same_parameters(straight, resumed)
 
 
 

@@ -7,7 +7,6 @@ import random
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 from flax import nnx
@@ -19,7 +18,7 @@ import compressive
 from compressive import checkpoint as ckpt_lib
 from compressive import train_lib
 from compressive.errors import CheckpointError, ConfigError, DataError
-from test_train import tiny_experiment
+from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 24
@@ -49,18 +48,10 @@ def tree_digest(path):
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("cfg") / "robust.py"
-  path.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_train import tiny_experiment
-
-      def get_config():
-        return tiny_experiment(**{{"num_train_steps": {STEPS}, "checkpoint_every_steps": 2,
-                                   "log_every_steps": 3, "eval_every_steps": 0,
-                                   "model.dropout_rate": 0.1}})
-      """))
-  return str(path)
+  return write_config_file(
+      tmp_path_factory.mktemp("cfg") / "robust.py",
+      {"num_train_steps": STEPS, "checkpoint_every_steps": 2, "log_every_steps": 3,
+       "eval_every_steps": 0, "model.dropout_rate": 0.1})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -237,36 +228,32 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
 # -- Saves in flight finish, whatever ends the run. -----------------------------------
 
 
+# Every save takes two seconds to finish in the background, and the first
+# evaluation (right after the step-2 save) raises, as a corpus file that
+# cannot be read would.
 SLOW_SAVE_AND_FAIL = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from test_train import tiny_experiment
+import time
 import orbax.checkpoint as ocp
 from compressive import eval_lib
 from compressive.errors import DataError
 
-# Every save takes two seconds to finish in the background, and the first
-# evaluation (right after the step-2 save) raises, as a corpus file that
-# cannot be read would.
 _finalize = ocp.CheckpointManager._finalize
 def slow_finalize(self, *args, **kwargs):
   time.sleep(2.0)
   return _finalize(self, *args, **kwargs)
 ocp.CheckpointManager._finalize = slow_finalize
 def failing_evaluate(*args, **kwargs):
-  raise DataError("{reason}")
+  raise DataError(REASON)
 eval_lib.evaluate = failing_evaluate
-
-def get_config():
-  return tiny_experiment(**{{"num_train_steps": 6, "checkpoint_every_steps": 2,
-                             "eval_every_steps": 2}})
 """
 
 
 @pytest.mark.parametrize("reason", ["book 7 of the train split cannot be read"])
 def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason):
-  cfg = tmp_path / "slow.py"
-  cfg.write_text(SLOW_SAVE_AND_FAIL.format(tests=os.path.join(ROOT, "tests"), reason=reason))
+  cfg = write_config_file(
+      tmp_path / "slow.py", {"num_train_steps": 6, "checkpoint_every_steps": 2,
+                             "eval_every_steps": 2},
+      preamble=f"REASON = {reason!r}\n" + SLOW_SAVE_AND_FAIL)
   p = train(cfg, tmp_path / "wd")
   _, err = p.communicate(timeout=600)
   lines = [l for l in err.strip().splitlines() if l.startswith(("error", "Traceback", "  File"))]
@@ -316,23 +303,15 @@ def small_disk(tmp_path, request):
   subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
-DISK_CONFIG = """
-import sys
-sys.path.insert(0, {tests!r})
-from test_train import tiny_experiment
-
-def get_config():
-  return tiny_experiment(**{{"num_train_steps": 8, "checkpoint_every_steps": 2,
-                             "eval_every_steps": 0, "log_every_steps": 1}})
-"""
 
 
 # 1200k holds about one checkpoint: the second save fails. 16k fills up at
 # the first metrics write, before any checkpoint.
 @pytest.mark.parametrize("small_disk,saves", [("1200k", 1), ("16k", 0)], indirect=["small_disk"])
 def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, saves, tmp_path):
-  cfg = tmp_path / "disk_cfg.py"
-  cfg.write_text(DISK_CONFIG.format(tests=os.path.join(ROOT, "tests")))
+  cfg = write_config_file(tmp_path / "disk_cfg.py", {
+      "num_train_steps": 8, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+      "log_every_steps": 1})
   workdir = small_disk / "wd"
   p = train(cfg, workdir)
   _, err = p.communicate(timeout=600)

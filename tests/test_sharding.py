@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 
 from flax import nnx
 import jax
@@ -31,7 +30,7 @@ from compressive import sharding
 from compressive import train_lib
 from compressive.attention import sinusoid_positions
 from compressive.metrics import read_jsonl
-from test_train import tiny_experiment
+from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -153,8 +152,7 @@ def test_validate_config_checks_the_mesh_against_this_machine():
 
 
 def test_cli_mesh_override_and_its_error(tmp_path):
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(config_file_text())
+  cfg = write_config_file(tmp_path / "cfg.py", factory="test_sharding:sharding_experiment")
   r = subprocess.run(
       [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
        "--config.mesh.shape=(1,2,1)"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -176,17 +174,6 @@ def test_presets_fit_their_machines(preset, devices, shape, experiment):
 
 
 # -- Training on meshes, in other processes. ---------------------------------------
-
-
-def config_file_text():
-  return textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_sharding import sharding_experiment
-
-      def get_config():
-        return sharding_experiment()
-      """)
 
 
 def without_step(src, dst, step):
@@ -238,8 +225,7 @@ def runs(tmp_path_factory):
   train_lib.train_and_evaluate(sharding_experiment(), wd["from8"])
 
   # Two processes x 2 CPU devices on localhost, mesh (2, 1, 2), through train.py.
-  cfg = base / "cfg.py"
-  cfg.write_text(config_file_text())
+  cfg = write_config_file(base / "cfg.py", factory="test_sharding:sharding_experiment")
   port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, "train.py", f"--config={cfg}", f"--workdir={wd['mp']}",

@@ -2,6 +2,8 @@
 `compressive.load` gives the trained model back."""
 
 import logging
+import os
+import textwrap
 
 import jax
 import numpy as np
@@ -41,6 +43,28 @@ def tiny_experiment(**overrides):
   return c
 
 
+
+def write_config_file(path, overrides=None, *, preamble="", factory="test_train:tiny_experiment"):
+  """A config file for train.py and the other entry points (run in another
+  process): `get_config()` returns `factory(**overrides)`, a function of a
+  module in tests/. `preamble` is Python run first (e.g. to patch something)."""
+  module, function = factory.split(":")
+  tests = os.path.dirname(os.path.abspath(__file__))
+  with open(path, "w") as f:
+    f.write(f"import sys\nsys.path.insert(0, {tests!r})\nfrom {module} import {function}\n"
+            f"{textwrap.dedent(preamble)}\n\n"
+            f"def get_config():\n  return {function}(**{dict(overrides or {})!r})\n")
+  return str(path)
+
+
+def assert_same_parameters(workdir_a, workdir_b):
+  """The two workdirs' latest models hold bit-identical parameters."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  _, a = compressive.load(str(workdir_a))
+  _, b = compressive.load(str(workdir_b))
+  for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
 def test_resume_is_bit_identical(tmp_path):
   config = tiny_experiment(**{"model.dropout_rate": 0.1})
   straight = tmp_path / "straight"
@@ -59,11 +83,7 @@ def test_resume_is_bit_identical(tmp_path):
       continue
     for k in ("loss", "reconstruction_loss", "grad_norm"):
       assert ra[k] == rb[k], (ra["step"], k)
-  _, model_a = compressive.load(str(straight))
-  _, model_b = compressive.load(str(resumed))
-  from flax import nnx
-  for x, y in zip(jax.tree.leaves(nnx.state(model_a)), jax.tree.leaves(nnx.state(model_b))):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert_same_parameters(straight, resumed)
 
 
 def test_training_reduces_the_loss_that_evaluation_measures(tmp_path):

@@ -8,14 +8,13 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from compressive import flops
 from compressive import train_lib
 from compressive.metrics import MetricWriter, read_jsonl
-from test_train import tiny_experiment
+from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,17 +123,10 @@ def test_peak_lookup_by_device_kind():
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("cfg") / "tiny.py"
-  path.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_train import tiny_experiment
-
-      def get_config():
-        return tiny_experiment(**{{"num_train_steps": 3, "eval_every_steps": 0,
-                                   "checkpoint_every_steps": 0, "log_every_steps": 1}})
-      """))
-  return str(path)
+  return write_config_file(
+      tmp_path_factory.mktemp("cfg") / "tiny.py",
+      {"num_train_steps": 3, "eval_every_steps": 0, "checkpoint_every_steps": 0,
+       "log_every_steps": 1})
 
 
 @pytest.fixture(scope="module")
