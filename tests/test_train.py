@@ -57,6 +57,22 @@ def write_config_file(path, overrides=None, *, preamble="", factory="test_train:
   return str(path)
 
 
+def assert_resumed_like_straight(straight, resumed, straddling_step):
+  """The resumed run logged what the uninterrupted one did, bit for bit,
+  except the record whose log window straddles the restart, and ended with
+  the same parameters. Returns the logged steps."""
+  a = read_jsonl(str(straight / "metrics_train.jsonl"))
+  b = read_jsonl(str(resumed / "metrics_train.jsonl"))
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  for ra, rb in zip(a, b):
+    if ra["step"] == straddling_step:
+      continue
+    for k in ("loss", "reconstruction_loss", "grad_norm"):
+      assert ra[k] == rb[k], (ra["step"], k)
+  assert_same_parameters(straight, resumed)
+  return [r["step"] for r in a]
+
+
 def assert_same_parameters(workdir_a, workdir_b):
   """The two workdirs' latest models hold bit-identical parameters."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -75,15 +91,7 @@ def test_resume_is_bit_identical(tmp_path):
   assert checkpoint.Checkpointer(str(resumed)).latest_step() == 7
   train_lib.train_and_evaluate(config, str(resumed))
 
-  a = read_jsonl(str(straight / "metrics_train.jsonl"))
-  b = read_jsonl(str(resumed / "metrics_train.jsonl"))
-  assert [r["step"] for r in a] == [r["step"] for r in b]
-  for ra, rb in zip(a, b):
-    if ra["step"] == 8:  # its log window (steps 7-8) straddles the restart
-      continue
-    for k in ("loss", "reconstruction_loss", "grad_norm"):
-      assert ra[k] == rb[k], (ra["step"], k)
-  assert_same_parameters(straight, resumed)
+  assert_resumed_like_straight(straight, resumed, straddling_step=8)
 
 
 def test_training_reduces_the_loss_that_evaluation_measures(tmp_path):
