@@ -576,8 +576,8 @@ def _lock_workdir(workdir: str, is_main: bool):
   return lock
 
 
-def _restore(config, workdir, checkpointer, abstract_state, abstract_memory, layout,
-             restore_intact: bool, is_main: bool):
+def _restore(checkpointer, abstract_state, abstract_memory, layout, restore_intact: bool,
+             is_main: bool):
   """(step, (state, memory, data_state)) of the newest checkpoint that
   restores, or (0, None) when there is none.
 
@@ -663,7 +663,7 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
   for split in dict.fromkeys(("train", config.eval.split)):
     data_lib.check_documents(config.data, split, tokenizer)
 
-  start, restored = _restore(config, workdir, checkpointer, abstract_state, abstract_memory,
+  start, restored = _restore(checkpointer, abstract_state, abstract_memory,
                              layout, restore_intact, is_main)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
