@@ -334,13 +334,13 @@ def fingerprint(tree: Any) -> dict[str, Any]:
 
 
 def _nonempty_fields(memory: Any) -> Any:
-  """The memory's fields as a dict, without zero-size ones (a Transformer-XL
-  has no compressed memory, a segment-local model no memory), which Orbax
-  refuses to save."""
+  """The memory's array fields as a dict, without zero-size ones (a
+  Transformer-XL has no compressed memory, a segment-local model no memory),
+  which Orbax refuses to save. Training memories carry no key/value cache."""
   if not dataclasses.is_dataclass(memory):
     return memory
-  return {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)
-          if np.prod(getattr(memory, f.name).shape) > 0}
+  fields = {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
+  return {k: v for k, v in fields.items() if hasattr(v, "shape") and np.prod(v.shape) > 0}
 
 
 def _with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
@@ -349,10 +349,10 @@ def _with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
     return restored
   fields = {}
   for f in dataclasses.fields(abstract_memory):
-    if f.name in restored:
-      fields[f.name] = restored[f.name]
+    x = getattr(abstract_memory, f.name)
+    if f.name in restored or not hasattr(x, "shape"):
+      fields[f.name] = restored.get(f.name, x)
     else:
-      x = getattr(abstract_memory, f.name)
       sharding = getattr(x, "sharding", None)
       fields[f.name] = jax.jit(lambda x=x: jnp.zeros(x.shape, x.dtype), out_shardings=sharding)()
   return dataclasses.replace(abstract_memory, **fields)
@@ -418,10 +418,6 @@ SHAPE_FIELDS = (
 )
 
 
-# Values a run saved before the field existed had.
-_ADDED_FIELD_DEFAULTS = {"model.positions": "relative"}
-
-
 def _get(config, dotted: str):
   value = config
   for part in dotted.split("."):
@@ -435,12 +431,8 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None
     return
   saved = load_config(workdir)
 
-  def saved_value(name):
-    value = _get(saved, name)
-    return _ADDED_FIELD_DEFAULTS.get(name) if value is None else value
-
-  diffs = [f"{name} {saved_value(name)!r} -> {_get(config, name)!r}"
-           for name in SHAPE_FIELDS if saved_value(name) != _get(config, name)]
+  diffs = [f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
+           for name in SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)

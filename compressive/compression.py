@@ -1,32 +1,102 @@
-"""Compression functions f_c (paper §3.1, Table 5), by name.
+"""Compression functions f_c (docs/PAPER.md §Compression functions), as a
+registry, and the compressor that pushes their output into the compressed
+memory and computes their training loss.
 
 Notation: B rows, N evicted slots (a multiple of the rate c), d width.
 
-Every function maps the evicted block `[B, N, d]` with its validity mask to
+Every function maps the evicted block `[B, N, d]` with its validity mask (and
+the attention each slot received, for those that declare `needs_usage`) to
 `N / c` compressed slots and their validity. A compressed slot is valid when
-any of its source slots is; invalid sources never contribute to a valid
-slot's value. All learnable parameters of compression (and the auto-encoder's
-decoder g, which exists only to train f_c) live in `Compressor`, which the
-model stores under the name `compressor` in every layer, so that optimisers
-and tests can find them.
+any of its source slots is; invalid sources never contribute to a valid slot's
+value. A new compression is one `Compression` subclass decorated with
+`@register`; its parameters are made with `layers.param`, which records their
+logical axes (docs/DESIGN.md §Adding a compression).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from compressive.attention import dense
+from compressive import losses
+from compressive import memory as memory_lib
+from compressive.layers import dense, param
 
-COMPRESSIONS = ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
+COMPRESSIONS: dict[str, type["Compression"]] = {}  # model.compression -> class
 
 
-def _groups(x: jax.Array, rate: int) -> jax.Array:
-  """[B, N, ...] -> [B, N / c, c, ...]."""
-  return x.reshape((x.shape[0], x.shape[1] // rate, rate) + x.shape[2:])
+def register(cls: type["Compression"]) -> type["Compression"]:
+  """Class decorator: makes `cls` selectable as `model.compression=cls.name`."""
+  if cls.name in COMPRESSIONS and COMPRESSIONS[cls.name] is not cls:
+    raise ValueError(f"compression {cls.name!r} is already registered")
+  COMPRESSIONS[cls.name] = cls
+  return cls
+
+
+class Compression(nnx.Module):
+  """f_c at rate c. Subclasses set `name` and implement `__call__`."""
+
+  name: ClassVar[str]
+  needs_usage: ClassVar[bool] = False  # reads the attention each slot received
+
+  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    del d_model, rngs, param_dtype  # parameter-free functions need neither
+    self.rate = rate
+
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """slots [B, N, d], mask [B, N], usage [B, N] -> [B, N / c, d], [B, N / c]."""
+    raise NotImplementedError
+
+  def groups(self, x: jax.Array) -> jax.Array:
+    """[B, N, ...] -> [B, N / c, c, ...]."""
+    return x.reshape((x.shape[0], x.shape[1] // self.rate, self.rate) + x.shape[2:])
+
+
+@register
+class MaxPool(Compression):
+  name = "max_pool"
+
+  def __call__(self, slots, mask, usage):
+    gmask = self.groups(mask)
+    out_mask = gmask.any(-1)
+    out = jnp.where(gmask[..., None], self.groups(slots), jnp.finfo(slots.dtype).min).max(2)
+    return jnp.where(out_mask[..., None], out, 0), out_mask
+
+
+@register
+class MeanPool(Compression):
+  name = "mean_pool"
+
+  def __call__(self, slots, mask, usage):
+    gmask = self.groups(mask)
+    count = jnp.maximum(gmask.sum(-1, keepdims=True), 1).astype(slots.dtype)
+    return self.groups(jnp.where(mask[..., None], slots, 0)).sum(2) / count, gmask.any(-1)
+
+
+@register
+class Conv(Compression):
+  """1D convolution, kernel = stride = c. Starts as mean pooling (plus a
+  little noise) so that early compressed memories are not garbage."""
+
+  name = "conv"
+
+  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+    super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    eye = jnp.eye(d_model, dtype=param_dtype)[None] / rate
+    init = lambda key, shape, dtype: eye + nnx.initializers.normal(0.02)(key, shape, dtype)
+    self.kernel = param(init, rngs, (rate, d_model, d_model), ("window", "embed", "embed_out"),
+                        param_dtype)
+    self.bias = param(nnx.initializers.zeros, None, (d_model,), ("norm",), param_dtype)
+
+  def __call__(self, slots, mask, usage):
+    x = jnp.where(mask[..., None], slots, 0)
+    out = dense(self.groups(x), self.kernel[...].astype(slots.dtype), 2)
+    return out + self.bias[...].astype(slots.dtype), self.groups(mask).any(-1)
 
 
 def dilated_layers(rate: int) -> int:
@@ -35,95 +105,94 @@ def dilated_layers(rate: int) -> int:
   return max(1, math.ceil(math.log2(rate))) if rate > 1 else 0
 
 
+@register
+class DilatedConv(Compression):
+  """Causal kernel-2 convolutions with dilations 1, 2, 4, ... over the evicted
+  block, residual; the output at the last slot of each group is kept. The
+  receptive field 2**n >= c covers the whole group, so every evicted slot
+  reaches the compressed memory."""
+
+  name = "dilated_conv"
+
+  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+    super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    n = dilated_layers(rate)
+    self.kernel = param(nnx.initializers.normal(0.02), rngs, (n, 2, d_model, d_model),
+                        ("conv_layers", "window", "embed", "embed_out"), param_dtype)
+    self.bias = param(nnx.initializers.zeros, None, (n, d_model), ("conv_layers", "norm"),
+                      param_dtype)
+
+  def __call__(self, slots, mask, usage):
+    n, c = slots.shape[1], self.rate
+    h = jnp.where(mask[..., None], slots, 0)
+    kernel, bias = self.kernel[...].astype(slots.dtype), self.bias[...].astype(slots.dtype)
+    for i in range(kernel.shape[0]):
+      shifted = jnp.pad(h, ((0, 0), (2**i, 0), (0, 0)))[:, :n]  # h[t - 2**i]
+      h = h + jax.nn.gelu(dense(shifted, kernel[i, 0]) + dense(h, kernel[i, 1]) + bias[i])
+    return h[:, c - 1::c], self.groups(mask).any(-1)
+
+
+@register
+class MostUsed(Compression):
+  """Keeps the N / c slots that received the most attention (after DNC's
+  usage-based freeing), in their original temporal order."""
+
+  name = "most_used"
+  needs_usage = True
+
+  def __call__(self, slots, mask, usage):
+    _, idx = jax.lax.top_k(jnp.where(mask, usage, -jnp.inf), slots.shape[1] // self.rate)
+    idx = jnp.sort(idx, axis=-1)  # [B, N/c]
+    out_mask = jnp.take_along_axis(mask, idx, axis=1)
+    out = jnp.take_along_axis(slots, idx[..., None], axis=1)
+    return jnp.where(out_mask[..., None], out, 0), out_mask
+
+
 class Compressor(nnx.Module):
-  """f_c with rate c, plus the auto-encoder's decoder g when that loss is used."""
+  """One layer's f_c (model.compression), the auto-encoder's decoder g when
+  that loss trains it, and the step that compresses an eviction into the
+  compressed memory. The model stores it as `compressor` in every layer, so
+  that optimisers and tests can find its parameters."""
 
-  def __init__(
-      self,
-      kind: str,
-      rate: int,
-      d_model: int,
-      *,
-      autoencoder: bool,
-      rngs: nnx.Rngs,
-      param_dtype=jnp.float32,
-  ):
-    if kind not in COMPRESSIONS:
-      raise ValueError(f"unknown compression {kind!r}; expected one of {COMPRESSIONS}")
-    self.kind = kind
+  def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
+               rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.fn = COMPRESSIONS[kind](rate, d_model, rngs=rngs, param_dtype=param_dtype)
     self.rate = rate
-    d, c = d_model, rate
-    init = nnx.initializers.normal(0.02)
-    if kind == "conv":
-      # 1D convolution, kernel = stride = c. Starts as mean pooling (plus a
-      # little noise) so that early compressed memories are not garbage.
-      eye = jnp.eye(d, dtype=param_dtype)[None] / c
-      self.kernel = nnx.Param(eye + init(rngs.params(), (c, d, d), param_dtype))
-      self.bias = nnx.Param(jnp.zeros((d,), param_dtype))
-    elif kind == "dilated_conv":
-      # Causal kernel-2 convolutions with dilations 1, 2, 4, ... over the
-      # evicted block, residual; the output at the last slot of each group is
-      # kept. The receptive field 2**n >= c covers the whole group, so every
-      # evicted slot reaches the compressed memory.
-      n = dilated_layers(c)
-      self.kernel = nnx.Param(init(rngs.params(), (n, 2, d, d), param_dtype))
-      self.bias = nnx.Param(jnp.zeros((n, d), param_dtype))
-    if autoencoder:
+    self.loss = reconstruction_loss
+    if reconstruction_loss == "autoencoding":
       # g: a transposed convolution (kernel = stride = c) back to c slots.
-      self.decoder_kernel = nnx.Param(
-          nnx.initializers.lecun_normal()(rngs.params(), (d, c * d), param_dtype))
-      self.decoder_bias = nnx.Param(jnp.zeros((c * d,), param_dtype))
+      self.decoder_kernel = param(nnx.initializers.lecun_normal(), rngs, (d_model, rate * d_model),
+                                  ("embed", "embed_out"), param_dtype)
+      self.decoder_bias = param(nnx.initializers.zeros, None, (rate * d_model,), ("norm",),
+                                param_dtype)
 
-  def __call__(
-      self, slots: jax.Array, mask: jax.Array, usage: jax.Array
-  ) -> tuple[jax.Array, jax.Array]:
-    """Compresses `slots [B, N, d]` (validity `mask [B, N]`, attention
-    `usage [B, N]`) into `[B, N / c, d]` and its validity `[B, N / c]`."""
-    c = self.rate
-    n = slots.shape[1]
-    if n % c:
-      raise ValueError(f"cannot compress {n} slots at rate {c}: not a multiple")
-    dtype = slots.dtype
-    x = jnp.where(mask[..., None], slots, 0)
-    gmask = _groups(mask, c)  # [B, N/c, c]
-    out_mask = gmask.any(-1)
-    if self.kind == "mean_pool":
-      count = jnp.maximum(gmask.sum(-1, keepdims=True), 1).astype(dtype)
-      out = _groups(x, c).sum(2) / count
-    elif self.kind == "max_pool":
-      neg = jnp.finfo(dtype).min
-      out = jnp.where(gmask[..., None], _groups(slots, c), neg).max(2)
-      out = jnp.where(out_mask[..., None], out, 0)
-    elif self.kind == "conv":
-      out = dense(_groups(x, c), self.kernel[...].astype(dtype), 2)
-      out = out + self.bias[...].astype(dtype)
-    elif self.kind == "dilated_conv":
-      h = x
-      kernel = self.kernel[...].astype(dtype)
-      bias = self.bias[...].astype(dtype)
-      for i in range(kernel.shape[0]):
-        dil = 2**i
-        shifted = jnp.pad(h, ((0, 0), (dil, 0), (0, 0)))[:, :n]  # h[t - dil]
-        y = dense(shifted, kernel[i, 0]) + dense(h, kernel[i, 1]) + bias[i]
-        h = h + jax.nn.gelu(y)
-      out = h[:, c - 1::c]
-    elif self.kind == "most_used":
-      # Keep the N / c slots that received the most attention (after DNC's
-      # usage-based freeing), in their original temporal order.
-      score = jnp.where(mask, usage, -jnp.inf)
-      _, idx = jax.lax.top_k(score, n // c)
-      idx = jnp.sort(idx, axis=-1)  # [B, N/c]
-      out = jnp.take_along_axis(slots, idx[..., None], axis=1)
-      out_mask = jnp.take_along_axis(mask, idx, axis=1)
-      out = jnp.where(out_mask[..., None], out, 0)
-    else:  # pragma: no cover - rejected in __init__
-      raise AssertionError(self.kind)
-    return out.astype(dtype), out_mask
+  def __call__(self, layer_memory: memory_lib.Memory, ev: memory_lib.Eviction,
+               queries: jax.Array, attention) -> tuple[memory_lib.Memory, jax.Array]:
+    """Compresses the eviction `ev` (stop-gradient) into the compressed memory.
+
+    Returns the memory and the reconstruction loss (docs/PAPER.md
+    §Attention-reconstruction loss): the layer's content attention from its
+    `queries` [B, T, H, D] over the evicted slots' keys and values, against the
+    same over the compressed slots' keys and values through the layer's frozen
+    weights. Every input is stop-gradient, so this loss trains only f_c.
+    """
+    comp, comp_mask = self.fn(ev.slots, ev.mask, ev.usage)
+    comp = comp.astype(ev.slots.dtype)
+    new_memory = memory_lib.push_compressed(
+        layer_memory, jax.lax.stop_gradient(comp), comp_mask, attention.keys_values)
+    if self.loss == "attention":
+      q = jax.lax.stop_gradient(queries)
+      target = attention.content_attention(q, ev.k, ev.v, ev.mask)
+      k_new, v_new = attention.keys_values(comp, frozen=True)
+      approx = attention.content_attention(q, k_new, v_new, comp_mask)
+      return new_memory, losses.attention_reconstruction_loss(target, approx, ev.mask)
+    if self.loss == "autoencoding":
+      return new_memory, losses.autoencoding_loss(self.decode, ev.slots, ev.mask, comp)
+    return new_memory, jnp.zeros((), jnp.float32)
 
   def decode(self, compressed: jax.Array) -> jax.Array:
     """g: [B, N / c, d] -> [B, N, d] (auto-encoding loss only)."""
     b, g, d = compressed.shape
     dtype = compressed.dtype
-    y = dense(compressed, self.decoder_kernel[...].astype(dtype))
-    y = y + self.decoder_bias[...].astype(dtype)
+    y = dense(compressed, self.decoder_kernel[...].astype(dtype)) + self.decoder_bias[...].astype(dtype)
     return y.reshape(b, g * self.rate, d)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from compressive.attention import POSITIONS
-from compressive.compression import COMPRESSIONS
 from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
 from compressive.losses import RECONSTRUCTION_LOSSES
 
@@ -83,6 +81,8 @@ def validate(cfg: ModelConfig) -> None:
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
+  from compressive.attention import POSITIONS  # pylint: disable=g-import-not-at-top
+  from compressive.compression import COMPRESSIONS  # the registry; imports memory, which imports us
   if cfg.compression not in COMPRESSIONS:
     raise ConfigError(
         f"model.compression={cfg.compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
@@ -102,11 +102,18 @@ def validate(cfg: ModelConfig) -> None:
   if cfg.dtype not in DTYPES:
     raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
-  if cfg.compressed_memory_length and cfg.segment_length % cfg.compression_rate:
+  check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
+
+
+def check_segment_length(cfg: ModelConfig, segment_length: int, compressed_memory_length: int,
+                         field: str = "model.segment_length") -> None:
+  """A segment (training's, evaluation's or generation's) evicts as many
+  memories as it has tokens, compressed in groups of compression_rate."""
+  if compressed_memory_length and segment_length % cfg.compression_rate:
     raise ConfigError(
-        f"model.segment_length={cfg.segment_length} is not a multiple of "
-        f"model.compression_rate={cfg.compression_rate}: each segment's evicted "
-        "memories are compressed in groups of compression_rate")
+        f"{field}={segment_length} is not a multiple of model.compression_rate="
+        f"{cfg.compression_rate}: each segment's evicted memories are compressed in "
+        "groups of compression_rate")
 
 
 def check_memory_sizes(cfg: ModelConfig, memory_length: Any, compressed_memory_length: Any,

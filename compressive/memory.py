@@ -1,19 +1,19 @@
-"""The memory: per-layer FIFO memory and compressed memory (paper §3, Alg. 1).
+"""The memory: per-layer FIFO memory and compressed memory (docs/PAPER.md
+§Model, Alg. 1), with the keys and values of its slots when they are cached.
 
 Notation: L layers, B batch rows, M memory slots (n_m), C compressed-memory
-slots (n_cm), T segment length (n_s), c compression rate, d model width.
+slots (n_cm), T segment length, H heads, D head width, d model width.
 
 The memory is a plain pytree value threaded through the model, never hidden
-module state. At model level every array carries a leading layer axis
-(`mem [L, B, M, d]`); the per-layer helpers below see the same class with that
+module state. At model level every array carries a leading layer axis and then
+the batch axis (`mem [L, B, M, d]`); a layer sees the same class with the layer
 axis sliced off (`mem [B, M, d]`). Slots are ordered oldest first. Empty slots
 are marked invalid in the masks and are never attended, so a row can be reset
-mid-batch without zero-filling tricks (PAPER.md, §3).
+mid-batch without zero-filling tricks. docs/DESIGN.md §The memory's life cycle.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import flax.struct
@@ -24,11 +24,25 @@ from compressive import config_lib
 
 
 @flax.struct.dataclass
+class KeysValues:
+  """Cached keys and values: every slot's are computed once, when it enters
+  the memory, instead of every segment. Valid only while the weights do not
+  change (evaluation, generation)."""
+
+  cmem_k: jax.Array  # [L, B, C, H, D]
+  cmem_v: jax.Array
+  mem_k: jax.Array  # [L, B, M, H, D]
+  mem_v: jax.Array
+  seg_k: jax.Array  # [L, B, T, H, D] the current segment's tokens so far (decoding)
+  seg_v: jax.Array
+
+
+@flax.struct.dataclass
 class Memory:
   """Memory and compressed memory of past layer inputs.
 
   Sizes are read from the shapes, so evaluation may build a larger memory than
-  training did (PAPER.md: enwik8 evaluates with n_cm = 3072).
+  training did (docs/PAPER.md: enwik8 evaluates with n_cm = 3072).
   """
 
   mem: jax.Array  # [L, B, M, d] past layer inputs, oldest first
@@ -36,6 +50,7 @@ class Memory:
   cmem: jax.Array  # [L, B, C, d] compressed past, oldest first
   cmem_mask: jax.Array  # [L, B, C] bool
   usage: jax.Array  # [L, B, M] float32 attention each memory slot received
+  cache: Optional[KeysValues] = None
 
   @property
   def memory_length(self) -> int:
@@ -63,28 +78,15 @@ class Memory:
     return jax.tree.map(lambda *a: jnp.stack(a), *layers)
 
 
-def init_memory(
-    model_config,
-    batch_size: int,
-    dtype=jnp.float32,
-    *,
-    memory_length: Optional[int] = None,
-    compressed_memory_length: Optional[int] = None,
-) -> Memory:
-  """A memory whose slots are all empty (masked).
-
-  Args:
-    model_config: the `model` ConfigDict (or a `ModelConfig`).
-    batch_size: rows of this memory (process-local or global, as the caller
-      needs).
-    dtype: storage dtype of the slots (the model's compute dtype).
-    memory_length: overrides `model_config.memory_length` (evaluation).
-    compressed_memory_length: overrides `compressed_memory_length`.
-  """
+def init_memory(model_config, batch_size: int, dtype=jnp.float32, *,
+                memory_length: Optional[int] = None,
+                compressed_memory_length: Optional[int] = None) -> Memory:
+  """A memory whose slots are all empty (masked), for `model_config` (a
+  ModelConfig, or the `model` ConfigDict); the sizes override the model's
+  (evaluation may use larger memories)."""
   cfg = config_lib.ModelConfig.from_config(model_config)
   m = cfg.memory_length if memory_length is None else memory_length
-  cm = (cfg.compressed_memory_length
-        if compressed_memory_length is None else compressed_memory_length)
+  cm = cfg.compressed_memory_length if compressed_memory_length is None else compressed_memory_length
   config_lib.check_memory_sizes(cfg, m, cm, batch_size)
   layers, d = cfg.num_layers, cfg.d_model
   return Memory(
@@ -100,17 +102,24 @@ def reset_rows(memory: Memory, start_of_sequence: jax.Array) -> Memory:
   """Empties the rows that start a new document; other rows are untouched.
 
   Args:
-    memory: model-level memory (leading layer axis).
+    memory: model-level memory (layer axis, then batch axis, on every field).
     start_of_sequence: bool [B].
   """
   sos = jnp.asarray(start_of_sequence, bool)
 
   def reset(a):
-    # Batch is axis 1 of every field; broadcast the flag over the rest.
     flag = sos.reshape((1, -1) + (1,) * (a.ndim - 2))
     return jnp.where(flag, jnp.zeros_like(a), a)
 
   return jax.tree.map(reset, memory)
+
+
+def _fifo(old: jax.Array, new: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Appends `new` [B, N, ...] behind `old` [B, L, ...]: (the newest L, the N
+  oldest that fell out)."""
+  both = jnp.concatenate([old, new.astype(old.dtype)], axis=1)
+  n = new.shape[1]
+  return both[:, n:], both[:, :n]
 
 
 @flax.struct.dataclass
@@ -120,13 +129,12 @@ class Eviction:
   slots: jax.Array  # [B, T, d] oldest first
   mask: jax.Array  # [B, T] bool
   usage: jax.Array  # [B, T] attention received while in memory
+  k: jax.Array  # [B, T, H, D] their keys and values in this segment
+  v: jax.Array
 
 
-def push(
-    layer_memory: Memory,
-    inputs: jax.Array,
-    received: jax.Array,
-) -> tuple[Memory, Eviction]:
+def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
+         k: jax.Array, v: jax.Array) -> tuple[Memory, Eviction]:
   """Pushes a segment's layer inputs into one layer's memory (FIFO).
 
   Args:
@@ -135,31 +143,33 @@ def push(
     received: [B, M + T] attention each memory slot and segment token received
       in this segment (mean over heads and queries); accumulates into `usage`
       for the most-used compression.
+    k, v: [B, M + T, H, D] keys and values of [memory; inputs].
 
   Returns:
-    The memory with the newest M of [memory; inputs] kept (compressed memory
-    unchanged), and the T oldest slots that fell out, with their validity and
-    usage. With M = 0 nothing is kept and the inputs themselves are "evicted".
+    The memory with the newest M of [memory; inputs] kept (its cached keys and
+    values too; compressed memory unchanged), and the T oldest slots that fell
+    out. With M = 0 nothing is kept and the inputs themselves are evicted.
   """
   b, t, _ = inputs.shape
-  m = layer_memory.memory_length
-  slots = jnp.concatenate([layer_memory.mem, inputs.astype(layer_memory.mem.dtype)], axis=1)
-  mask = jnp.concatenate([layer_memory.mem_mask, jnp.ones((b, t), bool)], axis=1)
-  usage = jnp.concatenate(
-      [layer_memory.usage, jnp.zeros((b, t), jnp.float32)], axis=1) + received
-  evicted = Eviction(slots=slots[:, :t], mask=mask[:, :t], usage=usage[:, :t])
-  kept = dataclasses.replace(
-      layer_memory, mem=slots[:, t:], mem_mask=mask[:, t:], usage=usage[:, t:])
-  assert kept.mem.shape[1] == m
-  return kept, evicted
+  mem, slots = _fifo(layer_memory.mem, inputs)
+  mask, ev_mask = _fifo(layer_memory.mem_mask, jnp.ones((b, t), bool))
+  usage = jnp.concatenate([layer_memory.usage, jnp.zeros((b, t), jnp.float32)], 1) + received
+  kept = layer_memory.replace(mem=mem, mem_mask=mask, usage=usage[:, t:])
+  if layer_memory.cache is not None:
+    kept = kept.replace(cache=layer_memory.cache.replace(mem_k=k[:, t:], mem_v=v[:, t:]))
+  return kept, Eviction(slots=slots, mask=ev_mask, usage=usage[:, :t], k=k[:, :t], v=v[:, :t])
 
 
-def push_compressed(
-    layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array
-) -> Memory:
-  """Pushes compressed slots [B, T/c, d] into the compressed memory (FIFO)."""
-  n = compressed.shape[1]
-  cmem = jnp.concatenate(
-      [layer_memory.cmem, compressed.astype(layer_memory.cmem.dtype)], axis=1)
-  cmask = jnp.concatenate([layer_memory.cmem_mask, compressed_mask], axis=1)
-  return dataclasses.replace(layer_memory, cmem=cmem[:, n:], cmem_mask=cmask[:, n:])
+def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array,
+                    keys_values=None) -> Memory:
+  """Pushes compressed slots [B, T/c, d] into the compressed memory (FIFO);
+  `keys_values(slots)` gives their keys and values when the memory caches them."""
+  cmem, _ = _fifo(layer_memory.cmem, compressed)
+  cmask, _ = _fifo(layer_memory.cmem_mask, compressed_mask)
+  out = layer_memory.replace(cmem=cmem, cmem_mask=cmask)
+  if layer_memory.cache is not None:
+    k, v = keys_values(compressed.astype(layer_memory.cache.cmem_k.dtype))
+    cache = layer_memory.cache
+    out = out.replace(cache=cache.replace(cmem_k=_fifo(cache.cmem_k, k)[0],
+                                          cmem_v=_fifo(cache.cmem_v, v)[0]))
+  return out

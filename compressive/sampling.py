@@ -4,12 +4,13 @@ Notation: B rows, T segment length, S = C + M memory slots, K = S + T keys,
 L layers, H heads, D head width.
 
 The prompt's whole segments go through the model as in training. Tokens are
-then decoded one at a time by a jitted step that reuses cached keys and values:
-those of the memory (computed once per segment, since the weights do not
-change) and those of the current segment's earlier tokens. When a segment is
-complete it is pushed into the memory by one ordinary model call (which also
-compresses what it evicts), and the cache is rebuilt from the new memory. The
-length of a generation is unbounded; memory use is fixed by (S, T).
+then decoded one at a time by the same model call with `position=`, over a
+memory that carries cached keys and values: those of its slots (computed once,
+when a slot enters it, since the weights do not change) and those of the
+current segment's earlier tokens. When a segment is complete it is pushed into
+the memory by one whole-segment call (which also compresses what it evicts and
+caches the new slots' keys). The length of a generation is unbounded; memory
+use is fixed by (S, T).
 """
 
 from __future__ import annotations
@@ -17,69 +18,14 @@ from __future__ import annotations
 import math
 from typing import Iterator, Optional, Sequence
 
-import flax.struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive import config_lib
 from compressive import memory as memory_lib
-from compressive.attention import sinusoid_positions
-from compressive.memory import Memory
 from compressive.model import CompressiveTransformer
-
-
-@flax.struct.dataclass
-class Cache:
-  """Keys and values of the memory and of the current segment, per layer."""
-
-  mem_k: jax.Array  # [L, B, S, H, D] keys of [cmem; mem]
-  mem_v: jax.Array  # [L, B, S, H, D]
-  mem_valid: jax.Array  # [L, B, S]
-  seg_k: jax.Array  # [L, B, T, H, D] keys of this segment's tokens so far
-  seg_v: jax.Array  # [L, B, T, H, D]
-  r: jax.Array  # [L, K, H, D] W_r R for distances K-1 .. 0; [L, 0, H, D] in rope mode
-
-
-def build_cache(model: CompressiveTransformer, memory: Memory, segment_length: int) -> Cache:
-  kv = model.memory_keys_values(memory)
-  s = memory.compressed_memory_length + memory.memory_length
-  positions = None  # rope: keys stay unrotated here and are rotated at use
-  if model.config.positions == "relative":
-    positions = sinusoid_positions(s + segment_length, model.config.d_model)
-  rs = jnp.stack([block.attention.position_keys(positions) for block in model.blocks])
-  valid = jnp.concatenate([memory.cmem_mask, memory.mem_mask], axis=2)  # [L, B, S]
-  b = memory.batch_size
-  h, d = model.config.num_heads, model.config.head_dim
-  seg = jnp.zeros((len(model.blocks), b, segment_length, h, d), model.dtype)
-  return Cache(mem_k=kv.k, mem_v=kv.v, mem_valid=valid, seg_k=seg, seg_v=seg, r=rs)
-
-
-def decode_step(
-    model: CompressiveTransformer, cache: Cache, token: jax.Array, position: jax.Array
-) -> tuple[jax.Array, Cache]:
-  """Feeds `token [B]` at segment position `position`; returns its logits [B, V]."""
-  x = model.embed(token).astype(model.dtype)  # [B, d]
-  s = cache.mem_k.shape[2]
-  t = cache.seg_k.shape[2]
-  seg_valid = jnp.arange(t) <= position  # [T]
-  seg_k, seg_v = [], []
-  for i, block in enumerate(model.blocks):
-    att = block.attention
-    q = att.query(x[:, None])[:, 0]  # [B, H, D]
-    k_new, v_new = att.keys_values(x[:, None])  # [B, 1, H, D]
-    sk = jax.lax.dynamic_update_slice_in_dim(cache.seg_k[i], k_new, position, axis=1)
-    sv = jax.lax.dynamic_update_slice_in_dim(cache.seg_v[i], v_new, position, axis=1)
-    seg_k.append(sk)
-    seg_v.append(sv)
-    keys = jnp.concatenate([cache.mem_k[i], sk], axis=1)  # [B, K, H, D]
-    values = jnp.concatenate([cache.mem_v[i], sv], axis=1)
-    valid = jnp.concatenate(
-        [cache.mem_valid[i], jnp.broadcast_to(seg_valid, (x.shape[0], t))], axis=1)
-    h = x + att.attend_one(q, keys, values, cache.r[i], valid, s + position)
-    x = h + block.ffn(block.ffn_norm(h))
-  logits = (model.final_norm(x) @ model.head[...].astype(model.dtype)).astype(jnp.float32)
-  return logits, cache.replace(seg_k=jnp.stack(seg_k), seg_v=jnp.stack(seg_v))
 
 
 def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
@@ -134,26 +80,27 @@ class Sampler:
     if compressed_memory_length is not None:
       sizes["compressed_memory_length"] = compressed_memory_length
     self.memory = memory_lib.init_memory(cfg, batch_size, jnp.dtype(cfg.dtype), **sizes)
-    if self.memory.compressed_memory_length and self.segment_length % cfg.compression_rate:
-      raise ValueError(f"segment_length={self.segment_length} is not a multiple of "
-                       f"compression_rate={cfg.compression_rate}")
+    config_lib.check_segment_length(cfg, self.segment_length,
+                                    self.memory.compressed_memory_length, "segment_length")
     graphdef, state = nnx.split(model)
     self._state = state
     t = self.segment_length
+    merged = lambda state: nnx.merge(graphdef, state)
 
     @jax.jit
-    def advance(state, memory, tokens):
-      m = nnx.merge(graphdef, state)
-      logits, memory, _ = m(tokens, memory)
-      return logits[:, -1], memory, build_cache(m, memory, t)
+    def advance(state, memory, tokens):  # a whole segment, pushed into the memory
+      logits, memory, _ = merged(state)(tokens, memory)
+      return logits[:, -1], memory
 
     @jax.jit
-    def step(state, cache, token, position):
-      return decode_step(nnx.merge(graphdef, state), cache, token, position)
+    def step(state, memory, table, token, position):  # one token, into the cache
+      logits, memory, _ = merged(state)(token[:, None], memory, position=position,
+                                        position_keys=table)
+      return logits[:, 0], memory
 
     self._advance, self._step = advance, step
-    self.cache = jax.jit(lambda st, mem: build_cache(nnx.merge(graphdef, st), mem, t))(
-        state, self.memory)
+    self.memory = jax.jit(lambda st, m: merged(st).cache_keys_values(m, t))(state, self.memory)
+    self._table = jax.jit(lambda st, m: merged(st).position_keys(m, t))(state, self.memory)
     self.segment = np.zeros((batch_size, t), np.int32)  # the current segment so far
     self.position = 0
     self.logits = None  # logits after the last token fed
@@ -167,8 +114,7 @@ class Sampler:
     while i < tokens.shape[1]:
       if self.position == 0 and tokens.shape[1] - i >= t:
         self.segment[:] = tokens[:, i:i + t]
-        self.logits, self.memory, self.cache = self._advance(self._state, self.memory,
-                                                             self.segment.copy())
+        self.logits, self.memory = self._advance(self._state, self.memory, self.segment.copy())
         i += t
       else:
         self._feed_one(tokens[:, i])
@@ -176,15 +122,15 @@ class Sampler:
 
   def _feed_one(self, token: np.ndarray) -> None:
     self.segment[:, self.position] = token
-    self.logits, self.cache = self._step(self._state, self.cache, jnp.asarray(token),
-                                         jnp.asarray(self.position, jnp.int32))
+    self.logits, self.memory = self._step(self._state, self.memory, self._table,
+                                          jnp.asarray(token), jnp.asarray(self.position, jnp.int32))
     self.position += 1
     if self.position == self.segment_length:
       # The segment is complete: push it into the memory (compressing what
-      # falls out) with one ordinary call, then rebuild the cache. A copy:
+      # falls out) with one whole-segment call. A copy:
       # on CPU, JAX may read a NumPy argument in place after the call has
       # returned (asynchronous dispatch), while the next tokens overwrite it.
-      _, self.memory, self.cache = self._advance(self._state, self.memory, self.segment.copy())
+      _, self.memory = self._advance(self._state, self.memory, self.segment.copy())
       self.position = 0
 
   def generate(self, prompt: Sequence[int] | np.ndarray, num_tokens: int, *,

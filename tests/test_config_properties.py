@@ -26,7 +26,7 @@ FIELDS = dict(
     memory_length=st.integers(-3, 12),
     compressed_memory_length=st.integers(-3, 8),
     compression_rate=st.integers(-1, 4),
-    compression=st.sampled_from(COMPRESSIONS + ("avg_pool",)),
+    compression=st.sampled_from(tuple(COMPRESSIONS) + ("avg_pool",)),
     reconstruction_loss=st.sampled_from(("attention", "autoencoding", "none", "l1")),
     dropout_rate=st.sampled_from((0.0, 0.1, 1.0, -0.5)),
     dtype=st.sampled_from(("float32", "bfloat16", "float16")),
@@ -89,7 +89,7 @@ def assert_rejects_exactly(validate, bad, named):
     vocab_size=st.integers(1, 20), num_layers=st.integers(1, 2), num_heads=st.integers(1, 2),
     d_model=st.sampled_from((4, 8)), d_ff=st.integers(1, 8), segment_length=st.sampled_from((2, 4)),
     memory_length=st.integers(0, 5), compressed_memory_length=st.integers(0, 3),
-    compression_rate=st.sampled_from((1, 2)), compression=st.sampled_from(COMPRESSIONS),
+    compression_rate=st.sampled_from((1, 2)), compression=st.sampled_from(tuple(COMPRESSIONS)),
     reconstruction_loss=st.sampled_from(("attention", "autoencoding", "none")),
     dropout_rate=st.just(0.0), dtype=st.just("float32"))))
 def test_accepted_configs_build_and_run(values):

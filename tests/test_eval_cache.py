@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from compressive import eval_lib
+from compressive.compression import COMPRESSIONS
 from conftest import make_model, tiny_model_config
-
-COMPRESSIONS = ["conv", "max_pool", "mean_pool", "dilated_conv", "most_used"]
 
 
 @pytest.mark.parametrize("compression,positions",
@@ -25,24 +24,24 @@ def test_cached_keys_values_give_the_uncached_logits(compression, positions):
   rng = np.random.default_rng(0)
   b, t = 3, cfg.segment_length
   mem0 = model.init_memory(b)
-  plain, cached = mem0, (mem0, model.memory_keys_values(mem0))
+  plain, cached = mem0, model.cache_keys_values(mem0)
   # Enough segments to fill memory and compressed memory; rows restart at
   # different times so reset rows hold stale cache entries.
   for s in range(12):
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t)), jnp.int32)
     sos = jnp.asarray([s == 0, s in (0, 5), s in (0, 9)])
     want, plain, _ = model(tokens, plain, sos)
-    got, memory, aux = model(tokens, cached[0], sos, kv_cache=cached[1])
-    cached = (memory, aux["kv_cache"])
+    got, cached, _ = model(tokens, cached, sos)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f"segment {s}")
     # The carried cache is the memory's own keys and values, slot for slot,
     # wherever a slot is valid.
-    fresh = model.memory_keys_values(memory)
-    valid = np.concatenate([memory.cmem_mask, memory.mem_mask], axis=2)  # [L, B, S]
-    np.testing.assert_allclose(np.asarray(cached[1].k)[valid], np.asarray(fresh.k)[valid],
-                               atol=2e-5, rtol=2e-5)
-    np.testing.assert_allclose(np.asarray(cached[1].v)[valid], np.asarray(fresh.v)[valid],
-                               atol=2e-5, rtol=2e-5)
+    fresh = model.cache_keys_values(cached.replace(cache=None)).cache
+    for bank, mask in (("cmem", cached.cmem_mask), ("mem", cached.mem_mask)):
+      for kv in "kv":
+        name = f"{bank}_{kv}"
+        np.testing.assert_allclose(np.asarray(getattr(cached.cache, name))[np.asarray(mask)],
+                                   np.asarray(getattr(fresh, name))[np.asarray(mask)],
+                                   atol=2e-5, rtol=2e-5, err_msg=name)
 
 
 def test_eval_step_with_and_without_the_cache_agree():

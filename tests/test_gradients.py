@@ -32,7 +32,7 @@ def loss_grads(cfg, n_before=3):
   def losses_of(params):
     logits, _, aux = nnx.merge(graphdef, params, rest)(seg, memory)
     nats, count = losses.cross_entropy(logits, targets)
-    return nats / count, aux["reconstruction_loss"]
+    return nats / count, aux.reconstruction_loss
 
   lm = jax.jit(jax.grad(lambda p: losses_of(p)[0]))(params)
   rec = jax.jit(jax.grad(lambda p: losses_of(p)[1]))(params)
@@ -101,4 +101,4 @@ def test_no_eviction_means_zero_reconstruction_loss():
   cfg = tiny_model_config()
   model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
   _, _, aux = model(jnp.ones((1, 4), jnp.int32), compressive.init_memory(cfg, 1))
-  assert float(aux["reconstruction_loss"]) == 0.0
+  assert float(aux.reconstruction_loss) == 0.0

@@ -76,7 +76,7 @@ def test_fifo_order_and_masks_step_by_step(compression):
       # The newest T / c slots are f_c of exactly the evicted block.
       block = np.stack([vec(i) for i in evicted_ids])[None]
       bmask = np.array([[i >= 0 for i in evicted_ids]])
-      comp, comp_mask = model.blocks[0].compressor(jnp.asarray(block), jnp.asarray(bmask),
+      comp, comp_mask = model.blocks[0].compressor.fn(jnp.asarray(block), jnp.asarray(bmask),
                                                     jnp.zeros(bmask.shape))
       got = cmem[-(T // RATE):]
       want = np.where(np.asarray(comp_mask[0])[:, None], np.asarray(comp[0]), 0.0)
@@ -84,9 +84,8 @@ def test_fifo_order_and_masks_step_by_step(compression):
 
 
 def test_most_used_keeps_the_most_attended_in_order():
-  from compressive.compression import Compressor
   from flax import nnx
-  comp = Compressor("most_used", 2, 3, autoencoder=False, rngs=nnx.Rngs(0))
+  comp = COMPRESSIONS["most_used"](2, 3, rngs=nnx.Rngs(0))
   slots = jnp.arange(6 * 3, dtype=jnp.float32).reshape(1, 6, 3)
   usage = jnp.array([[0.9, 0.1, 0.5, 0.7, 0.2, 0.3]])
   mask = jnp.array([[True, True, True, True, True, True]])

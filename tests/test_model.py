@@ -75,7 +75,7 @@ def test_scan_under_jit_matches_eager_and_does_not_retrace():
     def body(memory, xs):
       seg, flag = xs
       logits, memory, aux = m(seg, memory, flag)
-      return memory, (logits, aux["reconstruction_loss"])
+      return memory, (logits, aux.reconstruction_loss)
 
     return jax.lax.scan(body, memory, (segments, sos))
 
@@ -88,7 +88,7 @@ def test_scan_under_jit_matches_eager_and_does_not_retrace():
   for s in range(n_seg):
     want, memory, aux = model(segments[s], memory, sos[s])
     np.testing.assert_allclose(np.asarray(logits[s]), np.asarray(want), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(recon[s]), float(aux["reconstruction_loss"]), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(recon[s]), float(aux.reconstruction_loss), rtol=1e-5, atol=1e-7)
   for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(memory)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -129,7 +129,7 @@ def test_evaluation_may_use_longer_memories_and_other_segment_lengths():
   tokens = jnp.ones((1, 8), jnp.int32)
   for _ in range(6):  # 16 memory slots fill after 2 segments; then 4 slots a segment
     logits, memory, aux = forward(state, tokens, memory, None)
-  assert bool(memory.cmem_mask.all()) and float(aux["attention_mass/compressed_memory"]) > 0
+  assert bool(memory.cmem_mask.all()) and float(aux.scalars()["attention_mass/compressed_memory"]) > 0
   with pytest.raises(ValueError, match="multiple of compression_rate"):
     forward(state, jnp.ones((1, 5), jnp.int32), memory, None)
 
@@ -140,7 +140,7 @@ def test_attention_mass_sums_to_one():
   memory = compressive.init_memory(cfg, 2)
   for _ in range(5):
     _, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
-  total = sum(float(aux[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
+  total = sum(float(aux.scalars()[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
   assert abs(total - 1.0) < 1e-5
 
 
@@ -153,4 +153,4 @@ def test_bfloat16_compute_keeps_float32_parameters():
   for _ in range(4):
     logits, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
   assert logits.dtype == jnp.float32 and memory.mem.dtype == jnp.bfloat16
-  assert np.all(np.isfinite(np.asarray(logits))) and float(aux["reconstruction_loss"]) > 0
+  assert np.all(np.isfinite(np.asarray(logits))) and float(aux.reconstruction_loss) > 0

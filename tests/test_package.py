@@ -221,7 +221,7 @@ memory = compressive.init_memory(cfg, batch_size=2)          # all slots empty
 tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
 start = jnp.array([True, False])                               # row 0 starts a document
 logits, memory, aux = model(tokens, memory, start)
-print(aux["reconstruction_loss"], aux["attention_mass/compressed_memory"])
+print(aux.reconstruction_loss, aux.scalars()["attention_mass/compressed_memory"])
 
 config, trained = compressive.load(WORKDIR)             # a trained model back
 """

@@ -1,0 +1,64 @@
+"""Adding a compression is one class in one file: this file registers a toy
+compression, and the framework builds, shards, trains and restores it with no
+other change."""
+
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import compressive
+from compressive import sharding
+from compressive import train_lib
+from compressive.compression import COMPRESSIONS, Compression, register
+from compressive.config_lib import ModelConfig
+from compressive.layers import param
+from test_train import tiny_experiment
+
+
+class ScaledLast(Compression):
+  """Keeps the newest slot of each group of c, times a learned gain per channel."""
+
+  name = "test_scaled_last"
+
+  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+    super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    self.gain = param(nnx.initializers.ones, None, (d_model,), ("norm",), param_dtype)
+
+  def __call__(self, slots, mask, usage):
+    out = self.groups(slots)[:, :, -1] * self.gain[...].astype(slots.dtype)
+    return out, self.groups(mask).any(-1)
+
+
+@pytest.fixture
+def registered():
+  register(ScaledLast)
+  yield ScaledLast.name
+  del COMPRESSIONS[ScaledLast.name]  # the other tests iterate over the built-in ones
+
+
+def test_a_compression_registered_here_trains_and_restores(registered, tmp_path):
+  config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
+                           log_every_steps=1, **{"model.compression": registered})
+  # Its parameter has logical axes, so every mesh can place it.
+  table = sharding.logical_axes(ModelConfig.from_config(config.model))
+  assert table["blocks/0/compressor/fn/gain"] == ("norm",)
+  train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+  _, model = compressive.load(str(tmp_path / "wd"))
+  gains = [np.asarray(block.compressor.fn.gain[...]) for block in model.blocks]
+  # The reconstruction loss reached the gains and only training moved them.
+  assert all(np.all(np.isfinite(g)) for g in gains)
+  assert any(not np.allclose(g, 1.0) for g in gains)
+
+
+def test_an_unknown_compression_is_named_with_the_registered_ones():
+  with pytest.raises(compressive.ConfigError, match="model.compression='nope' is unknown; choose one of max_pool"):
+    ModelConfig.from_config(tiny_experiment(**{"model.compression": "nope"}).model)
+
+
+def test_a_name_is_registered_once():
+  class Other(ScaledLast):
+    name = "max_pool"
+
+  with pytest.raises(ValueError, match="'max_pool' is already registered"):
+    register(Other)
