@@ -7,19 +7,21 @@ d width, H heads, D head width, V vocabulary.
     config.mesh.shape      devices along each axis; one -1 means "the rest"
     config.mesh.data_axes  axes that split batch rows, and with them the memory
                            (per-row state, sharded exactly like the batch)
-    config.mesh.rules      (regex, spec) pairs for parameters: the first rule
-                           whose regex matches the parameter's path (re.search
-                           on e.g. 'blocks/3/attention/wq') and whose spec has
-                           one entry per dimension (None, an axis name, or a
-                           tuple of names) shards it; unmatched parameters are
-                           replicated. Optimizer state follows its parameter.
+    config.mesh.logical_axis_rules
+                           (logical axis, mesh axes) pairs: every parameter
+                           declares a logical axis per dimension where it is
+                           made (compressive/layers.py `param`: 'embed',
+                           'heads', 'mlp', ...); this maps each to None, a mesh
+                           axis, or a tuple of mesh axes. A logical axis with
+                           no rule is a ConfigError. Optimizer state follows
+                           its parameter.
 
 The default rules put attention heads and MLP hidden units on 'tensor'
-(Megatron-style: column-parallel in, row-parallel out) and one d-sized
-dimension of every large matrix on 'fsdp', whose shards are gathered as the
-step needs them; batch rows are split over ('data', 'fsdp'). Every mesh runs
-the same program: only the layout changes, so losses agree across meshes up
-to float reduction order.
+(Megatron-style: column-parallel in, row-parallel out), the vocabulary on
+'tensor', and one d-sized dimension of every large matrix ('embed') on
+'fsdp', whose shards are gathered as the step needs them; batch rows are split
+over ('data', 'fsdp'). Every mesh runs the same program: only the layout
+changes, so losses agree across meshes up to float reduction order.
 
 Everything here takes the config (or a mesh) as an argument; the entry
 points decide about multi-host initialisation and call
@@ -28,8 +30,8 @@ points decide about multi-host initialisation and call
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 from typing import Any, Optional, Sequence
 
 import jax
@@ -37,22 +39,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 import numpy as np
 
-from compressive.config_lib import ConfigError
+from compressive.config_lib import ConfigError, ModelConfig
 
-# The rules of the default config. Parameter paths are those of the params
-# pure dict (nnx.to_pure_dict of the model); see compressive/model.py.
-DEFAULT_RULES = (
-    (r"attention/w[qkvr]$", ("fsdp", "tensor", None)),  # [d, H, D]
-    (r"attention/wo$", ("tensor", None, "fsdp")),  # [H, D, d]
-    (r"attention/[uv]$", ("tensor", None)),  # [H, D]
-    (r"ffn/w1$", ("fsdp", "tensor")),  # [d, d_ff]
-    (r"ffn/b1$", ("tensor",)),  # [d_ff]
-    (r"ffn/w2$", ("tensor", "fsdp")),  # [d_ff, d]
-    (r"compressor/kernel$", (None, "fsdp", None)),  # conv: [c, d, d]
-    (r"compressor/kernel$", (None, None, "fsdp", None)),  # dilated conv: [n, 2, d, d]
-    (r"compressor/decoder_kernel$", ("fsdp", None)),  # auto-encoder g: [d, c d]
-    (r"embed/embedding$", (None, "fsdp")),  # [V, d]
-    (r"^head$", ("fsdp", "tensor")),  # [d, V]: logits split along the vocabulary
+# The logical axes the model's parameters use, and where the default config
+# puts them. 'layers' is the leading axis of stacked (scanned) layers.
+DEFAULT_LOGICAL_AXIS_RULES = (
+    ("embed", "fsdp"),  # d, once per large matrix
+    ("embed_out", None),  # the second d of a [d, d] matrix
+    ("heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),  # d_ff
+    ("vocab", "tensor"),  # logits split along the vocabulary
+    ("norm", None),  # d-sized scales and biases
+    ("window", None),  # compression kernels' taps
+    ("conv_layers", None),
+    ("layers", None),
 )
 
 
@@ -62,13 +63,13 @@ def default_mesh_config() -> ml_collections.ConfigDict:
   mesh.axes = ("data", "fsdp", "tensor")
   mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
   mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
-  mesh.rules = DEFAULT_RULES
+  mesh.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES
   return mesh
 
 
 def mesh_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config.mesh`, or the defaults for a workdir saved before it existed."""
-  return config.mesh if "mesh" in config else default_mesh_config()
+  """`config.mesh`."""
+  return config.mesh
 
 
 # -- The mesh. ----------------------------------------------------------------
@@ -89,15 +90,12 @@ def _check_mesh_fields(mc: ml_collections.ConfigDict) -> None:
   for a in mc.data_axes:
     if a not in axes:
       raise ConfigError(f"mesh.data_axes={tuple(mc.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
-  for regex, spec in mc.rules:
-    try:
-      re.compile(regex)
-    except re.error as e:
-      raise ConfigError(f"mesh.rules: {regex!r} is not a valid regex ({e})") from None
-    for entry in spec:
-      for a in _names(entry):
-        if a not in axes:
-          raise ConfigError(f"mesh.rules: {regex!r} uses axis {a!r}, not in mesh.axes={axes!r}")
+  for rule in mc.logical_axis_rules:
+    if len(rule) != 2 or not isinstance(rule[0], str):
+      raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
+    for a in _names(rule[1]):
+      if a not in axes:
+        raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}")
 
 
 def mesh_shape(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> tuple[int, ...]:
@@ -177,26 +175,53 @@ def path_str(path) -> str:
   return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
 
-def param_spec(config: ml_collections.ConfigDict, path: str, ndim: int) -> P:
-  """The PartitionSpec of the parameter at `path` (ConfigError if a matching
-  rule never fits its rank)."""
-  matched = []
-  for regex, spec in mesh_config(config).rules:
-    if re.search(regex, path):
-      if len(spec) == ndim:
-        return P(*[None if e is None else (e if isinstance(e, str) else tuple(e)) for e in spec])
-      matched.append((regex, tuple(spec)))
-  if matched:
-    raise ConfigError(
-        f"mesh.rules: parameter {path} has {ndim} dimensions but the rules matching it "
-        f"give {', '.join(f'{r!r}: {s}' for r, s in matched)}")
-  return P()
+@functools.lru_cache(maxsize=16)
+def logical_axes(model_config: ModelConfig) -> dict[str, tuple[str, ...]]:
+  """{parameter path: its logical axes}, read from the model's parameter
+  metadata (an abstract model: nothing is allocated). ConfigError names a
+  parameter made without axes."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from compressive.model import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
+  table = {}
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes, shape = var.get_metadata().get("out_sharding"), tuple(var.get_value().shape)
+    name = "/".join(str(k) for k in path)
+    if axes is None or len(axes) != len(shape):
+      raise ConfigError(f"parameter {name} {shape} declares no logical axes "
+                        f"({axes!r}); make it with compressive.layers.param")
+    table[name] = tuple(axes)
+  return table
+
+
+def spec_for_axes(config: ml_collections.ConfigDict, axes: Sequence[str], name: str) -> P:
+  """The PartitionSpec of logical `axes` under config.mesh.logical_axis_rules."""
+  rules = dict(mesh_config(config).logical_axis_rules)
+  entries = []
+  for a in axes:
+    if a not in rules:
+      raise ConfigError(f"mesh.logical_axis_rules has no rule for logical axis {a!r} "
+                        f"(parameter {name}); add ({a!r}, None) to replicate it")
+    names = _names(rules[a])
+    entries.append(None if not names else names[0] if len(names) == 1 else names)
+  used = [n for e in entries for n in _names(e)]
+  if len(set(used)) != len(used):
+    raise ConfigError(f"mesh.logical_axis_rules put parameter {name} {tuple(axes)} on mesh "
+                      f"axes {used}: a mesh axis may split only one of its dimensions")
+  return P(*entries) if used else P()  # replicated: one spelling, P()
 
 
 def param_specs(config: ml_collections.ConfigDict, params: Any) -> Any:
   """A PartitionSpec for every leaf of the params pure dict."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: param_spec(config, path_str(path), len(x.shape)), params)
+  table = logical_axes(ModelConfig.from_config(config.model))
+
+  def spec(path, x):
+    name = path_str(path)
+    if name not in table:
+      raise ConfigError(f"parameter {name} is not one of the model's (no logical axes)")
+    return spec_for_axes(config, table[name], name)
+
+  return jax.tree_util.tree_map_with_path(spec, params)
 
 
 def state_specs(config: ml_collections.ConfigDict, params: Any, tree: Any) -> Any:
@@ -207,9 +232,10 @@ def state_specs(config: ml_collections.ConfigDict, params: Any, tree: Any) -> An
   everything else (step, counts, RNG keys) is replicated.
   """
   table = {}
-  for path, x in jax.tree_util.tree_leaves_with_path(params):
-    name = path_str(path)
-    table[name] = (tuple(x.shape), param_spec(config, name, len(x.shape)))
+  specs = param_specs(config, params)
+  for (path, x), p in zip(jax.tree_util.tree_leaves_with_path(params),
+                          jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P))):
+    table[path_str(path)] = (tuple(x.shape), p)
 
   def spec(path, x):
     parts = path_str(path).split("/")
@@ -314,17 +340,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
     raise ConfigError(
         f"batch_size={config.batch_size} is not divisible by {dp}, the devices along "
         f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
-  used = {a for _, spec in mc.rules for e in spec for a in _names(e)}
-  if all(sizes[a] == 1 for a in used):
-    return shape  # every parameter is whole on every device
   if abstract_params is None:
     abstract_params = _abstract_params(config)
+  specs = jax.tree.leaves(param_specs(config, abstract_params), is_leaf=lambda v: isinstance(v, P))
   m = config.model
   fields = {"model.num_heads": m.num_heads, "model.d_model": m.d_model, "model.d_ff": m.d_ff,
             "model.vocab_size": m.vocab_size}
-  for path, x in jax.tree_util.tree_leaves_with_path(abstract_params):
+  for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs):
     name = path_str(path)
-    spec = param_spec(config, name, len(x.shape))
     for dim, (size, entry) in enumerate(zip(x.shape, tuple(spec) + (None,) * len(x.shape))):
       axes = _names(entry)
       n = math.prod(sizes[a] for a in axes)
@@ -333,7 +356,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
         raise ConfigError(
             f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
             f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
-            f"that way by mesh.rules ({where}); change mesh.shape or the model size")
+            f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size")
   return shape
 
 

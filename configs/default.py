@@ -67,9 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Devices: mesh axes ('data', 'fsdp', 'tensor') of shape (-1, 1, 1), i.e.
   # data parallel over every device; batch and memory rows are split along
-  # ('data', 'fsdp'); parameters by mesh.rules (regex on the parameter path
-  # -> one mesh axis or None per dimension): heads and MLP hidden units on
-  # 'tensor', one d-sized dimension on 'fsdp'. See compressive/sharding.py
+  # ('data', 'fsdp'); parameters by mesh.logical_axis_rules (each
+  # parameter's logical axes -> mesh axes): heads, MLP hidden units and the
+  # vocabulary on 'tensor', one d-sized dimension on 'fsdp'. See compressive/sharding.py
   # and the presets configs/gpu1.py, gpu8.py, tpu_v5e8.py.
   config.mesh = default_mesh_config()
   return config

@@ -21,6 +21,7 @@ import sys
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,7 +29,11 @@ import compressive
 from compressive import checkpoint as ckpt_lib
 from compressive import sharding
 from compressive import train_lib
-from compressive.attention import sinusoid_positions
+from compressive import train_step
+from compressive.attention import sinusoids
+from compressive.compression import COMPRESSIONS
+from compressive.config_lib import ModelConfig
+from conftest import tiny_model_config
 from compressive.metrics import read_jsonl
 from test_train import tiny_experiment, write_config_file
 
@@ -66,7 +71,7 @@ def sharding_experiment(**overrides):
 
 
 def abstract_params(config):
-  return train_lib.abstract_model(config)[2]
+  return train_step.abstract_model(config)[2]
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
@@ -80,21 +85,21 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert att["u"] == att["v"] == P("tensor", None)
   ffn = specs["blocks"][1]["ffn"]
   assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (P("fsdp", "tensor"), P("tensor"), P("tensor", "fsdp"))
-  assert specs["blocks"][0]["compressor"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
-  assert specs["embed"]["embedding"] == P(None, "fsdp")
+  assert specs["blocks"][0]["compressor"]["fn"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
+  assert specs["embed"]["embedding"] == P("tensor", "fsdp")  # [V, d]
   assert specs["head"] == P("fsdp", "tensor")
   assert specs["final_norm"]["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
 
   dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
-  kernel = sharding.param_specs(dilated, abstract_params(dilated))["blocks"][0]["compressor"]["kernel"]
+  kernel = sharding.param_specs(dilated, abstract_params(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
   assert kernel == P(None, None, "fsdp", None)  # [n, 2, d, d]
 
 
 def test_optimizer_state_follows_its_parameter():
   config = sharding_experiment()
   params = abstract_params(config)
-  tx = train_lib.make_optimizer(config, params)
-  state = train_lib.abstract_train_state(config, params, tx)
+  tx = train_step.make_optimizer(config, params)
+  state = train_step.abstract_train_state(config, params, tx)
   specs = sharding.state_specs(config, params, state)
   P = jax.sharding.PartitionSpec
   assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
@@ -102,15 +107,15 @@ def test_optimizer_state_follows_its_parameter():
   for path, spec in jax.tree_util.tree_leaves_with_path(
       specs.opt_state, is_leaf=lambda x: isinstance(x, P)):
     name = sharding.path_str(path)
-    if name.endswith("blocks/0/attention/wq") or name.endswith("blocks/1/compressor/kernel"):
+    if name.endswith("blocks/0/attention/wq") or name.endswith("blocks/1/compressor/fn/kernel"):
       found[name.split("/inner_state/")[1]] = spec
     if name.endswith("count"):
       assert spec == P()
   assert found == {
       "1/0/mu/blocks/0/attention/wq": P("fsdp", "tensor", None),
       "1/0/nu/blocks/0/attention/wq": P("fsdp", "tensor", None),
-      "1/0/mu/blocks/1/compressor/kernel": P(None, "fsdp", None),
-      "1/0/nu/blocks/1/compressor/kernel": P(None, "fsdp", None),
+      "1/0/mu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
+      "1/0/nu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
   }
   assert specs.step == specs.rng == P()
 
@@ -133,8 +138,12 @@ def test_minus_one_takes_the_remaining_devices(shape, resolved):
     ({"model.num_heads": 4, "model.d_ff": 66, "mesh.shape": (2, 1, 4)}, "model.d_ff=66"),
     ({"model.d_model": 36, "model.num_heads": 2, "mesh.shape": (1, 8, 1)}, "model.d_model=36"),
     ({"mesh.data_axes": ("data", "pipeline")}, "mesh.data_axes"),
-    ({"mesh.rules": ((r"ffn/w1$", ("fsdp",)),), "mesh.shape": (1, 2, 4)},
-     "parameter blocks/0/ffn/w1 has 2 dimensions"),
+    ({"mesh.logical_axis_rules": (("embed", "fsdp"),), "mesh.shape": (1, 2, 4)},
+     "mesh.logical_axis_rules has no rule for logical axis"),
+    ({"mesh.logical_axis_rules": (("embed", "fsdp"), ("embed_out", "fsdp"), ("heads", None),
+                                  ("head_dim", None), ("mlp", None), ("vocab", None),
+                                  ("norm", None), ("window", None)),
+      "mesh.shape": (1, 2, 4)}, "a mesh axis may split only one of its dimensions"),
 ])
 def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
   config = sharding_experiment(**overrides)
@@ -273,8 +282,8 @@ def parameter_differences(workdir, ref_workdir):
   _, a = compressive.load(workdir, config=config)
   _, b = compressive.load(ref_workdir, config=config)
   pa, pb = nnx.to_pure_dict(nnx.state(a)), nnx.to_pure_dict(nnx.state(b))
-  r = np.asarray(sinusoid_positions(
-      m.compressed_memory_length + m.memory_length + m.segment_length, m.d_model))
+  k = m.compressed_memory_length + m.memory_length + m.segment_length
+  r = np.asarray(sinusoids(np.arange(k - 1, -1, -1), m.d_model))
   centered = r - r.mean(0)
   out = {}
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(pa), jax.tree.leaves(pb)):
@@ -348,7 +357,7 @@ def test_two_processes_train_like_one(runs):
   (_, mem_ref, data_ref) = restored["ref"]
   (_, mem_mp, data_mp) = restored["mp"]
   assert {k: v.tolist() for k, v in data_mp.items()} == {k: v.tolist() for k, v in data_ref.items()}
-  fields = [f.name for f in dataclasses.fields(mem_ref)]
+  fields = [f.name for f in dataclasses.fields(mem_ref) if getattr(mem_ref, f.name) is not None]
   for field in fields:
     ref = getattr(mem_ref, field)
     noise = max(relative(getattr(restored[n][1], field), ref) for n in MESHES)
@@ -366,8 +375,8 @@ def step20_checkpoint(workdir):
   config = sharding_experiment()
   b = config.batch_size
   memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
-  params = train_lib.abstract_model(config)[2]
-  state = train_lib.abstract_train_state(config, params, train_lib.make_optimizer(config, params))
+  params = train_step.abstract_model(config)[2]
+  state = train_step.abstract_train_state(config, params, train_step.make_optimizer(config, params))
   here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   on_one = lambda tree: ckpt_lib.abstract(tree, jax.tree.map(lambda _: here, tree))
   c = ckpt_lib.Checkpointer(workdir, create=False, read_only=True)
@@ -389,3 +398,37 @@ def test_the_noise_bound_still_catches_a_sharding_bug(runs):
   zeroed[:, half:] = 0
   swapped = np.concatenate([ref[:, half:], ref[:, :half]], axis=1)
   assert relative(zeroed, ref) > allowed and relative(swapped, ref) > allowed
+
+
+# -- Logical axes. ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", tuple(COMPRESSIONS))
+@pytest.mark.parametrize("positions,loss", [("relative", "attention"), ("rope", "autoencoding")])
+def test_every_parameter_declares_its_logical_axes(compression, positions, loss):
+  from flax import nnx
+  from compressive.model import CompressiveTransformer
+  cfg = ModelConfig.from_config(tiny_model_config(
+      compression=compression, positions=positions, reconstruction_loss=loss))
+  table = sharding.logical_axes(cfg)
+  model = nnx.eval_shape(lambda: CompressiveTransformer(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  assert {sharding.path_str(p) for p, _ in leaves} == set(table)
+  for path, x in leaves:
+    assert len(table[sharding.path_str(path)]) == len(x.shape)
+
+
+def test_a_parameter_without_logical_axes_is_named(monkeypatch):
+  from flax import nnx
+  from compressive import layers
+  made = layers.FeedForward.__init__
+
+  def with_a_bare_parameter(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    self.gate = nnx.Param(jnp.zeros((3,)))  # made without compressive.layers.param
+
+  monkeypatch.setattr(layers.FeedForward, "__init__", with_a_bare_parameter)
+  cfg = ModelConfig.from_config(tiny_model_config(d_ff=40))  # not in logical_axes' cache
+  with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
+    sharding.logical_axes(cfg)

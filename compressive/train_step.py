@@ -1,0 +1,337 @@
+"""The train state and the train step: one jitted call of S segments.
+
+Notation: S segments per step, B rows, T segment length.
+
+One jitted call runs S consecutive segments of every row with `lax.scan`,
+carrying (train state, memory) and making one optimizer update per segment,
+as the paper trains (truncated BPTT over one segment); with
+`config.grad_accum_steps` > 1 each segment's gradient is first summed over
+micro-batches of rows (the same update, less activation memory). The memory
+is part of the carry, never module state, so the loop (train_lib) can save
+it with every checkpoint.
+
+Sharding (compressive/sharding.py): the train state, the memory and every
+batch live on the config's device mesh (`Layout`); the step is one `jit`
+with input and output shardings, so the same code runs on one CPU, a GPU
+node or a TPU slice.
+
+`_forward` is the step's one call of the model and its one reader of the
+model's aux outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional
+
+import flax.struct
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+import ml_collections
+import numpy as np
+import optax
+
+from compressive import losses
+from compressive import memory as memory_lib
+from compressive import sharding
+from compressive.model import CompressiveTransformer, merge_params
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 []: optimizer updates made (one per segment)
+  params: Any  # pure dict of parameters (nnx.to_pure_dict)
+  opt_state: Any
+  rng: jax.Array  # uint32 [2]: dropout key, folded with `step`
+
+
+def build_model(config: ml_collections.ConfigDict, seed: Optional[int] = None):
+  """(graphdef, abstract nnx state, initial params dict) of the config's model."""
+  model = CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed if seed is None else seed))
+  graphdef, state = nnx.split(model)
+  return graphdef, state, nnx.to_pure_dict(state)
+
+
+def abstract_model(config: ml_collections.ConfigDict):
+  """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays."""
+  model = nnx.eval_shape(
+      lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed)))
+  graphdef, state = nnx.split(model)
+  return graphdef, state, nnx.to_pure_dict(state)
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup to the peak, then cosine decay (paper §5), in updates."""
+  s = config.segments_per_step
+  opt = config.optimizer
+  total = max(config.num_train_steps * s, 1)
+  warmup = min(opt.warmup_steps * s, total)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
+      decay_steps=max(total, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
+
+
+def make_optimizer(config: ml_collections.ConfigDict, params) -> optax.GradientTransformation:
+  """Adam(W) with global-norm clipping; the compressor is clipped on its own.
+
+  The compression network learns only from the reconstruction loss (§3.2);
+  clipping it separately keeps that auxiliary gradient from throttling the
+  language model's updates through a shared global norm.
+  """
+  opt = config.optimizer
+  schedule = learning_rate_schedule(config)
+
+  def base():
+    if opt.name == "adamw":
+      adam = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
+    else:
+      adam = optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
+
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, _: "compressor" if any(
+          getattr(k, "key", None) == "compressor" for k in path) else "model", params)
+  return optax.multi_transform({"model": base(), "compressor": base()}, labels)
+
+
+def create_train_state(config, params, tx) -> TrainState:
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+      rng=jax.random.PRNGKey(config.seed + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where training's arrays live on the mesh (pytrees of NamedSharding)."""
+  mesh: Mesh
+  state: Any  # TrainState: parameters and optimizer state by mesh.logical_axis_rules
+  compute_params: Any  # parameters while computing: gathered along the data axes
+  memory: Any  # Memory: rows split along mesh.data_axes, like the batch
+  batch: dict[str, NamedSharding]  # [S, B, ...]: rows along mesh.data_axes
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return sharding.replicated(self.mesh)
+
+
+def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, abstract_params,
+                abstract_state: TrainState, abstract_memory) -> Layout:
+  """Shardings of the train state, memory and batch (shapes suffice)."""
+  state = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
+  compute = sharding.gathered_specs(config, sharding.param_specs(config, abstract_params))
+  batch = {k: sharding.rows_sharding(mesh, config, n, 1)
+           for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
+  return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
+                memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, abstract_params, tx) -> TrainState:
+  return jax.eval_shape(lambda p: create_train_state(config, p, tx), abstract_params)
+
+
+def init_train_state(config: ml_collections.ConfigDict, tx, layout: Layout) -> TrainState:
+  """A fresh train state, each parameter initialised straight into its shards."""
+  return jax.jit(lambda: create_train_state(config, build_model(config)[2], tx),
+                 out_shardings=layout.state)()
+
+
+def init_sharded_memory(config: ml_collections.ConfigDict, batch_size: int, layout: Layout):
+  dtype = jnp.dtype(config.model.dtype)
+  return jax.jit(lambda: memory_lib.init_memory(config.model, batch_size, dtype),
+                 out_shardings=layout.memory)()
+
+
+def make_train_step(graphdef, state_template, tx, dropout: bool,
+                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1) -> Callable:
+  """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
+
+  batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
+  start_of_sequence [S, B] bool. metrics: per segment, summed over rows.
+  With a `layout`, inputs and outputs keep its shardings (metrics
+  replicated) and XLA partitions the step over the mesh.
+
+  `grad_accum_steps` = A > 1 computes each segment's gradient in A
+  micro-batches of B / A rows, one after the other (activation memory of
+  B / A rows), each with its own rows' memory, and sums them into ONE
+  optimizer update per segment, weighted so that the update is the
+  full-batch one (see `_accumulated_gradients`).
+  """
+  if grad_accum_steps < 1:
+    raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
+  dp = _data_split(layout)
+
+  def forward(params, seg, memory, rng):
+    if layout is not None:  # FSDP: gather the stored shards to compute
+      params = jax.lax.with_sharding_constraint(params, layout.compute_params)
+    model = merge_params(graphdef, state_template, params)
+    return _forward(model, seg, memory, rng if dropout else None)
+
+  def full_batch_gradients(params, seg, memory, rng):
+    def loss_fn(params):
+      nats, count, new_memory, scalars = forward(params, seg, memory, rng)
+      lm = nats / jnp.maximum(count, 1.0)
+      # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
+      return lm + scalars["reconstruction_loss"], (new_memory, scalars, nats, count)
+
+    grads, (new_memory, scalars, nats, count) = jax.grad(loss_fn, has_aux=True)(params)
+    return grads, new_memory, scalars, nats, count
+
+  def accumulated_gradients(params, seg, memory, rng):
+    return _accumulated_gradients(
+        forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
+        merge_params(graphdef, state_template, params).config.reconstruction_loss)
+
+  def segment(carry, seg):
+    state, memory = carry
+    rng = jax.random.fold_in(state.rng, state.step)
+    gradients = full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
+    grads, new_memory, scalars, nats, count = gradients(state.params, seg, memory, rng)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    grad_norm = optax.tree.norm(grads)
+    metrics = dict(scalars, nats=nats, tokens=count, grad_norm=grad_norm,
+                   finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
+    if layout is not None:  # keep the carry laid out as it came in
+      new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
+      new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
+    return (new_state, new_memory), metrics
+
+  def train_step(state, memory, batch):
+    (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
+    return state, memory, metrics
+
+  if layout is None:
+    return jax.jit(train_step, donate_argnums=(0, 1))
+  return jax.jit(train_step, donate_argnums=(0, 1),
+                 in_shardings=(layout.state, layout.memory, layout.batch),
+                 out_shardings=(layout.state, layout.memory, layout.replicated))
+
+
+def _forward(model: CompressiveTransformer, seg, memory, dropout_rng):
+  """(nats, count, new memory, scalars) of one segment: the train step's one
+  call of the model, and the one place that reads the model's aux.
+
+  nats and count are summed over the segment's predicted tokens; scalars are
+  the model's per-segment float32 scalars, `reconstruction_loss` (the loss
+  that trains the compressor) and `attention_mass/<bank>` (diagnostics).
+  """
+  logits, new_memory, aux = model(
+      seg["inputs"], memory, seg["start_of_sequence"], dropout_rng=dropout_rng)
+  nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
+  return nats, count, new_memory, aux.scalars()
+
+
+def _data_split(layout: Optional[Layout]) -> int:
+  """How many ways the layout splits batch rows (1 without a layout)."""
+  if layout is None:
+    return 1
+  entry = layout.batch["start_of_sequence"].spec[1]  # [S, B]: rows on the data axes
+  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  return math.prod(layout.mesh.shape[a] for a in names)
+
+
+def _split_rows(x: jax.Array, axis: int, parts: int, dp: int) -> jax.Array:
+  """[..., B, ...] (rows at `axis`) -> [parts, ..., B / parts, ...].
+
+  Micro-batch k takes the k-th 1/parts of every one of the `dp` data shards'
+  rows, so each micro-batch is split over the devices as the batch is, and
+  the split moves nothing between devices.
+  """
+  shape = x.shape
+  m = shape[axis] // (dp * parts)
+  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1:])
+  y = jnp.moveaxis(y, axis + 1, 0)  # [parts, ..., dp, m, ...]
+  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1:])
+
+
+def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
+  """The inverse of `_split_rows`: [parts, ..., B / parts, ...] -> [..., B, ...]."""
+  parts, shape = y.shape[0], y.shape[1:]
+  m = shape[axis] // dp
+  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1:])
+  z = jnp.moveaxis(z, 0, axis + 1)  # [..., dp, parts, m, ...]
+  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1:])
+
+
+def _reconstruction_row_weights(kind: str, memory, start_of_sequence, t: int) -> jax.Array:
+  """[B] each row's share of the reconstruction loss's denominator.
+
+  Each layer's reconstruction loss is a masked mean over the batch
+  (losses._masked_mse): over the rows that evict a valid memory slot
+  ("attention"), or over the valid evicted slots ("autoencoding"). The slots
+  a segment evicts are the oldest T of [memory; segment] after the
+  start-of-sequence reset (memory.push), and the masks are the same in every
+  layer (every layer is reset and pushed alike), so layer 0 gives every
+  layer's weights.
+  """
+  mask = memory.mem_mask[0]  # [B, M]
+  mask = jnp.where(start_of_sequence[:, None], False, mask)
+  evicted = jnp.concatenate([mask, jnp.ones((mask.shape[0], t), bool)], axis=1)[:, :t]  # [B, T]
+  if kind == "attention":
+    return evicted.any(-1).astype(jnp.float32)
+  if kind == "autoencoding":
+    return evicted.sum(-1).astype(jnp.float32)
+  return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
+
+
+def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: int,
+                           layout: Optional[Layout], reconstruction: str):
+  """(grads, new memory, scalars, nats, count) of one segment, as the full
+  batch gives them, computed in `parts` micro-batches by a `lax.scan`.
+
+  The loss is LM + reconstruction (make_train_step). The LM loss is
+  nats / count over the whole batch, so micro-batch k contributes
+  nats_k / count with the FULL batch's count (known from the mask before
+  anything runs). The reconstruction loss is, per layer, a masked mean
+  S / W; micro-batch k's is S_k / W_k, so it contributes (W_k / W) of its
+  loss (weights from `_reconstruction_row_weights`). The gradients then sum
+  to the full batch's, up to float rounding; so do the metrics: nats and
+  count summed, the reconstruction loss weighted alike, the attention masses
+  (means over rows) averaged over the equal micro-batches. With dropout,
+  micro-batch k draws its masks from fold_in(rng, k).
+  """
+  t = seg["inputs"].shape[-1]
+  total = jnp.maximum(seg["mask"].astype(jnp.float32).sum(), 1.0)
+  row_weights = _reconstruction_row_weights(reconstruction, memory, seg["start_of_sequence"], t)
+  weights = _split_rows(row_weights, 0, parts, dp).sum(-1)  # [parts]
+  coefficients = weights / jnp.maximum(weights.sum(), 1.0)
+  micro_seg = {k: _split_rows(v, 0, parts, dp) for k, v in seg.items()}
+  micro_memory = jax.tree.map(lambda x: _split_rows(x, 1, parts, dp), memory)
+  if layout is not None:  # [parts, rows, ...]: the rows split as the batch's
+    micro_seg = jax.lax.with_sharding_constraint(
+        micro_seg, {k: layout.batch[k] for k in micro_seg})
+    micro_memory = jax.lax.with_sharding_constraint(micro_memory, jax.tree.map(
+        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)),
+        layout.memory))
+
+  def micro(grads, xs):
+    k, seg_k, memory_k, coefficient = xs
+
+    def loss_fn(params):
+      nats, count, new_memory, scalars = forward(params, seg_k, memory_k, jax.random.fold_in(rng, k))
+      return (nats / total + coefficient * scalars["reconstruction_loss"],
+              (new_memory, scalars, nats, count))
+
+    g, out = jax.grad(loss_fn, has_aux=True)(params)
+    grads = jax.tree.map(jnp.add, grads, g)
+    if layout is not None:
+      grads = jax.lax.with_sharding_constraint(grads, layout.state.params)
+    return grads, out
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, (new_memory, scalars, nats, count) = jax.lax.scan(
+      micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients))
+  new_memory = jax.tree.map(lambda y: _merge_rows(y, 1, dp), new_memory)
+  scalars = {k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
+             for k, v in scalars.items()}
+  return grads, new_memory, scalars, nats.sum(), count.sum()
+
+
+def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """S segments' batches [B, ...] -> one step's batch [S, B, ...]."""
+  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
