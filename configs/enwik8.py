@@ -4,10 +4,10 @@
 (convolution, attention-reconstruction loss); evaluated with a compressed
 memory of 3072. Width (d_model 1024, 8 heads, d_ff 3072) and dropout follow
 Transformer-XL's large enwik8 model, which the paper builds on. Adam, linear
-warmup to 3e-4, cosine decay, gradient-norm clip 0.1 (PAPER.md).
+warmup to 3e-4, cosine decay, gradient-norm clip 0.1 (docs/PAPER.md §Optimisation).
 
     python train.py --config=configs/enwik8.py --workdir=runs/enwik8 \
-        --config.data.path=/data/enwik8.zip
+        --config.data.enwik8.path=/data/enwik8.zip
 """
 
 import ml_collections
@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.data.source = "enwik8"
   config.data.tokenizer = "bytes"
-  config.data.enwik8_train_shards = 128  # >= batch_size rows, each a contiguous stream
+  config.data.enwik8.train_shards = 128  # >= batch_size rows, each a contiguous stream
 
   e = config.eval
   e.batch_size = 1  # the validation / test split is one stream

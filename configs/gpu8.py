@@ -4,7 +4,7 @@ The part after ':' names the experiment (a module in configs/; default
 'default'):
 
     python train.py --config=configs/gpu8.py:pg19 --workdir=runs/pg19 \
-        --config.data.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
+        --config.data.pg19.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
 
 Mesh (8, 1, 1): each GPU holds batch_size / 8 rows and their memories, and a
 full copy of the parameters and Adam state (about 16 bytes per parameter:

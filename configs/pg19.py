@@ -3,13 +3,13 @@
 36 layers; segment, memory and compressed memory 512, rate 2 (convolution,
 attention-reconstruction loss); a 32k SentencePiece vocabulary trained on the
 training split. Width (d_model 1024, 8 heads, d_ff 4096) is not given in
-PAPER.md; these are the paper's WikiText-103/PG-19 scale defaults. Adam,
+docs/PAPER.md §Training settings; these are the paper's WikiText-103/PG-19 scale defaults. Adam,
 linear warmup to 3e-4, cosine decay, gradient-norm clip 0.1.
 
     python train_tokenizer.py --config=configs/pg19.py \
-        --config.data.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
+        --config.data.pg19.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
     python train.py --config=configs/pg19.py --workdir=runs/pg19 \
-        --config.data.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
+        --config.data.pg19.data_dir=/data/tfds --config.data.spm_model=/data/pg19_32k.model
 """
 
 import ml_collections

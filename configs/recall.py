@@ -48,10 +48,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   d = config.data
   d.source = "recall"
-  d.recall_distances = tuple(range(24, 345, 16))
-  d.recall_doc_length = 2048
-  d.recall_facts = 48  # dense: about half of every document is facts and queries
-  d.synthetic_num_docs = (4096, 64, 256)
+  d.recall.distances = tuple(range(24, 345, 16))
+  d.recall.doc_length = 2048
+  d.recall.facts = 48  # dense: about half of every document is facts and queries
+  d.recall.num_docs = (4096, 64, 256)
 
   config.eval.split = "validation"
   config.eval.max_segments = 32

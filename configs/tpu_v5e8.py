@@ -5,7 +5,7 @@ The part after ':' names the experiment (a module in configs/; default
 'default'):
 
     python train.py --config=configs/tpu_v5e8.py:enwik8 --workdir=runs/enwik8 \
-        --config.data.path=/data/enwik8.zip
+        --config.data.enwik8.path=/data/enwik8.zip
 
 Mesh (1, 8, 1), FSDP: batch rows split over the 8 chips as in data
 parallelism, and parameters and Adam state split 8 ways too (a full copy,

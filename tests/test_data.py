@@ -1,4 +1,4 @@
-"""SegmentIterator: the promises of DESIGN.md's data section, checked directly.
+"""SegmentIterator: the promises of docs/DESIGN.md §Path of data, checked directly.
 
 Documents are reassembled from batches (first input token, then every masked
 target) and compared with the documents the assignment rule says each row

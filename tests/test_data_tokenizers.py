@@ -76,7 +76,7 @@ def test_tokenizer_config_errors(tmp_path):
 
 def test_train_tokenizer_script(tmp_path):
   corpus = tmp_path / 'corpus'
-  for split in ('train', 'validation', 'test'):
+  for split in data.SPLITS:
     (corpus / split).mkdir(parents=True)
   for i, text in enumerate(generated_texts(12)):
     split = 'train' if i < 10 else ('validation' if i == 10 else 'test')
@@ -91,7 +91,7 @@ def test_train_tokenizer_script(tmp_path):
         c = ml_collections.ConfigDict()
         c.data = data_config.default_data_config()
         c.data.source = 'text_files'
-        c.data.path = {str(corpus)!r}
+        c.data.text_files.path = {str(corpus)!r}
         c.data.tokenizer = 'sentencepiece'
         c.data.spm_model = {str(model)!r}
         c.data.spm_vocab_size = 300
@@ -123,7 +123,7 @@ def test_iter_texts_respects_budget(tmp_path):
     (tmp_path / f'd{i}.txt').write_text(text, encoding='utf-8')
   config = data.default_data_config()
   config.source = 'text_files'
-  config.path = str(tmp_path)
+  config.text_files.path = str(tmp_path)
   everything = list(data.iter_texts(config, 'train'))
   assert len(everything) == 7  # 9 files, one each held out.
   budget = len(everything[0].encode()) + 1

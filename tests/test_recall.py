@@ -11,10 +11,10 @@ from test_train import tiny_experiment
 def recall_config():
   c = tiny_experiment()
   c.data.source = "recall"
-  c.data.recall_distances = (20, 60)
-  c.data.recall_doc_length = 200
-  c.data.recall_facts = 3
-  c.data.synthetic_num_docs = (8, 3, 3)
+  c.data.recall.distances = (20, 60)
+  c.data.recall.doc_length = 200
+  c.data.recall.facts = 3
+  c.data.recall.num_docs = (8, 3, 3)
   return c
 
 

@@ -7,34 +7,15 @@
     batch = next(it)  # inputs, targets [b, T] int32; mask [b, T] bool;
                       # start_of_sequence [b] bool
 
-Config fields read (`config.data`, defaults in `default_data_config()`):
+Config fields read (`config.data`, defaults in `default_data_config()`).
+Shared by every source:
 
-  source               'books' (default) | 'enwik8' | 'pg19' | 'text_files'
-                       | 'synthetic': which corpus.
+  source               which corpus: a registered source (registry.py);
+                       'books' (default) | 'enwik8' | 'pg19' | 'text_files'
+                       | 'synthetic' | 'recall'.
   tokenizer            'bytes' (default; vocabulary 256) | 'sentencepiece'.
   spm_model            path of the SentencePiece .model (tokenizer
                        'sentencepiece'); written by train_tokenizer.py.
-  cache_dir            where fetched corpora are cached; '' (default) means
-                       ~/.cache/compressive. books: <cache_dir>/books/.
-  path                 enwik8: the file `enwik8` or `enwik8.zip`;
-                       text_files: the folder of *.txt files.
-  data_dir             pg19: TFDS data_dir of the prepared dataset.
-  pg19_raw_dir         pg19: local raw files laid out like the bucket
-                       gs://deepmind-gutenberg ('' = the bucket itself).
-  heldout_fraction     books / text_files split by hash: share of documents
-                       (at least one) for each of validation and test (0.05).
-  text_errors          text_files: 'strict' (default; invalid UTF-8 is an
-                       error naming the file) | 'replace' (U+FFFD).
-  enwik8_split_bytes   (train, validation, test) sizes in bytes;
-                       (90_000_000, 5_000_000, 5_000_000).
-  enwik8_train_shards  contiguous documents the train stream is cut into
-                       (128); must be >= the batch size.
-  enwik8_eval_shards   the same for validation / test (1: one stream).
-  synthetic_kind       'random' | 'copy' (a repeated random block).
-  synthetic_num_docs   documents per split (train, validation, test).
-  synthetic_min_length, synthetic_max_length   document lengths in tokens.
-  synthetic_period     block length of kind 'copy'.
-  synthetic_seed       seeds the synthetic documents.
   spm_vocab_size, spm_model_type, spm_character_coverage,
   spm_train_max_bytes, spm_train_seed
                        SentencePiece training (train_tokenizer.py): at most
@@ -42,10 +23,51 @@ Config fields read (`config.data`, defaults in `default_data_config()`):
                        train split sampled in seeded document order.
   cache_tokens         tokenized documents kept in memory, in tokens.
 
+Each source's own, in its section `config.data.<source>` (documented in
+the source's module):
+
+  books.cache_dir      where the archives are cached; '' (default) means
+                       ~/.cache/compressive (<cache_dir>/books/).
+  books.heldout_fraction, text_files.heldout_fraction
+                       split by hash: share of documents (at least one) for
+                       each of validation and test (0.05).
+  text_files.path      the folder of *.txt files.
+  text_files.text_errors
+                       'strict' (default; invalid UTF-8 is an error naming
+                       the file) | 'replace' (U+FFFD).
+  enwik8.path          the file `enwik8` or `enwik8.zip`.
+  enwik8.split_bytes   (train, validation, test) sizes in bytes;
+                       (90_000_000, 5_000_000, 5_000_000).
+  enwik8.train_shards  contiguous documents the train stream is cut into
+                       (128); must be >= the batch size.
+  enwik8.eval_shards   the same for validation / test (1: one stream).
+  pg19.data_dir        TFDS data_dir of the prepared dataset.
+  pg19.raw_dir         local raw files laid out like the bucket
+                       gs://deepmind-gutenberg ('' = the bucket itself).
+  synthetic.kind       'random' | 'copy' (a repeated random block).
+  synthetic.num_docs   documents per split (train, validation, test).
+  synthetic.min_length, synthetic.max_length   document lengths in tokens.
+  synthetic.period     block length of kind 'copy'.
+  synthetic.seed       seeds the synthetic documents.
+  recall.distances, recall.doc_length, recall.facts, recall.num_docs,
+  recall.seed          the recall task (recall.py).
+
+A new source is one module that calls `registry.register(...)` once and is
+imported below.
+
 Nothing here reads flags or environment variables. TensorFlow / TFDS are
 imported only by the pg19 source.
 """
 
+# Each source registers itself when imported; the order is that of the
+# choices listed in error messages.
+from compressive.data import books
+from compressive.data import enwik8
+from compressive.data import pg19
+from compressive.data import text_files
+from compressive.data import synthetic
+from compressive.data import recall
+from compressive.data import registry
 from compressive.data.config import default_data_config
 from compressive.data.config import validate_data_config
 from compressive.data.documents import ByteStreamDocuments
@@ -55,6 +77,7 @@ from compressive.data.documents import TextDocuments
 from compressive.data.documents import TokenDocuments
 from compressive.data.iterator import epoch_permutation
 from compressive.data.iterator import SegmentIterator
+from compressive.data.registry import SPLITS
 from compressive.data.sources import check_documents
 from compressive.data.sources import get_documents
 from compressive.data.sources import iter_texts
@@ -65,6 +88,7 @@ from compressive.data.tokenizers import Tokenizer
 from compressive.data.tokenizers import train_sentencepiece
 
 __all__ = [
+    'SPLITS',
     'ByteStreamDocuments',
     'ByteTokenizer',
     'Documents',
@@ -79,6 +103,8 @@ __all__ = [
     'get_documents',
     'get_tokenizer',
     'iter_texts',
+    'registry',
     'split_by_hash',
     'train_sentencepiece',
+    'validate_data_config',
 ]

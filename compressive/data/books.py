@@ -21,6 +21,9 @@ Splits are by work, not by file: two editions of one play, and Milton's
 collections that contain each other, share a split key, so no text of a
 held-out book is seen in training. Keys are ordered by hash and the first
 ~heldout_fraction go to validation, the next to test (documents.split_by_hash).
+
+Config (`config.data.books`): cache_dir ('' = ~/.cache/compressive; the
+archives live in <cache_dir>/books/), heldout_fraction (0.05).
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ import tarfile
 import urllib.request
 from typing import Callable, Sequence
 
+import ml_collections
+
+from compressive.errors import ConfigError
 from compressive.errors import DataError
+from compressive.data import documents as documents_lib
 from compressive.data import rdata
+from compressive.data import registry
+from compressive.data import tokenizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +342,7 @@ def fetch(archive: Archive, cache_dir: str,
       f'could not fetch {archive.filename} for the books corpus ('
       + '; '.join(errors)
       + f'): on a machine with network access, download it from one of these URLs and '
-      f'place it at {path} (sha256 {archive.sha256}), or set data.cache_dir to a folder '
+      f'place it at {path} (sha256 {archive.sha256}), or set data.books.cache_dir to a folder '
       'whose books/ subfolder holds it')
 
 
@@ -345,7 +354,7 @@ def _unwritable(folder: str, e: OSError | None) -> str:
   cause = (e.strerror or _one_line(e)) if e is not None else 'not writable'
   if e is not None and e.filename is not None and os.fsdecode(e.filename) != folder:
     cause = f'{os.fsdecode(e.filename)}: {cause}'
-  return (f'the books cache folder {folder} cannot be written ({cause}); set data.cache_dir '
+  return (f'the books cache folder {folder} cannot be written ({cause}); set data.books.cache_dir '
           '(default ~/.cache/compressive) to a writable folder')
 
 
@@ -360,3 +369,42 @@ def load_books(cache_dir: str,
   if len(set(keys)) != len(keys):
     raise DataError('books: duplicate book keys')
   return books
+
+
+# -- The `books` data source. --------------------------------------------------
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.cache_dir = ''  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
+  # Held-out share of works for each of validation and test.
+  c.heldout_fraction = 0.05
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  c = data_config.books
+  if not 0.0 < c.heldout_fraction < 0.5:
+    raise ConfigError(f'data.books.heldout_fraction={c.heldout_fraction} must be in (0, 0.5)')
+
+
+def get_documents(data_config: ml_collections.ConfigDict, split: str,
+                  tokenizer: tokenizers.Tokenizer) -> documents_lib.TextDocuments:
+  registry.check_split(split)
+  c = data_config.books
+  books = load_books(c.cache_dir or default_cache_dir())
+  chosen = documents_lib.split_by_hash([b.group for b in books], c.heldout_fraction)[split]
+  chosen_books = [books[i] for i in chosen]
+  return documents_lib.TextDocuments(
+      names=[f'{b.key} ({b.title})' for b in chosen_books],
+      load_text=lambda i: chosen_books[i].text,
+      tokenizer=tokenizer,
+      description=f'books/{split}',
+      cache_tokens=data_config.cache_tokens)
+
+
+# Pinned archives, parsed in full by get_documents: check_documents has
+# nothing more to find.
+registry.register(registry.Source(
+    name='books', default_config=default_config, validate=validate,
+    get_documents=get_documents))

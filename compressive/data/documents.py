@@ -21,6 +21,7 @@ import numpy as np
 
 from compressive.errors import DataError
 from compressive.data import tokenizers
+from compressive.data.registry import SPLITS
 
 
 class Documents(abc.ABC):
@@ -295,7 +296,7 @@ def split_by_hash(keys: Sequence[str], fraction: float
       which[key] = 'test'
     else:
       which[key] = 'train'
-  out: dict[str, list[int]] = {'train': [], 'validation': [], 'test': []}
+  out: dict[str, list[int]] = {split: [] for split in SPLITS}
   for i, key in enumerate(keys):
     out[which[key]].append(i)
   return out

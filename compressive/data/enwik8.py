@@ -1,22 +1,22 @@
 """enwik8: the first 10^8 bytes of an English Wikipedia XML dump, as bytes.
 
-The standard split is by BYTES, not characters (PAPER.md, Data definitions):
+The standard split is by BYTES, not characters (docs/PAPER.md §Data definitions):
 the first 90,000,000 bytes train, the next 5,000,000 validation, the last
-5,000,000 test (`data.enwik8_split_bytes`; the sizes must add up to the file
+5,000,000 test (`data.enwik8.split_bytes`; the sizes must add up to the file
 size, which catches a wrong or truncated file). Tokens are the bytes
 themselves (vocabulary 256), so bits per token is bits per byte (the paper's
 "bpc"); only `data.tokenizer='bytes'` is accepted.
 
 Each split is one stream. For evaluation it stays one document
-(`enwik8_eval_shards=1`): the paper's single-stream evaluation, read by one
-row. For training, rows are pinned to documents, so the stream is cut into
-`enwik8_train_shards` contiguous documents of (nearly) equal size; with
+(`data.enwik8.eval_shards=1`): the paper's single-stream evaluation, read by
+one row. For training, rows are pinned to documents, so the stream is cut into
+`data.enwik8.train_shards` contiguous documents of (nearly) equal size; with
 batch size B this should be at least B (each shard of the default 128 is
 ~700 KB, far longer than the model's temporal range, so the memory resets at
 shard starts cost little). Shards are permuted per epoch like any documents.
 
-`data.path` names the file `enwik8` (memory-mapped) or `enwik8.zip` (the
-usual distribution; its `enwik8` member is read into memory, 100 MB).
+`data.enwik8.path` names the file `enwik8` (memory-mapped) or `enwik8.zip`
+(the usual distribution; its `enwik8` member is read into memory, 100 MB).
 """
 
 from __future__ import annotations
@@ -27,20 +27,42 @@ import zipfile
 import ml_collections
 import numpy as np
 
+from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import registry
 from compressive.data import tokenizers
 
-SPLITS = ('train', 'validation', 'test')
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.path = ''  # The enwik8 or enwik8.zip file.
+  # Split sizes in bytes (train, validation, test), which must add up to the
+  # file size, and how many contiguous documents each split is cut into.
+  # Training rows need at least batch_size documents to stay busy;
+  # evaluation on one document is the paper's single-stream evaluation.
+  c.split_bytes = (90_000_000, 5_000_000, 5_000_000)
+  c.train_shards = 128
+  c.eval_shards = 1
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  c = data_config.enwik8
+  if not c.path:
+    raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
+  if not os.path.isfile(c.path):
+    raise ConfigError(
+        f'data.enwik8.path={c.path!r} does not exist: give the enwik8 file or enwik8.zip')
 
 
 def load_bytes(path: str) -> np.ndarray:
   """The whole enwik8 file as uint8 [num_bytes] (memory-mapped if raw)."""
   if not path:
-    raise DataError('data.source=enwik8 needs data.path, the file enwik8 or '
+    raise DataError('data.source=enwik8 needs data.enwik8.path, the file enwik8 or '
                      'enwik8.zip (http://mattmahoney.net/dc/enwik8.zip)')
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'enwik8 file {path!r} (data.path) not found')
+    raise FileNotFoundError(f'enwik8 file {path!r} (data.enwik8.path) not found')
   if zipfile.is_zipfile(path):
     with zipfile.ZipFile(path) as z:
       names = [n for n in z.namelist() if not n.endswith('/')]
@@ -59,16 +81,15 @@ def load_bytes(path: str) -> np.ndarray:
 def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
                  num_shards: int) -> list[tuple[int, int]]:
   """[start, end) byte ranges of the documents of one split."""
-  if split not in SPLITS:
-    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+  registry.check_split(split)
   sizes = [int(s) for s in split_bytes]
-  if len(sizes) != 3 or min(sizes) < 0:
-    raise DataError(f'data.enwik8_split_bytes must be 3 sizes, got {sizes}')
+  if len(sizes) != len(registry.SPLITS) or min(sizes) < 0:
+    raise DataError(f'data.enwik8.split_bytes must be {len(registry.SPLITS)} sizes, got {sizes}')
   if sum(sizes) != total:
     raise DataError(
-        f'the enwik8 file has {total} bytes but data.enwik8_split_bytes '
+        f'the enwik8 file has {total} bytes but data.enwik8.split_bytes '
         f'{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?')
-  k = SPLITS.index(split)
+  k = registry.SPLITS.index(split)
   start = sum(sizes[:k])
   end = start + sizes[k]
   if num_shards < 1:
@@ -85,12 +106,20 @@ def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.ByteStreamDocuments:
+  registry.check_split(split)
   if not isinstance(tokenizer, tokenizers.ByteTokenizer):
     raise DataError("enwik8 is read as bytes: set data.tokenizer='bytes'")
-  buffer = load_bytes(data_config.path)
-  shards = (data_config.enwik8_train_shards if split == 'train'
-            else data_config.enwik8_eval_shards)
-  bounds = split_bounds(tuple(data_config.enwik8_split_bytes), len(buffer),
-                        split, shards)
+  c = data_config.enwik8
+  buffer = load_bytes(c.path)
+  shards = c.train_shards if split == 'train' else c.eval_shards
+  bounds = split_bounds(tuple(c.split_bytes), len(buffer), split, shards)
   return documents_lib.ByteStreamDocuments(buffer, bounds,
                                            description=f'enwik8/{split}')
+
+
+# Held in memory (or memory-mapped): counting every document's tokens is
+# cheap, and finds a shard too short before training does.
+registry.register(registry.Source(
+    name='enwik8', default_config=default_config, validate=validate,
+    get_documents=get_documents,
+    check_documents=registry.checks_every_document(get_documents)))

@@ -4,7 +4,7 @@ Notation: B global batch size, b = num_rows rows materialised by this
 process, T segment length, N documents in the split.
 
 Each batch row is pinned to one document until that document ends, so that
-row's memory (the Compressive Transformer's mem / cmem, DESIGN.md) carries
+row's memory (the Compressive Transformer's mem / cmem, docs/DESIGN.md §The memory's life cycle) carries
 the document's own past from one segment to the next. A document of L tokens
 gives L - 1 predictions, cut into ceil((L - 1) / T) segments; the last one is
 padded (inputs / targets 0, mask False), and the row's next segment starts
@@ -122,7 +122,7 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
           f'{docs.description} has {n} documents but the batch has '
           f'{batch_size} rows; training (repeat=True) pins each row to its '
           'own documents and needs at least batch_size documents (for '
-          'enwik8, raise data.enwik8_train_shards)')
+          'enwik8, raise data.enwik8.train_shards)')
     self.docs = docs
     self.batch_size = batch_size
     self.segment_length = segment_length

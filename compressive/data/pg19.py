@@ -1,7 +1,7 @@
 """PG-19 through the TFDS `pg19` builder, with random access to books.
 
 The dataset is prepared once in TFDS's `array_record` format under
-`data.data_dir` and read with `builder.as_data_source(split)`, which gives
+`data.pg19.data_dir` and read with `builder.as_data_source(split)`, which gives
 book i on demand: the 11 GB train split is never held in memory, only the
 books the batch rows are reading (plus the token cache). Record order is
 fixed by TFDS when preparing, so document indices are stable.
@@ -10,13 +10,13 @@ Raw files: the stock TFDS builder (4.9.x) always reads them from the bucket
 gs://deepmind-gutenberg, whatever data_dir says. We use a subclass of it
 (same name, version, features and example generation, so the prepared
 dataset is the stock one, under `<data_dir>/pg19/0.1.1/`) that reads them
-from `data.pg19_raw_dir`, by default that bucket, or a local copy laid out
+from `data.pg19.raw_dir`, by default that bucket, or a local copy laid out
 like it:
 
-    <pg19_raw_dir>/metadata.csv        book_id,title,publication_date,link
-    <pg19_raw_dir>/train/<book_id>.txt
-    <pg19_raw_dir>/validation/<book_id>.txt
-    <pg19_raw_dir>/test/<book_id>.txt
+    <raw_dir>/metadata.csv        book_id,title,publication_date,link
+    <raw_dir>/train/<book_id>.txt
+    <raw_dir>/validation/<book_id>.txt
+    <raw_dir>/test/<book_id>.txt
 
 Two more differences from the stock builder: metadata.csv is parsed with the
 csv module (the stock builder splits on every comma, which breaks quoted
@@ -41,12 +41,25 @@ import os
 
 import ml_collections
 
+from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import registry
 from compressive.data import tokenizers
 
-SPLITS = ('train', 'validation', 'test')
 BUCKET = 'gs://deepmind-gutenberg'
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.data_dir = ''  # The TFDS data_dir holding (or to hold) the prepared dataset.
+  c.raw_dir = ''  # A local copy of the raw bucket; '' = the bucket itself.
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  if not data_config.pg19.data_dir:
+    raise ConfigError('data.pg19.data_dir is empty: give the TFDS data_dir for pg19')
 
 
 def _import(name: str):
@@ -93,12 +106,12 @@ def _local_builder_class(raw_dir: str):
       metadata_path = os.path.join(raw_dir, 'metadata.csv')
       if not tfds.core.Path(metadata_path).exists():
         raise FileNotFoundError(
-            f'{metadata_path} not found: data.pg19_raw_dir must hold '
+            f'{metadata_path} not found: data.pg19.raw_dir must hold '
             'metadata.csv and train/, validation/, test/ folders of '
             '<book_id>.txt files, laid out like gs://deepmind-gutenberg')
       metadata = read_metadata(metadata_path)
       generators = []
-      for split in SPLITS:
+      for split in registry.SPLITS:
         folder = os.path.join(raw_dir, split)
         if not tfds.core.Path(folder).is_dir():
           raise FileNotFoundError(f'PG-19 raw folder {folder} not found')
@@ -111,18 +124,19 @@ def _local_builder_class(raw_dir: str):
 
 def get_builder(data_config: ml_collections.ConfigDict
                 ) -> 'tfds.core.DatasetBuilder':  # noqa: F821 (lazy import)
-  """The pg19 builder over data.data_dir, preparing it if needed."""
-  if not data_config.data_dir:
+  """The pg19 builder over data.pg19.data_dir, preparing it if needed."""
+  c = data_config.pg19
+  if not c.data_dir:
     raise DataError(
-        'data.source=pg19 needs data.data_dir, the TFDS data_dir where PG-19 '
-        'is (or will be) prepared; set data.pg19_raw_dir too to prepare it '
+        'data.source=pg19 needs data.pg19.data_dir, the TFDS data_dir where PG-19 '
+        'is (or will be) prepared; set data.pg19.raw_dir too to prepare it '
         'from a local copy of the raw files')
-  raw_dir = data_config.pg19_raw_dir or BUCKET
+  raw_dir = c.raw_dir or BUCKET
   if not raw_dir.startswith('gs://') and not os.path.isdir(raw_dir):
     raise FileNotFoundError(
-        f'data.pg19_raw_dir {raw_dir!r} is not a folder')
+        f'data.pg19.raw_dir {raw_dir!r} is not a folder')
   builder = _local_builder_class(raw_dir)(
-      data_dir=data_config.data_dir, file_format='array_record')
+      data_dir=c.data_dir, file_format='array_record')
   if not builder.is_prepared():
     builder.download_and_prepare(file_format='array_record')
   return builder
@@ -139,14 +153,13 @@ def _as_str(value) -> str:
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
-  if split not in SPLITS:
-    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+  registry.check_split(split)
   builder = get_builder(data_config)
   try:
     source = builder.as_data_source(split)
   except (NotImplementedError, ValueError) as e:
     raise DataError(
-        f'PG-19 under {data_config.data_dir} cannot be read with random '
+        f'PG-19 under {data_config.pg19.data_dir} cannot be read with random '
         'access; it must be prepared with file_format=array_record (remove '
         f'{builder.data_dir} to prepare it again): {e}') from e
 
@@ -161,3 +174,10 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
       names=name, num_documents=len(source), load_text=load_text,
       tokenizer=tokenizer, description=f'pg19/{split}',
       cache_tokens=data_config.cache_tokens)
+
+
+# Prepared by TFDS, whose records get_documents reads on demand: there is
+# nothing to check up front short of reading the 11 GB train split.
+registry.register(registry.Source(
+    name='pg19', default_config=default_config, validate=validate,
+    get_documents=get_documents))

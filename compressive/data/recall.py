@@ -9,10 +9,10 @@ back a model's memory reaches: a Transformer-XL reaches num_layers x
 memory_length tokens, a Compressive Transformer num_layers x (memory_length +
 rate x compressed_memory_length).
 
-Config fields (config.data): recall_distances (distances in bytes between a
-fact and its query, one drawn per fact), recall_doc_length (bytes per
-document), recall_facts (facts per document), synthetic_num_docs (documents
-per split, shared with `synthetic`), synthetic_seed.
+Config fields (config.data.recall): distances (distances in bytes between a
+fact and its query, one drawn per fact), doc_length (bytes per document),
+facts (facts per document), num_docs (documents per split: train,
+validation, test), seed.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import string
 import ml_collections
 import numpy as np
 
+from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import registry
 
-SPLITS = ("train", "validation", "test")
 KEY_LEN = VALUE_LEN = 4
 _EVENT_LEN = 1 + KEY_LEN + 1 + VALUE_LEN + 1  # "<KEY=VALUE>"
 
@@ -93,21 +94,46 @@ class RecallDocuments(documents_lib.TextDocuments):
     return self._queries[i]
 
 
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # Bytes from a fact to its query; one drawn per fact.
+  c.distances = (64, 256, 1024)
+  c.doc_length = 4096  # bytes per document
+  c.facts = 8  # facts per document
+  c.num_docs = (64, 8, 8)  # (train, validation, test)
+  c.seed = 0
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  if data_config.tokenizer != "bytes":
+    raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
+  distances = tuple(data_config.recall.distances)
+  if not distances or min(distances) <= _EVENT_LEN:
+    raise ConfigError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
+
+
 def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
-  if split not in SPLITS:
-    raise DataError(f"split must be one of {SPLITS}, got {split!r}")
+  registry.check_split(split)
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
-  k = SPLITS.index(split)
-  seed = int(np.random.SeedSequence([data_config.synthetic_seed, 7, k]).generate_state(1)[0])
+  c = data_config.recall
+  k = registry.SPLITS.index(split)
+  seed = int(np.random.SeedSequence([c.seed, 7, k]).generate_state(1)[0])
   rng = np.random.default_rng(seed)
-  distances = tuple(int(d) for d in data_config.recall_distances)
+  distances = tuple(int(d) for d in c.distances)
   if not distances or min(distances) <= _EVENT_LEN:
-    raise DataError(f"data.recall_distances={distances} must be > {_EVENT_LEN} bytes each")
+    raise DataError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
   texts, queries = [], []
-  for _ in range(int(data_config.synthetic_num_docs[k])):
-    text, q = make_document(rng, int(data_config.recall_doc_length),
-                            int(data_config.recall_facts), distances)
+  for _ in range(int(c.num_docs[k])):
+    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances)
     texts.append(text)
     queries.append(q)
   return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
+
+
+# Built in memory: counting every document's tokens costs a moment.
+registry.register(registry.Source(
+    name="recall", default_config=default_config, validate=validate,
+    get_documents=get_documents,
+    check_documents=registry.checks_every_document(get_documents)))

@@ -1,14 +1,15 @@
 """Synthetic documents for tests and smoke runs: fast, offline, seeded.
 
-Lengths are uniform in [synthetic_min_length, synthetic_max_length]; tokens
-lie in [1, vocab_size) (0 is left to padding). Kinds:
+Config (`config.data.synthetic`): lengths are uniform in [min_length,
+max_length]; tokens lie in [1, vocab_size) (0 is left to padding);
+num_docs documents per split (train, validation, test). Kinds:
 - 'random': i.i.d. tokens; nothing to learn beyond the unigram distribution.
-- 'copy': a random block of `synthetic_period` tokens repeated to the
-  document's length; everything after the first block is predictable by a
-  model whose memory reaches `synthetic_period` tokens back, so it probes
-  the memory (e.g. a period longer than the segment).
-Each split draws from its own stream of (synthetic_seed, split). Each token
-counts as one word and one byte.
+- 'copy': a random block of `period` tokens repeated to the document's
+  length; everything after the first block is predictable by a model whose
+  memory reaches `period` tokens back, so it probes the memory (e.g. a
+  period longer than the segment).
+Each split draws from its own stream of (seed, split). Each token counts as
+one word and one byte.
 """
 
 from __future__ import annotations
@@ -16,11 +17,38 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import registry
 from compressive.data import tokenizers
 
-SPLITS = ('train', 'validation', 'test')
+KINDS = ('random', 'copy')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.kind = 'random'  # 'random' | 'copy' (a repeated random block).
+  c.num_docs = (64, 8, 8)  # (train, validation, test)
+  c.min_length = 2
+  c.max_length = 2048
+  c.period = 64  # Block length of kind 'copy'.
+  c.seed = 0
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  c = data_config.synthetic
+  if c.kind not in KINDS:
+    raise ConfigError(f"data.synthetic.kind={c.kind!r} must be 'random' or 'copy'")
+  if len(c.num_docs) != len(registry.SPLITS) or min(c.num_docs) < 0:
+    raise ConfigError(f'data.synthetic.num_docs={tuple(c.num_docs)} must be '
+                      f'{len(registry.SPLITS)} counts >= 0, one per split')
+  if not 1 <= c.min_length <= c.max_length:
+    raise ConfigError(f'data.synthetic.min_length={c.min_length} must be in '
+                      f'[1, data.synthetic.max_length={c.max_length}]')
+  if c.kind == 'copy' and c.period < 1:
+    raise ConfigError(f'data.synthetic.period={c.period} must be >= 1')
 
 
 def make_documents(num_docs: int, min_length: int, max_length: int,
@@ -29,13 +57,13 @@ def make_documents(num_docs: int, min_length: int, max_length: int,
   """`num_docs` int32 token arrays drawn from np.random.default_rng(seed)."""
   if not 1 <= min_length <= max_length:
     raise DataError(
-        f'need 1 <= synthetic_min_length ({min_length}) <= '
-        f'synthetic_max_length ({max_length})')
+        f'need 1 <= data.synthetic.min_length ({min_length}) <= '
+        f'data.synthetic.max_length ({max_length})')
   if vocab_size < 2:
     raise DataError(f'vocab_size must be >= 2, got {vocab_size}')
-  if kind not in ('random', 'copy'):
+  if kind not in KINDS:
     raise DataError(
-        f"data.synthetic_kind must be 'random' or 'copy', got {kind!r}")
+        f"data.synthetic.kind must be 'random' or 'copy', got {kind!r}")
   rng = np.random.default_rng(seed)
   lengths = rng.integers(min_length, max_length + 1, size=num_docs)
   docs = []
@@ -52,16 +80,22 @@ def make_documents(num_docs: int, min_length: int, max_length: int,
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TokenDocuments:
-  if split not in SPLITS:
-    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
-  k = SPLITS.index(split)
+  registry.check_split(split)
+  c = data_config.synthetic
+  k = registry.SPLITS.index(split)
   docs = make_documents(
-      num_docs=int(data_config.synthetic_num_docs[k]),
-      min_length=data_config.synthetic_min_length,
-      max_length=data_config.synthetic_max_length,
+      num_docs=int(c.num_docs[k]),
+      min_length=c.min_length,
+      max_length=c.max_length,
       vocab_size=tokenizer.vocab_size,
-      seed=int(np.random.SeedSequence(
-          [data_config.synthetic_seed, k]).generate_state(1)[0]),
-      kind=data_config.synthetic_kind,
-      period=data_config.synthetic_period)
+      seed=int(np.random.SeedSequence([c.seed, k]).generate_state(1)[0]),
+      kind=c.kind,
+      period=c.period)
   return documents_lib.TokenDocuments(docs, description=f'synthetic/{split}')
+
+
+# Built in memory: counting every document's tokens costs a moment.
+registry.register(registry.Source(
+    name='synthetic', default_config=default_config, validate=validate,
+    get_documents=get_documents,
+    check_documents=registry.checks_every_document(get_documents)))

@@ -4,13 +4,16 @@ Layout, either:
 - `<path>/train/*.txt`, `<path>/validation/*.txt`, `<path>/test/*.txt`:
   explicit splits (asking for a split whose folder is missing is an error);
 - `<path>/*.txt`: split by document, by a hash of the file name
-  (documents.split_by_hash with data.heldout_fraction; at least 3 files).
+  (documents.split_by_hash with heldout_fraction; at least 3 files).
 
 Files are read lazily, one at a time, and exactly as stored (no newline or
 whitespace changes; only a leading byte-order mark is dropped). Invalid
-UTF-8 is an error naming the file unless data.text_errors='replace'; so are
+UTF-8 is an error naming the file unless text_errors='replace'; so are
 an unreadable or empty file and a file name that is not printable UTF-8.
 `check_documents` finds all of these up front, reading every file once.
+
+Config (`config.data.text_files`): path (the folder), heldout_fraction
+(0.05), text_errors ('strict' | 'replace').
 """
 
 from __future__ import annotations
@@ -20,19 +23,46 @@ import os
 
 import ml_collections
 
+from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import registry
 from compressive.data import tokenizers
 
-SPLITS = ('train', 'validation', 'test')
+TEXT_ERRORS = ('strict', 'replace')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.path = ''  # The folder of *.txt files (or of train/, validation/, test/).
+  # Held-out share of documents for each of validation and test when the
+  # split is made by hash.
+  c.heldout_fraction = 0.05
+  # How undecodable UTF-8 is handled: 'strict' raises an error naming the
+  # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
+  # of U+FFFD, since num_bytes measures the text the model sees).
+  c.text_errors = 'strict'
+  return c
+
+
+def validate(data_config: ml_collections.ConfigDict) -> None:
+  c = data_config.text_files
+  if not os.path.isdir(c.path or ''):
+    raise ConfigError(f'data.text_files.path={c.path!r} is not a directory of .txt files')
+  if not 0.0 < c.heldout_fraction < 0.5:
+    raise ConfigError(
+        f'data.text_files.heldout_fraction={c.heldout_fraction} must be in (0, 0.5)')
+  if c.text_errors not in TEXT_ERRORS:
+    raise ConfigError(
+        f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
 
 
 def read_text(path: str, errors: str = 'strict') -> str:
   """The text of one file; an unreadable file or invalid UTF-8 raises a
   DataError naming the file."""
-  if errors not in ('strict', 'replace'):
+  if errors not in TEXT_ERRORS:
     raise DataError(
-        f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
+        f"data.text_files.text_errors must be 'strict' or 'replace', got {errors!r}")
   try:
     with open(path, 'rb') as f:
       raw = f.read()
@@ -57,7 +87,7 @@ def shown(path: str) -> str:
 
 def _invalid_utf8(path: str, offset: int, reason: str) -> str:
   return (f'{shown(path)}: invalid UTF-8 at byte {offset} ({reason}); fix the file, or set '
-          "data.text_errors='replace' to read such bytes as U+FFFD")
+          "data.text_files.text_errors='replace' to read such bytes as U+FFFD")
 
 
 def check_name(path: str) -> None:
@@ -142,15 +172,14 @@ def _txt_files(folder: str) -> list[str]:
 
 def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   """Paths of the files of one split, in sorted order."""
-  if split not in SPLITS:
-    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+  registry.check_split(split)
   if not path:
-    raise DataError('data.source=text_files needs data.path, a folder of '
+    raise DataError('data.source=text_files needs data.text_files.path, a folder of '
                      '*.txt files')
   if not os.path.isdir(path):
     raise FileNotFoundError(
-        f'data.path {path!r} (text_files) is not an existing folder')
-  if any(os.path.isdir(os.path.join(path, s)) for s in SPLITS):
+        f'data.text_files.path {path!r} is not an existing folder')
+  if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folder = os.path.join(path, split)
     if not os.path.isdir(folder):
       raise FileNotFoundError(
@@ -173,14 +202,21 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   return [os.path.join(path, names[i]) for i in chosen]
 
 
+def _split_paths(data_config: ml_collections.ConfigDict, split: str) -> tuple[list[str], str]:
+  """The split's file paths and text_errors, the latter checked now rather
+  than at the first read."""
+  c = data_config.text_files
+  paths = list_split(c.path, split, c.heldout_fraction)
+  if c.text_errors not in TEXT_ERRORS:
+    raise DataError(
+        f"data.text_files.text_errors must be 'strict' or 'replace', got {c.text_errors!r}")
+  return paths, c.text_errors
+
+
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
-  paths = list_split(data_config.path, split, data_config.heldout_fraction)
-  errors = data_config.text_errors
-  if errors not in ('strict', 'replace'):  # Fail now, not at the first read.
-    raise DataError(
-        f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
+  paths, errors = _split_paths(data_config, split)
   return documents_lib.TextDocuments(
       names=[os.path.basename(p) for p in paths],
       load_text=lambda i: read_text(paths[i], errors),
@@ -193,13 +229,14 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
                     tokenizer: tokenizers.Tokenizer | None = None) -> int:
   """Reads every file of the split now, as training would later (one file at
   a time, streamed): DataError naming the first file that cannot be read,
-  is empty, is not UTF-8 (data.text_errors='strict') or is too short, or
-  whose name cannot be printed. Returns the number of files."""
-  paths = list_split(data_config.path, split, data_config.heldout_fraction)
-  errors = data_config.text_errors
-  if errors not in ('strict', 'replace'):
-    raise DataError(
-        f"data.text_errors must be 'strict' or 'replace', got {errors!r}")
+  is empty, is not UTF-8 (text_errors='strict') or is too short, or whose
+  name cannot be printed. Returns the number of files."""
+  paths, errors = _split_paths(data_config, split)
   for path in paths:
     check_file(path, errors, tokenizer)
   return len(paths)
+
+
+registry.register(registry.Source(
+    name='text_files', default_config=default_config, validate=validate,
+    get_documents=get_documents, check_documents=check_documents))

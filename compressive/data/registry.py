@@ -1,0 +1,135 @@
+"""The data sources by name, and the one SPLITS they are all cut into.
+
+A data source is one module that registers itself once, at import:
+
+    registry.register(registry.Source(
+        name='enwik8', default_config=default_config, validate=validate,
+        get_documents=get_documents, check_documents=...))
+
+and is imported by `compressive/data/__init__.py`, so that it is registered
+whenever `compressive.data` is. Its name is a value of `config.data.source`,
+and its fields live in their own section, `config.data.<name>` (built by
+`default_config`, so `--config.data.enwik8.path=...` overrides it), apart
+from the fields every source shares (source, tokenizer, spm_*,
+cache_tokens). The data config's defaults and validation, `get_documents`,
+`check_documents` and `iter_texts` (sources.py) and the tests all read this
+registry instead of keeping their own list of names: adding a source touches
+no other file.
+
+Nothing here imports a source: the registry is filled by the sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
+
+import ml_collections
+
+from compressive.errors import ConfigError
+from compressive.errors import DataError
+
+if TYPE_CHECKING:
+  from compressive.data.documents import Documents
+  from compressive.data.tokenizers import Tokenizer
+
+# Every source is cut into these, in this order (a source whose splits are
+# sized by a triple, e.g. data.synthetic.num_docs, reads it in this order).
+SPLITS = ('train', 'validation', 'test')
+
+
+def check_split(split: str) -> None:
+  """DataError unless `split` is one of SPLITS."""
+  if split not in SPLITS:
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+
+
+def _no_checks(data_config: ml_collections.ConfigDict) -> None:
+  del data_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """What a data source provides.
+
+  Every function takes the whole data config (`config.data`): a source reads
+  its own section `data_config[name]` and, where it needs them, the shared
+  fields (tokenizer, cache_tokens).
+
+  Attributes:
+    name: the value of data.source, and the name of the section.
+    default_config: () -> the section with every field at its default.
+    get_documents: (data_config, split, tokenizer) -> Documents of the split.
+    validate: (data_config) -> None; checks the section before anything is
+      read and raises ConfigError naming the field as `data.<name>.<field>`
+      (one line). Called only when this source is data.source.
+    check_documents: (data_config, split, tokenizer) -> None; finds up front
+      what reading the split would otherwise find mid-run (DataError naming
+      the document). None: nothing beyond what get_documents checks.
+    iter_texts: (data_config, split, max_bytes, seed) -> the original texts
+      of the split, e.g. to train a tokenizer on. None: those of
+      get_documents' TextDocuments in a seeded order (sources.iter_texts).
+  """
+  name: str
+  default_config: Callable[[], ml_collections.ConfigDict]
+  get_documents: Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], 'Documents']
+  validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
+  check_documents: Optional[Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], None]] = None
+  iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
+                                Iterator[str]]] = None
+
+
+_SOURCES: dict[str, Source] = {}
+
+
+def register(source: Source) -> Source:
+  """Adds a source; a second source of the same name is an error (two
+  modules claiming one config section would silently shadow each other)."""
+  if not source.name.isidentifier():
+    raise ValueError(f'data source name {source.name!r} must be a Python identifier '
+                     '(it names the config section data.<name>)')
+  if source.name in _SOURCES:
+    raise ValueError(f'data source {source.name!r} is already registered')
+  _SOURCES[source.name] = source
+  return source
+
+
+def unregister(name: str) -> None:
+  """Removes a source (tests that register a toy one clean up with this)."""
+  _SOURCES.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+  """The registered sources' names, in the order they registered."""
+  return tuple(_SOURCES)
+
+
+def get(name: str) -> Source:
+  """The source named by data.source; ConfigError naming the choices."""
+  if name not in _SOURCES:
+    raise ConfigError(f"data.source={name!r} is unknown; choose one of {', '.join(_SOURCES)}")
+  return _SOURCES[name]
+
+
+def section(data_config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """data_config.<name>, the source's own fields; ConfigError when the config
+  was built without it (by hand, or before the source registered)."""
+  if name not in data_config:
+    raise ConfigError(
+        f'the data config has no section data.{name} for data.source={name!r}: build it '
+        'with compressive.data.default_data_config() after the source is registered')
+  return data_config[name]
+
+
+def checks_every_document(get_documents: Callable[..., 'Documents']
+                          ) -> Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], None]:
+  """A check_documents for sources built in memory: builds the split and
+  counts every document's tokens, a moment's work that turns a document of
+  fewer than 2 tokens into a DataError naming it before training starts."""
+
+  def check(data_config: ml_collections.ConfigDict, split: str, tokenizer: 'Tokenizer') -> None:
+    docs = get_documents(data_config, split, tokenizer)
+    for i in range(len(docs)):
+      docs.num_tokens(i)
+
+  return check
