@@ -116,8 +116,7 @@ def train(config, workdir: str) -> None:
     profile = profile_steps()
     initialize_distributed()
     setup_logging()
-    train_lib.validate_config(config)
-    stop = stop_on_signals()
+    stop = stop_on_signals()  # train_and_evaluate checks the config before any work
     result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.is_set,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile)

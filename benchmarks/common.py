@@ -28,6 +28,7 @@ from compressive import eval_lib  # noqa: E402
 from compressive.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
 from compressive import memory as memory_lib  # noqa: E402
 from compressive import train_lib  # noqa: E402
+from compressive import train_step  # noqa: E402
 from configs import default as default_config  # noqa: E402
 
 REFERENCE_MODEL = dict(
@@ -70,13 +71,13 @@ class TrainBench:
   def __init__(self, config: ml_collections.ConfigDict, seed: int = 0):
     self.config = config
     train_lib.validate_config(config)
-    graphdef, template, params = train_lib.build_model(config)
-    self.tx = train_lib.make_optimizer(config, params)
-    self.state = train_lib.create_train_state(config, params, self.tx)
+    graphdef, template, params = train_step.build_model(config)
+    self.tx = train_step.make_optimizer(config, params)
+    self.state = train_step.create_train_state(config, params, self.tx)
     self.num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
     self.memory = memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype))
-    self.step_fn = train_lib.make_train_step(graphdef, template, self.tx, dropout=False)
+    self.step_fn = train_step.make_train_step(graphdef, template, self.tx, dropout=False)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, config.model.vocab_size, (s, b, t + 1), dtype=np.int32)
     sos = np.zeros((s, b), bool)
@@ -112,7 +113,7 @@ class EvalBench:
                cache_keys_values: bool = True):
     self.config = config
     if model is None:
-      graphdef, template, params = train_lib.build_model(config)
+      graphdef, template, params = train_step.build_model(config)
       from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
       model = merge_params(graphdef, template, params)
     self.model = model

@@ -115,7 +115,7 @@ def measure_stream() -> dict:
   """Peak RSS while one long document streams through eval_lib.evaluate."""
   from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
   from compressive import eval_lib  # pylint: disable=g-import-not-at-top
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  from compressive import train_step  # pylint: disable=g-import-not-at-top
   from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
   counts = sorted(int(x) for x in FLAGS.stream_tokens)
   kind = FLAGS.kinds[0]
@@ -123,10 +123,10 @@ def measure_stream() -> dict:
   config.eval.batch_size = 1
   d = config.data
   d.source = "synthetic"
-  d.synthetic_num_docs = (1, 1, 1)
-  d.synthetic_min_length = d.synthetic_max_length = counts[-1] + config.model.segment_length + 1
+  d.synthetic.num_docs = (1, 1, 1)
+  d.synthetic.min_length = d.synthetic.max_length = counts[-1] + config.model.segment_length + 1
   documents = data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
-  graphdef, template, params = train_lib.build_model(config)
+  graphdef, template, params = train_step.build_model(config)
   model = merge_params(graphdef, template, params)
   t = config.model.segment_length
   points = []

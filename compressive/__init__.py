@@ -32,7 +32,7 @@ def load_with_step(workdir: str, step=None, *, config=None):
   """(config, model, step): `load`, and the step whose parameters it holds."""
   # pylint: disable=g-import-not-at-top
   from compressive import export_lib
-  from compressive import train_lib
+  from compressive import inference
   if export_lib.is_export(workdir):
     return export_lib.load_with_step(workdir, step, config=config)
-  return train_lib.load_with_step(workdir, step, config=config)
+  return inference.load_with_step(workdir, step, config=config)

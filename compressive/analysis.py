@@ -8,6 +8,10 @@
   the loss keep falling as a book goes on?).
 - `recall_accuracy`: on the `recall` source, how often the model predicts a
   queried fact's value, by distance between fact and query.
+
+Each streams a split as evaluation does (eval_lib.stream: the evaluation
+memory sizes, on the config's mesh) and reads what it measures off the
+segments on the host, in one process.
 """
 
 from __future__ import annotations
@@ -15,50 +19,12 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from flax import nnx
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from compressive import data as data_lib
 from compressive import eval_lib
-from compressive import memory as memory_lib
 from compressive.model import BANKS
-
-
-def _stream(model, documents, config, max_segments, collect_attention, progress_every_s=10.0,
-            what="analysis"):
-  """Yields (batch, memory before the call, logits, aux) over a split,
-  logging progress (eval_lib.Progress) every `progress_every_s` seconds."""
-  sizes = eval_lib.eval_sizes(config)
-  b = min(sizes["batch_size"], len(documents))
-  it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=sizes["segment_length"],
-                                seed=config.seed, repeat=False)
-  total = it.num_batches if not max_segments else min(it.num_batches, max_segments)
-  progress = eval_lib.Progress(what, total, b * sizes["segment_length"], progress_every_s)
-  memory = memory_lib.init_memory(
-      config.model, b, jnp.dtype(config.model.dtype), memory_length=sizes["memory_length"],
-      compressed_memory_length=sizes["compressed_memory_length"])
-  model.eval()
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def step(state, memory, batch):
-    m = nnx.merge(graphdef, state)
-    reset = memory_lib.reset_rows(memory, batch["start_of_sequence"])
-    logits, new_memory, aux = m(batch["inputs"], reset, collect_attention=collect_attention)
-    logp = jax.nn.log_softmax(logits, -1)
-    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    correct = jnp.argmax(logits, -1) == batch["targets"]
-    return new_memory, reset, nll, correct, aux
-
-  for n, batch in enumerate(it):
-    if max_segments and n >= max_segments:
-      break
-    memory, before, nll, correct, aux = step(state, memory, batch)
-    progress.update(n + 1)
-    yield batch, before, nll, correct, aux
 
 
 def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
@@ -77,15 +43,16 @@ def attention_by_bucket(
   Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
   "rows": rows counted}. Within a bank, buckets run oldest to newest.
   """
+  sizes = eval_lib.eval_sizes(config)
+  c_len, m_len = sizes["compressed_memory_length"], sizes["memory_length"]
   total, rows = None, 0
-  c_len = m_len = None
-  for batch, before, _, _, aux in _stream(model, documents, config, max_segments, True,
-                                               progress_every_s, "attention"):
-    full = np.asarray(before.mem_mask[0].all(-1) & before.cmem_mask[0].all(-1))  # [B]
+  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+                                 collect_attention=True, progress_every_s=progress_every_s,
+                                 what="attention"):
+    full = np.asarray(segment.memory_valid).all(-1)  # [B]
     if not full.any():
       continue
-    c_len, m_len = before.compressed_memory_length, before.memory_length
-    by_key = np.asarray(aux["attention_by_key"], np.float64)  # [L, B, K]
+    by_key = np.asarray(segment.attention_by_key, np.float64)  # [L, B, K]
     by_key = by_key[:, full].sum(1)  # [L, K]
     total = by_key if total is None else total + by_key
     rows += int(full.sum())
@@ -113,16 +80,17 @@ def loss_by_position(
   t = eval_lib.eval_sizes(config)["segment_length"]
   nats, counts = {}, {}
   row_pos = None
-  for batch, _, nll, _, _ in _stream(model, documents, config, max_segments, False,
-                                           progress_every_s, "loss_by_position"):
-    sos = np.asarray(batch["start_of_sequence"])
+  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+                                 per_token=True, progress_every_s=progress_every_s,
+                                 what="loss_by_position"):
+    sos = np.asarray(segment.batch["start_of_sequence"])
     row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
     row_pos[sos] = 0
     pos = row_pos[:, None] + np.arange(t)[None]  # [B, T] position of each target
     bucket = np.where(pos < bucket_tokens, 0,
                       np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1)
-    mask = np.asarray(batch["mask"])
-    values = np.asarray(nll, np.float64)
+    mask = np.asarray(segment.batch["mask"])
+    values = np.asarray(segment.nll, np.float64)
     for k in np.unique(bucket[mask]):
       sel = mask & (bucket == k)
       nats[int(k)] = nats.get(int(k), 0.0) + float(values[sel].sum())
@@ -143,12 +111,8 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
   "queries": [...]}: per distance, the share of answer bytes predicted
   (argmax) and of queries with every answer byte right.
   """
-  sizes = eval_lib.eval_sizes(config)
-  b = min(sizes["batch_size"], len(documents))
-  t = sizes["segment_length"]
-  # Evaluation order is natural: global row r streams documents r, r + b, ...
-  docs_seen = np.zeros(b, np.int64)
-  row_pos = np.zeros(b, np.int64)
+  t = eval_lib.eval_sizes(config)["segment_length"]
+  docs_seen = row_pos = None  # [B]
   hits: dict[int, list[int]] = {}  # query id -> [correct bytes]
   answer_at: list[dict[int, tuple[int, int]]] = []  # per doc: position -> (query id, distance)
   for i in range(len(documents)):
@@ -160,13 +124,18 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
         table[q.answer_start + k] = (qid, q.distance)
     answer_at.append(table)
   distance_of = {}
-  for batch, _, _, correct, _ in _stream(model, documents, config, max_segments, False,
-                                               progress_every_s, "recall"):
-    sos = np.asarray(batch["start_of_sequence"])
+  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+                                 per_token=True, progress_every_s=progress_every_s,
+                                 what="recall"):
+    sos = np.asarray(segment.batch["start_of_sequence"])
+    b = len(sos)
+    if docs_seen is None:
+      docs_seen, row_pos = np.zeros(b, np.int64), np.zeros(b, np.int64)
     docs_seen += sos
     row_pos[sos] = 0
-    correct = np.asarray(correct)
-    mask = np.asarray(batch["mask"])
+    correct = np.asarray(segment.correct)
+    mask = np.asarray(segment.batch["mask"])
+    # Evaluation order is natural: global row r streams documents r, r + B, ...
     for r in range(b):
       if docs_seen[r] == 0:
         continue

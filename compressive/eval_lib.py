@@ -8,12 +8,18 @@ split, start to end, through it.
 Metrics: `loss` (nats per predicted token), `bits_per_token`, `bits_per_byte`
 (nats / ln 2 over the UTF-8 bytes of the predicted text; for the bytes
 tokenizer the bytes predicted), and for PG-19 `word_perplexity`: exp(total
-nats / words), words counted by whitespace in the original text (PAPER.md).
+nats / words), words counted by whitespace in the original text (docs/PAPER.md §Metrics).
 
 Evaluation runs on the config's device mesh like training: rows split along
 the data axes (the batch is padded with empty rows to a multiple of that
 split), parameters laid out by the partition rules, and each process reads
 only its own rows.
+
+`stream` is the one loop over a split's segments: `evaluate` (eval.py, and
+training's periodic estimates) sums its losses, and compressive/analysis.py
+reads its per-token losses and attention weights. `_init_carry` and
+`_run_model` are evaluation's only uses of the model's key/value cache, call
+and aux.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
+import flax.struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -36,7 +43,7 @@ from compressive import memory as memory_lib
 from compressive import sharding
 from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
 from compressive.errors import UserError
-from compressive.model import KeysValues, merge_params
+from compressive.model import merge_params
 
 _log = logging.getLogger("compressive")
 
@@ -95,8 +102,6 @@ def prepare_config(config: ml_collections.ConfigDict, *,
       raise ValueError(f"{name} is not one of {SIZE_FIELDS}")
     if value is not None:
       config.eval[name] = value
-  if "mesh" not in config:  # a workdir saved before config.mesh existed
-    config.mesh = sharding.default_mesh_config()
   note = None
   if mesh_shape is not None:
     try:
@@ -149,19 +154,70 @@ def hms(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def make_eval_step(model, mesh: Optional[Mesh] = None,
-                   config: Optional[ml_collections.ConfigDict] = None, memory_shardings=None,
-                   *, cache_keys_values: bool = True):
-  """(init, step): init(memory) -> carry; step(carry, batch) -> (carry, nats,
-  count), jitted.
+# -- The model in evaluation: its memory cache, its one call, its aux. -----------
 
-  The carry is the memory and, with `cache_keys_values`, every memory slot's
+
+def _init_carry(model, memory, cached: bool):
+  """The memory a stream starts from: with `cached`, carrying every slot's
   keys and values, computed once when the slot enters the memory instead of
   every segment (the weights do not change during evaluation); the results
-  are the same. With a mesh (and the config's partition rules), the
-  parameters are stored on it as training stores them and gathered along the
-  data axes to compute; the carry keeps `memory_shardings` (rows split like
-  the batch).
+  are the same."""
+  return model.cache_keys_values(memory) if cached else memory
+
+
+def _run_model(model, memory, batch, collect_attention: bool):
+  """(memory, logits, attention) of one segment: evaluation's one call of the
+  model and its one reader of the model's aux. `attention` is None, or with
+  `collect_attention` the `Segment` fields attention_by_key and memory_valid.
+  """
+  logits, new_memory, aux = model(batch["inputs"], memory, batch["start_of_sequence"],
+                                  collect_attention=collect_attention)
+  attention = None
+  if collect_attention:
+    attended = memory_lib.reset_rows(memory, batch["start_of_sequence"])
+    attention = dict(attention_by_key=aux.attention_by_key, memory_valid=jnp.concatenate(
+        [attended.cmem_mask[0], attended.mem_mask[0]], axis=-1))
+  return new_memory, logits, attention
+
+
+# -- Streaming evaluation. --------------------------------------------------------
+
+
+@flax.struct.dataclass
+class Segment:
+  """One segment of every row, as `stream` yields it; B rows, T tokens, L
+  layers, K = C + M + T keys of [compressed memory; memory; segment].
+
+  `batch` holds the global arrays the step read, rows split along the data
+  axes; the other arrays are replicated, readable in every process. The
+  optional ones are None unless `stream` was asked for them.
+  """
+
+  batch: dict[str, jax.Array]  # inputs, targets, mask [B, T]; start_of_sequence [B]
+  nats: jax.Array  # [] float32: the loss summed over the predicted tokens
+  count: jax.Array  # [] float32: the tokens predicted (mask True)
+  nll: Optional[jax.Array] = None  # [B, T] float32 nats of each token (per_token)
+  correct: Optional[jax.Array] = None  # [B, T] bool: argmax is the target (per_token)
+  # [L, B, K] each layer's attention weight on each key, mean over heads
+  # and queries (collect_attention).
+  attention_by_key: Optional[jax.Array] = None
+  # [B, C + M] bool: the [compressed memory; memory] slots that held
+  # something when the segment attended to them (the same in every layer).
+  memory_valid: Optional[jax.Array] = None
+
+
+def make_stream_step(model, mesh: Optional[Mesh] = None,
+                     config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                     *, cache_keys_values: bool = True, collect_attention: bool = False,
+                     per_token: bool = False):
+  """(init, step): init(memory) -> carry, the memory a stream starts from;
+  step(carry, batch) -> (carry, outputs), outputs the `Segment` fields but
+  the batch. Both jitted.
+
+  With a mesh (and the config's partition rules), the parameters are stored
+  on it as training stores them and gathered along the data axes to
+  compute; the carry's rows are split like the batch (`abstract_memory`
+  gives its shapes) and the outputs are replicated.
   """
   graphdef, template = nnx.split(model)
   params = nnx.to_pure_dict(template)
@@ -170,12 +226,11 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
     specs = sharding.param_specs(config, params)
     params = jax.device_put(params, sharding.shardings(mesh, specs))
     gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
-    replicated = sharding.replicated(mesh)
-    carry_shardings = memory_shardings
-    if cache_keys_values and memory_shardings is not None:
-      kv_rows = sharding.rows_sharding(mesh, config, 5, 1)  # [L, B, S, H, D]
-      carry_shardings = (memory_shardings, KeysValues(k=kv_rows, v=kv_rows))
-    out_shardings = (carry_shardings, replicated, replicated)
+    abstract_carry = jax.eval_shape(
+        lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values),
+        params, abstract_memory)
+    carry_shardings = sharding.memory_shardings(mesh, config, abstract_carry)
+    out_shardings = (carry_shardings, sharding.replicated(mesh))
 
   def merged(params):
     if gathered is not None:
@@ -184,48 +239,71 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
 
   @functools.partial(jax.jit, out_shardings=carry_shardings)
   def init(params, memory):
-    if not cache_keys_values:
-      return memory
-    return memory, merged(params).memory_keys_values(memory)
+    return _init_carry(merged(params), memory, cache_keys_values)
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
   def step(params, carry, batch):
-    m = merged(params)
-    if cache_keys_values:
-      memory, kv = carry
-      logits, memory, aux = m(batch["inputs"], memory, batch["start_of_sequence"], kv_cache=kv)
-      carry = (memory, aux["kv_cache"])
-    else:
-      logits, carry, _ = m(batch["inputs"], carry, batch["start_of_sequence"])
+    carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention)
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
-    return carry, nats, count
+    outputs = dict(nats=nats, count=count, **(attention or {}))
+    if per_token:
+      logp = jax.nn.log_softmax(logits, -1)
+      outputs["nll"] = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+      outputs["correct"] = jnp.argmax(logits, -1) == batch["targets"]
+    return carry, outputs
 
   return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
 
 
-def evaluate(
+def make_eval_step(model, mesh: Optional[Mesh] = None,
+                   config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                   *, cache_keys_values: bool = True):
+  """(init, step): `make_stream_step`'s, but step(carry, batch) -> (carry,
+  nats, count): the loss alone, as the benchmarks time it."""
+  init, step = make_stream_step(model, mesh, config, abstract_memory,
+                                cache_keys_values=cache_keys_values)
+
+  def loss_step(carry, batch):
+    carry, outputs = step(carry, batch)
+    return carry, outputs["nats"], outputs["count"]
+
+  return init, loss_step
+
+
+def stream(
     model,
     documents: data_lib.Documents,
     config: ml_collections.ConfigDict,
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
+    collect_attention: bool = False,
+    per_token: bool = False,
     progress_every_s: float = 10.0,
-) -> dict[str, float]:
-  """Streams `documents` through `model` with a fresh evaluation memory.
+    what: str = "eval",
+) -> Iterator[Segment]:
+  """Streams `documents` through `model` with a fresh evaluation memory,
+  yielding each `Segment` as soon as its step is dispatched (reading its
+  arrays waits for it).
+
+  Every document runs start to end in one row (global row r reads documents
+  r, r + B, ...; SegmentIterator), with the sizes of `eval_sizes`. B is at
+  most the number of documents, rounded up to a multiple of the data-parallel
+  split (the extra rows are all padding).
 
   Args:
     max_segments: stop after this many segments per row (a quick periodic
-      estimate during training); None or <= 0 evaluates the whole split.
+      estimate during training); None or <= 0 streams the whole split.
     mesh: where to run; default the config's mesh over all devices. In a
-      multi-process run every process calls this and gets the same result.
-    progress_every_s: seconds between progress lines (`Progress`).
+      multi-process run every process calls this, reading its own rows.
+    collect_attention: fill Segment.attention_by_key and memory_valid.
+    per_token: fill Segment.nll and correct.
+    progress_every_s: seconds between progress lines (`Progress`), which
+      are labelled `what`.
   """
   sizes = eval_sizes(config)
   model.eval()
   mesh = sharding.make_mesh(config) if mesh is None else mesh
-  # Rows beyond the number of documents would only stream padding; round up
-  # to a multiple of the data-parallel split (the extra rows are all padding).
   dp = sharding.data_parallel_size(config, mesh)
   b, t = min(sizes["batch_size"], len(documents)), sizes["segment_length"]
   b = -(-b // dp) * dp
@@ -238,30 +316,51 @@ def evaluate(
   init = lambda: memory_lib.init_memory(
       config.model, b, dtype, memory_length=sizes["memory_length"],
       compressed_memory_length=sizes["compressed_memory_length"])
-  memory_shardings = sharding.memory_shardings(mesh, config, jax.eval_shape(init))
-  memory = jax.jit(init, out_shardings=memory_shardings)()
-  init_carry, step = make_eval_step(model, mesh, config, memory_shardings)
+  abstract_memory = jax.eval_shape(init)
+  init_carry, step = make_stream_step(
+      model, mesh, config, abstract_memory, collect_attention=collect_attention,
+      per_token=per_token)
+  memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, config, abstract_memory))()
   carry = init_carry(memory)
   batch_shardings = {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
                      (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
-  total_nats, total_tokens, segments = 0.0, 0.0, 0
-  pending = []
   limited = bool(max_segments and max_segments > 0)
-  progress = Progress("eval", min(it.num_batches, max_segments) if limited else it.num_batches,
+  progress = Progress(what, min(it.num_batches, max_segments) if limited else it.num_batches,
                       b * t, progress_every_s)
+  segments = 0
   for local in it:
     batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
              for k, v in local.items()}
-    carry, nats, count = step(carry, batch)
-    pending.append((nats, count))
+    carry, outputs = step(carry, batch)
     segments += 1
     progress.update(segments)
+    yield Segment(batch=batch, **outputs)
+    if limited and segments >= max_segments:
+      return
+
+
+def evaluate(
+    model,
+    documents: data_lib.Documents,
+    config: ml_collections.ConfigDict,
+    *,
+    max_segments: Optional[int] = None,
+    mesh: Optional[Mesh] = None,
+    progress_every_s: float = 10.0,
+) -> dict[str, float]:
+  """The metrics of `documents` streamed through `model` (`stream`, whose
+  arguments these are) with a fresh evaluation memory. In a multi-process
+  run every process calls this and gets the same result."""
+  total_nats, total_tokens, segments = 0.0, 0.0, 0
+  pending = []  # read every 64 segments: reading waits for the device
+  for segment in stream(model, documents, config, max_segments=max_segments, mesh=mesh,
+                        progress_every_s=progress_every_s):
+    pending.append((segment.nats, segment.count))
+    segments += 1
     if len(pending) >= 64:
       total_nats += sum(float(n) for n, _ in pending)
       total_tokens += sum(float(c) for _, c in pending)
       pending = []
-    if max_segments and max_segments > 0 and segments >= max_segments:
-      break
   total_nats += sum(float(n) for n, _ in pending)
   total_tokens += sum(float(c) for _, c in pending)
   complete = not (max_segments and max_segments > 0 and segments >= max_segments)

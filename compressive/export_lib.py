@@ -86,13 +86,13 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   arrays are written as they are (same dtypes), from whatever mesh this
   machine's devices give.
   """
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  from compressive import inference  # pylint: disable=g-import-not-at-top
   check_output(output, workdir)
   if is_export(workdir):
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
                           "training workdir")
   config = ckpt_lib.load_config(workdir)  # as saved: loading may refit its mesh
-  _, model, step = train_lib.load_with_step(workdir, step)
+  _, model, step = inference.load_with_step(workdir, step)
   params = nnx.to_pure_dict(nnx.state(model))
   integrity = ckpt_lib.fingerprint(params)
   output = os.path.abspath(output)
@@ -142,12 +142,12 @@ def _check_shapes(path: str, saved: Any, wanted: Any) -> None:
 def load_with_step(
     path: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
 ):
-  """(config, model, step) of the export at `path`, as train_lib.load_with_step
+  """(config, model, step) of the export at `path`, as inference.load_with_step
   gives them for a workdir: `step`, if given, must be the exported one;
   `config` replaces the saved one (its model must match); the parameters are
   restored onto the config's mesh, or data parallel over all devices if the
   saved mesh does not fit this machine."""
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  from compressive import train_step  # pylint: disable=g-import-not-at-top
   from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
@@ -157,7 +157,7 @@ def load_with_step(
     config = ckpt_lib.load_config(path)
     sharding.fit_mesh_to_devices(config)
   mesh = sharding.make_mesh(config)
-  graphdef, state_template, abstract_params = train_lib.abstract_model(config)
+  graphdef, state_template, abstract_params = train_step.abstract_model(config)
   shardings = sharding.shardings(mesh, sharding.param_specs(config, abstract_params))
   where = os.path.join(path, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:

@@ -1,22 +1,16 @@
-"""Training: train state, the scanned train step, and train_and_evaluate().
+"""Training: train_and_evaluate(), the loop around the train step.
 
-Notation: S segments per step, B rows, T segment length.
+The train state and the jitted step are compressive/train_step.py's; this
+module runs them: it validates the config, restores the newest checkpoint
+(train state, memory and the data iterator's position, so a resumed run sees
+exactly the batches and memories it would have), steps, logs metrics,
+checkpoints, estimates the evaluation loss every `eval_every_steps`
+(eval_lib.evaluate), and stops on a non-finite loss without saving it.
 
-One jitted call runs S consecutive segments of every row with `lax.scan`,
-carrying (train state, memory) and making one optimizer update per segment,
-as the paper trains (truncated BPTT over one segment); with
-`config.grad_accum_steps` > 1 each segment's gradient is first summed over
-micro-batches of rows (the same update, less activation memory). The memory
-is part of the carry, never module state, and is saved with every checkpoint
-together with the data iterator's position, so a resumed run sees exactly
-the batches and memories it would have.
-
-Sharding (compressive/sharding.py): the train state, the memory and every
-batch live on the config's device mesh; the step is one `jit` with input and
-output shardings, so the same code runs on one CPU, a GPU node or a TPU
-slice. Each process reads only its own batch rows and contributes them to a
-global batch; checkpoints are written collectively and restore onto any
-mesh whose batch split divides the batch.
+Multi-process runs: each process reads only its own batch rows and
+contributes them to a global batch; the processes exchange their iterator
+positions so that a checkpoint holds every row, write checkpoints together,
+and restore onto any mesh whose batch split divides the batch.
 """
 
 from __future__ import annotations
@@ -27,14 +21,11 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-import flax.struct
-from flax import nnx
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
 import ml_collections
 import numpy as np
 import optax
@@ -46,297 +37,14 @@ from compressive import flops as flops_lib
 from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
+from compressive import train_step
 from compressive import workdir_lock
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
 from compressive.metrics import MetricWriter, read_jsonl
-from compressive.model import BANKS, CompressiveTransformer, merge_params
+from compressive.model import BANKS, merge_params
 
 _log = logging.getLogger("compressive")
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array  # int32 []: optimizer updates made (one per segment)
-  params: Any  # pure dict of parameters (nnx.to_pure_dict)
-  opt_state: Any
-  rng: jax.Array  # uint32 [2]: dropout key, folded with `step`
-
-
-def build_model(config: ml_collections.ConfigDict, seed: Optional[int] = None):
-  """(graphdef, abstract nnx state, initial params dict) of the config's model."""
-  model = CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed if seed is None else seed))
-  graphdef, state = nnx.split(model)
-  return graphdef, state, nnx.to_pure_dict(state)
-
-
-def abstract_model(config: ml_collections.ConfigDict):
-  """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays."""
-  model = nnx.eval_shape(
-      lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed)))
-  graphdef, state = nnx.split(model)
-  return graphdef, state, nnx.to_pure_dict(state)
-
-
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to the peak, then cosine decay (paper §5), in updates."""
-  s = config.segments_per_step
-  opt = config.optimizer
-  total = max(config.num_train_steps * s, 1)
-  warmup = min(opt.warmup_steps * s, total)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
-      decay_steps=max(total, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
-
-
-def make_optimizer(config: ml_collections.ConfigDict, params) -> optax.GradientTransformation:
-  """Adam(W) with global-norm clipping; the compressor is clipped on its own.
-
-  The compression network learns only from the reconstruction loss (§3.2);
-  clipping it separately keeps that auxiliary gradient from throttling the
-  language model's updates through a shared global norm.
-  """
-  opt = config.optimizer
-  schedule = learning_rate_schedule(config)
-
-  def base():
-    if opt.name == "adamw":
-      adam = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
-    else:
-      adam = optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps)
-    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
-
-  labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "compressor" if any(
-          getattr(k, "key", None) == "compressor" for k in path) else "model", params)
-  return optax.multi_transform({"model": base(), "compressor": base()}, labels)
-
-
-def create_train_state(config, params, tx) -> TrainState:
-  return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.PRNGKey(config.seed + 1))
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """Where training's arrays live on the mesh (pytrees of NamedSharding)."""
-  mesh: Mesh
-  state: Any  # TrainState: parameters and optimizer state by mesh.rules
-  compute_params: Any  # parameters while computing: gathered along the data axes
-  memory: Any  # Memory: rows split along mesh.data_axes, like the batch
-  batch: dict[str, NamedSharding]  # [S, B, ...]: rows along mesh.data_axes
-
-  @property
-  def replicated(self) -> NamedSharding:
-    return sharding.replicated(self.mesh)
-
-
-def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, abstract_params,
-                abstract_state: TrainState, abstract_memory) -> Layout:
-  """Shardings of the train state, memory and batch (shapes suffice)."""
-  state = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
-  compute = sharding.gathered_specs(config, sharding.param_specs(config, abstract_params))
-  batch = {k: sharding.rows_sharding(mesh, config, n, 1)
-           for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
-  return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
-                memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
-
-
-def abstract_train_state(config: ml_collections.ConfigDict, abstract_params, tx) -> TrainState:
-  return jax.eval_shape(lambda p: create_train_state(config, p, tx), abstract_params)
-
-
-def init_train_state(config: ml_collections.ConfigDict, tx, layout: Layout) -> TrainState:
-  """A fresh train state, each parameter initialised straight into its shards."""
-  return jax.jit(lambda: create_train_state(config, build_model(config)[2], tx),
-                 out_shardings=layout.state)()
-
-
-def init_sharded_memory(config: ml_collections.ConfigDict, batch_size: int, layout: Layout):
-  dtype = jnp.dtype(config.model.dtype)
-  return jax.jit(lambda: memory_lib.init_memory(config.model, batch_size, dtype),
-                 out_shardings=layout.memory)()
-
-
-def make_train_step(graphdef, state_template, tx, dropout: bool,
-                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1) -> Callable:
-  """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
-
-  batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
-  start_of_sequence [S, B] bool. metrics: per segment, summed over rows.
-  With a `layout`, inputs and outputs keep its shardings (metrics
-  replicated) and XLA partitions the step over the mesh.
-
-  `grad_accum_steps` = A > 1 computes each segment's gradient in A
-  micro-batches of B / A rows, one after the other (activation memory of
-  B / A rows), each with its own rows' memory, and sums them into ONE
-  optimizer update per segment, weighted so that the update is the
-  full-batch one (see `_accumulated_gradients`).
-  """
-  if grad_accum_steps < 1:
-    raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
-  dp = _data_split(layout)
-
-  def forward(params, seg, memory, rng):
-    if layout is not None:  # FSDP: gather the stored shards to compute
-      params = jax.lax.with_sharding_constraint(params, layout.compute_params)
-    model = merge_params(graphdef, state_template, params)
-    logits, new_memory, aux = model(
-        seg["inputs"], memory, seg["start_of_sequence"],
-        dropout_rng=rng if dropout else None)
-    nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
-    return nats, count, new_memory, aux
-
-  def full_batch_gradients(params, seg, memory, rng):
-    def loss_fn(params):
-      nats, count, new_memory, aux = forward(params, seg, memory, rng)
-      lm = nats / jnp.maximum(count, 1.0)
-      # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
-      return lm + aux["reconstruction_loss"], (new_memory, aux, nats, count)
-
-    grads, (new_memory, aux, nats, count) = jax.grad(loss_fn, has_aux=True)(params)
-    return grads, new_memory, aux, nats, count
-
-  def accumulated_gradients(params, seg, memory, rng):
-    return _accumulated_gradients(
-        forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
-        merge_params(graphdef, state_template, params).config.reconstruction_loss)
-
-  def segment(carry, seg):
-    state, memory = carry
-    rng = jax.random.fold_in(state.rng, state.step)
-    gradients = full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
-    grads, new_memory, aux, nats, count = gradients(state.params, seg, memory, rng)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    grad_norm = optax.tree.norm(grads)
-    metrics = dict(aux, nats=nats, tokens=count, grad_norm=grad_norm,
-                   finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
-    if layout is not None:  # keep the carry laid out as it came in
-      new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
-      new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
-    return (new_state, new_memory), metrics
-
-  def train_step(state, memory, batch):
-    (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
-    return state, memory, metrics
-
-  if layout is None:
-    return jax.jit(train_step, donate_argnums=(0, 1))
-  return jax.jit(train_step, donate_argnums=(0, 1),
-                 in_shardings=(layout.state, layout.memory, layout.batch),
-                 out_shardings=(layout.state, layout.memory, layout.replicated))
-
-
-def _data_split(layout: Optional[Layout]) -> int:
-  """How many ways the layout splits batch rows (1 without a layout)."""
-  if layout is None:
-    return 1
-  entry = layout.batch["start_of_sequence"].spec[1]  # [S, B]: rows on the data axes
-  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-  return math.prod(layout.mesh.shape[a] for a in names)
-
-
-def _split_rows(x: jax.Array, axis: int, parts: int, dp: int) -> jax.Array:
-  """[..., B, ...] (rows at `axis`) -> [parts, ..., B / parts, ...].
-
-  Micro-batch k takes the k-th 1/parts of every one of the `dp` data shards'
-  rows, so each micro-batch is split over the devices as the batch is, and
-  the split moves nothing between devices.
-  """
-  shape = x.shape
-  m = shape[axis] // (dp * parts)
-  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1:])
-  y = jnp.moveaxis(y, axis + 1, 0)  # [parts, ..., dp, m, ...]
-  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1:])
-
-
-def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
-  """The inverse of `_split_rows`: [parts, ..., B / parts, ...] -> [..., B, ...]."""
-  parts, shape = y.shape[0], y.shape[1:]
-  m = shape[axis] // dp
-  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1:])
-  z = jnp.moveaxis(z, 0, axis + 1)  # [..., dp, parts, m, ...]
-  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1:])
-
-
-def _reconstruction_row_weights(kind: str, memory, start_of_sequence, t: int) -> jax.Array:
-  """[B] each row's share of the reconstruction loss's denominator.
-
-  Each layer's reconstruction loss is a masked mean over the batch
-  (losses._masked_mse): over the rows that evict a valid memory slot
-  ("attention"), or over the valid evicted slots ("autoencoding"). The slots
-  a segment evicts are the oldest T of [memory; segment] after the
-  start-of-sequence reset (memory.push), and the masks are the same in every
-  layer (every layer is reset and pushed alike), so layer 0 gives every
-  layer's weights.
-  """
-  mask = memory.mem_mask[0]  # [B, M]
-  mask = jnp.where(start_of_sequence[:, None], False, mask)
-  evicted = jnp.concatenate([mask, jnp.ones((mask.shape[0], t), bool)], axis=1)[:, :t]  # [B, T]
-  if kind == "attention":
-    return evicted.any(-1).astype(jnp.float32)
-  if kind == "autoencoding":
-    return evicted.sum(-1).astype(jnp.float32)
-  return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
-
-
-def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: int,
-                           layout: Optional[Layout], reconstruction: str):
-  """(grads, new memory, aux, nats, count) of one segment, as the full batch
-  gives them, computed in `parts` micro-batches by a `lax.scan`.
-
-  The loss is LM + reconstruction (make_train_step). The LM loss is
-  nats / count over the whole batch, so micro-batch k contributes
-  nats_k / count with the FULL batch's count (known from the mask before
-  anything runs). The reconstruction loss is, per layer, a masked mean
-  S / W; micro-batch k's is S_k / W_k, so it contributes (W_k / W) of its
-  loss (weights from `_reconstruction_row_weights`). The gradients then sum
-  to the full batch's, up to float rounding; so do the metrics: nats and
-  count summed, the reconstruction loss weighted alike, the attention masses
-  (means over rows) averaged over the equal micro-batches. With dropout,
-  micro-batch k draws its masks from fold_in(rng, k).
-  """
-  t = seg["inputs"].shape[-1]
-  total = jnp.maximum(seg["mask"].astype(jnp.float32).sum(), 1.0)
-  row_weights = _reconstruction_row_weights(reconstruction, memory, seg["start_of_sequence"], t)
-  weights = _split_rows(row_weights, 0, parts, dp).sum(-1)  # [parts]
-  coefficients = weights / jnp.maximum(weights.sum(), 1.0)
-  micro_seg = {k: _split_rows(v, 0, parts, dp) for k, v in seg.items()}
-  micro_memory = jax.tree.map(lambda x: _split_rows(x, 1, parts, dp), memory)
-  if layout is not None:  # [parts, rows, ...]: the rows split as the batch's
-    micro_seg = jax.lax.with_sharding_constraint(
-        micro_seg, {k: layout.batch[k] for k in micro_seg})
-    micro_memory = jax.lax.with_sharding_constraint(micro_memory, jax.tree.map(
-        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)),
-        layout.memory))
-
-  def micro(grads, xs):
-    k, seg_k, memory_k, coefficient = xs
-
-    def loss_fn(params):
-      nats, count, new_memory, aux = forward(params, seg_k, memory_k, jax.random.fold_in(rng, k))
-      return nats / total + coefficient * aux["reconstruction_loss"], (new_memory, aux, nats, count)
-
-    g, out = jax.grad(loss_fn, has_aux=True)(params)
-    grads = jax.tree.map(jnp.add, grads, g)
-    if layout is not None:
-      grads = jax.lax.with_sharding_constraint(grads, layout.state.params)
-    return grads, out
-
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, (new_memory, aux, nats, count) = jax.lax.scan(
-      micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients))
-  new_memory = jax.tree.map(lambda y: _merge_rows(y, 1, dp), new_memory)
-  aux = {k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
-         for k, v in aux.items()}
-  return grads, new_memory, aux, nats.sum(), count.sum()
-
-
-def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 def _is_int(value) -> bool:
@@ -388,8 +96,8 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
 
 
 def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
-  """config.grad_accum_steps; 1 for a config saved before the field existed."""
-  return config.get("grad_accum_steps", 1)
+  """config.grad_accum_steps."""
+  return config.grad_accum_steps
 
 
 def validate_config(config: ml_collections.ConfigDict, *, training: bool = True) -> ModelConfig:
@@ -576,8 +284,40 @@ def _lock_workdir(workdir: str, is_main: bool):
   return lock
 
 
-def _restore(checkpointer, abstract_state, abstract_memory, layout, restore_intact: bool,
-             is_main: bool):
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+  """What a run builds before its first step: shapes and shardings, no arrays."""
+  graphdef: Any
+  state_template: Any
+  tx: optax.GradientTransformation
+  abstract_state: train_step.TrainState
+  abstract_memory: Any
+  layout: train_step.Layout
+  num_params: int
+
+  def restore_targets(self) -> tuple[Any, Any]:
+    """The abstract (state, memory) a checkpoint restores onto: this run's
+    shapes on this run's mesh, whatever mesh wrote the checkpoint."""
+    return (ckpt_lib.abstract(self.abstract_state, self.layout.state),
+            ckpt_lib.abstract(self.abstract_memory, self.layout.memory))
+
+
+def _build(config: ml_collections.ConfigDict) -> _Setup:
+  mesh = sharding.make_mesh(config)
+  graphdef, state_template, abstract_params = train_step.abstract_model(config)
+  tx = train_step.make_optimizer(config, abstract_params)
+  abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
+  dtype = jnp.dtype(config.model.dtype)
+  abstract_memory = jax.eval_shape(
+      lambda: memory_lib.init_memory(config.model, config.batch_size, dtype))
+  return _Setup(
+      graphdef=graphdef, state_template=state_template, tx=tx, abstract_state=abstract_state,
+      abstract_memory=abstract_memory,
+      layout=train_step.make_layout(config, mesh, abstract_params, abstract_state, abstract_memory),
+      num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+
+
+def _restore(checkpointer, setup: _Setup, restore_intact: bool, is_main: bool):
   """(step, (state, memory, data_state)) of the newest checkpoint that
   restores, or (0, None) when there is none.
 
@@ -593,10 +333,7 @@ def _restore(checkpointer, abstract_state, abstract_memory, layout, restore_inta
   skipped = []
   for step in reversed(steps):
     try:
-      # Onto this run's mesh, whatever mesh wrote the checkpoint.
-      return step, checkpointer.restore(
-          step, ckpt_lib.abstract(abstract_state, layout.state),
-          ckpt_lib.abstract(abstract_memory, layout.memory))
+      return step, checkpointer.restore(step, *setup.restore_targets())
     except ckpt_lib.DamagedCheckpointError as e:
       if not restore_intact:
         raise
@@ -615,42 +352,52 @@ def _restore(checkpointer, abstract_state, abstract_memory, layout, restore_inta
       "was trained. Move them back to retry, or use another --workdir to start afresh")
 
 
-def _newest_good_step(checkpointer, abstract_state, abstract_memory, layout) -> Optional[int]:
+def _start(config, setup: _Setup, start: int, restored, train_iter: data_lib.SegmentIterator,
+           writer: MetricWriter, is_main: bool, workdir: str):
+  """(state, memory) to train from: the restored ones, with the data iterator
+  put back where they were saved and the metrics logged after them dropped;
+  else fresh ones."""
+  if restored is not None:
+    state, memory, data_state = restored
+    train_iter.set_state(_local_data_state(data_state, train_iter.row_start, train_iter.num_rows))
+    if is_main:
+      _truncate_metrics(writer.jsonl, start)
+    _log.info("resumed from step %d in %s", start, workdir)
+    return state, memory
+  state = train_step.init_train_state(config, setup.tx, setup.layout)
+  memory = train_step.init_sharded_memory(config, config.batch_size, setup.layout)
+  _log.info("training from scratch in %s: %d parameters", workdir, setup.num_params)
+  return state, memory
+
+
+def _non_finite_error(step: int, checkpointer, setup: _Setup, workdir: str) -> NonFiniteError:
+  """The error that stops a run at a non-finite loss or gradient. Nothing of
+  the step is saved; it names the newest checkpoint that actually restores
+  as intact and finite, not merely the newest saved."""
+  good = _newest_good_step(checkpointer, setup)
+  where = (f"the newest intact checkpoint is step {good}" if good is not None
+           else "no intact checkpoint is saved")
+  return NonFiniteError(
+      f"non-finite loss or gradient at step {step}; {where} in {workdir}. Lower "
+      "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
+
+
+def _newest_good_step(checkpointer, setup: _Setup) -> Optional[int]:
   """The newest saved step that restores, verifies and is finite."""
   checkpointer.wait()
   checkpointer.reload()
   for step in reversed(checkpointer.all_steps()):
     try:
-      checkpointer.restore(step, ckpt_lib.abstract(abstract_state, layout.state),
-                           ckpt_lib.abstract(abstract_memory, layout.memory))
+      checkpointer.restore(step, *setup.restore_targets())
       return step
     except CheckpointError as e:
       _log.warning("checkpoint %d is not usable: %s", step, e)
   return None
 
 
-def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
-           restore_intact, profile_steps=None) -> dict[str, float]:
-  if checkpointer.all_steps():
-    ckpt_lib.check_resume_config(workdir, config)
-
-  tokenizer = data_lib.get_tokenizer(config.data)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(
-        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-        f"vocabulary ({tokenizer.vocab_size})")
-
+def _train_data(config, layout: train_step.Layout, tokenizer):
+  """(train iterator over this process's batch rows, evaluation documents)."""
   s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
-  accum = grad_accum_steps(config)
-  mesh = sharding.make_mesh(config)
-  graphdef, state_template, abstract_params = abstract_model(config)
-  tx = make_optimizer(config, abstract_params)
-  abstract_state = abstract_train_state(config, abstract_params, tx)
-  dtype = jnp.dtype(config.model.dtype)
-  abstract_memory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, b, dtype))
-  layout = make_layout(config, mesh, abstract_params, abstract_state, abstract_memory)
-  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params))
-
   # This process reads only the batch rows its devices hold.
   row_start, num_rows = sharding.local_rows(layout.batch["inputs"], (s, b, t), axis=1)
   train_docs = data_lib.get_documents(config.data, "train", tokenizer)
@@ -662,141 +409,222 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
   # compiles (a text_files corpus is otherwise read lazily, row by row).
   for split in dict.fromkeys(("train", config.eval.split)):
     data_lib.check_documents(config.data, split, tokenizer)
+  return train_iter, eval_docs
 
-  start, restored = _restore(checkpointer, abstract_state, abstract_memory,
-                             layout, restore_intact, is_main)
-  if is_main:  # only once the run is known to fit what the workdir holds
-    ckpt_lib.save_config(workdir, config)
+
+def _next_batch(train_iter: data_lib.SegmentIterator, config, layout: train_step.Layout):
+  """The step's global batch [S, B, ...], of which this process reads its rows."""
+  s, b = config.segments_per_step, config.batch_size
+  local = train_step.stack_segments([next(train_iter) for _ in range(s)])
+  return {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
+          for k, v in local.items()}
+
+
+class _Clock:
+  """Training's own wall time, for throughput and the ETA: the first step
+  (compilation), checkpoint waits and evaluations are left out of it, and
+  totalled for the run's closing line."""
+
+  def __init__(self):
+    self.start = time.time()
+    self.since, self.steps = self.start, 0  # the window since the last log line
+    self.spent = {"eval": 0.0, "save": 0.0}
+    self.times = {"eval": 0, "save": 0}
+
+  def stepped(self, first: bool, state) -> None:
+    """A step was dispatched; the first of a run (compiled, then run) is
+    waited for, logged and left out of the throughput and ETA."""
+    self.steps += 1
+    if first:
+      jax.block_until_ready(state)
+      _log.info("first step (with compilation) took %.1f s", time.time() - self.since)
+      self.restart()
+
+  def restart(self) -> None:
+    self.since, self.steps = time.time(), 0
+
+  def exclude(self, what: str, since: float) -> float:
+    """Leaves the seconds from `since` to now, spent on `what` ("eval" or
+    "save"), out of training's time; returns them."""
+    took = time.time() - since
+    self.since += took
+    self.spent[what] += took
+    self.times[what] += 1
+    return took
+
+  def log_total(self, first: int, last: int) -> None:
+    if last < first:
+      return
+    total = time.time() - self.start
+    _log.info(
+        "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
+        "(%d saves), training and the rest %.1f s", first, last, eval_lib.hms(total),
+        self.spent["eval"], self.times["eval"], self.spent["save"], self.times["save"],
+        total - self.spent["eval"] - self.spent["save"])
+
+
+class _MetricLog:
+  """The steps' metrics between two log lines, aggregated into one record of
+  the train metrics and one log line: loss and bits over every predicted
+  token, the other metrics averaged over segments, the learning rate,
+  throughput, MFU (where the devices' peak is known: not on CPU) and ETA."""
+
+  def __init__(self, config: ml_collections.ConfigDict, writer: MetricWriter, end: int):
+    self.config, self.writer, self.end = config, writer, end
+    self.window: list[dict[str, Any]] = []
+    self.bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
+    self.schedule = train_step.learning_rate_schedule(config)
+    b = config.batch_size
+    self.tokens_per_step = config.segments_per_step * b * config.model.segment_length
+    self.train_flops = flops_lib.flops_per_token(config.model, b // grad_accum_steps(config)).train
+    peak = flops_lib.device_peak_flops(config.model.dtype)
+    self.peak = None if peak is None else peak * jax.device_count()
+
+  def add(self, metrics: dict[str, jax.Array]) -> None:
+    self.window.append(metrics)
+
+  def due(self, step: int) -> bool:
+    return step % self.config.log_every_steps == 0 or step == self.config.num_train_steps
+
+  def write(self, step: int, state: train_step.TrainState, clock: _Clock) -> None:
+    m = jax.device_get(self.window)
+    self.window = []
+    nats = sum(float(x["nats"].sum()) for x in m)
+    count = max(sum(float(x["tokens"].sum()) for x in m), 1.0)
+    elapsed = time.time() - clock.since
+    steps = clock.steps
+    scalars = {
+        "loss": nats / count,
+        self.bits_name: nats / count / losses.LN2,
+        "reconstruction_loss": float(np.mean([x["reconstruction_loss"] for x in m])),
+        "grad_norm": float(np.mean([x["grad_norm"] for x in m])),
+        "learning_rate": float(self.schedule(int(state.step))),
+        "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
+    }
+    mfu = ""
+    if self.peak and steps:
+      scalars["mfu"] = scalars["tokens_per_second"] * self.train_flops / self.peak
+      mfu = f"  MFU {100 * scalars['mfu']:.1f}%"
+    mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
+    # Fused rope attention computes no weights, so there is no mass to log
+    # (the model reports NaN); leave the scalars out rather than log NaN.
+    attn = "n/a"
+    if all(np.isfinite(mass)):
+      scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
+      attn = "/".join(f"{v:.2f}" for v in mass)
+    eta = (self.end - step) * elapsed / max(steps, 1)
+    self.writer.write(step, scalars)
+    _log.info(
+        "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
+        step, self.config.num_train_steps, scalars["loss"], self.bits_name,
+        scalars[self.bits_name], scalars["reconstruction_loss"], attn,
+        scalars["tokens_per_second"], mfu, eval_lib.hms(eta))
+    clock.restart()
+
+
+def _save_due(config, step: int, end: int, stopping: bool) -> bool:
+  every = config.checkpoint_every_steps
+  return stopping or step == end or bool(every and step % every == 0)
+
+
+def _save(checkpointer, step: int, state, memory, train_iter, clock: _Clock) -> None:
+  """Checkpoints the step; training waits only until the save is under way."""
+  t_save = time.time()
+  checkpointer.save(step, state, memory, _global_data_state(train_iter))
+  took = clock.exclude("save", t_save)
+  _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
+            "in the background)", step, took)
+
+
+def _eval_due(config, step: int) -> bool:
+  every = config.eval_every_steps
+  return bool(every and step % every == 0) or step == config.num_train_steps
+
+
+def _estimate(config, setup: _Setup, state, eval_docs, step: int, eval_writer: MetricWriter,
+              clock: _Clock) -> dict[str, float]:
+  """A quick estimate of the evaluation metrics, written to the eval metrics
+  (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
+  whole splits."""
+  t_eval = time.time()
+  model = merge_params(setup.graphdef, setup.state_template, state.params)
+  result = eval_lib.evaluate(
+      model, eval_docs, config, max_segments=config.eval.max_segments, mesh=setup.layout.mesh)
+  eval_writer.write(step, result)
+  took = clock.exclude("eval", t_eval)
+  _log.info("eval at step %d on %s: %s  (%.1f s)", step, config.eval.split,
+            "  ".join(f"{k} {v:.4f}" for k, v in result.items()), took)
+  return result
+
+
+def _warn_of_endless_warmup(config) -> None:
   if config.optimizer.warmup_steps >= config.num_train_steps:
     _log.warning(
         "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
         "up when the run ends and never reaches optimizer.learning_rate=%g",
         config.optimizer.warmup_steps, config.num_train_steps, config.optimizer.learning_rate)
+
+
+def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
+           restore_intact, profile_steps=None) -> dict[str, float]:
+  if checkpointer.all_steps():
+    ckpt_lib.check_resume_config(workdir, config)
+  tokenizer = data_lib.get_tokenizer(config.data)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ConfigError(
+        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+        f"vocabulary ({tokenizer.vocab_size})")
+  setup = _build(config)
+  layout = setup.layout
+  train_iter, eval_docs = _train_data(config, layout, tokenizer)
+
+  start, restored = _restore(checkpointer, setup, restore_intact, is_main)
+  if is_main:  # only once the run is known to fit what the workdir holds
+    ckpt_lib.save_config(workdir, config)
+  _warn_of_endless_warmup(config)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
       _Profiler(profile_steps, os.path.join(workdir, "profile")) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
       writer.write_hparams(hyperparameters(config))
-    if restored is not None:
-      state, memory, data_state = restored
-      train_iter.set_state(_local_data_state(data_state, row_start, num_rows))
-      if is_main:
-        _truncate_metrics(writer.jsonl, start)
-      _log.info("resumed from step %d in %s", start, workdir)
-    else:
-      state = init_train_state(config, tx, layout)
-      memory = init_sharded_memory(config, b, layout)
-      _log.info("training from scratch in %s: %d parameters", workdir, num_params)
+    state, memory = _start(config, setup, start, restored, train_iter, writer, is_main, workdir)
     _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
-              dict(mesh.shape), mesh.size, jax.process_count(), row_start, row_start + num_rows)
+              dict(layout.mesh.shape), layout.mesh.size, jax.process_count(),
+              train_iter.row_start, train_iter.row_start + train_iter.num_rows)
+    accum = grad_accum_steps(config)
     if accum > 1:
-      _log.info("accumulating gradients over %d micro-batches of %d rows", accum, b // accum)
+      _log.info("accumulating gradients over %d micro-batches of %d rows", accum,
+                config.batch_size // accum)
 
-    train_step = make_train_step(graphdef, state_template, tx, config.model.dropout_rate > 0,
-                                 layout, grad_accum_steps=accum)
-    # MFU: model FLOPs over the devices' peak, where the peak is known (not on CPU).
-    train_flops = flops_lib.flops_per_token(config.model, b // accum).train
-    peak = flops_lib.device_peak_flops(config.model.dtype)
-    peak = None if peak is None else peak * jax.device_count()
+    step_fn = train_step.make_train_step(
+        setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
+        grad_accum_steps=accum)
     end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
-    bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
-    window: list[dict[str, Any]] = []
+    clock, metric_log = _Clock(), _MetricLog(config, writer, end)
     last_eval: dict[str, float] = {}
-    t_start = time.time()
-    t_last, steps_timed = t_start, 0
-    timing = dict(eval=0.0, evals=0, save=0.0, saves=0)
     step = start
     for step in range(start + 1, end + 1):
       profiler.before(step)  # the step's input pipeline included
-      local = stack_segments([next(train_iter) for _ in range(s)])  # [S, rows of this process, ...]
-      batch = {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
-               for k, v in local.items()}
-      state, memory, metrics = train_step(state, memory, batch)
+      batch = _next_batch(train_iter, config, layout)
+      state, memory, metrics = step_fn(state, memory, batch)
       profiler.after(step, (state, memory, metrics))
       if not bool(metrics["finite"].all()):
-        # Nothing of this step is saved. Name the newest checkpoint that
-        # actually restores as intact and finite, not merely the newest saved.
-        del state, memory
-        good = _newest_good_step(checkpointer, abstract_state, abstract_memory, layout)
-        where = (f"the newest intact checkpoint is step {good}" if good is not None
-                 else "no intact checkpoint is saved")
-        raise NonFiniteError(
-            f"non-finite loss or gradient at step {step}; {where} in {workdir}. Lower "
-            "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
-      window.append(metrics)
-      steps_timed += 1
-      if step == start + 1:  # exclude compilation from throughput and ETA
-        jax.block_until_ready(state)
-        _log.info("first step (with compilation) took %.1f s", time.time() - t_last)
-        t_last, steps_timed = time.time(), 0
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        m = jax.device_get(window)
-        window = []
-        nats = sum(float(x["nats"].sum()) for x in m)
-        count = max(sum(float(x["tokens"].sum()) for x in m), 1.0)
-        elapsed = time.time() - t_last
-        scalars = {
-            "loss": nats / count,
-            bits_name: nats / count / losses.LN2,
-            "reconstruction_loss": float(np.mean([x["reconstruction_loss"] for x in m])),
-            "grad_norm": float(np.mean([x["grad_norm"] for x in m])),
-            "learning_rate": float(learning_rate_schedule(config)(int(state.step))),
-            "tokens_per_second": steps_timed * s * b * t / max(elapsed, 1e-9) if steps_timed else 0.0,
-        }
-        mfu = ""
-        if peak and steps_timed:
-          scalars["mfu"] = scalars["tokens_per_second"] * train_flops / peak
-          mfu = f"  MFU {100 * scalars['mfu']:.1f}%"
-        mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
-        # Fused rope attention computes no weights, so there is no mass to log
-        # (the model reports NaN); leave the scalars out rather than log NaN.
-        attn = "n/a"
-        if all(np.isfinite(mass)):
-          scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
-          attn = "/".join(f"{v:.2f}" for v in mass)
-        eta = (end - step) * elapsed / max(steps_timed, 1)
-        writer.write(step, scalars)
-        _log.info(
-            "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
-            step, config.num_train_steps, scalars["loss"], bits_name, scalars[bits_name],
-            scalars["reconstruction_loss"], attn, scalars["tokens_per_second"], mfu, _hms(eta))
-        t_last, steps_timed = time.time(), 0
+        del state, memory  # freed before the checkpoints are read back
+        raise _non_finite_error(step, checkpointer, setup, workdir)
+      metric_log.add(metrics)
+      clock.stepped(step == start + 1, state)
+      if metric_log.due(step):
+        metric_log.write(step, state, clock)
       stopping = should_stop is not None and _agree(should_stop())
-      if stopping or step == end or (
-          config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0):
-        t_save = time.time()
-        checkpointer.save(step, state, memory, _global_data_state(train_iter))
-        took = time.time() - t_save
-        timing["save"] += took
-        timing["saves"] += 1
-        t_last += took  # not training: out of the throughput and ETA
-        _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
-                  "in the background)", step, took)
+      if _save_due(config, step, end, stopping):
+        _save(checkpointer, step, state, memory, train_iter, clock)
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
-      if (config.eval_every_steps and step % config.eval_every_steps == 0) or step == config.num_train_steps:
-        # A quick estimate (eval.max_segments per row; <= 0 for the whole
-        # split): eval.py evaluates whole splits.
-        t_eval = time.time()
-        model = merge_params(graphdef, state_template, state.params)
-        last_eval = eval_lib.evaluate(
-            model, eval_docs, config, max_segments=config.eval.max_segments, mesh=mesh)
-        eval_writer.write(step, last_eval)
-        took = time.time() - t_eval
-        timing["eval"] += took
-        timing["evals"] += 1
-        _log.info("eval at step %d on %s: %s  (%.1f s)", step, config.eval.split,
-                  "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()), took)
-        t_last = time.time()
-    if step > start:
-      total = time.time() - t_start
-      _log.info(
-          "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
-          "(%d saves), training and the rest %.1f s", start + 1, step, _hms(total), timing["eval"],
-          timing["evals"], timing["save"], timing["saves"],
-          total - timing["eval"] - timing["save"])
+      if _eval_due(config, step):
+        last_eval = _estimate(config, setup, state, eval_docs, step, eval_writer, clock)
+    clock.log_total(start + 1, step)
     return last_eval
 
 
@@ -891,67 +719,3 @@ def _truncate_metrics(path: str, step: int) -> None:
     with open(path, "w") as f:
       import json  # pylint: disable=g-import-not-at-top
       f.writelines(json.dumps(r) + "\n" for r in records)
-
-
-def _hms(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def load(
-    workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
-) -> tuple[ml_collections.ConfigDict, CompressiveTransformer]:
-  """(config, model) of a training workdir's latest (or given) checkpoint;
-  see `load_with_step`."""
-  config, model, _ = load_with_step(workdir, step, config=config)
-  return config, model
-
-
-def load_with_step(
-    workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
-) -> tuple[ml_collections.ConfigDict, CompressiveTransformer, int]:
-  """(config, model, step) of a training workdir's latest (or given) checkpoint.
-
-  `config` replaces the workdir's saved config (e.g. with other eval sizes,
-  or another `mesh.shape` for this machine's devices); its model must match
-  the checkpoint. The parameters are restored onto the config's mesh,
-  whatever mesh wrote them; a saved config whose mesh does not fit this
-  machine is loaded data parallel over all its devices instead.
-  """
-  if config is None:
-    config = ckpt_lib.load_config(workdir)
-    if sharding.fit_mesh_to_devices(config):
-      _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
-                jax.device_count(), config.mesh.shape)
-  mesh = sharding.make_mesh(config)
-  graphdef, state_template, abstract_params = abstract_model(config)
-  tx = make_optimizer(config, abstract_params)
-  abstract_state = abstract_train_state(config, abstract_params, tx)
-  shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
-  checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
-  try:
-    step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings))
-  finally:
-    checkpointer.close()
-  model = merge_params(graphdef, state_template, state.params)
-  model.eval()
-  return config, model, step
-
-
-def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state,
-                    attempts: int = 5):
-  """(step, train state) of `step`, or of the newest checkpoint: a reader takes
-  no lock, so a running trainer may rotate the step away while it is read;
-  then the steps are listed again and the newest is read instead."""
-  for attempt in range(attempts):
-    wanted = checkpointer.latest_step() if step is None else step
-    if wanted is None:
-      raise FileNotFoundError(f"no checkpoint in {os.path.dirname(checkpointer.directory)}")
-    try:
-      return wanted, checkpointer.restore(wanted, abstract_state)[0]
-    except ckpt_lib.MissingStepError as e:
-      if step is not None or attempt == attempts - 1:
-        raise
-      _log.info("checkpoint %d went away while it was read (%s); reading the newest", wanted, e)
-      checkpointer.reload()
-  raise AssertionError("unreachable")

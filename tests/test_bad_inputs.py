@@ -16,6 +16,7 @@ import pytest
 from compressive import checkpoint as ckpt_lib
 from compressive import cli
 from compressive import data as data_lib
+from compressive import inference
 from compressive import train_lib
 from test_train import tiny_experiment
 
@@ -50,7 +51,7 @@ def text_dir(files):
     folder.mkdir(exist_ok=True)
     for name, content in files.items():
       (folder / name).write_bytes(content)
-    return tiny_experiment(**{"data.source": "text_files", "data.path": str(folder)})
+    return tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(folder)})
   return make
 
 
@@ -62,7 +63,7 @@ def enwik8_file(size, name="enwik8", zipped=False):
         z.writestr("enwik8", b"x" * size)
     else:
       path.write_bytes(b"x" * size)
-    return tiny_experiment(**{"data.source": "enwik8", "data.path": str(path)})
+    return tiny_experiment(**{"data.source": "enwik8", "data.enwik8.path": str(path)})
   return make
 
 
@@ -76,7 +77,7 @@ def resume_with(**fields):
 def load_step(step):
   def run(tmp):
     train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
-    train_lib.load(str(tmp / "wd"), step)
+    inference.load(str(tmp / "wd"), step)
   return run
 
 
@@ -104,7 +105,7 @@ def _flip(tmp, step=1):
 def damaged_newest(tmp):
   _one_step(tmp)
   _flip(tmp)
-  train_lib.load(str(tmp / "wd"))
+  inference.load(str(tmp / "wd"))
 
 
 def stale_config(tmp):
@@ -124,7 +125,7 @@ def nothing_intact(tmp):
 def damaged_config(tmp):
   _one_step(tmp)
   (tmp / "wd" / "config.json").write_text('{"model": {"d_model": 3')
-  train_lib.load(str(tmp / "wd"))
+  inference.load(str(tmp / "wd"))
 
 
 CASES = [
@@ -174,21 +175,21 @@ CASES = [
     # Data.
     ("unknown source", read_split(set_fields(**{"data.source": "wiki"})), "data.source='wiki'"),
     ("unknown tokenizer", read_split(set_fields(**{"data.tokenizer": "chars"})), "data.tokenizer='chars'"),
-    ("enwik8 without a path", read_split(set_fields(**{"data.source": "enwik8"})), "data.path is empty"),
-    ("enwik8 path missing", read_split(set_fields(**{"data.source": "enwik8", "data.path": "/nonexistent/enwik8"})), "data.path='/nonexistent/enwik8' does not exist"),
+    ("enwik8 without a path", read_split(set_fields(**{"data.source": "enwik8"})), "data.enwik8.path is empty"),
+    ("enwik8 path missing", read_split(set_fields(**{"data.source": "enwik8", "data.enwik8.path": "/nonexistent/enwik8"})), "data.enwik8.path='/nonexistent/enwik8' does not exist"),
     ("enwik8 of the wrong size", read_split(enwik8_file(1000)), "enwik8"),
     ("enwik8 zip of the wrong size", read_split(enwik8_file(1000, "enwik8.zip", zipped=True)), "enwik8"),
-    ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.path": "/nonexistent/texts"})), "data.path='/nonexistent/texts' is not a directory"),
+    ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.text_files.path": "/nonexistent/texts"})), "data.text_files.path='/nonexistent/texts' is not a directory"),
     ("empty text folder", read_split(text_dir({})), "texts"),
     ("invalid UTF-8", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"bad.txt": b"ok \xff\xfe bad"}), split=None), "bad.txt"),
     ("one-byte document", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"tiny.txt": b"x"}), split=None), "tiny.txt"),
     ("SentencePiece model missing", read_split(set_fields(**{"data.tokenizer": "sentencepiece", "data.spm_model": "/nonexistent.model"})), "data.spm_model='/nonexistent.model' does not exist"),
-    ("pg19 without data_dir", read_split(set_fields(**{"data.source": "pg19", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.data_dir is empty"),
+    ("pg19 without data_dir", read_split(set_fields(**{"data.source": "pg19", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.pg19.data_dir is empty"),
     ("recall with subwords", read_split(set_fields(**{"data.source": "recall", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.source='recall' is byte text"),
     # Checkpoints.
     ("resume with another width", resume_with(**{"model.d_model": 16}), "model.d_model 32 -> 16"),
     ("resume with another batch", resume_with(batch_size=2), "batch_size 4 -> 2"),
-    ("no checkpoint to load", lambda tmp: train_lib.load(str(tmp)), "config.json not found"),
+    ("no checkpoint to load", lambda tmp: inference.load(str(tmp)), "config.json not found"),
     ("checkpoint step that does not exist", load_step(7), "no checkpoint of step 7"),
     ("a second trainer on the workdir", second_trainer, "in use by another trainer (pid"),
     ("flipped bytes in the newest checkpoint", damaged_newest, "checkpoints/1 is damaged"),

@@ -16,6 +16,7 @@ import pytest
 import compressive
 from compressive import checkpoint as ckpt_lib
 from compressive import train_lib
+from compressive import train_step
 from compressive.errors import CheckpointError
 from test_robustness import inject_nan_at, tree_digest
 from test_train import tiny_experiment
@@ -62,8 +63,8 @@ def flip_bytes(step_dir, fraction, count=8):
 
 
 def abstract_state():
-  params = train_lib.abstract_model(config())[2]
-  return train_lib.abstract_train_state(config(), params, train_lib.make_optimizer(config(), params))
+  params = train_step.abstract_model(config())[2]
+  return train_step.abstract_train_state(config(), params, train_step.make_optimizer(config(), params))
 
 
 def orbax_alone(step_dir):

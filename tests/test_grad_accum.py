@@ -16,6 +16,7 @@ import compressive
 from compressive import data as data_lib
 from compressive import memory as memory_lib
 from compressive import train_lib
+from compressive import train_step
 from compressive.config_lib import ConfigError
 from compressive.metrics import read_jsonl
 from test_train import assert_resumed_like_straight, tiny_experiment
@@ -48,7 +49,7 @@ def _batches(config, steps):
   it = data_lib.SegmentIterator(data_lib.get_documents(config.data, "train", tokenizer),
                                 batch_size=config.batch_size,
                                 segment_length=config.model.segment_length, seed=0)
-  return [train_lib.stack_segments([next(it) for _ in range(config.segments_per_step)])
+  return [train_step.stack_segments([next(it) for _ in range(config.segments_per_step)])
           for _ in range(steps)]
 
 
@@ -60,16 +61,16 @@ def _one_step(accum, recon, sgd, warmup=2):
   config = tiny_experiment(**{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
-  graphdef, template, params = train_lib.build_model(config)
-  tx = optax.sgd(1.0) if sgd else train_lib.make_optimizer(config, params)
-  state = train_lib.create_train_state(config, params, tx)
+  graphdef, template, params = train_step.build_model(config)
+  tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(config, params)
+  state = train_step.create_train_state(config, params, tx)
   memory = memory_lib.init_memory(config.model, config.batch_size)
   batches = _batches(config, warmup + 1)
   batches[-1]["start_of_sequence"][0, 0] = True
-  full = train_lib.make_train_step(graphdef, template, tx, False)
+  full = train_step.make_train_step(graphdef, template, tx, False)
   for batch in batches[:-1]:
     state, memory, _ = full(state, memory, batch)
-  step = full if accum == 1 else train_lib.make_train_step(
+  step = full if accum == 1 else train_step.make_train_step(
       graphdef, template, tx, False, grad_accum_steps=accum)
   state, memory, metrics = step(state, memory, batches[-1])
   return jax.device_get((state.params, memory, metrics))
@@ -99,10 +100,10 @@ def test_accumulated_step_equals_the_full_batch_step(accum, recon):
 
 def test_micro_batches_take_rows_from_every_data_shard():
   x = np.arange(16)  # 2 data shards of 8 rows, 4 micro-batches of 4 rows
-  parts = np.asarray(train_lib._split_rows(x, 0, 4, 2))
+  parts = np.asarray(train_step._split_rows(x, 0, 4, 2))
   assert parts.tolist() == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
   y = np.arange(3 * 16 * 5).reshape(3, 16, 5)  # rows at axis 1, like the memory
-  back = train_lib._merge_rows(train_lib._split_rows(y, 1, 4, 2), 1, 2)
+  back = train_step._merge_rows(train_step._split_rows(y, 1, 4, 2), 1, 2)
   np.testing.assert_array_equal(np.asarray(back), y)
 
 
@@ -164,7 +165,7 @@ import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import conftest  # noqa: F401  (matmul precision)
 import jax, numpy as np
-from compressive import memory as memory_lib, sharding, train_lib
+from compressive import memory as memory_lib, sharding, train_lib, train_step
 from test_train import tiny_experiment
 from test_grad_accum import _batches
 
@@ -176,14 +177,14 @@ for accum in (1, 2):
   config.mesh.shape = (2, 1, 1)
   train_lib.validate_config(config)
   mesh = sharding.make_mesh(config)
-  graphdef, template, abstract = train_lib.abstract_model(config)
-  tx = train_lib.make_optimizer(config, abstract)
-  astate = train_lib.abstract_train_state(config, abstract, tx)
+  graphdef, template, abstract = train_step.abstract_model(config)
+  tx = train_step.make_optimizer(config, abstract)
+  astate = train_step.abstract_train_state(config, abstract, tx)
   amemory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, 8))
-  layout = train_lib.make_layout(config, mesh, abstract, astate, amemory)
-  state = train_lib.init_train_state(config, tx, layout)
-  memory = train_lib.init_sharded_memory(config, 8, layout)
-  step = train_lib.make_train_step(graphdef, template, tx, False, layout, grad_accum_steps=accum)
+  layout = train_step.make_layout(config, mesh, abstract, astate, amemory)
+  state = train_step.init_train_state(config, tx, layout)
+  memory = train_step.init_sharded_memory(config, 8, layout)
+  step = train_step.make_train_step(graphdef, template, tx, False, layout, grad_accum_steps=accum)
   for batch in _batches(config, 2):
     batch = {{k: jax.device_put(v, layout.batch[k]) for k, v in batch.items()}}
     state, memory, metrics = step(state, memory, batch)

@@ -17,6 +17,7 @@ import pytest
 import compressive
 from compressive import checkpoint as ckpt_lib
 from compressive import train_lib
+from compressive import train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
 from test_train import tiny_experiment, write_config_file
 
@@ -127,7 +128,7 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
 
 def inject_nan_at(monkeypatch, bad_step):
   """Makes the real train step see NaN parameters at `bad_step`."""
-  make = train_lib.make_train_step
+  make = train_step.make_train_step
 
   def patched(*args, **kwargs):
     step_fn = make(*args, **kwargs)
@@ -140,7 +141,7 @@ def inject_nan_at(monkeypatch, bad_step):
       return step_fn(state, memory, batch)
     return wrapped
 
-  monkeypatch.setattr(train_lib, "make_train_step", patched)
+  monkeypatch.setattr(train_step, "make_train_step", patched)
 
 
 def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):
@@ -347,12 +348,12 @@ def test_a_bad_file_deep_in_a_text_split_stops_before_anything_compiles(tmp_path
   for i in range(40):
     (folder / f"book{i:02d}.txt").write_text(("a fine sentence of text. " * 40 + "\n") * 4)
   (folder / "zz_bad.txt").write_bytes(b"fine so far \xff\xfe and then not")
-  config = tiny_experiment(**{"data.source": "text_files", "data.path": str(folder),
+  config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(folder),
                               "num_train_steps": 30, "eval_every_steps": 0})
   compiled = []
-  real = train_lib.make_train_step
+  real = train_step.make_train_step
   monkey = pytest.MonkeyPatch()
-  monkey.setattr(train_lib, "make_train_step", lambda *a, **k: compiled.append(1) or real(*a, **k))
+  monkey.setattr(train_step, "make_train_step", lambda *a, **k: compiled.append(1) or real(*a, **k))
   try:
     with pytest.raises(DataError, match="zz_bad.txt"):
       train_lib.train_and_evaluate(config, str(tmp_path / "wd"))

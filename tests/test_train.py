@@ -18,11 +18,11 @@ from configs import default
 def tiny_experiment(**overrides):
   c = default.get_config()
   c.data.source = "synthetic"
-  c.data.synthetic_kind = "copy"
-  c.data.synthetic_period = 12
-  c.data.synthetic_num_docs = (16, 4, 4)
-  c.data.synthetic_min_length = 40
-  c.data.synthetic_max_length = 120
+  c.data.synthetic.kind = "copy"
+  c.data.synthetic.period = 12
+  c.data.synthetic.num_docs = (16, 4, 4)
+  c.data.synthetic.min_length = 40
+  c.data.synthetic.max_length = 120
   m = c.model
   m.num_layers, m.d_model, m.d_ff, m.num_heads = 2, 32, 64, 2
   m.segment_length, m.memory_length, m.compressed_memory_length = 8, 8, 4
