@@ -1,4 +1,4 @@
-"""What the paper's large runs share (PAPER.md, §5): run length, logging, and
+"""What the paper's large runs share (docs/PAPER.md §Optimisation): run length, logging, and
 the optimiser — Adam, linear warmup to 3e-4, cosine decay, gradient-norm clip
 0.1 ("crucial"). Not an experiment itself: configs/enwik8.py and pg19.py
 start from `base()` and set their model and data."""
