@@ -162,7 +162,7 @@ def _init_carry(model, memory, cached: bool):
   keys and values, computed once when the slot enters the memory instead of
   every segment (the weights do not change during evaluation); the results
   are the same."""
-  return model.cache_keys_values(memory) if cached else memory
+  return model.cache_keys_values(memory, segment_length=0) if cached else memory
 
 
 def _run_model(model, memory, batch, collect_attention: bool):

@@ -181,10 +181,11 @@ class CompressiveTransformer(nnx.Module):
 
   def cache_keys_values(self, memory: Memory, segment_length: Optional[int] = None) -> Memory:
     """`memory` carrying every slot's keys and values (and room for a
-    segment's), so that later calls compute each slot's once, when it enters
+    segment's, for decoding; segment_length=0 when only whole segments
+    follow, as in evaluation), so that later calls compute each slot's once, when it enters
     the memory, instead of every segment, and keep the cache up to date. Only
     valid while the weights do not change (evaluation, generation)."""
-    t = segment_length or self.config.segment_length
+    t = self.config.segment_length if segment_length is None else segment_length
     ks, vs = [], []
     for i, block in enumerate(self.blocks):
       layer = memory.layer(i)
