@@ -153,13 +153,6 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
   train_lib.validate_config(tiny_experiment(grad_accum_steps=4), training=False)
 
 
-def test_a_config_saved_before_the_field_trains_without_accumulation():
-  config = tiny_experiment()
-  del config["grad_accum_steps"]
-  train_lib.validate_config(config)
-  assert train_lib.grad_accum_steps(config) == 1
-
-
 DATA_PARALLEL = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
