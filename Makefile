@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test experiment venv test-venv clean
+.PHONY: test experiment venv test-venv aot-venv clean
 
 WORKDIR ?= runs/default
 
@@ -46,6 +46,24 @@ test: $(TEST_STAMP)
 experiment: $(BASE_STAMP)
 	$(PY) train.py --config=configs/default.py --workdir=$(WORKDIR)
 	$(PY) eval.py --workdir=$(WORKDIR) --split=test
+
+# Ahead-of-time compilation for TPU and GPU targets on this CPU-only host
+# (aot.py, compressive/targets.py): a venv of its own, .venv-aot, with
+# requirements-aot.txt (requirements.txt plus libtpu, the CUDA 12 plugin and
+# cuDNN; several GiB), so that .venv stays small.
+AOT_VENV := .venv-aot
+AOT_PY := $(AOT_VENV)/bin/python
+AOT_STAMP := $(AOT_VENV)/.installed-aot
+
+$(AOT_PY):
+	$(PYTHON) -m venv $(AOT_VENV)
+
+$(AOT_STAMP): requirements-aot.txt requirements.txt $(PYPROJECT) | $(AOT_PY)
+	$(AOT_PY) -m pip install -r requirements-aot.txt
+	if [ -f pyproject.toml ]; then $(AOT_PY) -m pip install --no-deps -e .; fi
+	touch $@
+
+aot-venv: $(AOT_STAMP)
 
 clean:
 	rm -rf $(VENV)

@@ -107,8 +107,7 @@ class Block(nnx.Module):
     if cache is None:
       k_past, v_past = att.keys_values(jnp.concatenate([mem.cmem, mem.mem], 1).astype(x.dtype))
     else:
-      k_past = jnp.concatenate([cache.cmem_k, cache.mem_k], 1).astype(x.dtype)
-      v_past = jnp.concatenate([cache.cmem_v, cache.mem_v], 1).astype(x.dtype)
+      k_past, v_past = cache.k.astype(x.dtype), cache.v.astype(x.dtype)
     if position is None:
       k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), c_len + m_len + tq - 1
     else:
@@ -193,10 +192,9 @@ class CompressiveTransformer(nnx.Module):
           jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype))
       ks.append(k)
       vs.append(v)
-    k, v, c = jnp.stack(ks), jnp.stack(vs), memory.compressed_memory_length
+    k, v = jnp.stack(ks), jnp.stack(vs)
     seg = jnp.zeros(k.shape[:2] + (t,) + k.shape[3:], k.dtype)
-    return memory.replace(cache=KeysValues(cmem_k=k[:, :, :c], cmem_v=v[:, :, :c], mem_k=k[:, :, c:],
-                                           mem_v=v[:, :, c:], seg_k=seg, seg_v=seg))
+    return memory.replace(cache=KeysValues(k=k, v=v, seg_k=seg, seg_v=seg))
 
   def position_keys(self, memory: Memory, segment_length: int) -> Optional[jax.Array]:
     """Every layer's W_r R [L, K + T - 1, H, D] for distances K-1 .. -(T-1)

@@ -36,12 +36,11 @@ def test_cached_keys_values_give_the_uncached_logits(compression, positions):
     # The carried cache is the memory's own keys and values, slot for slot,
     # wherever a slot is valid.
     fresh = model.cache_keys_values(cached.replace(cache=None)).cache
-    for bank, mask in (("cmem", cached.cmem_mask), ("mem", cached.mem_mask)):
-      for kv in "kv":
-        name = f"{bank}_{kv}"
-        np.testing.assert_allclose(np.asarray(getattr(cached.cache, name))[np.asarray(mask)],
-                                   np.asarray(getattr(fresh, name))[np.asarray(mask)],
-                                   atol=2e-5, rtol=2e-5, err_msg=name)
+    mask = np.concatenate([cached.cmem_mask, cached.mem_mask], -1)  # [L, B, C + M]
+    for name in "kv":
+      np.testing.assert_allclose(np.asarray(getattr(cached.cache, name))[mask],
+                                 np.asarray(getattr(fresh, name))[mask],
+                                 atol=2e-5, rtol=2e-5, err_msg=name)
 
 
 def test_eval_step_with_and_without_the_cache_agree():
