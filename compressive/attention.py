@@ -24,6 +24,20 @@ it into scores (`model.positions`):
   unrotated (a slot's index shifts every segment) and rotated at use.
 
 Query i sees every valid key at or before its own position.
+
+The attention returns, besides its output, `received` [B, K]: the weight each
+key received, averaged over heads and queries (float32, before attention
+dropout, not differentiated). It feeds the most-used compression's usage and
+the attention-mass diagnostics.
+
+Memory: a whole segment's [B, H, T, K] scores and weights are the largest
+tensors of the step (and the backward pass keeps the weights). With
+`chunk_size` > 0 the queries attend in chunks of `chunk_size`, one chunk at a
+time (`lax.map`), each under `jax.checkpoint`: only one chunk's
+[B, H, chunk, K] scores exist at once, forward or backward, at the price of
+recomputing them in the backward pass. It is not an approximation: every
+query's scores are the whole segment's, computed in pieces (sums over heads,
+queries or chunks may round differently). Attention dropout draws per chunk.
 """
 
 from __future__ import annotations
@@ -78,20 +92,31 @@ def rotate(x: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
-def causal_mask(key_valid: jax.Array, t: int, q_last=None) -> jax.Array:
+def causal_mask(key_valid: jax.Array, t: int, q_last=None, first=0,
+                count: Optional[int] = None) -> jax.Array:
   """[B, K] key validity -> [B, 1, T, K]: valid and not after the query
-  (queries at q_last - T + 1 .. q_last; q_last defaults to K - 1)."""
+  (queries at q_last - T + 1 .. q_last; q_last defaults to K - 1).
+
+  `first` and `count` select the rows of queries first .. first + count - 1
+  of the T (a query chunk; `first` may be traced): [B, 1, count, K].
+  """
   k = key_valid.shape[-1]
   q_last = k - 1 if q_last is None else q_last
-  visible = jnp.arange(k)[None, :] <= (q_last - t + 1 + jnp.arange(t))[:, None]  # [T, K]
+  count = t if count is None else count
+  visible = jnp.arange(k)[None, :] <= (q_last - t + 1 + first + jnp.arange(count))[:, None]
   return (visible[None] & key_valid[:, None, :])[:, None]
 
 
 class RelativeAttention(nnx.Module):
-  """Pre-norm multi-head attention of one layer, relative or rotary."""
+  """Pre-norm multi-head attention of one layer, relative or rotary.
+
+  `chunk_size` > 0: queries attend in rematerialised chunks of that many
+  (module docstring); 0 attends with the whole segment at once.
+  """
 
   def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
-               positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32):
+               positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32,
+               chunk_size: int = 0):
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
@@ -111,6 +136,7 @@ class RelativeAttention(nnx.Module):
     self.dropout = nnx.Dropout(dropout_rate, deterministic=False)
     self.dtype = dtype
     self.scale = hd**-0.5
+    self.chunk_size = chunk_size
 
   def _w(self, name: str, frozen: bool = False) -> jax.Array:
     w = getattr(self, name)[...].astype(self.dtype)
@@ -154,10 +180,20 @@ class RelativeAttention(nnx.Module):
         (unless attention dropout is on: the fused call has no dropout).
 
     Returns:
-      The output [B, Tq, d] and the weights [B, H, Tq, K] (None when the
-      fused call made the output).
+      The output [B, Tq, d] and `received` [B, K] float32: the weight each
+      key received (before attention dropout), mean over heads and queries;
+      a stop-gradient statistic. None when the fused call made the output.
+
+    With `chunk_size` > 0 and more queries than that, the queries attend in
+    chunks (`_chunked`): the same output and `received` up to float
+    rounding, without materialising the [B, H, Tq, K] scores. Attention
+    dropout then draws per chunk, so its mask differs from the whole
+    segment's (at the same rate).
     """
     b, t = q.shape[:2]
+    if self.chunk_size and t > self.chunk_size:
+      return self._chunked(q, k, v, valid, q_last, r, dropout_rng=dropout_rng,
+                           need_weights=need_weights)
     kk = k.shape[1]
     mask = causal_mask(valid, t, q_last)  # [B, 1, T, K]
     # Score and value products run head-major ([B, H, T, D] against
@@ -188,7 +224,91 @@ class RelativeAttention(nnx.Module):
     probs = masked_softmax(logits, mask)  # [B, H, T, K]
     dropped = probs if dropout_rng is None else self.dropout(probs, rngs=dropout_rng)
     out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), heads(v))
-    return dense(jnp.swapaxes(out, 1, 2), self._w("wo"), 2), probs
+    received = jax.lax.stop_gradient(probs.astype(jnp.float32).mean(axis=(1, 2)))  # [B, K]
+    return dense(jnp.swapaxes(out, 1, 2), self._w("wo"), 2), received
+
+  def _chunked(
+      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last,
+      r: Optional[jax.Array], *, dropout_rng: Optional[jax.Array], need_weights: bool,
+  ) -> tuple[jax.Array, Optional[jax.Array]]:
+    """`__call__` with the Tq queries attending in chunks of n = chunk_size.
+
+    Chunk c holds queries c*n .. c*n + n - 1 of the Tq and computes exactly
+    what the whole-segment path computes for them, under `jax.checkpoint`:
+    the backward pass recomputes a chunk's scores instead of keeping every
+    chunk's. `lax.map` runs the chunks in turn, so the compiled code is one
+    chunk's whatever their number. Everything linear in the queries (biases,
+    rotation, the scale) is applied to all Tq at once, outside the loop.
+
+    Relative positions per chunk: the whole-segment path scores query i
+    against R row p = Tq - 1 - i + j for key j (row p is distance q_last - p,
+    query i sits at q_last - Tq + 1 + i). For the chunk's queries
+    i = c*n + a, a < n, those rows run from s = Tq - (c + 1)*n (a = n-1,
+    j = 0) to s + K + n - 2 (a = 0, j = K-1): a window of K + n - 1 rows of
+    r. Scoring the chunk against that window gives x[a, p'] for row s + p';
+    the row wanted for (a, j) is p' = n - 1 - a + j, which is what
+    `rel_shift` of the [n, K + n - 1] scores puts at [a, j] for every
+    j < K; its first K columns are the scores by key. Rows past K - 1 only
+    score future keys (row p <= q_last <=> key j is visible), which the
+    causal mask drops, so r is padded with Tq - 1 zero rows for the first
+    chunks' windows.
+    """
+    b, t, h, hd = q.shape
+    kk, n = k.shape[1], self.chunk_size
+    assert t % n == 0, f"{t} queries do not split into chunks of {n}"
+    heads = lambda a: jnp.swapaxes(a, 1, 2)  # [B, N, H, D] <-> [B, H, N, D]
+    # [B, Tq, H, D] -> [Tq/n, B, n, H, D]: lax.map's leading chunk axis.
+    split = lambda a: jnp.swapaxes(a.reshape(b, t // n, n, h, hd), 0, 1)
+    index = jnp.arange(t // n)
+    fused = self.positions == "rope" and not need_weights and dropout_rng is None
+
+    def attend(logits, c, v_heads):
+      """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D]
+      and the weights' sum over heads and queries [B, K]."""
+      probs = masked_softmax(logits, causal_mask(valid, t, q_last, c * n, n))
+      dropped = (probs if dropout_rng is None
+                 else self.dropout(probs, rngs=jax.random.fold_in(dropout_rng, c)))
+      out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_heads)
+      return jnp.swapaxes(out, 1, 2), jax.lax.stop_gradient(probs.sum(axis=(1, 2)))
+
+    if self.positions == "rope":
+      q_rot = rotate(q, q_last - t + 1 + jnp.arange(t))
+      k_rot = rotate(k, jnp.arange(kk))
+      if fused:
+        def chunk(xs):
+          c, qc = xs
+          mask = causal_mask(valid, t, q_last, c * n, n)
+          return jax.nn.dot_product_attention(qc, k_rot, v, mask=mask, scale=self.scale), None
+      else:
+        k_heads, v_heads = heads(k_rot), heads(v)
+        def chunk(xs):
+          c, qc = xs
+          logits = jnp.einsum("bhte,bhke->bhtk", heads(qc) * self.scale, k_heads)
+          return attend(logits.astype(jnp.float32), c, v_heads)
+      xs = (index, split(q_rot))
+    else:
+      k_heads, v_heads = heads(k), heads(v)
+      # r padded to K + Tq - 1 rows, head-major [H, K + Tq - 1, D]: every
+      # chunk's window of K + n - 1 rows (docstring) lies inside.
+      r = jnp.swapaxes(jnp.pad(r, ((0, t - 1), (0, 0), (0, 0))), 0, 1)
+      def chunk(xs):
+        c, qu, qv = xs  # [B, n, H, D] each, biased and scaled
+        content = jnp.einsum("bhte,bhke->bhtk", heads(qu), k_heads)
+        window = jax.lax.dynamic_slice_in_dim(r, t - (c + 1) * n, kk + n - 1, 1)  # [H, K+n-1, D]
+        qv = jnp.transpose(qv, (2, 0, 1, 3)).reshape(h, b * n, hd)
+        position = jax.lax.dot_general(qv, window, (((2,), (2,)), ((0,), (0,))))  # [H, B*n, K+n-1]
+        position = rel_shift(position.reshape(h, b, n, -1))[..., :kk].swapaxes(0, 1)
+        return attend((content + position).astype(jnp.float32), c, v_heads)
+      xs = (index, split((q + self._w("u")) * self.scale), split((q + self._w("v")) * self.scale))
+
+    # prevent_cse=False: the loop already keeps XLA from merging the
+    # recomputation into the forward pass (jax.checkpoint's documentation);
+    # the guard would only cost speed.
+    out, received = jax.lax.map(jax.checkpoint(chunk, prevent_cse=False), xs)
+    out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
+    if received is not None:
+      received = received.sum(0) / (h * t)  # sums over chunks: mean over heads and queries
+    return dense(out, self._w("wo"), 2), received
 
   def content_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                         valid: jax.Array) -> jax.Array:

@@ -14,6 +14,11 @@ from compressive.errors import ConfigError  # re-exported: compressive.ConfigErr
 from compressive.losses import RECONSTRUCTION_LOSSES
 
 DTYPES = ("float32", "bfloat16")
+# model.remat: what the backward pass keeps of each layer's forward pass
+# (jax.checkpoint policies): everything; only the layer's inputs (recompute
+# the rest); or also the outputs of its weight matmuls (not the attention's
+# [B, H, T, K] products, which are recomputed).
+REMAT_POLICIES = ("none", "full", "matmuls")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +37,9 @@ class ModelConfig:
   positions: str = "relative"  # relative (Transformer-XL) | rope (rotary)
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activations; parameters are always float32
+  scan_layers: bool = False  # one stacked layer, run by lax.scan over the layer axis
+  remat: str = "none"  # REMAT_POLICIES
+  attention_chunk_size: int = 0  # queries per attention chunk; 0 = the whole segment
 
   @classmethod
   def from_config(cls, config: Any) -> "ModelConfig":
@@ -101,6 +109,12 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(f"model.dropout_rate={cfg.dropout_rate!r} must be in [0, 1)")
   if cfg.dtype not in DTYPES:
     raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+  if not isinstance(cfg.scan_layers, bool):
+    raise ConfigError(f"model.scan_layers={cfg.scan_layers!r} must be True or False")
+  if cfg.remat not in REMAT_POLICIES:
+    raise ConfigError(
+        f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")
+  _int(cfg, "attention_chunk_size", 0)
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
   check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
 
@@ -108,7 +122,13 @@ def validate(cfg: ModelConfig) -> None:
 def check_segment_length(cfg: ModelConfig, segment_length: int, compressed_memory_length: int,
                          field: str = "model.segment_length") -> None:
   """A segment (training's, evaluation's or generation's) evicts as many
-  memories as it has tokens, compressed in groups of compression_rate."""
+  memories as it has tokens, compressed in groups of compression_rate, and
+  its queries attend in whole chunks of attention_chunk_size."""
+  chunk = cfg.attention_chunk_size
+  if chunk and segment_length % chunk:
+    raise ConfigError(
+        f"{field}={segment_length} is not a multiple of model.attention_chunk_size={chunk}: "
+        "the segment's queries attend in whole chunks")
   if compressed_memory_length and segment_length % cfg.compression_rate:
     raise ConfigError(
         f"{field}={segment_length} is not a multiple of model.compression_rate="

@@ -68,7 +68,8 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype=jnp.float32):
     self.attention = RelativeAttention(
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
-        positions=cfg.positions, dtype=dtype, param_dtype=param_dtype)
+        positions=cfg.positions, dtype=dtype, param_dtype=param_dtype,
+        chunk_size=cfg.attention_chunk_size)
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
@@ -123,16 +124,16 @@ class Block(nnx.Module):
       r = jax.lax.dynamic_slice_in_dim(position_keys, kk - 1 - q_last, kk, 0)
     else:
       r = att.position_keys(sinusoids(np.arange(kk - 1, -1, -1), x.shape[-1]))
-    a, probs = att(q, k, v, valid, q_last, r,
-                   dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
-                   need_weights=self.needs_usage or collect_attention)
+    # received [B, K]: attention each key received, mean over heads and
+    # queries. It feeds the most-used compression's usage and the diagnostics.
+    a, received = att(q, k, v, valid, q_last, r,
+                      dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
+                      need_weights=self.needs_usage or collect_attention)
     h = x + self._drop(a, rng, 1)
     out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
 
-    # Attention each key received, mean over heads and queries: [B, K]. It
-    # feeds the most-used compression's usage and the diagnostics.
-    if probs is not None:
-      received = jax.lax.stop_gradient(probs.mean(axis=(1, 2)))
+    if received is not None:
+      received = jax.lax.stop_gradient(received)
       mass = jnp.stack([received[:, :c_len].sum(-1).mean(),
                         received[:, c_len:c_len + m_len].sum(-1).mean(),
                         received[:, c_len + m_len:].sum(-1).mean()])
@@ -169,7 +170,10 @@ class CompressiveTransformer(nnx.Module):
                            embedding_init=nnx.initializers.normal(1.0))
     self.embed.embedding.set_metadata(out_sharding=("vocab", "embed"), eager_sharding=False)
     self.embed_dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
-    self.blocks = nnx.List([Block(cfg, rngs=rngs, dtype=dtype) for _ in range(cfg.num_layers)])
+    blocks = [Block(cfg, rngs=rngs, dtype=dtype) for _ in range(cfg.num_layers)]
+    # scan_layers: one Block whose every parameter has a leading layer axis
+    # (logical axis 'layers'), drawn exactly as the unrolled layers are.
+    self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)
     self.final_norm = LayerNorm(cfg.d_model)
     self.head = param(nnx.initializers.lecun_normal(), rngs, (cfg.d_model, cfg.vocab_size),
                       ("embed", "vocab"))
@@ -185,14 +189,10 @@ class CompressiveTransformer(nnx.Module):
     the memory, instead of every segment, and keep the cache up to date. Only
     valid while the weights do not change (evaluation, generation)."""
     t = self.config.segment_length if segment_length is None else segment_length
-    ks, vs = [], []
-    for i, block in enumerate(self.blocks):
-      layer = memory.layer(i)
-      k, v = block.attention.keys_values(
-          jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype))
-      ks.append(k)
-      vs.append(v)
-    k, v = jnp.stack(ks), jnp.stack(vs)
+    k, v = self._map_layers(
+        lambda block, layer: block.attention.keys_values(
+            jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype)),
+        memory.replace(cache=None))
     seg = jnp.zeros(k.shape[:2] + (t,) + k.shape[3:], k.dtype)
     return memory.replace(cache=KeysValues(k=k, v=v, seg_k=seg, seg_v=seg))
 
@@ -204,7 +204,26 @@ class CompressiveTransformer(nnx.Module):
       return None
     k = memory.compressed_memory_length + memory.memory_length + segment_length
     table = sinusoids(np.arange(k - 1, -segment_length, -1), self.config.d_model)
-    return jnp.stack([block.attention.position_keys(table) for block in self.blocks])
+    return self._map_layers(lambda block: block.attention.position_keys(table))
+
+  def _layer_states(self):
+    """(graphdef of one layer, the layers' states: a list, or one state
+    whose leaves carry the layer axis when scan_layers)."""
+    if self.config.scan_layers:
+      return nnx.split(self.blocks)
+    splits = [nnx.split(block) for block in self.blocks]
+    return splits[0][0], [state for _, state in splits]
+
+  def _map_layers(self, fn, *per_layer):
+    """fn(block, *xs) for every layer, xs the layer's slices of `per_layer`
+    (pytrees with a leading layer axis); outputs stacked on a layer axis."""
+    graphdef, states = self._layer_states()
+    run = lambda state, *xs: fn(nnx.merge(graphdef, state), *xs)
+    if self.config.scan_layers:
+      return jax.vmap(run)(states, *per_layer)
+    outs = [run(state, *jax.tree.map(lambda a: a[i], per_layer))
+            for i, state in enumerate(states)]
+    return jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
   def __call__(
       self,
@@ -262,19 +281,56 @@ class CompressiveTransformer(nnx.Module):
     x = self.embed(tokens).astype(self.dtype)  # [B, T, d]
     if dropout_rng is not None:
       x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
-    layers, auxes = [], []
-    for i, block in enumerate(self.blocks):
-      x, layer_mem, aux = block(
-          x, memory.layer(i), rng=None if dropout_rng is None else jax.random.fold_in(dropout_rng, i),
-          collect_attention=collect_attention, position=position,
-          position_keys=None if position_keys is None else position_keys[i])
-      layers.append(layer_mem)
-      auxes.append(aux)
+    x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
+                                      position_keys)
     logits = dense(self.final_norm(x), self.head[...].astype(self.dtype)).astype(jnp.float32)
-    aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes)
     aux = aux.replace(reconstruction_loss=aux.reconstruction_loss.sum(),
                       attention_mass=aux.attention_mass.mean(0))
-    return logits, jax.lax.stop_gradient(Memory.stack(layers)), aux
+    return logits, jax.lax.stop_gradient(new_memory), aux
+
+  def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys):
+    """Runs the layers in order: (output, memory, aux), the last two with a
+    leading layer axis. Unrolled, or one `lax.scan` over the stacked layer
+    and the memory's layer axis (scan_layers); each layer's backward pass
+    keeps what `model.remat` says."""
+    cfg = self.config
+    graphdef, states = self._layer_states()
+
+    def layer(x, state, mem, index, pk, rng, pos):
+      rng = None if rng is None else jax.random.fold_in(rng, index)
+      return nnx.merge(graphdef, state)(
+          x, mem, rng=rng, collect_attention=collect_attention, position=pos, position_keys=pk)
+
+    if cfg.remat != "none":
+      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+                if cfg.remat == "matmuls" else None)
+      layer = jax.checkpoint(layer, policy=policy, prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      def body(x, xs):
+        state, mem, index, pk = xs
+        x, mem, aux = layer(x, state, mem, index, pk, dropout_rng, position)
+        return x, (mem, aux)
+      x, (new_memory, aux) = jax.lax.scan(
+          body, x, (states, memory, jnp.arange(cfg.num_layers), position_keys))
+      return x, new_memory, aux
+    layers = []
+    for i, state in enumerate(states):
+      x, mem, aux = layer(x, state, memory.layer(i), i,
+                          None if position_keys is None else position_keys[i],
+                          dropout_rng, position)
+      layers.append((mem, aux))
+    new_memory, aux = jax.tree.map(lambda *a: jnp.stack(a), *layers)
+    return x, new_memory, aux
+
+
+def _stack(blocks: list[Block]) -> Block:
+  """The layers as one Block whose parameters are stacked along a leading
+  layer axis, declared as logical axis 'layers'."""
+  graphdef, state = nnx.split(blocks[0])
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *[nnx.split(b)[1] for b in blocks])
+  for _, var in nnx.to_flat_state(stacked):
+    var.set_metadata(out_sharding=("layers",) + tuple(var.get_metadata()["out_sharding"]))
+  return nnx.merge(graphdef, stacked)
 
 
 def merge_params(graphdef, state_template, params) -> CompressiveTransformer:

@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
   model.positions = "relative"  # relative (Transformer-XL: W_r, u, v) | rope (rotary, fusable)
   model.dropout_rate = 0.0
   model.dtype = "float32"  # activations: float32 | bfloat16 (parameters stay float32)
+  model.scan_layers = False  # True: one stacked layer run by lax.scan (fast compiles for deep models)
+  model.remat = "none"  # none | full | matmuls: what backprop keeps of each layer's forward pass
+  model.attention_chunk_size = 0  # queries per exact attention chunk; 0 = whole segment
 
   opt = config.optimizer = ml_collections.ConfigDict()
   opt.name = "adamw"  # adam | adamw
