@@ -267,6 +267,36 @@ def gathered_specs(config: ml_collections.ConfigDict, specs: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
+def gather_for_compute(params: Any, compute: Any, stored: Any, dtype=None) -> Any:
+  """`params` laid out as `compute` (gathered along the data axes) for the
+  forward pass, with their gradient laid out as `stored`; matrices (2 or
+  more dimensions) are first cast to `dtype`, the activations' (bfloat16
+  runs gather half the bytes; the model casts each weight to it anyway).
+
+  A plain sharding constraint is its own transpose: the gradient would be
+  summed over the data axes into whole, replicated arrays (an all-reduce of
+  every gradient, full-size in every device's memory) and only then cut
+  into the stored shards. Constraining the gradient to the stored layout,
+  in the dtype the model computed it in, lets XLA sum each shard onto the
+  device that stores it (a reduce-scatter), as FSDP means to.
+  """
+  cast = lambda p: p.astype(dtype) if dtype is not None and p.ndim >= 2 else p
+
+  @jax.custom_vjp
+  def gather(p):
+    return jax.lax.with_sharding_constraint(jax.tree.map(cast, p), compute)
+
+  def forward(p):
+    return gather(p), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), p)
+
+  def backward(primals, cotangent):
+    cotangent = jax.lax.with_sharding_constraint(cotangent, stored)
+    return (jax.tree.map(lambda c, p: c.astype(p.dtype), cotangent, primals),)
+
+  gather.defvjp(forward, backward)
+  return gather(params)
+
+
 def shardings(mesh: Mesh, specs: Any) -> Any:
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                       is_leaf=lambda x: isinstance(x, P))

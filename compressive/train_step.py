@@ -162,10 +162,12 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   if grad_accum_steps < 1:
     raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
   dp = _data_split(layout)
+  compute_dtype = jnp.dtype(nnx.merge(graphdef, state_template).config.dtype)
 
   def forward(params, seg, memory, rng):
     if layout is not None:  # FSDP: gather the stored shards to compute
-      params = jax.lax.with_sharding_constraint(params, layout.compute_params)
+      params = sharding.gather_for_compute(params, layout.compute_params, layout.state.params,
+                                           compute_dtype)
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
