@@ -28,7 +28,7 @@ import functools
 import logging
 import math
 import time
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import flax.struct
 from flax import nnx
@@ -41,7 +41,7 @@ from compressive import data as data_lib
 from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
-from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes
+from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes, check_segment_length
 from compressive.errors import UserError
 from compressive.model import merge_params
 
@@ -73,10 +73,8 @@ def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) ->
   sizes = eval_sizes(config)
   check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
                      sizes["batch_size"], prefix="eval")
-  t = sizes["segment_length"]
-  if sizes["compressed_memory_length"] and t % cfg.compression_rate:
-    raise ConfigError(
-        f"eval.segment_length={t} is not a multiple of model.compression_rate={cfg.compression_rate}")
+  check_segment_length(cfg, sizes["segment_length"], sizes["compressed_memory_length"],
+                       "eval.segment_length")
   if config.eval.split not in ("train", "validation", "test"):
     raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
 
@@ -221,14 +219,30 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   """
   graphdef, template = nnx.split(model)
   params = nnx.to_pure_dict(template)
-  gathered = carry_shardings = out_shardings = None
+  init, step, param_shardings = stream_functions(
+      graphdef, template, mesh, config, abstract_memory, cache_keys_values=cache_keys_values,
+      collect_attention=collect_attention, per_token=per_token)
+  if param_shardings is not None:
+    params = jax.device_put(params, param_shardings)
+  return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
+
+
+def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
+                     config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                     *, cache_keys_values: bool = True, collect_attention: bool = False,
+                     per_token: bool = False):
+  """`make_stream_step`'s jitted functions with the parameters (a pure dict)
+  as their first argument, and where the parameters are stored (None without
+  a mesh): (init(params, memory), step(params, carry, batch), shardings).
+  Shapes suffice to lower them (aot.py compiles `step` for other hardware)."""
+  gathered = carry_shardings = out_shardings = param_shardings = None
   if mesh is not None:
-    specs = sharding.param_specs(config, params)
-    params = jax.device_put(params, sharding.shardings(mesh, specs))
+    specs = sharding.param_specs(config, nnx.to_pure_dict(template))
+    param_shardings = sharding.shardings(mesh, specs)
     gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
     abstract_carry = jax.eval_shape(
         lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values),
-        params, abstract_memory)
+        nnx.to_pure_dict(template), abstract_memory)
     carry_shardings = sharding.memory_shardings(mesh, config, abstract_carry)
     out_shardings = (carry_shardings, sharding.replicated(mesh))
 
@@ -252,7 +266,7 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
       outputs["correct"] = jnp.argmax(logits, -1) == batch["targets"]
     return carry, outputs
 
-  return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
+  return init, step, param_shardings
 
 
 def make_eval_step(model, mesh: Optional[Mesh] = None,
@@ -268,6 +282,12 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
     return carry, outputs["nats"], outputs["count"]
 
   return init, loss_step
+
+
+def segment_shardings(mesh: Mesh, config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Where one segment's batch lives: rows along the data axes."""
+  return {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
+          (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
 
 
 def stream(
@@ -322,8 +342,7 @@ def stream(
       per_token=per_token)
   memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, config, abstract_memory))()
   carry = init_carry(memory)
-  batch_shardings = {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
-                     (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
+  batch_shardings = segment_shardings(mesh, config)
   limited = bool(max_segments and max_segments > 0)
   progress = Progress(what, min(it.num_batches, max_segments) if limited else it.num_batches,
                       b * t, progress_every_s)

@@ -100,12 +100,15 @@ def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
   return config.grad_accum_steps
 
 
-def validate_config(config: ml_collections.ConfigDict, *, training: bool = True) -> ModelConfig:
+def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
+                    num_devices: Optional[int] = None) -> ModelConfig:
   """Checks the experiment config before anything is built; ConfigError.
 
   `training=False` (evaluating, analysing or sampling a trained config on
   this machine's mesh) skips what only training's step needs: the
-  micro-batches of grad_accum_steps splitting along the mesh.
+  micro-batches of grad_accum_steps splitting along the mesh. `num_devices`:
+  the mesh's devices, default every device of this run (aot.py: the
+  target's).
   """
   cfg = ModelConfig.from_config(config.model)
   validate_training_config(config)
@@ -115,7 +118,7 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True)
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
-  shape = sharding.validate(config)
+  shape = sharding.validate(config, num_devices)
   accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
   if training and accum > 1 and (config.batch_size // accum) % dp:

@@ -145,7 +145,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(train_lib.sharding, "validate", lambda config: (2, 1, 1))
+  monkeypatch.setattr(train_lib.sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
   train_lib.validate_config(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
     train_lib.validate_config(tiny_experiment(grad_accum_steps=4))
