@@ -402,6 +402,10 @@ def prepare_environment() -> None:
     if num_chips == 0:
       os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
       os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+      # libtpu takes a lock (/tmp/libtpu_lockfile) so that one process owns
+      # the host's TPUs, and a second aot.py would stop with an error. There
+      # are none here to own: compiling only, any number may run at once.
+      os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def _host_memory_bytes() -> int:
