@@ -52,6 +52,10 @@ import numpy as np
 from compressive.layers import LayerNorm, dense, masked_softmax, param
 
 POSITIONS = ("relative", "rope")  # model.positions
+# model.attention_implementation: what computes rope's fused attention
+# (`jax.nn.dot_product_attention`'s `implementation`): JAX's choice, XLA's
+# own, or cuDNN's fused kernel (GPU only).
+IMPLEMENTATIONS = {"auto": None, "xla": "xla", "cudnn": "cudnn"}
 
 
 def sinusoids(distances: np.ndarray, d: int, dtype=jnp.float32) -> jax.Array:
@@ -116,11 +120,12 @@ class RelativeAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
                positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32,
-               chunk_size: int = 0):
+               chunk_size: int = 0, implementation: str = "auto"):
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
     self.positions = positions
+    self.implementation = IMPLEMENTATIONS[implementation]
     self.num_heads, self.head_dim = h, hd
     init = nnx.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
     proj = lambda: param(init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype)
@@ -204,7 +209,8 @@ class RelativeAttention(nnx.Module):
       q_rot = rotate(q, q_last - t + 1 + jnp.arange(t))
       k_rot = rotate(k, jnp.arange(kk))
       if not need_weights and dropout_rng is None:
-        out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale)
+        out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale,
+                                           implementation=self.implementation)
         return dense(out, self._w("wo"), 2), None
       logits = jnp.einsum("bhte,bhke->bhtk", heads(q_rot) * self.scale, heads(k_rot))
       logits = logits.astype(jnp.float32)
@@ -278,7 +284,8 @@ class RelativeAttention(nnx.Module):
         def chunk(xs):
           c, qc = xs
           mask = causal_mask(valid, t, q_last, c * n, n)
-          return jax.nn.dot_product_attention(qc, k_rot, v, mask=mask, scale=self.scale), None
+          return jax.nn.dot_product_attention(qc, k_rot, v, mask=mask, scale=self.scale,
+                                              implementation=self.implementation), None
       else:
         k_heads, v_heads = heads(k_rot), heads(v)
         def chunk(xs):

@@ -40,6 +40,7 @@ class ModelConfig:
   scan_layers: bool = False  # one stacked layer, run by lax.scan over the layer axis
   remat: str = "none"  # REMAT_POLICIES
   attention_chunk_size: int = 0  # queries per attention chunk; 0 = the whole segment
+  attention_implementation: str = "auto"  # rope's fused attention: auto | xla | cudnn
 
   @classmethod
   def from_config(cls, config: Any) -> "ModelConfig":
@@ -115,6 +116,15 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")
   _int(cfg, "attention_chunk_size", 0)
+  from compressive.attention import IMPLEMENTATIONS  # pylint: disable=g-import-not-at-top
+  if cfg.attention_implementation not in IMPLEMENTATIONS:
+    raise ConfigError(
+        f"model.attention_implementation={cfg.attention_implementation!r} is unknown; choose "
+        f"one of {', '.join(IMPLEMENTATIONS)}")
+  if cfg.attention_implementation == "cudnn" and cfg.positions != "rope":
+    raise ConfigError(
+        "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
+        "attention is a plain dot product that a fused kernel can compute")
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
   check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
 

@@ -69,7 +69,7 @@ class Block(nnx.Module):
     self.attention = RelativeAttention(
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
         positions=cfg.positions, dtype=dtype, param_dtype=param_dtype,
-        chunk_size=cfg.attention_chunk_size)
+        chunk_size=cfg.attention_chunk_size, implementation=cfg.attention_implementation)
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)

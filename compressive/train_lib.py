@@ -118,6 +118,11 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
+  if num_devices is None and cfg.attention_implementation == "cudnn" and (
+      jax.default_backend() != "gpu"):
+    raise ConfigError(
+        "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
+        f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
   shape = sharding.validate(config, num_devices)
   accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)

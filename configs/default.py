@@ -45,6 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.scan_layers = False  # True: one stacked layer run by lax.scan (fast compiles for deep models)
   model.remat = "none"  # none | full | matmuls: what backprop keeps of each layer's forward pass
   model.attention_chunk_size = 0  # queries per exact attention chunk; 0 = whole segment
+  model.attention_implementation = "auto"  # rope's fused attention: auto | xla | cudnn (GPU)
 
   opt = config.optimizer = ml_collections.ConfigDict()
   opt.name = "adamw"  # adam | adamw

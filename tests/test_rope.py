@@ -191,3 +191,29 @@ def test_resuming_with_other_positions_names_the_field(tmp_path):
   checkpoint.save_config(str(tmp_path), default.get_config())
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
     checkpoint.check_resume_config(str(tmp_path), default_rope.get_config())
+
+
+def test_attention_implementation_is_checked_before_anything_runs():
+  with pytest.raises(ConfigError, match="attention_implementation='cudnn' needs model.positions='rope'"):
+    ModelConfig.from_config(tiny_model_config(attention_implementation="cudnn"))
+  with pytest.raises(ConfigError, match="attention_implementation='flash' is unknown"):
+    ModelConfig.from_config(rope_config(attention_implementation="flash"))
+  # cuDNN on a machine without a GPU: one line at validation, not a trace
+  # error from inside jax (aot.py passes num_devices and compiles for a GPU).
+  from compressive import train_lib
+  from test_train import tiny_experiment
+  config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
+  if jax.default_backend() != "gpu":
+    with pytest.raises(ConfigError, match="needs a GPU"):
+      train_lib.validate_config(config)
+  train_lib.validate_config(config, num_devices=jax.device_count())
+
+
+def test_xla_implementation_equals_the_default():
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, 32)
+  outs = []
+  for impl in ("auto", "xla"):
+    model = make_model(rope_config(attention_implementation=impl), seed=4)
+    memory = model.init_memory(2)
+    outs.append(model(tokens[:, :4], memory)[0])
+  np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
