@@ -29,6 +29,7 @@ from compressive import eval_lib
 from compressive import flops as flops_lib
 from compressive import memory as memory_lib
 from compressive import sharding
+from compressive import train_lib
 from compressive import train_step
 from compressive.config_lib import ModelConfig
 
@@ -44,22 +45,17 @@ def _abstract(tree, shardings):
 
 def lower_train_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lowered:
   """The train step of `config` on `mesh` (training's own), lowered from shapes."""
-  graphdef, template, abstract_params = train_step.abstract_model(config)
-  tx = train_step.make_optimizer(config, abstract_params)
-  abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
-  dtype = jnp.dtype(config.model.dtype)
-  abstract_memory = jax.eval_shape(
-      lambda: memory_lib.init_memory(config.model, config.batch_size, dtype))
-  layout = train_step.make_layout(config, mesh, abstract_params, abstract_state, abstract_memory)
+  setup = train_lib.build_setup(config, mesh)
+  layout = setup.layout
   step = train_step.make_train_step(
-      graphdef, template, tx, config.model.dropout_rate > 0, layout,
+      setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
       grad_accum_steps=config.grad_accum_steps)
   s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k]) for k, shape, dt in (
       ("inputs", (s, b, t), jnp.int32), ("targets", (s, b, t), jnp.int32),
       ("mask", (s, b, t), jnp.bool_), ("start_of_sequence", (s, b), jnp.bool_))}
-  return step.lower(_abstract(abstract_state, layout.state),
-                    _abstract(abstract_memory, layout.memory), batch)
+  return step.lower(_abstract(setup.abstract_state, layout.state),
+                    _abstract(setup.abstract_memory, layout.memory), batch)
 
 
 def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lowered:

@@ -310,8 +310,10 @@ class _Setup:
             ckpt_lib.abstract(self.abstract_memory, self.layout.memory))
 
 
-def _build(config: ml_collections.ConfigDict) -> _Setup:
-  mesh = sharding.make_mesh(config)
+def build_setup(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh] = None) -> _Setup:
+  """Shapes and layout of training on `mesh` (default: the config's mesh over
+  this run's devices; aot.py passes a target's). Nothing is allocated."""
+  mesh = sharding.make_mesh(config) if mesh is None else mesh
   graphdef, state_template, abstract_params = train_step.abstract_model(config)
   tx = train_step.make_optimizer(config, abstract_params)
   abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
@@ -582,7 +584,7 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
     raise ConfigError(
         f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
         f"vocabulary ({tokenizer.vocab_size})")
-  setup = _build(config)
+  setup = build_setup(config)
   layout = setup.layout
   train_iter, eval_docs = _train_data(config, layout, tokenizer)
 
