@@ -96,8 +96,9 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
 
 
 def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
-  """config.grad_accum_steps."""
-  return config.grad_accum_steps
+  """config.grad_accum_steps (None when a config lacks it: validation then
+  names the field)."""
+  return config.get("grad_accum_steps")
 
 
 def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,

@@ -143,7 +143,8 @@ def expected_training_problems(v, o):
 @given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
   from compressive import train_lib  # pylint: disable=g-import-not-at-top
-  config = ml_collections.ConfigDict(dict(values, seed=0, optimizer=dict(opt, name="adam")))
+  config = ml_collections.ConfigDict(dict(values, seed=0, grad_accum_steps=1,
+                                          optimizer=dict(opt, name="adam")))
   assert_rejects_exactly(
       lambda: train_lib.validate_training_config(config), expected_training_problems(values, opt),
       lambda message: {message.split("=", 1)[0]})

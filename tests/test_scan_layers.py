@@ -19,10 +19,10 @@ from compressive.sampling import Sampler
 from conftest import tiny_model_config
 
 # Scan and remat reorder nothing inside a layer, so float32 agreement is at
-# rounding level; measured max differences were below 1e-6 (values) and 2e-6
-# (gradients) on this machine. The tolerances leave 10x room for XLA fusing
-# the scanned body differently from the unrolled code.
-ATOL = RTOL = 2e-5
+# rounding level. Measured on this machine, largest differences over every
+# case below: logits 4.8e-7 (with dropout; 0 without), memory 0, gradients
+# 9e-8. The tolerances are ten times the largest.
+ATOL = RTOL = 5e-6
 
 
 def stacked(params):
