@@ -100,8 +100,7 @@ def test_scanned_equals_unrolled_in_values_and_gradients(overrides):
   assert np.any(np.asarray(want[-1][1].reconstruction_loss) > 0)  # the compressor was exercised
 
 
-@pytest.mark.parametrize("scan", [False, True])
-@pytest.mark.parametrize("remat", ["full", "matmuls"])
+@pytest.mark.parametrize("scan,remat", [(False, "full"), (True, "matmuls"), (True, "full")])
 def test_remat_changes_no_value_or_gradient(scan, remat):
   cfg = tiny_model_config(num_layers=2, scan_layers=scan, dropout_rate=0.1)
   want, want_memory, want_grads = run(cfg, dropout=True)
