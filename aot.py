@@ -82,7 +82,7 @@ def run(config, target_name: str, step: str) -> int:
   target = targets.get(target_name)
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_enable_compilation_cache", False)
-  from compressive import aot_lib, sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from compressive import aot_lib, flops, sharding, train_lib  # pylint: disable=g-import-not-at-top
   devices = target.devices()
   train_lib.validate_config(config, training=step == "train", num_devices=len(devices))
   mesh = sharding.make_mesh(config, devices)
@@ -108,7 +108,8 @@ def run(config, target_name: str, step: str) -> int:
   result = aot_lib.report(
       compiled, target=target.name, step=step, devices=devices, mesh=mesh,
       compile_seconds=seconds, device_memory_bytes=target.device_memory_bytes,
-      peak_flops_per_device=target.peak_bf16_flops_per_device, config=config)
+      peak_flops_per_device=None if target.platform == "cpu"
+      else flops.peak_flops(devices[0].device_kind, "bfloat16"), config=config)
   print(json.dumps(result.as_dict()))
   if result.fits is False:
     total, have = result.per_device["total"], result.device_memory_bytes

@@ -44,7 +44,7 @@ that touches jax before asking for a target's devices calls
       unexpected worker hostname..."). They describe the host's own (absent)
       TPUs, not the compile target, whose topology is passed explicitly.
 
-Per-device numbers (memory, peak flops) are the vendors' published ones
+Per-device numbers (memory; peak FLOP/s live in compressive/flops.py) are the vendors' published ones
 (TPU memory: what the TPU compiler allows); each carries its source.
 
 What differs between the back ends (jax 0.10.2, libtpu 0.0.42.1):
@@ -91,39 +91,27 @@ GiB = 1 << 30
 # "maximum amount of shared memory per SM" 164 KB (8.0) / 228 KB (9.0);
 # "maximum amount of shared memory per thread block" 163 KB / 227 KB (the
 # opt-in limit, cudaFuncAttributeMaxDynamicSharedMemorySize). KB there is KiB.
+_SM80_LIMITS = dict(
+    threads_per_warp=32,  # "warp size"
+    threads_per_block_limit=1024,  # "max threads per block"
+    threads_per_core_limit=2048,  # "max resident threads per SM"
+    registers_per_core_limit=64 * KiB,  # "32-bit registers per SM"
+    registers_per_block_limit=64 * KiB,  # "32-bit registers per block"
+    shared_memory_per_block=48 * KiB,
+    shared_memory_per_block_optin=163 * KiB,
+    shared_memory_per_core=164 * KiB,
+    block_dim_limit_x=2**31 - 1,  # "max x-dimension of a grid"
+    block_dim_limit_y=65535,  # "max y- or z-dimension of a grid"
+    block_dim_limit_z=65535,
+    thread_dim_limit_x=1024,  # "max x- or y-dimension of a block"
+    thread_dim_limit_y=1024,
+    thread_dim_limit_z=64,  # "max z-dimension of a block"
+)
 _COMPUTE_CAPABILITY_LIMITS = {
-    (8, 0): dict(
-        threads_per_warp=32,  # "warp size"
-        threads_per_block_limit=1024,  # "max threads per block"
-        threads_per_core_limit=2048,  # "max resident threads per SM"
-        registers_per_core_limit=64 * KiB,  # "32-bit registers per SM"
-        registers_per_block_limit=64 * KiB,  # "32-bit registers per block"
-        shared_memory_per_block=48 * KiB,
-        shared_memory_per_block_optin=163 * KiB,
-        shared_memory_per_core=164 * KiB,
-        block_dim_limit_x=2**31 - 1,  # "max x-dimension of a grid"
-        block_dim_limit_y=65535,  # "max y- or z-dimension of a grid"
-        block_dim_limit_z=65535,
-        thread_dim_limit_x=1024,  # "max x- or y-dimension of a block"
-        thread_dim_limit_y=1024,
-        thread_dim_limit_z=64,  # "max z-dimension of a block"
-    ),
-    (9, 0): dict(
-        threads_per_warp=32,
-        threads_per_block_limit=1024,
-        threads_per_core_limit=2048,
-        registers_per_core_limit=64 * KiB,
-        registers_per_block_limit=64 * KiB,
-        shared_memory_per_block=48 * KiB,
-        shared_memory_per_block_optin=227 * KiB,
-        shared_memory_per_core=228 * KiB,
-        block_dim_limit_x=2**31 - 1,
-        block_dim_limit_y=65535,
-        block_dim_limit_z=65535,
-        thread_dim_limit_x=1024,
-        thread_dim_limit_y=1024,
-        thread_dim_limit_z=64,
-    ),
+    (8, 0): _SM80_LIMITS,
+    # 9.0 differs from 8.0 only in shared memory.
+    (9, 0): dict(_SM80_LIMITS, shared_memory_per_block_optin=227 * KiB,
+                 shared_memory_per_core=228 * KiB),
 }
 
 # Per GPU model. Sources:
@@ -165,7 +153,6 @@ GPU_SPECS = {
         device_memory_size=80 * GiB,  # [A100-DS]
         memory_bandwidth=2_039_000_000_000,  # bytes/s [A100-DS]
         l2_cache_size=40 * MiB,  # [A100-WP]
-        peak_bf16_flops=312e12,  # dense [A100-DS]
     ),
     "h100-sxm": dict(
         name="NVIDIA H100 80GB HBM3",
@@ -179,7 +166,6 @@ GPU_SPECS = {
         device_memory_size=80 * GiB,  # [H100-DS]
         memory_bandwidth=3_350_000_000_000,  # [H100-DS]
         l2_cache_size=50 * MiB,  # [H100-WP]
-        peak_bf16_flops=989e12,  # dense [H100-DS]
     ),
     "h200-sxm": dict(
         name="NVIDIA H200",
@@ -191,7 +177,6 @@ GPU_SPECS = {
         device_memory_size=141 * GiB,  # [H200-DS]
         memory_bandwidth=4_800_000_000_000,  # [H200-DS]
         l2_cache_size=50 * MiB,  # [H100-WP]
-        peak_bf16_flops=989e12,  # dense [H200-DS]
     ),
 }
 
@@ -302,7 +287,8 @@ class Target:
   num_processes: hosts (JAX processes) the devices are spread over.
   device_memory_bytes: memory per device (HBM; for "cpu" the host's RAM,
       which its CPU devices share).
-  peak_bf16_flops_per_device: dense bf16 matmul peak; None for "cpu".
+  Peak FLOP/s are not repeated here: compressive/flops.py has them by the
+  devices' kind.
   """
 
   name: str
@@ -310,7 +296,6 @@ class Target:
   num_devices: Optional[int]
   num_processes: int
   device_memory_bytes: int
-  peak_bf16_flops_per_device: Optional[float]
   description: str = ""
   topology: Union[TpuTopology, GpuTopology, None] = dataclasses.field(
       default=None, repr=False)
@@ -330,13 +315,6 @@ class Target:
           f"{len(processes)} processes, the table says {self.num_devices} on "
           f"{self.num_processes}")
     return devices
-
-  @property
-  def peak_bf16_flops(self) -> Optional[float]:
-    """All devices together."""
-    if self.peak_bf16_flops_per_device is None or self.num_devices is None:
-      return None
-    return self.peak_bf16_flops_per_device * self.num_devices
 
 
 @functools.lru_cache(maxsize=None)
@@ -429,15 +407,15 @@ _V5E_HBM = int(15.75 * GiB)
 _V5P_HBM = int(95.74 * GiB)
 
 _TARGET_LIST = [
-    Target("cpu", "cpu", None, 1, _host_memory_bytes(), None,
+    Target("cpu", "cpu", None, 1, _host_memory_bytes(),
            "this process's CPU devices"),
-    Target("tpu:v5e-8", "tpu", 8, 1, _V5E_HBM, 197e12,
+    Target("tpu:v5e-8", "tpu", 8, 1, _V5E_HBM,
            "TPU v5e (v5litepod-8): 2x4 chips, one host",
            TpuTopology("v5e:2x4", (2, 4, 1))),
-    Target("tpu:v5e-32", "tpu", 32, 8, _V5E_HBM, 197e12,
+    Target("tpu:v5e-32", "tpu", 32, 8, _V5E_HBM,
            "TPU v5e (v5litepod-32): 4x8 chips, 8 hosts of 2x2",
            TpuTopology("v5e:4x8", (2, 2, 1))),
-    Target("tpu:v5p-8", "tpu", 4, 1, _V5P_HBM, 459e12,
+    Target("tpu:v5p-8", "tpu", 4, 1, _V5P_HBM,
            "TPU v5p-8: 2x2x1 chips (8 TensorCores), one host",
            TpuTopology("v5p:2x2x1", (2, 2, 1))),
 ]
@@ -447,13 +425,12 @@ for _gpu, _label in (("h100-sxm", "h100"), ("h200-sxm", "h200"),
   for _n in (1, 8):  # one GPU (configs/gpu1.py), one node of 8 (gpu8.py)
     _TARGET_LIST.append(
         Target(f"gpu:{_label}-{_n}", "gpu", _n, 1, _spec["device_memory_size"],
-               _spec["peak_bf16_flops"], f"{_spec['name']} x{_n}, one node",
+               f"{_spec['name']} x{_n}, one node",
                GpuTopology(_gpu, 1, 1, _n)))
 for _gpu, _label in (("h100-sxm", "h100"), ("h200-sxm", "h200")):
   _spec = GPU_SPECS[_gpu]
   _TARGET_LIST.append(
       Target(f"gpu:{_label}-8x2", "gpu", 16, 2, _spec["device_memory_size"],
-             _spec["peak_bf16_flops"],
              f"{_spec['name']} x8, two nodes (NVLink within each)",
              GpuTopology(_gpu, 2, 1, 8)))
 

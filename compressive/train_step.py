@@ -162,12 +162,12 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   if grad_accum_steps < 1:
     raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
   dp = _data_split(layout)
-  compute_dtype = jnp.dtype(nnx.merge(graphdef, state_template).config.dtype)
+  model_config = nnx.merge(graphdef, state_template).config  # static: read once, not per trace
 
   def forward(params, seg, memory, rng):
     if layout is not None:  # FSDP: gather the stored shards to compute
       params = sharding.gather_for_compute(params, layout.compute_params, layout.state.params,
-                                           compute_dtype)
+                                           jnp.dtype(model_config.dtype))
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
@@ -184,7 +184,7 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   def accumulated_gradients(params, seg, memory, rng):
     return _accumulated_gradients(
         forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
-        merge_params(graphdef, state_template, params).config.reconstruction_loss)
+        model_config.reconstruction_loss)
 
   def segment(carry, seg):
     state, memory = carry
