@@ -82,21 +82,41 @@ def setup_logging() -> None:
   logging.getLogger("compressive").setLevel(level)
 
 
-def stop_on_signals() -> threading.Event:
-  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0."""
-  stop = threading.Event()
+class SignalStop:
+  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0.
 
-  def handler(signum, frame):
+  A second signal stops at once with KeyboardInterrupt. Python runs a signal
+  handler between any two bytecodes, also inside a garbage-collector callback
+  or a __del__, where an exception is printed as "Exception ignored" and
+  dropped. Such a dropped interrupt is kept quiet here and raised by the next
+  poll of `should_stop`, after the step in flight.
+  """
+
+  def __init__(self):
+    self._requested = threading.Event()
+    self._interrupt: Optional[KeyboardInterrupt] = None
+    self._unraisablehook = sys.unraisablehook
+    signal.signal(signal.SIGTERM, self._handler)
+    signal.signal(signal.SIGINT, self._handler)
+    sys.unraisablehook = self._quiet_dropped_interrupt
+
+  def _handler(self, signum, frame):
     del frame
-    if stop.is_set():  # a second signal: give up at once
-      raise KeyboardInterrupt
+    if self._requested.is_set():  # a second signal: give up at once
+      self._interrupt = KeyboardInterrupt()
+      raise self._interrupt
     logging.getLogger("compressive").warning(
         "%s received: stopping after this step", signal.Signals(signum).name)
-    stop.set()
+    self._requested.set()
 
-  signal.signal(signal.SIGTERM, handler)
-  signal.signal(signal.SIGINT, handler)
-  return stop
+  def _quiet_dropped_interrupt(self, unraisable):
+    if self._interrupt is None or unraisable.exc_value is not self._interrupt:
+      self._unraisablehook(unraisable)
+
+  def should_stop(self) -> bool:
+    if self._interrupt is not None:
+      raise self._interrupt
+    return self._requested.is_set()
 
 
 def main(argv):
@@ -116,8 +136,8 @@ def train(config, workdir: str) -> None:
     profile = profile_steps()
     initialize_distributed()
     setup_logging()
-    stop = stop_on_signals()  # train_and_evaluate checks the config before any work
-    result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.is_set,
+    stop = SignalStop()  # train_and_evaluate checks the config before any work
+    result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile)
   if jax.process_index():

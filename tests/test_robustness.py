@@ -267,6 +267,40 @@ def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason)
   compressive.load(str(tmp_path / "wd"))  # and it restores, checksums and all
 
 
+SECOND_SIGNAL_IN_A_GC_CALLBACK = """
+import gc, os, signal, sys
+sys.path.insert(0, os.getcwd())
+import train
+stop = train.SignalStop()
+os.kill(os.getpid(), signal.SIGTERM)
+assert stop.should_stop()
+
+def callback(phase, info):
+  if phase == "start":
+    gc.callbacks.remove(callback)
+    os.kill(os.getpid(), signal.SIGTERM)  # its handler runs, and raises, in here
+    sum(range(1000))
+
+gc.callbacks.append(callback)
+gc.collect()
+print("the collection finished")
+try:
+  stop.should_stop()
+except KeyboardInterrupt:
+  print("the next poll raised it")
+"""
+
+
+def test_a_second_signal_inside_a_gc_callback_is_raised_by_the_next_poll():
+  # Python drops an exception raised in a gc callback and prints a traceback:
+  # the interrupt must neither be lost nor printed.
+  r = subprocess.run([sys.executable, "-c", SECOND_SIGNAL_IN_A_GC_CALLBACK], cwd=ROOT,
+                     capture_output=True, text=True, timeout=300, env=ENV)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.splitlines() == ["the collection finished", "the next poll raised it"]
+  assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
 def test_a_second_signal_stops_at_once_with_one_line_and_a_whole_checkpoint(
     config_file, reference, tmp_path):
   workdir = tmp_path / "wd"
