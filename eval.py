@@ -4,7 +4,9 @@ Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
 Prints the result as one JSON object on the last line of stdout, then writes it
 to DIR/eval_<split>_step<N>.json (a workdir that cannot be written, e.g.
-read-only, is a warning). Checkpoints are only read, never written.
+read-only, is a warning). Checkpoints are only read, never written. On PG-19
+a whole split also gives `word_perplexity` with `words` (counted) and, for
+validation and test, `words_official`, its normaliser (compressive/eval_lib.py).
 
 The checkpoint is restored onto this machine's devices, whatever mesh trained
 it: the saved config's `mesh.shape` is used if it fits this machine's devices,
@@ -113,7 +115,7 @@ def main(argv):
     # meanwhile, and load() then reads the newest one that exists.
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
-                               progress_every_s=FLAGS.progress_seconds)
+                               progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
   result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
   if jax.process_index():
     return

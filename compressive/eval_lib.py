@@ -7,8 +7,13 @@ split, start to end, through it.
 
 Metrics: `loss` (nats per predicted token), `bits_per_token`, `bits_per_byte`
 (nats / ln 2 over the UTF-8 bytes of the predicted text; for the bytes
-tokenizer the bytes predicted), and for PG-19 `word_perplexity`: exp(total
-nats / words), words counted by whitespace in the original text (docs/PAPER.md §Metrics).
+tokenizer the bytes predicted), and for PG-19, after a complete pass (not cut
+short by max_segments), `word_perplexity`: exp(total nats / words), whatever
+the tokenizer. `words` is the count by whitespace of the original texts; on
+the validation and test splits the normaliser is the official total instead,
+`words_official` (data.pg19.OFFICIAL_WORDS: 3,007,061 and 6,966,499 words),
+and a count more than 0.5% off it is a warning naming both (docs/PAPER.md
+§Metrics).
 
 Evaluation runs on the config's device mesh like training: rows split along
 the data axes (the batch is padded with empty rows to a multiple of that
@@ -366,10 +371,16 @@ def evaluate(
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
     progress_every_s: float = 10.0,
+    split: Optional[str] = None,
 ) -> dict[str, float]:
   """The metrics of `documents` streamed through `model` (`stream`, whose
   arguments these are) with a fresh evaluation memory. In a multi-process
-  run every process calls this and gets the same result."""
+  run every process calls this and gets the same result.
+
+  `split` names the split `documents` hold (default config.eval.split): a
+  complete pass over PG-19's validation or test split reports
+  `word_perplexity` over the official word total (`word_perplexity_of`).
+  """
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []  # read every 64 segments: reading waits for the device
   for segment in stream(model, documents, config, max_segments=max_segments, mesh=mesh,
@@ -391,10 +402,30 @@ def evaluate(
   if config.data.tokenizer == "bytes":
     result["bits_per_byte"] = result["bits_per_token"]
   elif complete:
-    n = len(documents)
-    num_bytes = sum(documents.num_bytes(i) for i in range(n))
-    words = sum(documents.num_words(i) for i in range(n))
+    num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
     result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-    if config.data.source == "pg19" and words:
-      result["word_perplexity"] = math.exp(total_nats / words)
+  if complete and config.data.source == "pg19":
+    words = sum(documents.num_words(i) for i in range(len(documents)))
+    result.update(word_perplexity_of(
+        total_nats, words, config.eval.split if split is None else split, documents.description))
   return result
+
+
+def word_perplexity_of(total_nats: float, words: int, split: str,
+                       what: str = "pg19") -> dict[str, float]:
+  """PG-19's word-level perplexity of a complete pass over `split`, whose
+  texts hold `words` whitespace-separated words: `word_perplexity`, `words`,
+  and for the official splits (data.pg19.OFFICIAL_WORDS: validation, test)
+  `words_official`, the normaliser then. A count that differs from the
+  official total by more than 0.5% is a warning naming both (`what`: the
+  corpus/split). No words and no official total: nothing."""
+  official = data_lib.pg19.OFFICIAL_WORDS.get(split)
+  if official is None:
+    return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
+  if abs(words - official) > 0.005 * official and jax.process_index() == 0:
+    _log.warning(
+        "%s: %d words counted in the texts, but PG-19's official %s total is %d (%+.2f%%); "
+        "word_perplexity is normalised by the official total", what, words, split, official,
+        100.0 * (words - official) / official)
+  return {"word_perplexity": math.exp(total_nats / official), "words": words,
+          "words_official": official}

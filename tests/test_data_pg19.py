@@ -101,3 +101,87 @@ def test_pg19_config_errors(tmp_path):
   config.pg19.raw_dir = str(tmp_path / 'raw')
   with pytest.raises(FileNotFoundError, match='metadata.csv'):
     data.get_documents(config, 'train', data.ByteTokenizer())
+
+
+# -- Word-level perplexity of an evaluation pass (compressive/eval_lib.py). ----
+
+OFFICIAL = {'validation': 3_007_061, 'test': 6_966_499}  # Rae et al. 2020, Table 2
+
+
+def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
+  """eval_lib.evaluate of a tiny untrained byte-level model over `split` of
+  the tiny PG-19. config.eval.split is `split`, or with `eval_split` that,
+  and `split` is passed to evaluate (as eval.py does)."""
+  from flax import nnx
+
+  import compressive
+  from compressive import eval_lib
+  from configs import default
+  config = default.get_config()
+  config.data = prepared.copy_and_resolve_references()
+  m = config.model
+  m.num_layers, m.num_heads, m.d_model, m.d_ff = 1, 2, 16, 32
+  m.segment_length, m.memory_length, m.compressed_memory_length = 8, 8, 4
+  config.batch_size = 2
+  config.eval.split = eval_split or split
+  if eval_split:
+    kwargs['split'] = split
+  model = compressive.CompressiveTransformer(m, rngs=nnx.Rngs(0))
+  docs = data.get_documents(config.data, split, data.get_tokenizer(config.data))
+  return eval_lib.evaluate(model, docs, config, **kwargs), docs
+
+
+def counted_words(docs):
+  return sum(len(docs.text(i).split()) for i in range(len(docs)))
+
+
+def word_warnings(caplog):
+  return [r for r in caplog.records
+          if r.name == 'compressive' and r.levelname == 'WARNING' and 'official' in r.message]
+
+
+@pytest.mark.parametrize('split,eval_split', [('validation', None), ('test', 'train')])
+def test_word_perplexity_of_an_official_split_uses_the_official_total(
+    prepared, split, eval_split, caplog):
+  import json
+  import math
+  caplog.set_level('WARNING', logger='compressive')
+  result, docs = evaluate_pg19(prepared, split, eval_split)
+  words = counted_words(docs)
+  assert 0 < words < 20  # The tiny books, far from the official totals.
+  assert result['words'] == words
+  assert result['words_official'] == OFFICIAL[split]
+  nats = result['loss'] * result['tokens']
+  assert result['word_perplexity'] == pytest.approx(
+      math.exp(nats / OFFICIAL[split]), rel=1e-6)
+  # As eval.py writes it: the word counts stay integers in the JSON.
+  assert json.loads(json.dumps(result))['words_official'] == OFFICIAL[split]
+  assert isinstance(result['words'], int) and isinstance(result['words_official'], int)
+  # One warning line that names both numbers.
+  (warning,) = word_warnings(caplog)
+  assert str(words) in warning.message and str(OFFICIAL[split]) in warning.message
+  assert '\n' not in warning.message
+
+
+def test_word_perplexity_of_the_train_split_uses_the_counted_words(prepared, caplog):
+  import math
+  caplog.set_level('WARNING', logger='compressive')
+  result, docs = evaluate_pg19(prepared, 'train')
+  words = counted_words(docs)
+  assert result['words'] == words and 'words_official' not in result
+  assert result['word_perplexity'] == pytest.approx(
+      math.exp(result['loss'] * result['tokens'] / words), rel=1e-6)
+  assert not word_warnings(caplog)
+
+
+def test_word_perplexity_only_after_a_complete_pass(prepared, caplog):
+  caplog.set_level('WARNING', logger='compressive')
+  cut, docs = evaluate_pg19(prepared, 'validation', max_segments=2)
+  predicted = sum(docs.num_tokens(i) - 1 for i in range(len(docs)))
+  assert cut['tokens'] < predicted
+  for key in ('word_perplexity', 'words', 'words_official'):
+    assert key not in cut
+  assert not word_warnings(caplog)
+  # A max_segments the split ends before is a complete pass.
+  whole, _ = evaluate_pg19(prepared, 'validation', max_segments=1000)
+  assert whole['tokens'] == predicted and whole['words_official'] == OFFICIAL['validation']
