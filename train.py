@@ -15,9 +15,6 @@ config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
-import signal
-import sys
-import threading
 from typing import Optional
 
 from absl import app
@@ -26,6 +23,7 @@ from absl import logging as absl_logging
 import jax
 
 from compressive import cli
+from compressive import interrupts
 from compressive import sharding
 from compressive import train_lib
 from compressive.errors import ConfigError
@@ -82,43 +80,6 @@ def setup_logging() -> None:
   logging.getLogger("compressive").setLevel(level)
 
 
-class SignalStop:
-  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0.
-
-  A second signal stops at once with KeyboardInterrupt. Python runs a signal
-  handler between any two bytecodes, also inside a garbage-collector callback
-  or a __del__, where an exception is printed as "Exception ignored" and
-  dropped. Such a dropped interrupt is kept quiet here and raised by the next
-  poll of `should_stop`, after the step in flight.
-  """
-
-  def __init__(self):
-    self._requested = threading.Event()
-    self._interrupt: Optional[KeyboardInterrupt] = None
-    self._unraisablehook = sys.unraisablehook
-    signal.signal(signal.SIGTERM, self._handler)
-    signal.signal(signal.SIGINT, self._handler)
-    sys.unraisablehook = self._quiet_dropped_interrupt
-
-  def _handler(self, signum, frame):
-    del frame
-    if self._requested.is_set():  # a second signal: give up at once
-      self._interrupt = KeyboardInterrupt()
-      raise self._interrupt
-    logging.getLogger("compressive").warning(
-        "%s received: stopping after this step", signal.Signals(signum).name)
-    self._requested.set()
-
-  def _quiet_dropped_interrupt(self, unraisable):
-    if self._interrupt is None or unraisable.exc_value is not self._interrupt:
-      self._unraisablehook(unraisable)
-
-  def should_stop(self) -> bool:
-    if self._interrupt is not None:
-      raise self._interrupt
-    return self._requested.is_set()
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -136,7 +97,7 @@ def train(config, workdir: str) -> None:
     profile = profile_steps()
     initialize_distributed()
     setup_logging()
-    stop = SignalStop()  # train_and_evaluate checks the config before any work
+    stop = interrupts.SignalStop()  # train_and_evaluate checks the config before any work
     result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile)

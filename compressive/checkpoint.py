@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from compressive import interrupts
 from compressive.errors import CheckpointError, ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -114,7 +115,9 @@ class Checkpointer:
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
     items[INTEGRITY] = ocp.args.JsonSave(fingerprint({"state": state, "memory": stored or {}}))
-    with self._write_errors():  # the previous save's error surfaces here
+    # deferred(): a second signal's KeyboardInterrupt waits until the save
+    # has started whole; the caller's close() then finishes it.
+    with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here
       self._manager.save(step, args=ocp.args.Composite(**items))
 
   def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None):

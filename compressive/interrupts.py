@@ -1,0 +1,88 @@
+"""Stopping a run on a signal without losing what it saved.
+
+`SignalStop` (train.py): the first SIGTERM / SIGINT asks the run to stop
+after its step (it then checkpoints and exits 0); a second stops it at once
+with KeyboardInterrupt. Python runs a handler between any two bytecodes, so
+that exception may land anywhere:
+
+- inside the few lines that start a checkpoint save, where Orbax would leave
+  a temporary directory that nothing finishes: `deferred()` marks such
+  stretches, and the interrupt is raised when the stretch ends;
+- inside a garbage-collector callback or a __del__, where Python prints
+  "Exception ignored" with a traceback and drops it: that one is kept quiet
+  and raised by the next poll of `should_stop`, after the step in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from typing import Iterator, Optional
+
+_deferral = {"depth": 0, "pending": None}
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+  """A stretch that `interrupt` must not break into: an interrupt that
+  arrives inside is raised when the outermost such stretch ends."""
+  _deferral["depth"] += 1
+  try:
+    yield
+  finally:
+    _deferral["depth"] -= 1
+  if not _deferral["depth"] and _deferral["pending"] is not None:
+    pending, _deferral["pending"] = _deferral["pending"], None
+    raise pending
+
+
+def interrupt(exc: BaseException) -> None:
+  """Raises `exc` (from a signal handler) now, or at the end of the
+  `deferred()` stretch the main thread is in."""
+  if _deferral["depth"]:
+    _deferral["pending"] = exc
+    return
+  raise exc
+
+
+class SignalStop:
+  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0.
+
+  A second signal stops at once with KeyboardInterrupt. Python runs a signal
+  handler between any two bytecodes, also inside a garbage-collector callback
+  or a __del__, where an exception is printed as "Exception ignored" and
+  dropped. Such a dropped interrupt is kept quiet here and raised by the next
+  poll of `should_stop`, after the step in flight.
+  """
+
+  def __init__(self):
+    self._requested = threading.Event()
+    self._interrupt: Optional[KeyboardInterrupt] = None
+    self._unraisablehook = sys.unraisablehook
+    signal.signal(signal.SIGTERM, self._handler)
+    signal.signal(signal.SIGINT, self._handler)
+    sys.unraisablehook = self._quiet_dropped_interrupt
+
+  def _handler(self, signum, frame):
+    del frame
+    if self._requested.is_set():  # a second signal: give up at once
+      self._interrupt = KeyboardInterrupt()
+      interrupt(self._interrupt)
+      return
+    logging.getLogger("compressive").warning(
+        "%s received: stopping after this step", signal.Signals(signum).name)
+    self._requested.set()
+
+  def _quiet_dropped_interrupt(self, unraisable):
+    if self._interrupt is None or unraisable.exc_value is not self._interrupt:
+      self._unraisablehook(unraisable)
+
+  def should_stop(self) -> bool:
+    if self._interrupt is not None:
+      raise self._interrupt
+    return self._requested.is_set()
+
+
