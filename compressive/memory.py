@@ -49,7 +49,10 @@ class Memory:
   mem_mask: jax.Array  # [L, B, M] bool: the slot holds a real token
   cmem: jax.Array  # [L, B, C, d] compressed past, oldest first
   cmem_mask: jax.Array  # [L, B, C] bool
-  usage: jax.Array  # [L, B, M] float32 attention each memory slot received
+  # [L, B, M] float32: attention each memory slot received while in memory,
+  # summed over the segments that attended it; `visits` counts those.
+  usage: jax.Array
+  visits: jax.Array  # [L, B, M] float32
   cache: Optional[KeysValues] = None
 
   @property
@@ -95,6 +98,7 @@ def init_memory(model_config, batch_size: int, dtype=jnp.float32, *,
       cmem=jnp.zeros((layers, batch_size, cm, d), dtype),
       cmem_mask=jnp.zeros((layers, batch_size, cm), bool),
       usage=jnp.zeros((layers, batch_size, m), jnp.float32),
+      visits=jnp.zeros((layers, batch_size, m), jnp.float32),
   )
 
 
@@ -130,7 +134,7 @@ class Eviction:
 
   slots: jax.Array  # [B, T, d] oldest first
   mask: jax.Array  # [B, T] bool
-  usage: jax.Array  # [B, T] attention received while in memory
+  usage: jax.Array  # [B, T] mean attention received per segment in memory (0: never in memory)
   k: jax.Array  # [B, T, H, D] their keys and values in this segment
   v: jax.Array
 
@@ -143,26 +147,34 @@ def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
     layer_memory: one layer's memory (no layer axis).
     inputs: [B, T, d] the segment's inputs to this layer.
     received: [B, M + T] attention each memory slot and segment token received
-      in this segment (mean over heads and queries); accumulates into `usage`
-      for the most-used compression.
+      in this segment (mean over heads and queries). The memory slots' part
+      accumulates into `usage` and counts a visit, for the most-used
+      compression; a segment token's does not (a token early in the
+      segment is seen by more causal queries than a late one).
     k, v: [B, M + T, H, D] keys and values of [memory; inputs].
 
   Returns:
     The memory with the newest M of [memory; inputs] kept (its cached keys and
     values too; compressed memory unchanged), and the T oldest slots that fell
-    out. With M = 0 nothing is kept and the inputs themselves are evicted.
+    out, with their mean usage per visit. With M = 0 nothing is kept and the
+    inputs themselves are evicted.
   """
   b, t, _ = inputs.shape
+  m = layer_memory.memory_length
   mem, slots = _fifo(layer_memory.mem, inputs)
   mask, ev_mask = _fifo(layer_memory.mem_mask, jnp.ones((b, t), bool))
-  usage = jnp.concatenate([layer_memory.usage, jnp.zeros((b, t), jnp.float32)], 1) + received
-  kept = layer_memory.replace(mem=mem, mem_mask=mask, usage=usage[:, t:])
+  attended = layer_memory.mem_mask.astype(jnp.float32)
+  new = jnp.zeros((b, t), jnp.float32)
+  usage, ev_usage = _fifo(layer_memory.usage + received[:, :m] * attended, new)
+  visits, ev_visits = _fifo(layer_memory.visits + attended, new)
+  kept = layer_memory.replace(mem=mem, mem_mask=mask, usage=usage, visits=visits)
   if layer_memory.cache is not None:
     c = layer_memory.compressed_memory_length
     cache = layer_memory.cache
     kept = kept.replace(cache=cache.replace(k=jnp.concatenate([cache.k[:, :c], k[:, t:]], 1),
                                             v=jnp.concatenate([cache.v[:, :c], v[:, t:]], 1)))
-  return kept, Eviction(slots=slots, mask=ev_mask, usage=usage[:, :t], k=k[:, :t], v=v[:, :t])
+  mean_usage = ev_usage / jnp.maximum(ev_visits, 1.0)
+  return kept, Eviction(slots=slots, mask=ev_mask, usage=mean_usage, k=k[:, :t], v=v[:, :t])
 
 
 def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array,

@@ -198,3 +198,23 @@ def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
   assert c["sums"]["x"][0] == a["sums"]["x"][0] and c["sums"]["x"][1] != a["sums"]["x"][1]
   assert ckpt_lib.fingerprint({"x": x.at[0, 0].set(np.inf)})["nonfinite"] == ["x"]
   assert json.loads(json.dumps(a)) == a  # stored as JSON beside the arrays
+
+
+
+def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_path):
+  # Checkpoints written before the memory counted `visits` still resume:
+  # the saved fields come back, the new one starts empty.
+  from conftest import tiny_model_config  # pylint: disable=g-import-not-at-top
+  memory = compressive.init_memory(tiny_model_config(), 2)
+  memory = jax.tree.map(lambda x: x + np.ones_like(x), memory)  # nothing empty
+  state = {"w": np.arange(3.0, dtype=np.float32)}
+  old = {k: v for k, v in ckpt_lib._nonempty_fields(memory).items() if k != "visits"}
+  saver = ckpt_lib.Checkpointer(str(tmp_path))
+  saver.save(1, state, old, {"position": np.zeros(2, np.int64)})
+  saver.close()
+  reader = ckpt_lib.Checkpointer(str(tmp_path), read_only=True)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), memory)
+  _, restored, _ = reader.restore(1, ckpt_lib.abstract(state), abstract)
+  for name in ("mem", "mem_mask", "cmem", "cmem_mask", "usage"):
+    np.testing.assert_array_equal(getattr(restored, name), getattr(memory, name), err_msg=name)
+  np.testing.assert_array_equal(restored.visits, np.zeros_like(memory.visits))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive import memory as memory_lib
 from compressive.compression import COMPRESSIONS
 from conftest import jitted_forward, make_model, tiny_model_config
 
@@ -98,19 +99,61 @@ def test_most_used_keeps_the_most_attended_in_order():
   np.testing.assert_array_equal(out[0], slots[0, jnp.array([2, 3, 5])])
 
 
-def test_usage_accumulates_attention_received():
-  cfg = tiny_model_config(num_layers=1, compression="most_used")
+def test_usage_accumulates_attention_received_in_memory_only():
+  cfg = tiny_model_config(num_layers=1, compression="most_used")  # M = 2T
   state, forward = jitted_forward(make_model(cfg))
   memory = compressive.init_memory(cfg, 2)
   tokens = jnp.ones((2, cfg.segment_length), jnp.int32)
   _, memory, _ = forward(state, tokens, memory, None)
-  usage1 = np.asarray(memory.usage[0])
+  # A segment's own tokens earn nothing: they were not in memory yet.
+  assert not np.asarray(memory.usage).any() and not np.asarray(memory.visits).any()
   _, memory2, _ = forward(state, tokens, memory, None)
-  usage2 = np.asarray(memory2.usage[0])
+  usage2, visits2 = np.asarray(memory2.usage[0]), np.asarray(memory2.visits[0])
   t = cfg.segment_length
-  # Slots that stayed in memory gained usage; empty slots have none.
-  assert np.all(usage2[:, :-t] >= usage1[:, t:])
-  assert np.all(usage1[:, :-t] == 0) and np.all(usage1[:, -t:] > 0)
+  # The first segment's tokens were in memory for the second: one visit each.
+  np.testing.assert_array_equal(visits2, [[1] * t + [0] * t] * 2)
+  assert np.all(usage2[:, :t] > 0) and not usage2[:, t:].any()
+
+
+def _eviction_after(received_per_segment, memory_length, t):
+  """Pushes one row of len(received_per_segment) segments of t slots (slot
+  ids 1, 2, ... as their only coordinate) into an empty memory of
+  memory_length, each segment's memory and tokens receiving the given
+  attention; returns the last push's Eviction."""
+  layer = memory_lib.Memory(
+      mem=jnp.zeros((1, memory_length, 1)), mem_mask=jnp.zeros((1, memory_length), bool),
+      cmem=jnp.zeros((1, 0, 1)), cmem_mask=jnp.zeros((1, 0), bool),
+      usage=jnp.zeros((1, memory_length)), visits=jnp.zeros((1, memory_length)))
+  kv = jnp.zeros((1, memory_length + t, 1, 1))
+  for s, received in enumerate(received_per_segment):
+    inputs = jnp.arange(s * t + 1, s * t + t + 1, dtype=jnp.float32).reshape(1, t, 1)
+    layer, ev = memory_lib.push(layer, inputs, jnp.asarray([received], jnp.float32), kv, kv)
+  return ev
+
+
+def _kept(ev, rate):
+  out, out_mask = COMPRESSIONS["most_used"](rate, 1, rngs=None)(ev.slots, ev.mask, ev.usage)
+  return [int(i) for i, valid in zip(out[0, :, 0], out_mask[0]) if valid]
+
+
+def test_most_used_ranks_by_attention_received_while_in_memory():
+  # M = T = 4: slots 1-4 are evicted by the second segment. As segment
+  # tokens (first segment) 1 and 2 drew the most attention; in memory (the
+  # second segment) 3 and 4 did. Only the memory's counts.
+  ev = _eviction_after([[0, 0, 0, 0, 9, 9, 0, 0],
+                        [0, 0, 1, 1, 0, 0, 0, 0]], memory_length=4, t=4)
+  assert _kept(ev, 2) == [3, 4]
+
+
+def test_most_used_ranks_by_the_average_over_visits():
+  # M = 6, T = 4: the third segment evicts 3, 4 (in memory for two
+  # segments) and 5, 6 (for one). By sum 3 and 4 lead (0.7, 0.6); by the
+  # average per visit 5 (0.5) and 3 (0.35) do.
+  ev = _eviction_after([[0] * 10,
+                        [0, 0, 0, 0, .35, .3, 0, 0, 0, 0],
+                        [.35, .3, .5, .1, 0, 0, 0, 0, 0, 0]], memory_length=6, t=4)
+  np.testing.assert_allclose(ev.usage[0], [.35, .3, .5, .1], rtol=1e-6)
+  assert _kept(ev, 2) == [3, 5]
 
 
 def test_per_row_reset_matches_fresh_memory_and_leaves_other_rows():
