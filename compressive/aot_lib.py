@@ -71,11 +71,11 @@ def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lower
       config.model, b, dtype, memory_length=sizes["memory_length"],
       compressed_memory_length=sizes["compressed_memory_length"]))
   init, step, param_shardings = eval_lib.stream_functions(
-      graphdef, template, mesh, config, abstract_memory)
+      graphdef, template, mesh, config, abstract_memory, segment_length=t)
   params = _abstract(abstract_params, param_shardings)
   memory = _abstract(abstract_memory, sharding.memory_shardings(mesh, config, abstract_memory))
   carry = init.eval_shape(params, memory)
-  carry = _abstract(carry, sharding.memory_shardings(mesh, config, carry))
+  carry = _abstract(carry, eval_lib.carry_shardings(mesh, config, carry))
   shardings = eval_lib.segment_shardings(mesh, config)
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=shardings[k]) for k, shape, dt in (
       ("inputs", (b, t), jnp.int32), ("targets", (b, t), jnp.int32),

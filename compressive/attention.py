@@ -112,7 +112,8 @@ def causal_mask(key_valid: jax.Array, t: int, q_last=None, first=0,
 
 
 class RelativeAttention(nnx.Module):
-  """Pre-norm multi-head attention of one layer, relative or rotary.
+  """Multi-head attention of one layer, relative or rotary; with
+  `normalize_inputs` (pre-norm) its projections read LN(x).
 
   `chunk_size` > 0: queries attend in rematerialised chunks of that many
   (module docstring); 0 attends with the whole segment at once.
@@ -120,7 +121,7 @@ class RelativeAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
                positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32,
-               chunk_size: int = 0, implementation: str = "auto"):
+               chunk_size: int = 0, implementation: str = "auto", normalize_inputs: bool = True):
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
@@ -129,7 +130,9 @@ class RelativeAttention(nnx.Module):
     self.num_heads, self.head_dim = h, hd
     init = nnx.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
     proj = lambda: param(init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype)
-    self.norm = LayerNorm(d_model, param_dtype=param_dtype)
+    # Pre-norm: the projections read LN(x). Post-norm: x itself, already the
+    # previous layer's LN output (the caller normalises after the residual).
+    self.norm = LayerNorm(d_model, param_dtype=param_dtype) if normalize_inputs else None
     self.wq, self.wk, self.wv = proj(), proj(), proj()
     if positions == "relative":  # rope has no position parameters
       self.wr = proj()  # drawn before wo, as relative models always initialised
@@ -149,7 +152,10 @@ class RelativeAttention(nnx.Module):
 
   def query(self, x: jax.Array) -> jax.Array:
     """[B, T, d] layer inputs -> queries [B, T, H, D]."""
-    return dense(self.norm(x), self._w("wq"))
+    return dense(self._normalize(x), self._w("wq"))
+
+  def _normalize(self, x: jax.Array, frozen: bool = False) -> jax.Array:
+    return x if self.norm is None else self.norm(x, frozen=frozen)
 
   def keys_values(self, slots: jax.Array, *, frozen: bool = False) -> tuple[jax.Array, jax.Array]:
     """[B, N, d] layer inputs (memory or segment) -> keys, values [B, N, H, D].
@@ -159,7 +165,7 @@ class RelativeAttention(nnx.Module):
     `frozen` reads the weights behind a stop-gradient: a gradient reaches the
     slots, never the weights (the reconstruction loss).
     """
-    n = self.norm(slots, frozen=frozen)
+    n = self._normalize(slots, frozen)
     return dense(n, self._w("wk", frozen)), dense(n, self._w("wv", frozen))
 
   def position_keys(self, table: jax.Array) -> Optional[jax.Array]:

@@ -19,6 +19,10 @@ DTYPES = ("float32", "bfloat16")
 # the rest); or also the outputs of its weight matmuls (not the attention's
 # [B, H, T, K] products, which are recomputed).
 REMAT_POLICIES = ("none", "full", "matmuls")
+# model.norm: "pre" normalises each sublayer's input (and the output, once,
+# before the head); "post" normalises after each residual sum, as the
+# paper's Algorithm 1 and Transformer-XL do.
+NORMS = ("pre", "post")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +39,7 @@ class ModelConfig:
   compression: str = "conv"
   reconstruction_loss: str = "attention"
   positions: str = "relative"  # relative (Transformer-XL) | rope (rotary)
+  norm: str = "pre"  # NORMS: layer norm before each sublayer, or after its residual (the paper's)
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activations; parameters are always float32
   scan_layers: bool = False  # one stacked layer, run by lax.scan over the layer axis
@@ -102,6 +107,8 @@ def validate(cfg: ModelConfig) -> None:
   if cfg.positions not in POSITIONS:
     raise ConfigError(
         f"model.positions={cfg.positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
+  if cfg.norm not in NORMS:
+    raise ConfigError(f"model.norm={cfg.norm!r} is unknown; choose one of {', '.join(NORMS)}")
   if cfg.positions == "rope" and cfg.head_dim % 2:
     raise ConfigError(
         f"model.positions='rope' rotates channel pairs, so the head width must be even: "

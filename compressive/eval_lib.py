@@ -23,8 +23,9 @@ only its own rows.
 `stream` is the one loop over a split's segments: `evaluate` (eval.py, and
 training's periodic estimates) sums its losses, and compressive/analysis.py
 reads its per-token losses and attention weights. `_init_carry` and
-`_run_model` are evaluation's only uses of the model's key/value cache, call
-and aux.
+`_run_model` are evaluation's only uses of the model's key/value cache,
+position keys, call and aux. In `model.eval()` mode the model computes no
+reconstruction loss: only training reads it.
 """
 
 from __future__ import annotations
@@ -160,27 +161,50 @@ def hms(seconds: float) -> str:
 # -- The model in evaluation: its memory cache, its one call, its aux. -----------
 
 
-def _init_carry(model, memory, cached: bool):
-  """The memory a stream starts from: with `cached`, carrying every slot's
-  keys and values, computed once when the slot enters the memory instead of
-  every segment (the weights do not change during evaluation); the results
-  are the same."""
-  return model.cache_keys_values(memory, segment_length=0) if cached else memory
+@flax.struct.dataclass
+class Carry:
+  """What a stream threads from one segment to the next: the memory (with
+  its slots' keys and values when cached) and every layer's W_r R for the
+  segment length (None in rope mode), both computed once while the weights
+  do not change."""
+
+  memory: memory_lib.Memory
+  position_keys: Optional[jax.Array]  # [L, C + M + 2T - 1, H, D]
 
 
-def _run_model(model, memory, batch, collect_attention: bool):
-  """(memory, logits, attention) of one segment: evaluation's one call of the
+def _init_carry(model, memory, cached: bool, segment_length: int) -> Carry:
+  """The carry a stream starts from: with `cached`, the memory carries
+  every slot's keys and values, computed once when the slot enters the
+  memory instead of every segment; W_r R is computed here once instead of in
+  every segment. The results are the same."""
+  memory = model.cache_keys_values(memory, segment_length=0) if cached else memory
+  return Carry(memory, model.position_keys(memory, segment_length))
+
+
+def _run_model(model, carry: Carry, batch, collect_attention: bool):
+  """(carry, logits, attention) of one segment: evaluation's one call of the
   model and its one reader of the model's aux. `attention` is None, or with
   `collect_attention` the `Segment` fields attention_by_key and memory_valid.
   """
+  memory, t = carry.memory, batch["inputs"].shape[1]
+  rows = memory.compressed_memory_length + memory.memory_length + 2 * t - 1
+  if carry.position_keys is not None and carry.position_keys.shape[1] != rows:
+    raise ValueError(f"the stream's position keys are for another segment length than {t}")
   logits, new_memory, aux = model(batch["inputs"], memory, batch["start_of_sequence"],
-                                  collect_attention=collect_attention)
+                                  collect_attention=collect_attention,
+                                  position_keys=carry.position_keys)
   attention = None
   if collect_attention:
     attended = memory_lib.reset_rows(memory, batch["start_of_sequence"])
     attention = dict(attention_by_key=aux.attention_by_key, memory_valid=jnp.concatenate(
         [attended.cmem_mask[0], attended.mem_mask[0]], axis=-1))
-  return new_memory, logits, attention
+  return carry.replace(memory=new_memory), logits, attention
+
+
+def carry_shardings(mesh: Mesh, config: ml_collections.ConfigDict, carry: Carry) -> Carry:
+  """The memory's rows split like the batch; the position keys replicated."""
+  return Carry(sharding.memory_shardings(mesh, config, carry.memory),
+               None if carry.position_keys is None else sharding.replicated(mesh))
 
 
 # -- Streaming evaluation. --------------------------------------------------------
@@ -212,10 +236,11 @@ class Segment:
 def make_stream_step(model, mesh: Optional[Mesh] = None,
                      config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False):
-  """(init, step): init(memory) -> carry, the memory a stream starts from;
-  step(carry, batch) -> (carry, outputs), outputs the `Segment` fields but
-  the batch. Both jitted.
+                     per_token: bool = False, segment_length: Optional[int] = None):
+  """(init, step): init(memory) -> carry (`Carry`), what a stream starts
+  from; step(carry, batch) -> (carry, outputs), outputs the `Segment` fields
+  but the batch. Both jitted; segments have `segment_length` tokens (default
+  the model's).
 
   With a mesh (and the config's partition rules), the parameters are stored
   on it as training stores them and gathered along the data axes to
@@ -226,7 +251,7 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   params = nnx.to_pure_dict(template)
   init, step, param_shardings = stream_functions(
       graphdef, template, mesh, config, abstract_memory, cache_keys_values=cache_keys_values,
-      collect_attention=collect_attention, per_token=per_token)
+      collect_attention=collect_attention, per_token=per_token, segment_length=segment_length)
   if param_shardings is not None:
     params = jax.device_put(params, param_shardings)
   return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
@@ -235,30 +260,34 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
 def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
                      config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False):
+                     per_token: bool = False, segment_length: Optional[int] = None):
   """`make_stream_step`'s jitted functions with the parameters (a pure dict)
   as their first argument, and where the parameters are stored (None without
   a mesh): (init(params, memory), step(params, carry, batch), shardings).
   Shapes suffice to lower them (aot.py compiles `step` for other hardware)."""
-  gathered = carry_shardings = out_shardings = param_shardings = None
+  gathered = carries = out_shardings = param_shardings = None
+  model = nnx.merge(graphdef, template)
+  model.eval()  # deterministic, and no reconstruction loss, whatever mode it came in
+  graphdef, template = nnx.split(model)
+  t = segment_length or model.config.segment_length
   if mesh is not None:
     specs = sharding.param_specs(config, nnx.to_pure_dict(template))
     param_shardings = sharding.shardings(mesh, specs)
     gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
     abstract_carry = jax.eval_shape(
-        lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values),
+        lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
         nnx.to_pure_dict(template), abstract_memory)
-    carry_shardings = sharding.memory_shardings(mesh, config, abstract_carry)
-    out_shardings = (carry_shardings, sharding.replicated(mesh))
+    carries = carry_shardings(mesh, config, abstract_carry)
+    out_shardings = (carries, sharding.replicated(mesh))
 
   def merged(params):
     if gathered is not None:
       params = jax.lax.with_sharding_constraint(params, gathered)
     return merge_params(graphdef, template, params)
 
-  @functools.partial(jax.jit, out_shardings=carry_shardings)
+  @functools.partial(jax.jit, out_shardings=carries)
   def init(params, memory):
-    return _init_carry(merged(params), memory, cache_keys_values)
+    return _init_carry(merged(params), memory, cache_keys_values, t)
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
   def step(params, carry, batch):
@@ -344,7 +373,7 @@ def stream(
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
       model, mesh, config, abstract_memory, collect_attention=collect_attention,
-      per_token=per_token)
+      per_token=per_token, segment_length=t)
   memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, config, abstract_memory))()
   carry = init_carry(memory)
   batch_shardings = segment_shardings(mesh, config)

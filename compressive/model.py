@@ -43,7 +43,7 @@ class Aux:
   """What a call reports besides logits and memory.
 
   At model level `reconstruction_loss` is summed over layers (0 if nothing was
-  evicted) and `attention_mass` [3] (by BANKS) averaged over layers, heads,
+  evicted, in `model.eval()` mode, or for a parameter-free compression) and `attention_mass` [3] (by BANKS) averaged over layers, heads,
   queries and rows; it is NaN where rope attention ran fused (no weights).
   `attention_by_key` [L, B, K] (with `collect_attention`) is each layer's
   attention on every key of [cmem; mem; segment], averaged over heads and
@@ -62,14 +62,26 @@ class Aux:
 
 
 class Block(nnx.Module):
-  """One pre-norm layer: attention over its memory, feed-forward, and the
-  memory update with its compression."""
+  """One layer: attention over its memory, feed-forward, and the memory
+  update with its compression.
+
+  model.norm = "pre":  h = x + attn(LN(x));   out = h + ffn(LN(h))
+  model.norm = "post": h = LN(x + attn(x));   out = LN(h + ffn(h))   (Alg. 1)
+
+  Either way the memory stores the layer's input x: with "post" that is the
+  previous layer's LN output (the embeddings for the first layer).
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype=jnp.float32):
+    self.post_norm = cfg.norm == "post"
     self.attention = RelativeAttention(
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
         positions=cfg.positions, dtype=dtype, param_dtype=param_dtype,
-        chunk_size=cfg.attention_chunk_size, implementation=cfg.attention_implementation)
+        chunk_size=cfg.attention_chunk_size, implementation=cfg.attention_implementation,
+        normalize_inputs=not self.post_norm)
+    # Post-norm's LN after the attention's residual (pre-norm's is inside
+    # the attention); ffn_norm is the feed-forward's in both.
+    self.attention_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm else None
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
@@ -86,7 +98,7 @@ class Block(nnx.Module):
   def __call__(
       self, x: jax.Array, mem: Memory, *, rng: Optional[jax.Array] = None,
       collect_attention: bool = False, position: Optional[jax.Array] = None,
-      position_keys: Optional[jax.Array] = None,
+      position_keys: Optional[jax.Array] = None, training: bool = True,
   ) -> tuple[jax.Array, Memory, Aux]:
     """x [B, Tq, d] layer inputs; `mem` this layer's memory (no layer axis).
 
@@ -99,6 +111,9 @@ class Block(nnx.Module):
     `position_keys` [K + T - 1, H, D]: W_r R for distances K-1 .. -(T-1),
     computed once while the weights do not change (`model.position_keys`);
     otherwise computed here for the K keys.
+
+    `training` False (evaluation, generation) skips the reconstruction
+    loss, which only training reads.
     """
     att, cache = self.attention, mem.cache
     b, tq, _ = x.shape
@@ -129,8 +144,12 @@ class Block(nnx.Module):
     a, received = att(q, k, v, valid, q_last, r,
                       dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
                       need_weights=self.needs_usage or collect_attention)
-    h = x + self._drop(a, rng, 1)
-    out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
+    if self.post_norm:
+      h = self.attention_norm(x + self._drop(a, rng, 1))
+      out = self.ffn_norm(h + self._drop(self.ffn(h), rng, 2))
+    else:
+      h = x + self._drop(a, rng, 1)
+      out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
 
     if received is not None:
       received = jax.lax.stop_gradient(received)
@@ -150,7 +169,7 @@ class Block(nnx.Module):
                                     k[:, c_len:], v[:, c_len:])
       ev = jax.lax.stop_gradient(ev)
       if c_len:  # init_memory refuses a compressed memory for a model without compressor
-        new_mem, recon = self.compressor(new_mem, ev, q, att)
+        new_mem, recon = self.compressor(new_mem, ev, q, att, with_loss=training)
     else:
       new_mem = mem  # a segment-local Transformer keeps nothing
     return out, new_mem, Aux(recon, mass, received if collect_attention else None)
@@ -174,7 +193,8 @@ class CompressiveTransformer(nnx.Module):
     # scan_layers: one Block whose every parameter has a leading layer axis
     # (logical axis 'layers'), drawn exactly as the unrolled layers are.
     self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)
-    self.final_norm = LayerNorm(cfg.d_model)
+    # Post-norm layers end in LN already: the paper has no final LN.
+    self.final_norm = None if cfg.norm == "post" else LayerNorm(cfg.d_model)
     self.head = param(nnx.initializers.lecun_normal(), rngs, (cfg.d_model, cfg.vocab_size),
                       ("embed", "vocab"))
 
@@ -245,7 +265,9 @@ class CompressiveTransformer(nnx.Module):
         its keys and values if `cache_keys_values` made it.
       start_of_sequence: bool [B]; rows whose memory is reset first.
       dropout_rng: a key enabling dropout (training); None, or `model.eval()`,
-        makes the call deterministic.
+        makes the call deterministic. `model.eval()` also skips the
+        reconstruction loss (aux.reconstruction_loss is then 0): only
+        training reads it.
       collect_attention: fill aux.attention_by_key.
       position: decoding: the index in the current segment of tokens' first
         token (the memory must carry its cache). The memory is not pushed;
@@ -272,7 +294,8 @@ class CompressiveTransformer(nnx.Module):
       raise ValueError("decoding (position=...) needs a memory made by cache_keys_values")
     if memory.mem.shape[-1] != cfg.d_model:
       raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
-    if self.embed_dropout.deterministic or cfg.dropout_rate == 0.0:
+    training = not self.embed_dropout.deterministic  # model.eval(): no training-only work
+    if not training or cfg.dropout_rate == 0.0:
       dropout_rng = None
 
     if start_of_sequence is not None:
@@ -282,13 +305,16 @@ class CompressiveTransformer(nnx.Module):
     if dropout_rng is not None:
       x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
     x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
-                                      position_keys)
-    logits = dense(self.final_norm(x), self.head[...].astype(self.dtype)).astype(jnp.float32)
+                                      position_keys, training)
+    if self.final_norm is not None:
+      x = self.final_norm(x)
+    logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
     aux = aux.replace(reconstruction_loss=aux.reconstruction_loss.sum(),
                       attention_mass=aux.attention_mass.mean(0))
     return logits, jax.lax.stop_gradient(new_memory), aux
 
-  def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys):
+  def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys,
+              training):
     """Runs the layers in order: (output, memory, aux), the last two with a
     leading layer axis. Unrolled, or one `lax.scan` over the stacked layer
     and the memory's layer axis (scan_layers); each layer's backward pass
@@ -299,7 +325,8 @@ class CompressiveTransformer(nnx.Module):
     def layer(x, state, mem, index, pk, rng, pos):
       rng = None if rng is None else jax.random.fold_in(rng, index)
       return nnx.merge(graphdef, state)(
-          x, mem, rng=rng, collect_attention=collect_attention, position=pos, position_keys=pk)
+          x, mem, rng=rng, collect_attention=collect_attention, position=pos, position_keys=pk,
+          training=training)
 
     if cfg.remat != "none":
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable

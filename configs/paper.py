@@ -1,5 +1,5 @@
-"""What the paper's large runs share (docs/PAPER.md §Optimisation): run length, logging, and
-the optimiser — Adam, linear warmup to 3e-4, cosine decay, gradient-norm clip
+"""What the paper's large runs share (docs/PAPER.md §Optimisation): run length, logging,
+post-norm layers, and the optimiser — Adam, linear warmup to 3e-4, cosine decay, gradient-norm clip
 0.1 ("crucial"). Not an experiment itself: configs/enwik8.py and pg19.py
 start from `base()` and set their model and data."""
 
@@ -17,6 +17,9 @@ def base() -> ml_collections.ConfigDict:
   config.eval_every_steps = 5_000
   config.checkpoint_every_steps = 1_000
   config.model.dropout_rate = 0.1
+  # Alg. 1 and Transformer-XL: LN after each residual sum, no final LN; the
+  # optimiser settings below were tuned for it.
+  config.model.norm = "post"
   config.model.dtype = "bfloat16"
   # 24 to 36 layers: one scanned layer compiles once, not 36 times. Scanned,
   # every layer's activations are kept for the backward pass unless remat

@@ -31,6 +31,8 @@ def test_paper_settings():
   assert e.eval.compressed_memory_length == 3072
   assert (e.optimizer.learning_rate, e.optimizer.grad_clip_norm) == (3e-4, 0.1)
   p = importlib.import_module("configs.pg19").get_config().model
+  for baseline in ("enwik8", "enwik8_txl", "pg19", "pg19_txl"):  # Alg. 1's post-norm layers
+    assert importlib.import_module(f"configs.{baseline}").get_config().model.norm == "post"
   assert (p.num_layers, p.segment_length, p.memory_length, p.compressed_memory_length,
           p.compression_rate, p.vocab_size) == (36, 512, 512, 512, 2, 32000)
 

@@ -40,11 +40,12 @@ def loss_grads(cfg, n_before=3):
   return flat(lm), flat(rec), float(losses_of(params)[1])
 
 
-@pytest.mark.parametrize("compression,loss", [
-    ("conv", "attention"), ("dilated_conv", "attention"), ("conv", "autoencoding"),
-    ("mean_pool", "autoencoding")])
-def test_each_loss_reaches_only_its_parameters(compression, loss):
-  cfg = tiny_model_config(compression=compression, reconstruction_loss=loss)
+@pytest.mark.parametrize("compression,loss,norm", [
+    ("conv", "attention", "pre"), ("dilated_conv", "attention", "pre"),
+    ("conv", "autoencoding", "pre"), ("dilated_conv", "autoencoding", "pre"),
+    ("conv", "attention", "post")])
+def test_each_loss_reaches_only_its_parameters(compression, loss, norm):
+  cfg = tiny_model_config(compression=compression, reconstruction_loss=loss, norm=norm)
   lm, rec, rec_value = loss_grads(cfg)
   assert rec_value > 0  # an eviction happened
   compressor = [k for k in lm if "compressor" in k]

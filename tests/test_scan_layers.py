@@ -97,7 +97,9 @@ def test_scanned_equals_unrolled_in_values_and_gradients(overrides):
     assert_close(ag, aw, f"segment {s} aux")
   assert_close(got_memory, want_memory, "memory")
   assert_close(got_grads, stacked(want_grads), "gradient")
-  assert np.any(np.asarray(want[-1][1].reconstruction_loss) > 0)  # the compressor was exercised
+  assert np.asarray(want_memory.cmem_mask).any()  # the compressor was exercised
+  if overrides.get("compression") != "most_used":  # parameter-free: no loss
+    assert np.any(np.asarray(want[-1][1].reconstruction_loss) > 0)
 
 
 @pytest.mark.parametrize("scan,remat", [(False, "full"), (True, "matmuls"), (True, "full")])
