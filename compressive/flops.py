@@ -26,7 +26,7 @@ class Flops:
   causal attention within the segment counted at half."""
   forward: float
   train: float
-  evaluate: float  # forward with evaluation's key/value cache
+  evaluate: float  # forward with evaluation's key/value cache and position keys
 
 
 def flops_per_token(model_config, batch_size: int) -> Flops:
@@ -70,8 +70,9 @@ def flops_per_token(model_config, batch_size: int) -> Flops:
            + 3 * head)
   # Evaluation's cache computes a slot's keys and values once: the segment's
   # (already in seg_weights) and those of the t / c new compressed slots.
+  # Its position keys are computed once per stream, not per segment.
   cached_kv = 2 * 2 * d * d / c if cmem else 0
-  evaluate = forward - layers * (mem_kv - cached_kv)
+  evaluate = forward - layers * (mem_kv - cached_kv + pos)
   return Flops(forward=forward, train=train, evaluate=evaluate)
 
 
