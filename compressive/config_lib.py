@@ -39,7 +39,10 @@ class ModelConfig:
   compression: str = "conv"
   reconstruction_loss: str = "attention"
   positions: str = "relative"  # relative (Transformer-XL) | rope (rotary)
-  norm: str = "pre"  # NORMS: layer norm before each sublayer, or after its residual (the paper's)
+  # NORMS: layer norm before each sublayer, or after its residual sum (the
+  # paper's, and every shipped config's). "pre" here because a config saved
+  # before the field existed (a workdir's config.json) was trained pre-norm.
+  norm: str = "pre"
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activations; parameters are always float32
   scan_layers: bool = False  # one stacked layer, run by lax.scan over the layer axis

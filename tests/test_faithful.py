@@ -142,3 +142,37 @@ def test_parameter_free_compressions_have_no_reconstruction_loss(compression, lo
   out = run_segments(model, cfg, 4)
   assert all(float(aux.reconstruction_loss) == 0.0 for _, _, aux in out)
   assert not [k for k, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)) if "compressor" in k]
+
+
+def _count(jaxpr, primitive: str) -> int:
+  """Equations of `primitive` in a jaxpr and every jaxpr nested in it."""
+  n = 0
+  for eqn in jaxpr.eqns:
+    n += eqn.primitive.name == primitive
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          n += _count(sub.jaxpr, primitive)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          n += _count(sub, primitive)
+  return n
+
+
+def test_streaming_evaluation_computes_position_keys_once_per_stream():
+  from compressive import eval_lib  # pylint: disable=g-import-not-at-top
+  cfg = tiny_model_config(num_layers=3)
+  model = make_model(cfg)
+  model.eval()
+  b, t = 2, cfg.segment_length
+  init, step = eval_lib.make_stream_step(model)
+  memory = model.init_memory(b)
+  carry = init(memory)
+  np.testing.assert_array_equal(carry.position_keys, model.position_keys(memory, t))
+  tokens = np.zeros((b, t), np.int32)
+  batch = dict(inputs=tokens, targets=tokens, mask=np.ones((b, t), bool),
+               start_of_sequence=np.ones((b,), bool))
+  dots = lambda c: _count(jax.make_jaxpr(step)(c, batch).jaxpr, "dot_general")
+  # Without the carried keys every layer would project its sinusoids itself.
+  assert dots(carry.replace(position_keys=None)) - dots(carry) == cfg.num_layers
+  _, out = step(carry, batch)
+  assert float(out["count"]) == b * t

@@ -88,7 +88,8 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert specs["blocks"][0]["compressor"]["fn"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
   assert specs["embed"]["embedding"] == P("tensor", "fsdp")  # [V, d]
   assert specs["head"] == P("fsdp", "tensor")
-  assert specs["final_norm"]["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
+  norms = specs["blocks"][0]["attention_norm"]  # post-norm: LN after the residual
+  assert norms["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
 
   dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
   kernel = sharding.param_specs(dilated, abstract_params(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
