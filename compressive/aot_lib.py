@@ -27,7 +27,6 @@ import ml_collections
 
 from compressive import eval_lib
 from compressive import flops as flops_lib
-from compressive import memory as memory_lib
 from compressive import sharding
 from compressive import train_lib
 from compressive import train_step
@@ -63,13 +62,8 @@ def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lower
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
   graphdef, template, abstract_params = train_step.abstract_model(config)
-  sizes = eval_lib.eval_sizes(config)
-  b, t = sizes["batch_size"], sizes["segment_length"]
-  b = -(-b // sharding.data_parallel_size(config, mesh)) * sharding.data_parallel_size(config, mesh)
-  dtype = jnp.dtype(config.model.dtype)
-  abstract_memory = jax.eval_shape(lambda: memory_lib.init_memory(
-      config.model, b, dtype, memory_length=sizes["memory_length"],
-      compressed_memory_length=sizes["compressed_memory_length"]))
+  b, t, init_memory = eval_lib.stream_shapes(config, mesh)
+  abstract_memory = jax.eval_shape(init_memory)
   init, step, param_shardings = eval_lib.stream_functions(
       graphdef, template, mesh, config, abstract_memory, segment_length=t)
   params = _abstract(abstract_params, param_shardings)

@@ -137,16 +137,19 @@ class Checkpointer:
             f"no checkpoint of step {step} in {self.directory}; saved steps are "
             f"{self.all_steps() or 'none'}")
     self._check_shapes(step, abstract_state)
-    items = dict(state=ocp.args.StandardRestore(abstract_state),
-                 data=ocp.args.JsonRestore(), **{INTEGRITY: ocp.args.JsonRestore()})
-    if abstract_memory is not None and _nonempty_fields(abstract_memory):
-      wanted = _nonempty_fields(abstract_memory)
-      saved = self._saved_memory_fields(step)
-      if saved is not None:  # a field newer than the checkpoint starts empty
-        wanted = {k: v for k, v in wanted.items() if k in saved}
-      if wanted:
-        items["memory"] = ocp.args.StandardRestore(wanted)
+    items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
     try:
+      # The integrity record first: it also names the memory fields saved. A
+      # checkpoint of an older version may lack a field the memory has since
+      # gained (e.g. `visits`), which then starts empty, as in a fresh memory.
+      record = self._manager.restore(
+          step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
+      if abstract_memory is not None:
+        saved = {name.split("/")[1] for name in record.get("sums", {})
+                 if name.startswith("memory/")}
+        wanted = {k: v for k, v in _nonempty_fields(abstract_memory).items() if k in saved}
+        if wanted:
+          items["memory"] = ocp.args.StandardRestore(wanted)
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
       if not os.path.isdir(where):
@@ -157,7 +160,6 @@ class Checkpointer:
           f"checkpoint {where} is damaged ({type(e).__name__}: "
           f"{str(e).splitlines()[0][:200] if str(e) else ''}); train.py --restore_intact "
           "resumes from the newest intact checkpoint") from e
-    record = restored[INTEGRITY]
     got = fingerprint({"state": restored["state"],
                        "memory": restored.get("memory") or {}} if "memory" in items
                       else {"state": restored["state"]})
@@ -177,19 +179,6 @@ class Checkpointer:
     if abstract_memory is not None:
       memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
-
-  def _saved_memory_fields(self, step: int) -> Optional[set[str]]:
-    """The memory fields the checkpoint holds, from its integrity record
-    (None if unreadable: the restore then reports the damage). A checkpoint
-    of an older version may lack a field that the memory has gained (e.g.
-    `visits`); restore() makes such a field empty, as a fresh memory's."""
-    try:
-      record = self._manager.restore(
-          step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
-    except Exception:  # pylint: disable=broad-except
-      return None
-    names = [name.split("/") for name in record.get("sums", {})]
-    return {parts[1] for parts in names if len(parts) > 1 and parts[0] == "memory"}
 
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
     """ShapeMismatchError naming the parameters whose saved shapes differ."""

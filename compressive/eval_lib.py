@@ -318,6 +318,24 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
   return init, loss_step
 
 
+def stream_shapes(config: ml_collections.ConfigDict, mesh: Mesh,
+                  num_documents: Optional[int] = None):
+  """(B, T, init): a stream's rows and segment length at the evaluation
+  sizes, and init() -> its fresh memory. B is the eval batch size, at most
+  `num_documents`, rounded up to a multiple of the data-parallel split (the
+  extra rows are all padding)."""
+  sizes = eval_sizes(config)
+  b, t = sizes["batch_size"], sizes["segment_length"]
+  if num_documents is not None:
+    b = min(b, num_documents)
+  dp = sharding.data_parallel_size(config, mesh)
+  b = -(-b // dp) * dp
+  init = lambda: memory_lib.init_memory(
+      config.model, b, jnp.dtype(config.model.dtype), memory_length=sizes["memory_length"],
+      compressed_memory_length=sizes["compressed_memory_length"])
+  return b, t, init
+
+
 def segment_shardings(mesh: Mesh, config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Where one segment's batch lives: rows along the data axes."""
   return {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
@@ -355,21 +373,14 @@ def stream(
     progress_every_s: seconds between progress lines (`Progress`), which
       are labelled `what`.
   """
-  sizes = eval_sizes(config)
   model.eval()
   mesh = sharding.make_mesh(config) if mesh is None else mesh
-  dp = sharding.data_parallel_size(config, mesh)
-  b, t = min(sizes["batch_size"], len(documents)), sizes["segment_length"]
-  b = -(-b // dp) * dp
+  b, t, init = stream_shapes(config, mesh, len(documents))
   rows = sharding.rows_sharding(mesh, config, 2, 0)  # [B, T]
   row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
                                 seed=config.seed, repeat=False,
                                 row_start=row_start, num_rows=num_rows)
-  dtype = jnp.dtype(config.model.dtype)
-  init = lambda: memory_lib.init_memory(
-      config.model, b, dtype, memory_length=sizes["memory_length"],
-      compressed_memory_length=sizes["compressed_memory_length"])
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
       model, mesh, config, abstract_memory, collect_attention=collect_attention,
