@@ -1,9 +1,12 @@
 """The long-range recall source and its accuracy-by-distance evaluation."""
 
 import numpy as np
+import pytest
 
 from compressive import analysis
 from compressive import data as data_lib
+from compressive.data import recall as recall_source
+from compressive.errors import ConfigError
 from conftest import make_model
 from test_train import tiny_experiment
 
@@ -42,3 +45,44 @@ def test_an_oracle_free_model_is_scored_on_every_answer():
   assert set(result["distance"]) <= {20, 60}
   assert all(0.0 <= a <= 1.0 for a in result["byte_accuracy"])
   assert np.all(np.asarray(result["exact_match"]) <= np.asarray(result["byte_accuracy"]) + 1e-9)
+
+
+def test_a_requeried_fact_is_measured_from_its_latest_occurrence():
+  c = recall_config()
+  c.data.recall.requery_distances = (15, 25)
+  docs = data_lib.get_documents(c.data, "validation", data_lib.get_tokenizer(c.data))
+  seconds = 0
+  for i in range(len(docs)):
+    text = docs.text(i)
+    for q in docs.queries(i):
+      query_start = q.answer_start - 6
+      key, value = text[query_start + 1:query_start + 5], text[q.answer_start:q.answer_start + 4]
+      before = text[query_start - q.distance:query_start - q.distance + 11]
+      if q.first:
+        assert q.distance in (15, 25) and before == f"<{key}={value}>"
+      else:
+        seconds += 1
+        assert q.distance in (20, 60) and before == f"<{key}?{value}>"
+      # No other occurrence of the value's key in between: the distance is
+      # the reach the answer needs.
+      assert f"<{key}" not in text[query_start - q.distance + 1:query_start]
+  assert seconds > 0
+
+
+def test_requery_distances_are_checked():
+  c = recall_config()
+  c.data.recall.requery_distances = (5,)
+  with pytest.raises(ConfigError, match="requery_distances"):
+    recall_source.validate(c.data)
+
+
+def test_the_study_pools_accuracy_over_the_distances_beyond_a_reach():
+  from experiments import run  # pylint: disable=g-import-not-at-top
+  acc = {"distance": [100, 200, 300], "byte_accuracy": [0.9, 0.5, 0.2],
+         "exact_match": [0.8, 0.25, 0.0], "queries": [10, 30, 10]}
+  far = run.beyond(acc, 150)
+  assert far["queries"] == 40
+  assert abs(far["answer_byte_accuracy"] - (0.5 * 30 + 0.2 * 10) / 40) < 1e-12
+  assert abs(far["whole_answer_accuracy"] - 0.25 * 30 / 40) < 1e-12
+  assert run.beyond(acc, 300) == {"queries": 0, "answer_byte_accuracy": None,
+                                  "whole_answer_accuracy": None}

@@ -2,7 +2,9 @@
 
 Each document is byte text: filler words of lowercase letters, with facts
 `<KEY=VALUE>` (KEY four capitals, VALUE four digits) planted at random places
-and each queried once, `<KEY?VALUE>`, a chosen number of bytes later. The four
+and each queried once, `<KEY?VALUE>`, a chosen number of bytes later. With
+`requery_distances`, each fact is first queried at one of those (near)
+distances and then again at one of `distances` after that first query. The four
 VALUE bytes of a query can only be predicted by recalling the fact, so
 accuracy on them as a function of the fact-to-query distance measures how far
 back a model's memory reaches: a Transformer-XL reaches num_layers x
@@ -10,7 +12,9 @@ memory_length tokens, a Compressive Transformer num_layers x (memory_length +
 rate x compressed_memory_length).
 
 Config fields (config.data.recall): distances (distances in bytes between a
-fact and its query, one drawn per fact), doc_length (bytes per document),
+fact and its query, one drawn per fact), requery_distances (empty: each fact
+is queried once; else the distances of a first, near query, the far one
+following it), doc_length (bytes per document),
 facts (facts per document), num_docs (documents per split: train,
 validation, test), seed.
 """
@@ -35,38 +39,46 @@ _EVENT_LEN = 1 + KEY_LEN + 1 + VALUE_LEN + 1  # "<KEY=VALUE>"
 @dataclasses.dataclass(frozen=True)
 class Query:
   answer_start: int  # byte offset of the first VALUE byte of the query
-  distance: int  # bytes from the fact's start to the query's start
+  # Bytes to the query's start from the start of the latest earlier
+  # occurrence of its value: the fact, or the fact's previous query.
+  distance: int
+  first: bool = True  # the fact's first query
 
 
 def make_document(rng: np.random.Generator, length: int, num_facts: int,
-                  distances: tuple[int, ...]) -> tuple[str, list[Query]]:
+                  distances: tuple[int, ...],
+                  requery_distances: tuple[int, ...] = ()) -> tuple[str, list[Query]]:
   """One document of exactly `length` bytes and its queries."""
   occupied = np.zeros(length, bool)
-  events = []  # (start, text, query or None)
+  events = []  # (start, text, query distance or None, first query)
   for _ in range(num_facts):
     for _ in range(100):  # rejection sampling of non-overlapping placements
-      d = int(rng.choice(distances))
-      if d + _EVENT_LEN > length:
+      # Gaps between consecutive events: fact -> (near query ->) far query.
+      gaps = [int(rng.choice(requery_distances))] if requery_distances else []
+      gaps.append(int(rng.choice(distances)))
+      if sum(gaps) + _EVENT_LEN > length:
         break
-      start = int(rng.integers(0, length - d - _EVENT_LEN + 1))
-      spans = [(start, start + _EVENT_LEN), (start + d, start + d + _EVENT_LEN)]
+      start = int(rng.integers(0, length - sum(gaps) - _EVENT_LEN + 1))
+      starts = list(np.cumsum([start] + gaps))
+      spans = [(a, a + _EVENT_LEN) for a in starts]
       # Keep one byte of filler around every event so they never touch.
-      if d < _EVENT_LEN + 1 or any(
+      if min(gaps) < _EVENT_LEN + 1 or any(
           occupied[max(a - 1, 0):min(b + 1, length)].any() for a, b in spans):
         continue
       key = "".join(rng.choice(list(string.ascii_uppercase), KEY_LEN))
       value = "".join(rng.choice(list(string.digits), VALUE_LEN))
       for a, b in spans:
         occupied[a:b] = True
-      events.append((start, f"<{key}={value}>", None))
-      events.append((start + d, f"<{key}?{value}>", d))
+      events.append((starts[0], f"<{key}={value}>", None, False))
+      for k, (a, gap) in enumerate(zip(starts[1:], gaps)):
+        events.append((int(a), f"<{key}?{value}>", gap, k == 0))
       break
   chars = list(_filler(rng, length))
   queries = []
-  for start, text, distance in events:
+  for start, text, distance, first in events:
     chars[start:start + _EVENT_LEN] = text
     if distance is not None:
-      queries.append(Query(answer_start=start + 1 + KEY_LEN + 1, distance=distance))
+      queries.append(Query(answer_start=start + 1 + KEY_LEN + 1, distance=distance, first=first))
   return "".join(chars), sorted(queries, key=lambda q: q.answer_start)
 
 
@@ -98,6 +110,9 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # Bytes from a fact to its query; one drawn per fact.
   c.distances = (64, 256, 1024)
+  # Empty: one query per fact. Else a first query at one of these distances
+  # from the fact, and the second at one of `distances` from the first.
+  c.requery_distances = ()
   c.doc_length = 4096  # bytes per document
   c.facts = 8  # facts per document
   c.num_docs = (64, 8, 8)  # (train, validation, test)
@@ -111,6 +126,9 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
   distances = tuple(data_config.recall.distances)
   if not distances or min(distances) <= _EVENT_LEN:
     raise ConfigError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
+  requery = tuple(data_config.recall.get("requery_distances", ()))
+  if requery and min(requery) <= _EVENT_LEN:
+    raise ConfigError(f"data.recall.requery_distances={requery} must be > {_EVENT_LEN} bytes each")
 
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
@@ -124,9 +142,12 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
   distances = tuple(int(d) for d in c.distances)
   if not distances or min(distances) <= _EVENT_LEN:
     raise DataError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
+  requery = tuple(int(d) for d in c.get("requery_distances", ()))
+  if requery and min(requery) <= _EVENT_LEN:
+    raise DataError(f"data.recall.requery_distances={requery} must be > {_EVENT_LEN} bytes each")
   texts, queries = [], []
   for _ in range(int(c.num_docs[k])):
-    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances)
+    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery)
     texts.append(text)
     queries.append(q)
   return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
