@@ -195,8 +195,14 @@ RECALL_STUDY = {
     "requery": ("each fact queried twice: at 56-72 bytes, then at 24-344 bytes after that "
                 "query (32 facts per document, so the events' density is unchanged)",
                 _REQUERY, ()),
-    "most_used_requery": ("most-used selection and each fact queried twice", _REQUERY,
-                          _MOST_USED),
+    # The requery setting's three near distances taught both models a
+    # positional shortcut (docs/RESULTS.md §2); here the first query is at one
+    # of 13 distances, 24-120 bytes, so that finding the fact takes its key.
+    "most_used_requery": ("most-used selection, and each fact queried twice: at 24-120 bytes "
+                          "(13 distances), then at 24-344 bytes after that query "
+                          "(32 facts per document)",
+                          ("--config.data.recall.requery_distances=" + str(tuple(range(24, 121, 8)))
+                           .replace(" ", ""), "--config.data.recall.facts=32"), _MOST_USED),
 }
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
@@ -213,8 +219,8 @@ def beyond(acc: dict, reach: int) -> dict:
 
 
 def _slug(overrides) -> str:
-  return "_".join(o[len("--config."):].replace("=", "").replace(".", "_").strip("()")
-                  .replace(",", "_") for o in overrides) or "base"
+  return "_".join(o[len("--config."):].translate(str.maketrans(".,", "__", "=()"))
+                  for o in overrides) or "base"
 
 
 def recall_setting(out: str, name: str) -> dict:
@@ -290,11 +296,11 @@ def plot_recall_study(name: str, r: dict, path: str) -> None:
 
 def study_table(study: dict) -> str:
   """The study as the markdown table of docs/RESULTS.md (every figure from the JSON)."""
-  pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
+  pct = lambda v, digits=1: "n/a" if v is None else f"{100 * v:.{digits}f}%"
   rows = ["| setting | steps | CT whole answers / answer bytes | TXL | CT, compressed memory "
           "removed | queries |", "|---|---|---|---|---|---|"]
   for name, r in study["settings"].items():
-    cells = [f"{pct(r[m]['whole_answer_accuracy_beyond_txl_reach'])} / "
+    cells = [f"{pct(r[m]['whole_answer_accuracy_beyond_txl_reach'], 2)} / "
              f"{pct(r[m]['answer_byte_accuracy_beyond_txl_reach'])}"
              for m in ("ct", "txl", "ct_no_compressed")]
     rows.append(f"| `{name}`: {r['config']['what']} | {r['config']['steps']} | "
