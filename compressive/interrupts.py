@@ -2,8 +2,11 @@
 
 `SignalStop` (train.py): the first SIGTERM / SIGINT asks the run to stop
 after its step (it then checkpoints and exits 0); a second stops it at once
-with KeyboardInterrupt. Python runs a handler between any two bytecodes, so
-that exception may land anywhere:
+with KeyboardInterrupt. In a run of several processes, SIGTERM is left to
+JAX's preemption service, which tells every process and agrees on the step
+to stop at (train_lib polls it); a first SIGINT is handed to it as a
+SIGTERM. Python runs a handler between any two bytecodes, so the
+KeyboardInterrupt may land anywhere:
 
 - inside the few lines that start a checkpoint save, where Orbax would leave
   a temporary directory that nothing finishes: `deferred()` marks such
@@ -48,6 +51,16 @@ def interrupt(exc: BaseException) -> None:
   raise exc
 
 
+def preemption_service() -> bool:
+  """Whether JAX's preemption service runs: in a run of several processes
+  (after jax.distributed.initialize) unless jax_enable_preemption_service
+  is off. It owns SIGTERM (a handler of its own, in C++), tells every
+  process of a notice, and agrees on a step to stop at
+  (`multihost_utils.reached_preemption_sync_point`)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+
+
 class SignalStop:
   """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0.
 
@@ -56,13 +69,19 @@ class SignalStop:
   or a __del__, where an exception is printed as "Exception ignored" and
   dropped. Such a dropped interrupt is kept quiet here and raised by the next
   poll of `should_stop`, after the step in flight.
+
+  Where JAX's preemption service runs (`preemption_service()`), SIGTERM is
+  left to it (a second SIGTERM changes nothing there), and a first SIGINT
+  is raised again as SIGTERM, so that it reaches every process too.
   """
 
   def __init__(self):
     self._requested = threading.Event()
     self._interrupt: Optional[KeyboardInterrupt] = None
     self._unraisablehook = sys.unraisablehook
-    signal.signal(signal.SIGTERM, self._handler)
+    self._forward = preemption_service()
+    if not self._forward:
+      signal.signal(signal.SIGTERM, self._handler)
     signal.signal(signal.SIGINT, self._handler)
     sys.unraisablehook = self._quiet_dropped_interrupt
 
@@ -75,6 +94,8 @@ class SignalStop:
     logging.getLogger("compressive").warning(
         "%s received: stopping after this step", signal.Signals(signum).name)
     self._requested.set()
+    if self._forward:  # to JAX's preemption service, which tells the other processes
+      signal.raise_signal(signal.SIGTERM)
 
   def _quiet_dropped_interrupt(self, unraisable):
     if self._interrupt is None or unraisable.exc_value is not self._interrupt:

@@ -32,8 +32,10 @@ import optax
 
 from compressive import checkpoint as ckpt_lib
 from compressive import data as data_lib
+from compressive.data import prefetch
 from compressive import eval_lib
 from compressive import flops as flops_lib
+from compressive import interrupts
 from compressive import losses
 from compressive import memory as memory_lib
 from compressive import sharding
@@ -127,6 +129,10 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
   shape = sharding.validate(config, num_devices)
   accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
+  value = config.get("prefetch_steps")
+  if training and (not _is_int(value) or not 0 <= value <= 64):
+    raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
+                      "batches made ahead in a background thread; 0: none)")
   if training and accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(
         f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
@@ -381,15 +387,18 @@ def _start(config, setup: _Setup, start: int, restored, train_iter: data_lib.Seg
   return state, memory
 
 
-def _non_finite_error(step: int, checkpointer, setup: _Setup, workdir: str) -> NonFiniteError:
-  """The error that stops a run at a non-finite loss or gradient. Nothing of
-  the step is saved; it names the newest checkpoint that actually restores
-  as intact and finite, not merely the newest saved."""
+def _non_finite_error(bad: int, step: int, checkpointer, setup: _Setup,
+                      workdir: str) -> NonFiniteError:
+  """The error that stops a run at a non-finite loss or gradient of step
+  `bad`, found after step `step` was dispatched. No step from `bad` on is
+  saved; it names the newest checkpoint that actually restores as intact
+  and finite, not merely the newest saved."""
   good = _newest_good_step(checkpointer, setup)
   where = (f"the newest intact checkpoint is step {good}" if good is not None
            else "no intact checkpoint is saved")
+  later = f" (found after step {step}; none from step {bad} on was saved)" if step > bad else ""
   return NonFiniteError(
-      f"non-finite loss or gradient at step {step}; {where} in {workdir}. Lower "
+      f"non-finite loss or gradient at step {bad}; {where} in {workdir}{later}. Lower "
       "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
 
 
@@ -423,17 +432,22 @@ def _train_data(config, layout: train_step.Layout, tokenizer):
   return train_iter, eval_docs
 
 
-def _next_batch(train_iter: data_lib.SegmentIterator, config, layout: train_step.Layout):
-  """The step's global batch [S, B, ...], of which this process reads its rows."""
+def _step_batches(config, layout: train_step.Layout, train_iter: data_lib.SegmentIterator
+                  ) -> prefetch.StepIterator:
+  """Each step's global batch [S, B, ...], of which this process makes its
+  rows and transfers them to the batch sharding (in the prefetch thread)."""
   s, b = config.segments_per_step, config.batch_size
-  local = train_step.stack_segments([next(train_iter) for _ in range(s)])
-  return {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
-          for k, v in local.items()}
+
+  def to_device(local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])
+            for k, v in local.items()}
+
+  return prefetch.StepIterator(train_iter, s, put=to_device)
 
 
 class _Clock:
-  """Training's own wall time, for throughput and the ETA: the first step
-  (compilation), checkpoint waits and evaluations are left out of it, and
+  """Training's own wall time, for throughput and the ETA: the first step's
+  compilation, checkpoint waits and evaluations are left out of it, and
   totalled for the run's closing line."""
 
   def __init__(self):
@@ -442,14 +456,14 @@ class _Clock:
     self.spent = {"eval": 0.0, "save": 0.0}
     self.times = {"eval": 0, "save": 0}
 
-  def stepped(self, first: bool, state) -> None:
-    """A step was dispatched; the first of a run (compiled, then run) is
-    waited for, logged and left out of the throughput and ETA."""
+  def stepped(self, first: bool) -> None:
+    """A step was dispatched. The first of a run returns once compiled
+    (jit compiles before it dispatches), so its wait is the compilation (and
+    its input), which is logged and left out; its computing counts."""
     self.steps += 1
     if first:
-      jax.block_until_ready(state)
-      _log.info("first step (with compilation) took %.1f s", time.time() - self.since)
-      self.restart()
+      _log.info("first step compiled and dispatched in %.1f s", time.time() - self.since)
+      self.since = time.time()
 
   def restart(self) -> None:
     self.since, self.steps = time.time(), 0
@@ -474,6 +488,57 @@ class _Clock:
         total - self.spent["eval"] - self.spent["save"])
 
 
+class _MetricWindow:
+  """The steps' metrics since the last log line, left on the device until a
+  step must look at them (a log line, a save, an evaluation, the end).
+
+  Each step's metrics (a dict of [S] arrays) are packed by one jitted call
+  into a float32 [S, n] array, dispatched like the step and never waited
+  for; `check()` brings every step not read yet to the host in one
+  transfer and returns the first whose loss or gradient was not finite.
+  So an ordinary step reads nothing from the device, and the loop runs
+  ahead of it until the next step that checks.
+  """
+
+  def __init__(self):
+    self.names: Optional[tuple[str, ...]] = None
+    self._pack = None
+    self.steps: list[int] = []  # since the last log line
+    self.pending: list[jax.Array] = []  # the newest len(pending) steps, not read yet
+    self.rows: list[np.ndarray] = []  # the steps read: [S, n] each
+
+  def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    if self._pack is None:
+      self.names = tuple(sorted(metrics))
+      self._pack = jax.jit(lambda m: jnp.stack(
+          [m[k].astype(jnp.float32) for k in self.names], axis=-1))
+    self.steps.append(step)
+    self.pending.append(self._pack(metrics))
+
+  def check(self) -> Optional[int]:
+    """Reads the unread steps (one transfer); the first non-finite step
+    among them, or None."""
+    if not self.pending:
+      return None
+    first = len(self.rows)
+    self.rows.extend(np.asarray(jax.device_get(jnp.stack(self.pending))))
+    self.pending = []
+    finite = self.names.index("finite")
+    for step, row in zip(self.steps[first:], self.rows[first:]):
+      if not (row[:, finite] > 0).all():
+        return step
+    return None
+
+  def take(self) -> dict[str, np.ndarray]:
+    """The window's metrics, read (check() first), as {name: [steps, S]};
+    the window starts again empty."""
+    if self.pending:
+      raise RuntimeError("take() before check(): steps of the window are not read yet")
+    stacked = np.stack(self.rows)  # [steps, S, n]
+    self.steps, self.rows = [], []
+    return {k: stacked[..., i] for i, k in enumerate(self.names)}
+
+
 class _MetricLog:
   """The steps' metrics between two log lines, aggregated into one record of
   the train metrics and one log line: loss and bits over every predicted
@@ -482,7 +547,6 @@ class _MetricLog:
 
   def __init__(self, config: ml_collections.ConfigDict, writer: MetricWriter, end: int):
     self.config, self.writer, self.end = config, writer, end
-    self.window: list[dict[str, Any]] = []
     self.bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
     self.schedule = train_step.learning_rate_schedule(config)
     b = config.batch_size
@@ -491,32 +555,29 @@ class _MetricLog:
     peak = flops_lib.device_peak_flops(config.model.dtype)
     self.peak = None if peak is None else peak * jax.device_count()
 
-  def add(self, metrics: dict[str, jax.Array]) -> None:
-    self.window.append(metrics)
-
   def due(self, step: int) -> bool:
     return step % self.config.log_every_steps == 0 or step == self.config.num_train_steps
 
-  def write(self, step: int, state: train_step.TrainState, clock: _Clock) -> None:
-    m = jax.device_get(self.window)
-    self.window = []
-    nats = sum(float(x["nats"].sum()) for x in m)
-    count = max(sum(float(x["tokens"].sum()) for x in m), 1.0)
+  def write(self, step: int, m: dict[str, np.ndarray], clock: _Clock) -> None:
+    """One record and log line of the window `m` ({name: [steps, S]}), which
+    ends at `step`."""
     elapsed = time.time() - clock.since
     steps = clock.steps
+    nats, count = float(m["nats"].sum()), max(float(m["tokens"].sum()), 1.0)
+    updates = step * self.config.segments_per_step  # the optimizer's count after this step
     scalars = {
         "loss": nats / count,
         self.bits_name: nats / count / losses.LN2,
-        "reconstruction_loss": float(np.mean([x["reconstruction_loss"] for x in m])),
-        "grad_norm": float(np.mean([x["grad_norm"] for x in m])),
-        "learning_rate": float(self.schedule(int(state.step))),
+        "reconstruction_loss": float(np.mean(m["reconstruction_loss"])),
+        "grad_norm": float(np.mean(m["grad_norm"])),
+        "learning_rate": float(self.schedule(updates)),
         "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
     }
     mfu = ""
     if self.peak and steps:
       scalars["mfu"] = scalars["tokens_per_second"] * self.train_flops / self.peak
       mfu = f"  MFU {100 * scalars['mfu']:.1f}%"
-    mass = [float(np.mean([x[f"attention_mass/{k}"] for x in m])) for k in BANKS]
+    mass = [float(np.mean(m[f"attention_mass/{k}"])) for k in BANKS]
     # Fused rope attention computes no weights, so there is no mass to log
     # (the model reports NaN); leave the scalars out rather than log NaN.
     attn = "n/a"
@@ -538,10 +599,12 @@ def _save_due(config, step: int, end: int, stopping: bool) -> bool:
   return stopping or step == end or bool(every and step % every == 0)
 
 
-def _save(checkpointer, step: int, state, memory, train_iter, clock: _Clock) -> None:
-  """Checkpoints the step; training waits only until the save is under way."""
+def _save(checkpointer, step: int, state, memory, data_state, train_iter, clock: _Clock) -> None:
+  """Checkpoints the step with `data_state`, the position after the batches
+  consumed (not those prefetched); training waits only until the save is
+  under way."""
   t_save = time.time()
-  checkpointer.save(step, state, memory, _global_data_state(train_iter))
+  checkpointer.save(step, state, memory, _global_data_state(data_state, train_iter))
   took = clock.exclude("save", t_save)
   _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
             "in the background)", step, took)
@@ -612,31 +675,70 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
         setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
         grad_accum_steps=accum)
     end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
-    clock, metric_log = _Clock(), _MetricLog(config, writer, end)
+    clock, metric_log, window = _Clock(), _MetricLog(config, writer, end), _MetricWindow()
+    stop = _StopAgreement(config, should_stop)
     last_eval: dict[str, float] = {}
     step = start
-    for step in range(start + 1, end + 1):
-      profiler.before(step)  # the step's input pipeline included
-      batch = _next_batch(train_iter, config, layout)
-      state, memory, metrics = step_fn(state, memory, batch)
-      profiler.after(step, (state, memory, metrics))
-      if not bool(metrics["finite"].all()):
-        del state, memory  # freed before the checkpoints are read back
-        raise _non_finite_error(step, checkpointer, setup, workdir)
-      metric_log.add(metrics)
-      clock.stepped(step == start + 1, state)
-      if metric_log.due(step):
-        metric_log.write(step, state, clock)
-      stopping = should_stop is not None and _agree(should_stop())
-      if _save_due(config, step, end, stopping):
-        _save(checkpointer, step, state, memory, train_iter, clock)
-      if stopping:
-        _log.warning("stopping on request after step %d (checkpointed)", step)
-        break
-      if _eval_due(config, step):
-        last_eval = _estimate(config, setup, state, eval_docs, step, eval_writer, clock)
+    with prefetch.Prefetcher(_step_batches(config, layout, train_iter),
+                             config.prefetch_steps) as batches:
+      for step in range(start + 1, end + 1):
+        profiler.before(step)  # the wait for the step's input included
+        state, memory, metrics = step_fn(state, memory, next(batches))
+        profiler.after(step, (state, memory, metrics))
+        window.add(step, metrics)
+        clock.stepped(step == start + 1)
+        # An ordinary step ends here, having read nothing from the device:
+        # the next one is dispatched while this one computes.
+        stopping = stop.requested(step)
+        saving, logging_ = _save_due(config, step, end, stopping), metric_log.due(step)
+        evaluating = _eval_due(config, step) and not stopping
+        if not (saving or logging_ or evaluating):
+          continue
+        bad = window.check()  # nothing non-finite is logged, saved or evaluated
+        if bad is not None:
+          del state, memory  # freed before the checkpoints are read back
+          raise _non_finite_error(bad, step, checkpointer, setup, workdir)
+        if logging_:
+          metric_log.write(step, window.take(), clock)
+        if saving:
+          _save(checkpointer, step, state, memory, batches.get_state(), train_iter, clock)
+        if stopping:
+          _log.warning("stopping on request after step %d (checkpointed)", step)
+          break
+        if evaluating:
+          last_eval = _estimate(config, setup, state, eval_docs, step, eval_writer, clock)
     clock.log_total(start + 1, step)
     return last_eval
+
+
+class _StopAgreement:
+  """Whether to stop after a step, the same answer in every process.
+
+  One process: `should_stop()`, a flag the host sets (a signal handler),
+  polled every step. Several: a preemption notice (SIGTERM to any process)
+  reaches every process through JAX's preemption service, which agrees on
+  the step to stop at without a collective per step
+  (`multihost_utils.reached_preemption_sync_point`, polled every step: a
+  local check until a notice arrives); a request that comes another way
+  (`should_stop` alone) is agreed at the next checkpoint step, where the
+  processes meet anyway. Without the preemption service
+  (`jax_enable_preemption_service=False`) every request waits for that.
+  """
+
+  def __init__(self, config, should_stop: Optional[Callable[[], bool]]):
+    self.config, self.should_stop = config, should_stop
+    self.processes = jax.process_count()
+
+  def requested(self, step: int) -> bool:
+    local = self.should_stop is not None and self.should_stop()
+    if self.processes == 1:
+      return local
+    if interrupts.preemption_service() and multihost_utils.reached_preemption_sync_point(step):
+      return True
+    every = self.config.checkpoint_every_steps
+    if every and step % every == 0:
+      return _agree(local)
+    return False
 
 
 class _Profiler:
@@ -686,14 +788,16 @@ def _agree(flag: bool) -> bool:
 _ROW_KEYS = ("epoch", "position", "offset")
 
 
-def _global_data_state(it: data_lib.SegmentIterator) -> dict[str, np.ndarray]:
-  """The iterator position of ALL batch rows, as one process-independent dict.
+def _global_data_state(state: dict[str, np.ndarray], it: data_lib.SegmentIterator
+                       ) -> dict[str, np.ndarray]:
+  """The iterator position `state` of this process's rows (from `it`) as that
+  of ALL batch rows, one process-independent dict.
 
   Each process knows only its own rows (compressive/data/iterator.py); they
   are exchanged so that the checkpoint holds every row and restores onto any
   number of processes (each takes its rows back, `_local_data_state`).
   """
-  state = it.get_state()
+  state = dict(state)
   if jax.process_count() == 1:
     return state
   rows = np.stack([state[k] for k in _ROW_KEYS]).astype(np.int32)  # [3, rows]

@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 import ml_collections
-import numpy as np
 import optax
 
 from compressive import losses
@@ -331,9 +330,3 @@ def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: in
   scalars = {k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
              for k, v in scalars.items()}
   return grads, new_memory, scalars, nats.sum(), count.sum()
-
-
-def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  """S segments' batches [B, ...] -> one step's batch [S, B, ...]."""
-  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-

@@ -26,6 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 100  # a quick estimate on eval.max_segments rows; eval.py does whole splits
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 3
+  # Steps' batches made ahead in a background thread (tokenized, stacked and
+  # transferred to the devices) while the device computes; 0: none.
+  config.prefetch_steps = 2
 
   model = config.model = ml_collections.ConfigDict()
   model.vocab_size = 256  # bytes

@@ -14,6 +14,7 @@ import pytest
 
 import compressive
 from compressive import data as data_lib
+from compressive.data import prefetch
 from compressive import memory as memory_lib
 from compressive import train_lib
 from compressive import train_step
@@ -49,7 +50,7 @@ def _batches(config, steps):
   it = data_lib.SegmentIterator(data_lib.get_documents(config.data, "train", tokenizer),
                                 batch_size=config.batch_size,
                                 segment_length=config.model.segment_length, seed=0)
-  return [train_step.stack_segments([next(it) for _ in range(config.segments_per_step)])
+  return [prefetch.stack_segments([next(it) for _ in range(config.segments_per_step)])
           for _ in range(steps)]
 
 

@@ -126,6 +126,62 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
     assert_same_params(wd, reference)
 
 
+def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference, tmp_path):
+  # Eight steps' batches made ahead when the run is killed: the checkpoints
+  # hold the position after the batches the steps consumed.
+  workdir = tmp_path / "wd"
+  p = train(config_file, workdir, "--config.prefetch_steps=8")
+  wait_for_step(p, 9)
+  p.kill()
+  p.communicate()
+  p = train(config_file, workdir, "--config.prefetch_steps=8")
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 0 and "resumed from step" in err, err[-3000:]
+  assert_same_params(workdir, reference)
+
+
+# A document's tokens fail to load in the prefetch thread, as a book on a
+# disk that went away would, once training is under way; every save takes a
+# second to finish in the background.
+FAILING_READ = """
+import threading, time
+import orbax.checkpoint as ocp
+from compressive.data import documents
+from compressive.errors import DataError
+
+_finalize = ocp.CheckpointManager._finalize
+def slow_finalize(self, *args, **kwargs):
+  time.sleep(1.0)
+  return _finalize(self, *args, **kwargs)
+ocp.CheckpointManager._finalize = slow_finalize
+_load = documents.TokenDocuments._load_tokens
+_calls = [0]
+def failing(self, i):
+  if threading.current_thread() is not threading.main_thread():
+    _calls[0] += 1
+    if _calls[0] > 40:
+      raise DataError(f"{self.description}[{i}]: cannot read (Input/output error)")
+  return _load(self, i)
+documents.TokenDocuments._load_tokens = failing
+"""
+
+
+def test_an_error_in_the_prefetch_thread_is_one_line_and_the_save_finishes(tmp_path):
+  cfg = write_config_file(tmp_path / "failing.py",
+                          {"num_train_steps": 60, "checkpoint_every_steps": 2,
+                           "eval_every_steps": 0}, preamble=FAILING_READ)
+  p = train(cfg, tmp_path / "wd")
+  _, err = p.communicate(timeout=600)
+  last = err.strip().splitlines()[-1]
+  assert p.returncode == 2, err[-3000:]
+  assert last.startswith("error: ") and "cannot read (Input/output error)" in last, last
+  assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+  names = os.listdir(tmp_path / "wd" / "checkpoints")
+  assert names and not [n for n in names if "tmp" in n], names
+  for step in ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True).all_steps():
+    compressive.load(str(tmp_path / "wd"), step)  # finished whole, checksums and all
+
+
 def inject_nan_at(monkeypatch, bad_step):
   """Makes the real train step see NaN parameters at `bad_step`."""
   make = train_step.make_train_step

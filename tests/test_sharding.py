@@ -14,7 +14,9 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -364,6 +366,43 @@ def test_two_processes_train_like_one(runs):
     noise = max(relative(getattr(restored[n][1], field), ref) for n in MESHES)
     allowed = noise_bound(noise, TOLERANCE)
     assert relative(getattr(mem_mp, field), ref) <= allowed, (field, noise)
+
+
+def test_a_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
+  # JAX's preemption service carries the notice to the other process and
+  # both agree on the step, with no collective in an ordinary step.
+  cfg = write_config_file(tmp_path / "cfg.py", {"num_train_steps": 3000,
+                                                "checkpoint_every_steps": 0},
+                          factory="test_sharding:sharding_experiment")
+  port = free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
+       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
+       "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+  try:
+    seen = []
+    for line in procs[0].stderr:  # process 0 logs every step
+      seen.append(line)
+      if "step 3/3000" in line:
+        break
+    procs[1].send_signal(signal.SIGTERM)
+    errs = []
+    for p in procs:
+      errs.append(p.communicate(timeout=600)[1])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  errs[0] = "".join(seen) + errs[0]
+  stops = [re.findall(r"stopping on request after step (\d+) \(checkpointed\)", e) for e in errs]
+  assert [p.returncode for p in procs] == [0, 0], errs[1][-3000:]
+  assert len(stops[0]) == len(stops[1]) == 1 and stops[0] == stops[1], errs[1][-3000:]
+  step = int(stops[0][0])
+  assert 3 < step < 3000
+  assert ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True).all_steps() == [step]
+  assert "Traceback" not in errs[0] + errs[1]
 
 
 def noise_bound(noise, floor):
