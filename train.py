@@ -19,7 +19,6 @@ from typing import Optional
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 import jax
 
 from compressive import cli
@@ -42,6 +41,9 @@ flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
+flags.DEFINE_bool("accept_changed_corpus", False,
+                  "Resume even though the training corpus (a text_files folder) changed since "
+                  "the checkpoint was saved; without it, that stops the run with one line.")
 flags.DEFINE_string("profile_steps", "",
                     "START,END: a JAX profiler trace of steps START to END (inclusive) into "
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
@@ -72,9 +74,7 @@ def initialize_distributed() -> None:
 
 
 def setup_logging() -> None:
-  # Orbax is chatty at INFO, and logs a traceback from its background thread
-  # for a save the disk refused; the run reports that itself, in one line.
-  absl_logging.set_verbosity(absl_logging.FATAL)
+  cli.quiet_libraries()
   # One log for the run: process 0's (the others log only warnings).
   level = logging.INFO if jax.process_index() == 0 else logging.WARNING
   logging.getLogger("compressive").setLevel(level)
@@ -100,7 +100,8 @@ def train(config, workdir: str) -> None:
     stop = interrupts.SignalStop()  # train_and_evaluate checks the config before any work
     result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
-                                          profile_steps=profile)
+                                          profile_steps=profile,
+                                          accept_changed_corpus=FLAGS.accept_changed_corpus)
   if jax.process_index():
     return
   print(f"TensorBoard logs: tensorboard --logdir {workdir}/tensorboard")

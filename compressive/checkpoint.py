@@ -14,10 +14,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
+import inspect
 import json
+import logging
 import os
 import re
 import sys
+import time
 from typing import Any, Optional
 
 import jax
@@ -51,6 +55,9 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
 
 
 INTEGRITY = "integrity"
+# Seconds between reads of a step that failed, before it is called damaged:
+# a step being rotated away vanishes within them.
+READ_RETRY_DELAYS = (0.1, 0.4, 1.5)
 SKIPPED_DIR = "skipped"
 
 
@@ -68,6 +75,12 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 class CheckpointWriteError(CheckpointError):
   """The disk refused a save: full, read-only or not ours to write."""
+
+
+class RunMismatchError(CheckpointError):
+  """The checkpoint was saved by a run with another model config, tokenizer
+  or corpus than the one restoring it: not damage, so --restore_intact
+  never skips it."""
 
 
 class DamagedCheckpointError(CheckpointError):
@@ -89,8 +102,12 @@ class Checkpointer:
                read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     self._manager = _manager(workdir, max_to_keep, create, read_only)
-    if not read_only:
-      _ignore_closed_loop_callbacks()
+    # What a damaged step's error advises: readers choose another step;
+    # only the trainer skips damage.
+    self._advice = ("read an older step with --step, or let train.py --restore_intact move "
+                    "the damaged ones aside" if read_only else
+                    "train.py --restore_intact resumes from the newest intact checkpoint")
+    _quiet_orbax_leftovers()
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -105,29 +122,43 @@ class Checkpointer:
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
 
-  def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray]) -> None:
+  def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray],
+           identity: Optional[dict[str, Any]] = None) -> None:
     """Every process calls this; each writes its shards of `state` and
     `memory`, and the primary process writes `data_state` (the iterator
-    position of every batch row) as JSON."""
+    position of every batch row) as JSON.
+
+    The integrity record holds the arrays' checksums, a digest of the data
+    position, and `identity` (`run_identity`: the model config, the
+    tokenizer's identity, the corpus's digest), which restores compare."""
     data_json = {k: np.asarray(v).tolist() for k, v in data_state.items()}
     items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_json))
     stored = _nonempty_fields(memory)
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
-    items[INTEGRITY] = ocp.args.JsonSave(fingerprint({"state": state, "memory": stored or {}}))
+    record = fingerprint({"state": state, "memory": stored or {}})
+    record["data_sha256"] = json_digest(data_json)
+    if identity is not None:
+      record["identity"] = identity
+    items[INTEGRITY] = ocp.args.JsonSave(record)
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
     with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here
       self._manager.save(step, args=ocp.args.Composite(**items))
 
-  def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None):
+  def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None,
+              identity: Optional[dict[str, Any]] = None, accept: tuple[str, ...] = ()):
     """Returns (state, memory or None, data_state) of `step`, verified.
 
     `abstract_*` give the structure, shapes, dtypes (and shardings) to restore
     into; pass `abstract_memory=None` to skip the memory (evaluation).
+    `identity` (`run_identity` of the restoring run; parts may be left out)
+    is compared with the one saved; a difference in a part named in
+    `accept` is logged instead of raised.
 
     Raises MissingStepError (no such step), ShapeMismatchError (the config's
-    model is not the checkpoint's) or DamagedCheckpointError.
+    model is not the checkpoint's), RunMismatchError (another model config,
+    tokenizer or corpus) or DamagedCheckpointError.
     """
     where = self.step_dir(step)
     if step not in self.all_steps():
@@ -137,29 +168,25 @@ class Checkpointer:
             f"no checkpoint of step {step} in {self.directory}; saved steps are "
             f"{self.all_steps() or 'none'}")
     self._check_shapes(step, abstract_state)
-    items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
-    try:
-      # The integrity record first: it also names the memory fields saved. A
-      # checkpoint of an older version may lack a field the memory has since
-      # gained (e.g. `visits`), which then starts empty, as in a fresh memory.
-      record = self._manager.restore(
-          step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
-      if abstract_memory is not None:
-        saved = {name.split("/")[1] for name in record.get("sums", {})
-                 if name.startswith("memory/")}
-        wanted = {k: v for k, v in _nonempty_fields(abstract_memory).items() if k in saved}
-        if wanted:
-          items["memory"] = ocp.args.StandardRestore(wanted)
-      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-    except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
-      if not os.path.isdir(where):
-        raise MissingStepError(
-            f"checkpoint {where} was deleted while it was read (a running trainer "
-            "rotated it away)") from e
+    error = None
+    for delay in (0.0,) + READ_RETRY_DELAYS:
+      time.sleep(delay)
+      try:
+        record, restored, items = self._read(step, abstract_state, abstract_memory)
+        break
+      except Exception as e:  # Orbax / TensorStore raise many kinds on bad files
+        # A trainer rotating the step away deletes its files one by one:
+        # what is read meanwhile fails like damage. Only a step that is
+        # still there, and fails each time, is damaged.
+        if self._gone(step):
+          raise MissingStepError(
+              f"checkpoint {where} was deleted while it was read (a running trainer "
+              "rotated it away)") from None
+        error = e
+    else:
       raise DamagedCheckpointError(
-          f"checkpoint {where} is damaged ({type(e).__name__}: "
-          f"{str(e).splitlines()[0][:200] if str(e) else ''}); train.py --restore_intact "
-          "resumes from the newest intact checkpoint") from e
+          f"checkpoint {where} is damaged ({type(error).__name__}: "
+          f"{str(error).splitlines()[0][:200] if str(error) else ''}); {self._advice}") from None
     got = fingerprint({"state": restored["state"],
                        "memory": restored.get("memory") or {}} if "memory" in items
                       else {"state": restored["state"]})
@@ -169,31 +196,79 @@ class Checkpointer:
       raise DamagedCheckpointError(
           f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
           f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-          "train.py --restore_intact resumes from the newest intact checkpoint")
+          f"{self._advice}")
     if got["nonfinite"]:
       raise DamagedCheckpointError(
           f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
-          "train.py --restore_intact resumes from the newest intact checkpoint")
+          f"{self._advice}")
+    saved_digest = record.get("data_sha256")
+    if saved_digest is not None and json_digest(restored["data"]) != saved_digest:
+      raise DamagedCheckpointError(
+          f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
+          f"saved with it; {self._advice}")
+    _compare_identity(where, record.get("identity"), identity, accept)
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
     if abstract_memory is not None:
       memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
+  def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
+    """(integrity record, restored items, items asked for) of `step`, as
+    stored: nothing verified yet."""
+    items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+    # The integrity record first: it also names the memory fields saved. A
+    # checkpoint of an older version may lack a field the memory has since
+    # gained (e.g. `visits`), which then starts empty, as in a fresh memory.
+    record = self._manager.restore(
+        step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
+    if abstract_memory is not None:
+      saved = {name.split("/")[1] for name in record.get("sums", {})
+               if name.startswith("memory/")}
+      wanted = {k: v for k, v in _nonempty_fields(abstract_memory).items() if k in saved}
+      if wanted:
+        items["memory"] = ocp.args.StandardRestore(wanted)
+    return record, self._manager.restore(step, args=ocp.args.Composite(**items)), items
+
+  def _gone(self, step: int) -> bool:
+    """Whether `step` has been deleted (or is being deleted) since it was listed."""
+    if not os.path.isdir(self.step_dir(step)):
+      return True
+    self.reload()
+    return step not in self.all_steps()
+
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
-    """ShapeMismatchError naming the parameters whose saved shapes differ."""
+    """ShapeMismatchError naming the parameters whose saved shapes differ;
+    MissingStepError if the step vanishes meanwhile (metadata read while
+    rotation deletes the step can lack arrays it has)."""
+    message = self._shape_mismatch(step, abstract_state)
+    for delay in READ_RETRY_DELAYS:
+      if message is None:
+        return
+      if self._gone(step):
+        raise MissingStepError(f"checkpoint {self.step_dir(step)} was deleted while it was "
+                               "read (a running trainer rotated it away)")
+      time.sleep(delay)
+      message = self._shape_mismatch(step, abstract_state)
+    if message is not None:
+      raise ShapeMismatchError(message)
+
+  def _shape_mismatch(self, step: int, abstract_state: Any) -> Optional[str]:
+    """What differs between the saved and the wanted parameter shapes, or
+    None (also when the metadata cannot be read: that is damage, which the
+    restore finds)."""
     try:
       saved = self._manager.item_metadata(step)["state"]
       saved = _shapes(getattr(saved, "tree", saved))
-    except Exception:  # unreadable metadata is damage, found by the restore
-      return
+    except Exception:  # pylint: disable=broad-except
+      return None
     wanted = _shapes(abstract_state)
     diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
              if name in saved and saved[name] != wanted[name]]
     missing = [name for name in wanted if name not in saved]
     extra = [name for name in saved if name not in wanted]
     if not (diffs or missing or extra):
-      return
+      return None
     parts = []
     if diffs:
       parts.append(f"{len(diffs)} of {len(wanted)} have other shapes, saved -> config: "
@@ -202,10 +277,20 @@ class Checkpointer:
       parts.append(f"not in the checkpoint: {', '.join(missing[:3])}" + (", ..." if len(missing) > 3 else ""))
     if extra:
       parts.append(f"only in the checkpoint: {', '.join(extra[:3])}" + (", ..." if len(extra) > 3 else ""))
-    raise ShapeMismatchError(
-        f"parameter shapes differ between checkpoint {self.step_dir(step)} and the config's "
-        f"model ({'; '.join(parts)}): the config is not the one that trained it; use the "
-        "saved config (config.json) or another --workdir")
+    return (f"parameter shapes differ between checkpoint {self.step_dir(step)} and the "
+            f"config's model ({'; '.join(parts)}): the config is not the one that trained it; "
+            "use the saved config (config.json) or another --workdir")
+
+  def skipped_steps(self) -> list:
+    """The steps in checkpoints/skipped/ (moved aside by --restore_intact),
+    newest first: ints, and names such as '6.1' for a step skipped twice."""
+    try:
+      names = os.listdir(os.path.join(self.directory, SKIPPED_DIR))
+    except FileNotFoundError:
+      return []
+    steps = [int(n) if n.isdigit() else n for n in names]
+    return sorted(steps, key=lambda n: [int(p) for p in str(n).split(".") if p.isdigit()],
+                  reverse=True)
 
   def move_aside(self, step: int) -> str:
     """Moves a damaged step into checkpoints/skipped/ (where rotation never
@@ -247,11 +332,8 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except
-      code = getattr(e, "errno", None)
-      found = re.search(r"os_error_code='(\d+)'", str(e))
-      if found:
-        code = int(found.group(1))
-      if code not in WRITE_ERRNOS:
+      code = write_errno(e)
+      if code is None:
         raise
       saved = [s for s in self._manager.all_steps()]
       raise CheckpointWriteError(
@@ -259,23 +341,114 @@ class Checkpointer:
           f"saved before are intact (steps {saved or 'none'})") from e
 
 
-def _ignore_closed_loop_callbacks() -> None:
-  """After a refused write, TensorStore still completes the other writes of
-  that save and calls back into Orbax's event loop, which is closed by then:
-  Python reports each as an unraisable 'Event loop is closed' with a
-  traceback. They are the same failure, which the run reports in one line
-  (CheckpointWriteError); every other unraisable exception still shows."""
+def json_digest(value: Any) -> str:
+  """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
+  return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def run_identity(config: ml_collections.ConfigDict, tokenizer_identity: Optional[str] = None,
+                 corpus: Optional[str] = None) -> dict[str, Any]:
+  """What a checkpoint's numbers mean beyond their shapes: the model config
+  (a post-norm model read as pre-norm has the same shapes), the tokenizer
+  (a SentencePiece model retrained in place keeps its vocabulary size) and,
+  for training, the corpus's digest (a folder whose files changed). Parts
+  left None are neither recorded nor compared."""
+  identity: dict[str, Any] = {"model": json.loads(config.model.to_json())}
+  if tokenizer_identity is not None:
+    identity["tokenizer"] = tokenizer_identity
+  if corpus is not None:
+    identity["corpus"] = corpus
+  return identity
+
+
+# How the model runs, not what it computes: these may change between the
+# run that saved a checkpoint and one that restores it.
+RUNTIME_MODEL_FIELDS = frozenset(
+    ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
+     "scan_layers"))
+
+_WHAT = {"model": "the model config", "tokenizer": "the tokenizer", "corpus": "the training corpus"}
+_FIX = {
+    "model": "config.json was edited, or the workdir holds another run's config: restore the "
+             "run's config.json",
+    "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
+                 "the model the run was trained with",
+    "corpus": "files were added, removed or changed since: restore the corpus, or pass "
+              "--accept_changed_corpus to go on training on it deliberately",
+}
+
+
+def _compare_identity(where: str, saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]],
+                      accept: tuple[str, ...]) -> None:
+  """RunMismatchError naming what differs between the saved and the current
+  identity (parts missing on either side are not compared: checkpoints of
+  older versions record none)."""
+  if not saved or not current:
+    return
+  for part in ("model", "tokenizer", "corpus"):
+    if part not in saved or part not in current or saved[part] == current[part]:
+      continue
+    if part == "model":
+      a, b = saved["model"], current["model"]
+      fields = sorted(k for k in set(a) | set(b)
+                      if a.get(k) != b.get(k) and k not in RUNTIME_MODEL_FIELDS)
+      if not fields:
+        continue
+      what = "; ".join(f"model.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in fields[:4])
+    else:
+      what = f"{saved[part]} -> {current[part]}"
+    message = (f"{_WHAT[part]} differs from the one checkpoint {where} was saved with "
+               f"({what}): {_FIX[part]}")
+    if part in accept:
+      logging.getLogger("compressive").warning("%s (accepted)", message.split(": ")[0])
+      continue
+    raise RunMismatchError(message)
+
+
+def write_errno(e: BaseException) -> Optional[int]:
+  """The OS error code of a write the disk refused (WRITE_ERRNOS), also when
+  Orbax or TensorStore carry it in a message from their threads; None for
+  any other error."""
+  code = getattr(e, "errno", None)
+  found = re.search(r"os_error_code='(\d+)'", str(e))
+  if found:
+    code = int(found.group(1))
+  return code if code in WRITE_ERRNOS else None
+
+
+def _quiet_orbax_leftovers() -> None:
+  """Drops two kinds of unraisable exception that Orbax leaves after a
+  failure the caller already reports in one line; every other one still
+  shows:
+
+  - after a refused write, TensorStore still completes the other writes of
+    that save and calls back into Orbax's event loop, which is closed by
+    then: 'Event loop is closed' (CheckpointWriteError reports the write);
+  - after a read that failed (a step rotated away under a reader, or
+    damage), the reads of that restore's other shards are abandoned, and
+    each coroutine prints its own error, or its GeneratorExit, when
+    collected (the restore's retry or its error reports the read).
+  """
   previous = sys.unraisablehook
-  if getattr(previous, "_drops_closed_loop_callbacks", False):
+  if getattr(previous, "_drops_orbax_leftovers", False):
     return
 
+  def leftover(unraisable) -> bool:
+    e, obj = unraisable.exc_value, unraisable.object
+    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+      return True
+    return (inspect.iscoroutine(obj) and "read" in obj.cr_code.co_name
+            and obj.cr_code.co_filename.startswith(_ORBAX_DIR))
+
   def hook(unraisable):
-    if not (isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == "Event loop is closed"):
+    if not leftover(unraisable):
       previous(unraisable)
 
-  hook._drops_closed_loop_callbacks = True
+  hook._drops_orbax_leftovers = True
   sys.unraisablehook = hook
+
+
+_ORBAX_DIR = os.path.dirname(ocp.__file__)
 
 
 def _path_name(path) -> str:
@@ -436,10 +609,23 @@ def _get(config, dotted: str):
 
 
 def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """ConfigError naming the fields that differ from the run being resumed."""
-  if not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+  """ConfigError naming the fields that differ from the run being resumed.
+
+  A config.json that cannot be read (a crash or a full disk while it was
+  written by an older version, or an edit) is set aside as
+  config.json.damaged with a warning: the checkpoints, which record the
+  model config they were saved with, decide whether the run resumes, and
+  the trainer writes config.json again."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
     return
-  saved = load_config(workdir)
+  try:
+    saved = load_config(workdir)
+  except CheckpointError as e:
+    aside = path + ".damaged"
+    os.replace(path, aside)
+    logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
+    return
 
   diffs = [f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
            for name in SHAPE_FIELDS if _get(saved, name) != _get(config, name)]

@@ -17,8 +17,10 @@ import jax
 import ml_collections
 
 from compressive import checkpoint as ckpt_lib
+from compressive import data as data_lib
 from compressive import sharding
 from compressive import train_step
+from compressive.errors import UserError
 from compressive.model import CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
@@ -55,8 +57,10 @@ def load_with_step(
   abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
   shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
+  identity = ckpt_lib.run_identity(config, _tokenizer_identity(config.data))
   try:
-    step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings))
+    step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings),
+                                  identity)
   finally:
     checkpointer.close()
   model = merge_params(graphdef, state_template, state.params)
@@ -64,8 +68,18 @@ def load_with_step(
   return config, model, step
 
 
+def _tokenizer_identity(data_config: ml_collections.ConfigDict) -> Optional[str]:
+  """The run's tokenizer's identity, to compare with the one its checkpoints
+  recorded; None when the tokenizer cannot be built here (a SentencePiece
+  model not on this machine: the tools that need it say so themselves)."""
+  try:
+    return data_lib.get_tokenizer(data_config).identity
+  except (UserError, OSError):
+    return None
+
+
 def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state,
-                    attempts: int = 5):
+                    identity, attempts: int = 20):
   """(step, train state) of `step`, or of the newest checkpoint: a reader takes
   no lock, so a running trainer may rotate the step away while it is read;
   then the steps are listed again and the newest is read instead."""
@@ -74,7 +88,7 @@ def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], ab
     if wanted is None:
       raise FileNotFoundError(f"no checkpoint in {os.path.dirname(checkpointer.directory)}")
     try:
-      return wanted, checkpointer.restore(wanted, abstract_state)[0]
+      return wanted, checkpointer.restore(wanted, abstract_state, identity=identity)[0]
     except ckpt_lib.MissingStepError as e:
       if step is not None or attempt == attempts - 1:
         raise

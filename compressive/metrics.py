@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -84,8 +85,7 @@ class MetricWriter:
       return
     from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
     scalars = {k: float(v) for k, v in scalars.items()}
-    with _naming(self.jsonl), open(self.jsonl, "a") as f:
-      f.write(json.dumps({"step": int(step), **scalars}) + "\n")
+    append_line(self.jsonl, json.dumps({"step": int(step), **scalars}))
     with _naming(self.logdir):
       for k, v in scalars.items():
         self._write_summary(tbx_summary.scalar(k, v), int(step))
@@ -132,8 +132,62 @@ def _naming(path: str):
     raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
 
 
+def append_line(path: str, line: str) -> None:
+  """Appends `line` and a newline whole, or not at all: a write the disk
+  refuses part way is cut back off, so the file stays whole lines."""
+  data = (line + "\n").encode("utf-8")
+  with _naming(path):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      size = os.fstat(fd).st_size
+      try:
+        written = os.write(fd, data)
+        if written != len(data):
+          raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      except OSError:
+        try:
+          os.ftruncate(fd, size)
+        except OSError:
+          pass
+        raise
+    finally:
+      os.close(fd)
+
+
 def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSON-lines metrics file. A line that is not a whole
+  record (a write cut short by a crash or a full disk, before append_line
+  guarded against it) is left out with a warning: a side file never stops
+  a run or a tool."""
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  records, torn = [], []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        record = None
+      if isinstance(record, dict) and isinstance(record.get("step"), int):
+        records.append(record)
+      else:
+        torn.append(number)
+  if torn:
+    _log.warning("%s: line(s) %s are not whole records (a write cut short); left out",
+                 path, ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""))
+  return records
+
+
+def rewrite_jsonl(path: str, records: list[dict]) -> None:
+  """Replaces the file's records at once (a temporary file renamed over it),
+  so that a crash leaves the old file or the new one, never half of each."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with _naming(tmp), open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -43,10 +43,13 @@ from compressive import train_step
 from compressive import workdir_lock
 from compressive.config_lib import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
-from compressive.metrics import MetricWriter, read_jsonl
+from compressive.metrics import MetricWriter, read_jsonl, rewrite_jsonl
 from compressive.model import BANKS, merge_params
 
 _log = logging.getLogger("compressive")
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def _is_int(value) -> bool:
@@ -62,12 +65,18 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
   for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
                "keep_checkpoints"):
     value = config.get(name)
-    if not _is_int(value) or value < 1:
-      raise ConfigError(f"{name}={value!r} must be a positive integer")
+    if not _is_int(value) or not 1 <= value <= _INT32_MAX:
+      raise ConfigError(f"{name}={value!r} must be a positive integer below 2**31")
   for name in ("eval_every_steps", "checkpoint_every_steps"):
     value = config.get(name)
-    if not _is_int(value) or value < 0:
-      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never)")
+    if not _is_int(value) or not 0 <= value <= _INT32_MAX:
+      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never), below 2**31")
+  updates = config.num_train_steps * config.segments_per_step
+  if updates > _INT32_MAX:
+    raise ConfigError(
+        f"num_train_steps x segments_per_step = {config.num_train_steps} x "
+        f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
+        "32-bit integer: make it below 2**31")
   if not _is_int(config.get("seed")):
     raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
   opt = config.optimizer
@@ -110,11 +119,14 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
   `training=False` (evaluating, analysing or sampling a trained config on
   this machine's mesh) skips what only training's step needs: the
   micro-batches of grad_accum_steps splitting along the mesh. `num_devices`:
-  the mesh's devices, default every device of this run (aot.py: the
-  target's).
+  the mesh's devices, default every device of this run; aot.py passes the
+  target's, and then the data config is not checked (it compiles for a
+  machine whose data this one need not have).
   """
   cfg = ModelConfig.from_config(config.model)
   validate_training_config(config)
+  if num_devices is None:
+    data_lib.validate_data_config(config.data)
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   eval_lib.validate_eval_config(config, cfg)
@@ -133,6 +145,8 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
   if training and (not _is_int(value) or not 0 <= value <= 64):
     raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
                       "batches made ahead in a background thread; 0: none)")
+  if training and num_devices is None:
+    _check_fits(config, cfg, accum)
   if training and accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(
         f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
@@ -140,6 +154,52 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
         f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
         "lower grad_accum_steps or raise batch_size")
   return cfg
+
+
+def _capacity_per_device() -> tuple[int, str]:
+  """(bytes, what) one device of this run can hold: an accelerator's memory
+  limit, or this host's RAM shared by its local devices (CPU)."""
+  device = jax.local_devices()[0]
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{device.device_kind}'s memory"
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return ram // jax.local_device_count(), "this host's RAM per local device"
+
+
+def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
+                               accum: int) -> int:
+  """Bytes training needs at the least, per device, from shapes alone: the
+  parameters with their gradients and Adam's two moments (float32), the
+  memory, one step's batch, the residual stream every layer keeps for the
+  backward pass, and one layer's attention scores, each split over every
+  device (a lower bound: what the compiled step holds is more)."""
+  d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
+  params = cfg.vocab_size * d + layers * (4 * d * d + 2 * d * cfg.d_ff)
+  b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
+  rows = b // max(accum, 1)
+  keys = cfg.compressed_memory_length + cfg.memory_length + t
+  queries = cfg.attention_chunk_size or t
+  total = (16 * params
+           + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
+           + 3 * s * b * t * 4
+           + layers * rows * t * d * itemsize
+           + rows * cfg.num_heads * queries * keys * 4)
+  return total // jax.device_count()
+
+
+def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int) -> None:
+  """ConfigError, before anything is allocated, when training cannot fit
+  this machine's devices by `training_bytes_lower_bound`."""
+  need = training_bytes_lower_bound(config, cfg, accum)
+  have, what = _capacity_per_device()
+  if need > have:
+    raise ConfigError(
+        f"training this config needs at least {need / 2**30:,.1f} GiB per device "
+        f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
+        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
+        f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
+        "or use more devices")
 
 
 class NonFiniteError(RuntimeError):
@@ -154,6 +214,7 @@ def train_and_evaluate(
     should_stop: Optional[Callable[[], bool]] = None,
     restore_intact: bool = False,
     profile_steps: Optional[tuple[int, int]] = None,
+    accept_changed_corpus: bool = False,
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
@@ -174,6 +235,9 @@ def train_and_evaluate(
     profile_steps: (START, END): a JAX profiler trace of steps START..END
       (inclusive) into WORKDIR/profile (TensorBoard's profile tab, or
       Perfetto); steps this run does not make are not traced.
+    accept_changed_corpus: resume even if the corpus's digest differs from
+      the one the checkpoint was saved with (a warning instead of
+      RunMismatchError).
 
   Raises:
     NonFiniteError: a loss or gradient was not finite; nothing of that step
@@ -186,7 +250,8 @@ def train_and_evaluate(
     The last evaluation's metrics (or the last training metrics).
   """
   validate_config(config)
-  profile_steps = validate_profile_steps(profile_steps)
+  options = _Options(stop_at_step, should_stop, restore_intact,
+                     validate_profile_steps(profile_steps), accept_changed_corpus)
   is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   lock = _lock_workdir(workdir, is_main)
@@ -195,8 +260,7 @@ def train_and_evaluate(
     log_file = _add_log_file(workdir) if is_main else None
     checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
     try:
-      result = _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
-                      restore_intact, profile_steps)
+      result = _train(config, workdir, checkpointer, is_main, options)
     except BaseException:
       # Whatever ends the run (an exception, a second signal, a NaN): the
       # save in flight is finished before the error goes on, so no checkpoint
@@ -216,6 +280,16 @@ def train_and_evaluate(
       log_file.close()
     if lock is not None:
       lock.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+  """train_and_evaluate's keyword arguments (documented there)."""
+  stop_at_step: Optional[int]
+  should_stop: Optional[Callable[[], bool]]
+  restore_intact: bool
+  profile_steps: Optional[tuple[int, int]]
+  accept_changed_corpus: bool
 
 
 LOG_FILE = "train.log"
@@ -334,25 +408,33 @@ def build_setup(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.M
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 
-def _restore(checkpointer, setup: _Setup, restore_intact: bool, is_main: bool):
+def _restore(checkpointer, setup: _Setup, options: _Options, is_main: bool, identity):
   """(step, (state, memory, data_state)) of the newest checkpoint that
   restores, or (0, None) when there is none.
 
   Without `restore_intact` any failure stops the run. With it, damaged
   checkpoints are moved aside into checkpoints/skipped/ (so that rotation
-  never deletes them) and the next older one is tried; a shape mismatch is
-  never skipped, and if every checkpoint is damaged the run stops rather
-  than train from scratch over them.
+  never deletes them) and the next older one is tried; a shape or run
+  mismatch is never skipped, and if every checkpoint is damaged the run
+  stops rather than train from scratch over them; so does every later run
+  while skipped/ holds steps and nothing intact is left (a retry of the
+  same command stops the same way, and no new step takes a skipped one's
+  name).
   """
   steps = checkpointer.all_steps()
   if not steps:
+    aside = checkpointer.skipped_steps()
+    if aside:
+      raise CheckpointError(_nothing_restores(checkpointer, aside))
     return 0, None
+  accept = ("corpus",) if options.accept_changed_corpus else ()
   skipped = []
   for step in reversed(steps):
     try:
-      return step, checkpointer.restore(step, *setup.restore_targets())
+      return step, checkpointer.restore(step, *setup.restore_targets(), identity=identity,
+                                        accept=accept)
     except ckpt_lib.DamagedCheckpointError as e:
-      if not restore_intact:
+      if not options.restore_intact:
         raise
       _log.warning("skipping checkpoint %d: %s", step, e)
       skipped.append(step)
@@ -363,10 +445,14 @@ def _restore(checkpointer, setup: _Setup, restore_intact: bool, is_main: bool):
       if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"moved_{step}")
       checkpointer.reload()
-  raise CheckpointError(
-      f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged and "
-      f"were moved to {os.path.join(checkpointer.directory, ckpt_lib.SKIPPED_DIR)}; nothing "
-      "was trained. Move them back to retry, or use another --workdir to start afresh")
+  raise CheckpointError(_nothing_restores(checkpointer, skipped))
+
+
+def _nothing_restores(checkpointer, skipped: list) -> str:
+  return (f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged "
+          f"and were moved to {os.path.join(checkpointer.directory, ckpt_lib.SKIPPED_DIR)}; "
+          "nothing was trained. Move them back to retry, or use another --workdir to start "
+          "afresh")
 
 
 def _start(config, setup: _Setup, start: int, restored, train_iter: data_lib.SegmentIterator,
@@ -377,8 +463,9 @@ def _start(config, setup: _Setup, start: int, restored, train_iter: data_lib.Seg
   if restored is not None:
     state, memory, data_state = restored
     train_iter.set_state(_local_data_state(data_state, train_iter.row_start, train_iter.num_rows))
-    if is_main:
-      _truncate_metrics(writer.jsonl, start)
+    if is_main:  # the eval metrics' file too: a step's estimate follows its save
+      for path in (writer.jsonl, os.path.join(workdir, "metrics_eval.jsonl")):
+        _truncate_metrics(path, start)
     _log.info("resumed from step %d in %s", start, workdir)
     return state, memory
   state = train_step.init_train_state(config, setup.tx, setup.layout)
@@ -599,12 +686,13 @@ def _save_due(config, step: int, end: int, stopping: bool) -> bool:
   return stopping or step == end or bool(every and step % every == 0)
 
 
-def _save(checkpointer, step: int, state, memory, data_state, train_iter, clock: _Clock) -> None:
+def _save(checkpointer, step: int, state, memory, data_state, train_iter, identity,
+          clock: _Clock) -> None:
   """Checkpoints the step with `data_state`, the position after the batches
-  consumed (not those prefetched); training waits only until the save is
-  under way."""
+  consumed (not those prefetched), and the run's identity; training waits
+  only until the save is under way."""
   t_save = time.time()
-  checkpointer.save(step, state, memory, _global_data_state(data_state, train_iter))
+  checkpointer.save(step, state, memory, _global_data_state(data_state, train_iter), identity)
   took = clock.exclude("save", t_save)
   _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
             "in the background)", step, took)
@@ -639,8 +727,7 @@ def _warn_of_endless_warmup(config) -> None:
         config.optimizer.warmup_steps, config.num_train_steps, config.optimizer.learning_rate)
 
 
-def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
-           restore_intact, profile_steps=None) -> dict[str, float]:
+def _train(config, workdir, checkpointer, is_main, options: _Options) -> dict[str, float]:
   if checkpointer.all_steps():
     ckpt_lib.check_resume_config(workdir, config)
   tokenizer = data_lib.get_tokenizer(config.data)
@@ -651,15 +738,17 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
   setup = build_setup(config)
   layout = setup.layout
   train_iter, eval_docs = _train_data(config, layout, tokenizer)
+  identity = ckpt_lib.run_identity(config, tokenizer.identity,
+                                   data_lib.corpus_identity(config.data))
 
-  start, restored = _restore(checkpointer, setup, restore_intact, is_main)
+  start, restored = _restore(checkpointer, setup, options, is_main, identity)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
   _warn_of_endless_warmup(config)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
-      _Profiler(profile_steps, os.path.join(workdir, "profile")) as profiler:
+      _Profiler(options.profile_steps, os.path.join(workdir, "profile")) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
       writer.write_hparams(hyperparameters(config))
     state, memory = _start(config, setup, start, restored, train_iter, writer, is_main, workdir)
@@ -674,9 +763,11 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
     step_fn = train_step.make_train_step(
         setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
         grad_accum_steps=accum)
-    end = config.num_train_steps if stop_at_step is None else min(stop_at_step, config.num_train_steps)
+    end = config.num_train_steps
+    if options.stop_at_step is not None:
+      end = min(options.stop_at_step, end)
     clock, metric_log, window = _Clock(), _MetricLog(config, writer, end), _MetricWindow()
-    stop = _StopAgreement(config, should_stop)
+    stop = _StopAgreement(config, options.should_stop)
     last_eval: dict[str, float] = {}
     step = start
     with prefetch.Prefetcher(_step_batches(config, layout, train_iter),
@@ -701,7 +792,8 @@ def _train(config, workdir, checkpointer, is_main, stop_at_step, should_stop,
         if logging_:
           metric_log.write(step, window.take(), clock)
         if saving:
-          _save(checkpointer, step, state, memory, batches.get_state(), train_iter, clock)
+          _save(checkpointer, step, state, memory, batches.get_state(), train_iter, identity,
+                clock)
         if stopping:
           _log.warning("stopping on request after step %d (checkpointed)", step)
           break
@@ -828,9 +920,7 @@ def _local_data_state(state: dict[str, np.ndarray], row_start: int, num_rows: in
 
 
 def _truncate_metrics(path: str, step: int) -> None:
-  """Drops log records written after the checkpoint a run resumes from."""
-  records = [r for r in read_jsonl(path) if r["step"] <= step]
+  """Drops log records written after the checkpoint a run resumes from (and
+  any line a crash cut short), replacing the file at once."""
   if os.path.exists(path):
-    with open(path, "w") as f:
-      import json  # pylint: disable=g-import-not-at-top
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    rewrite_jsonl(path, [r for r in read_jsonl(path) if r["step"] <= step])

@@ -171,11 +171,11 @@ def test_a_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path, monkeypa
   # overflow would leave it); the NaN loss at step 5 must name step 2.
   real = ckpt_lib.Checkpointer.save
 
-  def poisoned(self, step, state, memory, data_state):
+  def poisoned(self, step, state, *rest):
     if step == 4:
       state = state.replace(params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(np.nan),
                                                 state.params))
-    return real(self, step, state, memory, data_state)
+    return real(self, step, state, *rest)
 
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", poisoned)
   inject_nan_at(monkeypatch, 5)

@@ -79,6 +79,7 @@ from compressive.data.iterator import epoch_permutation
 from compressive.data.iterator import SegmentIterator
 from compressive.data.registry import SPLITS
 from compressive.data.sources import check_documents
+from compressive.data.sources import corpus_identity
 from compressive.data.sources import get_documents
 from compressive.data.sources import iter_texts
 from compressive.data.tokenizers import ByteTokenizer
@@ -98,6 +99,7 @@ __all__ = [
     'TokenDocuments',
     'Tokenizer',
     'check_documents',
+    'corpus_identity',
     'default_data_config',
     'epoch_permutation',
     'get_documents',

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ml_collections
 
 from compressive.data import registry
+from compressive.data import tokenizers
 
 TOKENIZERS = ('bytes', 'sentencepiece')
 
@@ -64,7 +65,7 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
   step that trains it).
   """
   import os  # pylint: disable=g-import-not-at-top
-  from compressive.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from compressive.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
 
   source = registry.get(c.source)
   if c.tokenizer not in TOKENIZERS:
@@ -75,9 +76,15 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
       raise ConfigError(
           "data.spm_model is empty: give the SentencePiece model's path (train one with "
           "train_tokenizer.py)")
+    if os.path.isdir(c.spm_model):
+      raise ConfigError(f"data.spm_model={c.spm_model!r} is a folder, not a .model file")
     if not os.path.isfile(c.spm_model):
       raise ConfigError(
           f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
           "or fix the path")
+    try:  # a moment's read: a file that is not a model is named now, not mid-run
+      tokenizers.SentencePieceTokenizer(c.spm_model)
+    except DataError as e:
+      raise ConfigError(str(e)) from None
   registry.section(c, source.name)
   source.validate(c)

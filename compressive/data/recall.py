@@ -123,12 +123,39 @@ def default_config() -> ml_collections.ConfigDict:
 def validate(data_config: ml_collections.ConfigDict) -> None:
   if data_config.tokenizer != "bytes":
     raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
-  distances = tuple(data_config.recall.distances)
-  if not distances or min(distances) <= _EVENT_LEN:
-    raise ConfigError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
-  requery = tuple(data_config.recall.get("requery_distances", ()))
-  if requery and min(requery) <= _EVENT_LEN:
-    raise ConfigError(f"data.recall.requery_distances={requery} must be > {_EVENT_LEN} bytes each")
+  _check(data_config.recall, ConfigError)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
+  """`error` naming the field unless every fact, with its queries, fits a
+  document: a fact that cannot would be left out, and a document of filler
+  alone teaches no recall."""
+  distances = tuple(c.distances)
+  requery = tuple(c.get("requery_distances", ()))
+  for name, values in (("distances", distances), ("requery_distances", requery)):
+    if not all(_is_int(d) for d in values) or (values and min(values) <= _EVENT_LEN):
+      raise error(f"data.recall.{name}={values} must be integers > {_EVENT_LEN} bytes each")
+  if not distances:
+    raise error("data.recall.distances=() is empty: give at least one distance")
+  for name in ("doc_length", "facts"):
+    if not _is_int(c.get(name)) or c.get(name) < 1:
+      raise error(f"data.recall.{name}={c.get(name)!r} must be a positive integer")
+  num_docs = tuple(c.num_docs)
+  if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
+    raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
+                f"integers, documents of {', '.join(registry.SPLITS)}")
+  span = max(distances) + (max(requery) if requery else 0) + _EVENT_LEN
+  if span > c.doc_length:
+    raise error(
+        f"data.recall.doc_length={c.doc_length} cannot hold a fact and its queries: the "
+        f"longest span, distance {max(distances)}"
+        + (f" after a first query at {max(requery)}" if requery else "")
+        + f" plus the query's {_EVENT_LEN} bytes, is {span}; raise doc_length to at least "
+        f"{span} or lower data.recall.distances")
 
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
@@ -139,17 +166,19 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
   k = registry.SPLITS.index(split)
   seed = int(np.random.SeedSequence([c.seed, 7, k]).generate_state(1)[0])
   rng = np.random.default_rng(seed)
+  _check(c, DataError)
   distances = tuple(int(d) for d in c.distances)
-  if not distances or min(distances) <= _EVENT_LEN:
-    raise DataError(f"data.recall.distances={distances} must be > {_EVENT_LEN} bytes each")
   requery = tuple(int(d) for d in c.get("requery_distances", ()))
-  if requery and min(requery) <= _EVENT_LEN:
-    raise DataError(f"data.recall.requery_distances={requery} must be > {_EVENT_LEN} bytes each")
   texts, queries = [], []
   for _ in range(int(c.num_docs[k])):
     text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery)
     texts.append(text)
     queries.append(q)
+  if not any(queries):
+    raise DataError(
+        f"recall/{split}: no fact could be placed in its {len(texts)} documents of "
+        f"{c.doc_length} bytes (data.recall.facts={c.facts} facts at distances {distances}); "
+        "raise data.recall.doc_length or lower data.recall.facts")
   return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
 
 

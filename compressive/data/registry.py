@@ -69,6 +69,10 @@ class Source:
     iter_texts: (data_config, split, max_bytes, seed) -> the original texts
       of the split, e.g. to train a tokenizer on. None: those of
       get_documents' TextDocuments in a seeded order (sources.iter_texts).
+    identity: (data_config) -> a short string that changes when the corpus
+      does (text_files: its files' names and sizes), recorded with every
+      checkpoint and compared on resume. None: the source's data cannot
+      change under the same config (pinned archives, generated data).
   """
   name: str
   default_config: Callable[[], ml_collections.ConfigDict]
@@ -77,6 +81,7 @@ class Source:
   check_documents: Optional[Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], None]] = None
   iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
                                 Iterator[str]]] = None
+  identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None
 
 
 _SOURCES: dict[str, Source] = {}

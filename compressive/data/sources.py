@@ -28,8 +28,15 @@ def _source(data_config: ml_collections.ConfigDict, split: str) -> registry.Sour
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.Documents:
-  """The documents of `split` (one of registry.SPLITS) of data.source."""
-  return _source(data_config, split).get_documents(data_config, split, tokenizer)
+  """The documents of `split` (one of registry.SPLITS) of data.source; a
+  split without any is a DataError naming it, found when the split is opened
+  (training opens its evaluation split at start-up), not when a pass over
+  it would divide by nothing."""
+  docs = _source(data_config, split).get_documents(data_config, split, tokenizer)
+  if not len(docs):
+    raise DataError(f'the {split} split of data.source={data_config.source} ({docs.description}) '
+                    'has no documents')
+  return docs
 
 
 def check_documents(data_config: ml_collections.ConfigDict, split: str,
@@ -78,3 +85,11 @@ def iter_texts(data_config: ml_collections.ConfigDict, split: str,
     total += len(text.encode('utf-8'))
     if max_bytes is not None and total >= max_bytes:
       return
+
+
+def corpus_identity(data_config: ml_collections.ConfigDict) -> str | None:
+  """The source's digest of its corpus (registry.Source.identity), or None
+  when the source's data cannot change under the same config."""
+  source = registry.get(data_config.source)
+  registry.section(data_config, source.name)
+  return None if source.identity is None else source.identity(data_config)

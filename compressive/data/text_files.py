@@ -19,6 +19,8 @@ Config (`config.data.text_files`): path (the folder), heldout_fraction
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 import os
 
 import ml_collections
@@ -163,6 +165,12 @@ def _txt_files(folder: str) -> list[str]:
     listed = os.listdir(folder)
   except OSError as e:
     raise DataError(f'{shown(folder)}: cannot list the folder ({e.strerror or e})') from e
+  dangling = sorted(n for n in listed if n.endswith('.txt')
+                    and not os.path.exists(os.path.join(folder, n)))
+  if dangling:
+    raise DataError(f'{shown(os.path.join(folder, dangling[0]))}: a link to a file that does '
+                    f'not exist ({len(dangling)} such .txt link(s) in {shown(folder)}); remove '
+                    'it or restore its target')
   names = sorted(n for n in listed
                  if n.endswith('.txt') and os.path.isfile(os.path.join(folder, n)))
   for n in names:
@@ -237,6 +245,25 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
   return len(paths)
 
 
+def identity(data_config: ml_collections.ConfigDict) -> str:
+  """The corpus's files, by split folder, name and size, as a digest (and
+  their count and bytes, to read): what a resume compares."""
+  path = data_config.text_files.path
+  if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
+    folders = [os.path.join(path, s) for s in registry.SPLITS
+               if os.path.isdir(os.path.join(path, s))]
+  else:
+    folders = [path]
+  listing = []
+  for folder in folders:
+    for name in _txt_files(folder):
+      listing.append((os.path.relpath(os.path.join(folder, name), path),
+                      os.path.getsize(os.path.join(folder, name))))
+  digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+  total = sum(size for _, size in listing)
+  return f'text_files: {len(listing)} files, {total} bytes, sha256 {digest[:16]}'
+
+
 registry.register(registry.Source(
     name='text_files', default_config=default_config, validate=validate,
-    get_documents=get_documents, check_documents=check_documents))
+    get_documents=get_documents, check_documents=check_documents, identity=identity))

@@ -12,6 +12,7 @@ that a padded position never aliases a real piece.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -36,11 +37,18 @@ class Tokenizer(Protocol):
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     ...
 
+  @property
+  def identity(self) -> str:
+    """Names exactly this vocabulary (for a SentencePiece model, a digest of
+    its file): a run records it, and tools that load the run compare."""
+    ...
+
 
 class ByteTokenizer:
   """UTF-8 bytes as tokens: vocabulary 256, bits per token = bits per byte."""
 
   vocab_size = 256
+  identity = 'bytes'
 
   def encode(self, text: str) -> np.ndarray:
     return np.frombuffer(text.encode('utf-8'), dtype=np.uint8).astype(np.int32)
@@ -68,8 +76,23 @@ class SentencePieceTokenizer:
       raise FileNotFoundError(
           f'SentencePiece model {model_path!r} (data.spm_model) does not '
           'exist; train it with train_tokenizer.py --config=...')
+    if os.path.isdir(model_path):
+      raise DataError(f'SentencePiece model {model_path!r} (data.spm_model) is a folder, '
+                      'not a .model file')
     self.model_path = model_path
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    with open(model_path, 'rb') as f:
+      model = f.read()
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model)
+    except (RuntimeError, OSError, TypeError) as e:
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise DataError(f'{model_path!r} (data.spm_model) is not a SentencePiece model '
+                      f'({first})') from None
+    self._identity = 'sentencepiece:sha256:' + hashlib.sha256(model).hexdigest()
+
+  @property
+  def identity(self) -> str:
+    return self._identity
 
   @property
   def vocab_size(self) -> int:
@@ -205,9 +228,16 @@ def train_sentencepiece(
   folder = os.path.dirname(os.path.abspath(model_path))
   os.makedirs(folder, exist_ok=True)
   tmp = model_path + '.tmp'
-  with open(tmp, 'wb') as f:
-    f.write(buffer.getvalue())
-  os.replace(tmp, model_path)
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(buffer.getvalue())
+    os.replace(tmp, model_path)
+  except OSError as e:  # a full disk: no half-written model left behind
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    if e.filename is None and e.errno is not None:  # a write or close names no file
+      raise OSError(e.errno, e.strerror or os.strerror(e.errno), tmp) from None
+    raise
   return SentencePieceTokenizer(model_path)
 
 
