@@ -23,7 +23,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 
 import compressive
 from compressive import analysis
@@ -120,7 +119,7 @@ def validate_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
+  cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
     logging.getLogger("compressive").setLevel(logging.INFO)  # progress lines on stderr

@@ -27,7 +27,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 import jax
 
 import compressive
@@ -80,8 +79,7 @@ def validate_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  # Orbax is chatty, and warns that a read-only checkpoint directory is read-only.
-  absl_logging.set_verbosity(absl_logging.ERROR)
+  cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
     sharding.initialize_distributed(

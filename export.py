@@ -13,7 +13,6 @@ import os
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 
 from compressive import cli
 from compressive import export_lib
@@ -28,8 +27,7 @@ flags.mark_flags_as_required(["workdir", "output"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  # Orbax is chatty, and warns that a read-only checkpoint directory is read-only.
-  absl_logging.set_verbosity(absl_logging.ERROR)
+  cli.quiet_libraries()
   with cli.user_errors():
     cli.check_flag("step", cli.at_least(0), ">= 0")
     # Cheap checks first: a mistaken --output is found before any restore.

@@ -15,7 +15,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 
 import compressive
 from compressive import checkpoint
@@ -87,7 +86,7 @@ def read_prompt() -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax warns that read-only is read-only
+  cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
     prompt = read_prompt()
@@ -113,7 +112,7 @@ def main(argv):
                                     top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed):
         sys.stdout.write(stream.push(int(token[0])))
         sys.stdout.flush()
-      sys.stdout.write("\n")
+      sys.stdout.write(stream.flush() + "\n")  # a character cut short by the end, as U+FFFD
       sys.stdout.flush()
     except BrokenPipeError:  # the reader stopped early (`| head`): not an error
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -63,6 +63,15 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
   sys.exit(code)
 
 
+def quiet_libraries() -> None:
+  """Orbax and TensorStore log at absl's INFO and WARNING, and log a
+  traceback from their threads for a read that a rotating trainer raced or
+  a write the disk refused; the tools report those themselves, in one line.
+  Only absl's FATAL gets through."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.set_verbosity(absl_logging.FATAL)
+
+
 def warn(message: str) -> None:
   print(f"warning: {one_line(message)}", file=sys.stderr)
 

@@ -16,6 +16,8 @@ checksums are verified on every load, like a checkpoint's.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -57,14 +59,47 @@ def read_manifest(path: str) -> dict[str, Any]:
                           f"compressive reads version {VERSION} and older")
   if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("integrity"), dict):
     raise CheckpointError(f"{name} is damaged: no step or checksums; export the workdir again")
+  # Exports written since the digests were added: the manifest itself and
+  # the config beside it must be as written (an edit is refused, by name).
+  digest = manifest.get("sha256")
+  if digest is not None and digest != _manifest_digest(manifest):
+    raise CheckpointError(f"{name} was changed since it was written (its digest differs); "
+                          "export the workdir again")
+  config_digest = manifest.get("config_sha256")
+  if config_digest is not None and config_digest != _file_digest(os.path.join(path,
+                                                                              ckpt_lib.CONFIG_FILE)):
+    raise CheckpointError(f"{os.path.join(path, ckpt_lib.CONFIG_FILE)} was changed since the "
+                          "export was written (its digest differs from export.json's); export "
+                          "the workdir again")
   return manifest
+
+
+def _manifest_digest(manifest: dict[str, Any]) -> str:
+  return ckpt_lib.json_digest({k: v for k, v in manifest.items() if k != "sha256"})
+
+
+def _file_digest(path: str) -> Optional[str]:
+  try:
+    with open(path, "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+  except FileNotFoundError:
+    return None
 
 
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
   """ConfigError unless `output` can receive an export of `workdir`: a new
-  folder, or an empty one, and not inside the workdir's checkpoints. `label`
-  names it in the message (default: the path)."""
+  folder, or an empty one, with a name the filesystem takes, and not inside
+  the workdir's checkpoints. `label` names it in the message (default: the
+  path)."""
   label = label or output
+  if not output:
+    raise ConfigError(f"{label or 'the output'} is empty: give the export's folder")
+  name = os.path.basename(os.path.abspath(output))
+  parent = os.path.dirname(os.path.abspath(output))
+  limit = _name_max(parent)
+  if len(os.fsencode(name)) > limit:
+    raise ConfigError(f"{label}: the folder's name is {len(os.fsencode(name))} bytes long; this "
+                      f"filesystem takes at most {limit}")
   if os.path.lexists(output):
     if not os.path.isdir(output):
       raise ConfigError(f"{label} exists and is not a folder: give a new or empty folder")
@@ -98,22 +133,75 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   output = os.path.abspath(output)
   parent = os.path.dirname(output)
   os.makedirs(parent, exist_ok=True)
-  partial = os.path.join(parent, f".{os.path.basename(output)}.partial-{os.getpid()}")
+  _remove_abandoned_partials(parent)
+  # A short name of its own (an output's name may be as long as the
+  # filesystem allows), found and removed by the next export if this
+  # process is killed.
+  partial = os.path.join(parent, f"{PARTIAL_PREFIX}{os.getpid()}")
   shutil.rmtree(partial, ignore_errors=True)  # a previous attempt of this pid
   os.mkdir(partial)
   try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      checkpointer.save(os.path.join(partial, PARAMS_DIR), params)
-    ckpt_lib.save_config(partial, config)
-    manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
-                "source": os.path.abspath(workdir), "integrity": integrity}
-    with open(os.path.join(partial, EXPORT_FILE), "w", encoding="utf-8") as f:
-      json.dump(manifest, f, indent=2)
-    os.replace(partial, output)  # onto an empty folder, or a new name
+    with _write_errors(output):
+      with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.join(partial, PARAMS_DIR), params)
+      ckpt_lib.save_config(partial, config)
+      manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
+                  "source": os.path.abspath(workdir), "integrity": integrity,
+                  "config_sha256": _file_digest(os.path.join(partial, ckpt_lib.CONFIG_FILE))}
+      manifest["sha256"] = _manifest_digest(manifest)
+      with open(os.path.join(partial, EXPORT_FILE), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+      os.replace(partial, output)  # onto an empty folder, or a new name
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)
     raise
   return int(step)
+
+
+PARTIAL_PREFIX = ".compressive-export-partial-"
+
+
+def _name_max(folder: str) -> int:
+  """The longest file name (bytes) the filesystem of `folder` (or of its
+  nearest existing ancestor) takes."""
+  while folder and not os.path.isdir(folder):
+    folder = os.path.dirname(folder)
+  try:
+    return os.pathconf(folder or "/", "PC_NAME_MAX")
+  except (OSError, ValueError):
+    return 255
+
+
+def _remove_abandoned_partials(parent: str) -> None:
+  """Removes what exports killed mid-write left in `parent`: partial folders
+  whose process no longer runs."""
+  for name in os.listdir(parent):
+    if not name.startswith(PARTIAL_PREFIX):
+      continue
+    try:
+      pid = int(name[len(PARTIAL_PREFIX):])
+      os.kill(pid, 0)
+      continue  # another export is writing it
+    except ProcessLookupError:
+      pass
+    except (ValueError, PermissionError):
+      continue
+    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _write_errors(output: str):
+  """A write the disk refused (full, read-only, not ours), also when Orbax
+  reports it from its threads, as one OSError naming the export."""
+  try:
+    yield
+  except OSError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    code = ckpt_lib.write_errno(e)
+    if code is None:
+      raise
+    raise OSError(code, os.strerror(code), output) from None
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:

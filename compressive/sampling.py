@@ -172,11 +172,23 @@ class TextStream:
 
   def push(self, token: int) -> str:
     self._pending.append(int(token))
-    before = self._tokenizer.decode(self._tail) if self._tail else ""
-    after = self._tokenizer.decode(self._tail + self._pending)
-    piece = after[len(before):] if after.startswith(before) else self._tokenizer.decode(self._pending)
+    piece = self._piece()
     if piece.endswith("\ufffd") and len(self._pending) < 4:
       return ""  # a UTF-8 character cut short: wait for the rest of it
+    return self._shown(piece)
+
+  def flush(self) -> str:
+    """The text of tokens still held back (a character the generation cut
+    short, shown as U+FFFD, as errors="replace" decodes it); call it once
+    the last token is pushed, so that no generated token goes unshown."""
+    return self._shown(self._piece()) if self._pending else ""
+
+  def _piece(self) -> str:
+    before = self._tokenizer.decode(self._tail) if self._tail else ""
+    after = self._tokenizer.decode(self._tail + self._pending)
+    return after[len(before):] if after.startswith(before) else self._tokenizer.decode(self._pending)
+
+  def _shown(self, piece: str) -> str:
     self._tail = (self._tail + self._pending)[-self._context:]
     self._pending = []
     return piece

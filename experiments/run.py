@@ -44,11 +44,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from typing import Optional
 
 from absl import app
 from absl import flags
+
+from compressive import cli
+from compressive.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -76,13 +81,47 @@ ABLATION = [  # (name, compression, reconstruction loss)
 ]
 
 
+class _Child:
+  """The one tool this runner has running: a SIGTERM or SIGINT to the runner
+  is passed on to it (train.py then saves its step and exits), and the
+  runner stops once it has, instead of leaving it to train on alone. A
+  signal that comes while no child runs, or while one is being started,
+  is kept and acted on at once after."""
+  process: subprocess.Popen | None = None
+  signalled: int | None = None
+
+  @classmethod
+  def forward(cls, signum, frame) -> None:
+    del frame
+    cls.signalled = signum
+    if cls.process is not None and cls.process.poll() is None:
+      cls.process.send_signal(signum)
+
+  @classmethod
+  def stop_if_signalled(cls, code: Optional[int] = None, what: str = "") -> None:
+    if cls.signalled is not None:
+      ran = f" while {what} ran (it exited with {code})" if what else " between runs"
+      cli.fail(f"stopped by {signal.Signals(cls.signalled).name}{ran}; the same command goes "
+               "on from where the runs stopped", code=130)
+
+
 def _run(args: list[str]) -> str:
+  _Child.stop_if_signalled()
   cmd = [sys.executable] + args
   print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-  out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-  if out.returncode:
-    sys.exit(f"error: {' '.join(args[:1])} exited with {out.returncode}")
-  return out.stdout
+  _Child.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  if _Child.signalled is not None:  # it came while the child was being started
+    _Child.process.send_signal(_Child.signalled)
+  try:
+    stdout, _ = _Child.process.communicate()
+  finally:
+    code, _Child.process = _Child.process.wait(), None
+  _Child.stop_if_signalled(code, args[0])
+  if code < 0:
+    cli.fail(f"{args[0]} was killed by {signal.Signals(-code).name}", code=1)
+  if code:  # the tool printed its own error line
+    sys.exit(code)
+  return stdout
 
 
 def train(workdir: str, config: str, *overrides: str) -> dict:
@@ -310,9 +349,6 @@ def study_table(study: dict) -> str:
 
 def recall_study(out: str) -> dict:
   names = FLAGS.settings or list(RECALL_STUDY)
-  unknown = sorted(set(names) - set(RECALL_STUDY))
-  if unknown:
-    raise app.UsageError(f"--settings: unknown {unknown}; known: {', '.join(RECALL_STUDY)}")
   path = os.path.join(ROOT, FLAGS.results_dir, "recall_study.json")
   load = lambda: json.load(open(path)) if os.path.exists(path) else {"settings": {}}
   for name in names:
@@ -417,18 +453,32 @@ def positions(out: str) -> dict:
   return result
 
 
+def validate_flags() -> None:
+  """ConfigError for a count flag out of its range, before anything runs."""
+  for name in ("ablation_steps", "ablation_eval_segments", "equal_time_steps"):
+    value = FLAGS[name].value
+    if value is not None and value < 1:
+      raise ConfigError(f"--{name}={value} must be >= 1")
+  unknown = sorted(set(FLAGS.settings or ()) - set(RECALL_STUDY))
+  if unknown:
+    raise ConfigError(f"--settings: unknown {unknown}; known: {', '.join(RECALL_STUDY)}")
+
+
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
-  os.makedirs(out, exist_ok=True)
-  result = {"ct_vs_txl": ct_vs_txl, "recall_study": recall_study,
-            "books_reach": books_reach, "ablation": ablation,
-            "positions": positions}[FLAGS.experiment](out)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  del argv  # cli.parse_flags refuses positional arguments
+  signal.signal(signal.SIGTERM, _Child.forward)
+  signal.signal(signal.SIGINT, _Child.forward)
+  with cli.user_errors():
+    validate_flags()
+    out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
+    os.makedirs(out, exist_ok=True)
+    result = {"ct_vs_txl": ct_vs_txl, "recall_study": recall_study,
+              "books_reach": books_reach, "ablation": ablation,
+              "positions": positions}[FLAGS.experiment](out)
+    with open(os.path.join(out, "results.json"), "w") as f:
+      json.dump(result, f, indent=2)
   print(json.dumps(result))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)
