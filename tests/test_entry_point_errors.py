@@ -295,6 +295,47 @@ CASES = [
          ["--workdir={wd}", "--analysis=recall"], "--analysis=recall needs"),
     Case("analyze: workdir is a file", "analyze.py", ["--workdir={file}"],
          "is not a training workdir"),
+    # Found at start-up, before anything compiles (the third pass).
+    Case("train: no synthetic documents at all", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.synthetic.num_docs=()"],
+         "data.synthetic.num_docs=()"),
+    Case("train: an empty validation split", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.synthetic.num_docs=(16,0,4)"],
+         "the validation split of data.source=synthetic"),
+    Case("train: SentencePiece model that is a text file", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.tokenizer=sentencepiece",
+          "--config.data.spm_model={file}"], "is not a SentencePiece model"),
+    Case("train: SentencePiece model that is a folder", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.tokenizer=sentencepiece",
+          "--config.data.spm_model={empty}"], "is a folder, not a .model file"),
+    Case("train: a batch beyond any machine", "train.py",
+         [CFG, "--workdir={tmp}/wd", f"--config.batch_size={10**30}"],
+         "batch_size=1000000000000000000000000000000 must be a positive integer below 2**31"),
+    Case("train: a model beyond this machine", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.model.d_ff=1073741824"],
+         "GiB per device"),
+    Case("train: recall facts longer than a document", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.source=recall",
+          "--config.data.recall.distances=(100000,)"], "cannot hold a fact and its queries"),
+    Case("train: a corpus link to nothing", "train.py",
+         [CFG, "--workdir={tmp}/wd", *TEXTS], "a link to a file that does not exist",
+         setup=then(texts(GOOD), lambda ctx: os.symlink(
+             os.path.join(ctx["tmp"], "gone.txt"), os.path.join(ctx["tmp"], "texts", "z.txt")))),
+    # export.py.
+    Case("export: empty output", "export.py", ["--workdir={wd}", "--output="],
+         "--output= is empty"),
+    Case("export: output name too long", "export.py", ["--workdir={wd}", "--output={tmp}/" + "e" * 300],
+         "this filesystem takes at most 255"),
+    # experiments/run.py.
+    Case("experiments: no experiment", "experiments/run.py", [], "--experiment is required"),
+    Case("experiments: unknown experiment", "experiments/run.py", ["--experiment=nope"],
+         "value should be one of"),
+    Case("experiments: root is a file", "experiments/run.py",
+         ["--experiment=ablation", "--root={file}"], "is a file, not a folder"),
+    Case("experiments: negative ablation steps", "experiments/run.py",
+         ["--experiment=ablation", "--ablation_steps=-1"], "--ablation_steps=-1 must be >= 1"),
+    Case("experiments: unknown setting", "experiments/run.py",
+         ["--experiment=recall_study", "--settings=zz"], "--settings: unknown ['zz']"),
     # train_tokenizer.py.
     Case("tokenizer: no --config", "train_tokenizer.py", [], "--config is required"),
     Case("tokenizer: missing config file", "train_tokenizer.py", ["--config=nope.py"],
@@ -366,9 +407,10 @@ def snapshot(folder):
 
 
 def test_the_table_is_large_enough():
-  assert len(CASES) >= 30
+  assert len(CASES) >= 70
   scripts = {c.script for c in CASES}
-  assert scripts == {"train.py", "eval.py", "sample.py", "analyze.py", "train_tokenizer.py"}
+  assert scripts == {"train.py", "eval.py", "sample.py", "analyze.py", "train_tokenizer.py",
+                     "export.py", "experiments/run.py"}
 
 
 # -- A result that cannot be saved is printed, with a warning. -----------------

@@ -86,3 +86,17 @@ def test_text_stream_reassembles_utf8_and_subwords():
   tok = ByteTokenizer()
   stream = TextStream(tok, context=4)
   assert "".join(stream.push(t) for t in tok.encode(text)) == text
+
+
+def test_text_stream_shows_a_character_cut_short_at_the_end():
+  # sample.py stops after --num_tokens whatever the last token completes:
+  # the bytes of an unfinished character are flushed as U+FFFD, not lost.
+  from compressive.data import ByteTokenizer
+  from compressive.sampling import TextStream
+  tok = ByteTokenizer()
+  stream = TextStream(tok)
+  ids = tok.encode("ab東")[:-1]  # the last character's third byte never comes
+  shown = "".join(stream.push(t) for t in ids)
+  assert shown == "ab"
+  assert shown + stream.flush() == "ab\ufffd"
+  assert stream.flush() == ""  # once
