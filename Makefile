@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test experiment venv test-venv aot-venv clean
+.PHONY: test experiment venv test-venv aot-venv test-jax011 clean
 
 WORKDIR ?= runs/default
 
@@ -65,5 +65,25 @@ $(AOT_STAMP): requirements-aot.txt requirements.txt $(PYPROJECT) | $(AOT_PY)
 
 aot-venv: $(AOT_STAMP)
 
+# JAX 0.11 (Python >= 3.12): the same code on the second JAX it supports, on
+# CPU: the model, memory, attention and train tests (requirements-jax011.txt).
+PYTHON312 ?= python3.12
+J11_VENV := .venv-jax011
+J11_PY := $(J11_VENV)/bin/python
+J11_STAMP := $(J11_VENV)/.installed
+J11_TESTS := tests/test_model.py tests/test_memory.py tests/test_attention.py \
+	tests/test_attention_chunks.py tests/test_train.py tests/test_never_idle.py
+
+$(J11_PY):
+	$(PYTHON312) -m venv $(J11_VENV)
+
+$(J11_STAMP): requirements-jax011.txt $(PYPROJECT) | $(J11_PY)
+	$(J11_PY) -m pip install -r requirements-jax011.txt
+	$(J11_PY) -m pip install --no-deps -e .
+	touch $@
+
+test-jax011: $(J11_STAMP)
+	$(J11_PY) -m pytest -q $(J11_TESTS)
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(J11_VENV)

@@ -11,7 +11,8 @@ and the compiled object's `memory_analysis()` work), made by
 
   tpu  libtpu's TPU compiler, from `jax[tpu]` (brings `libtpu`), given a
        slice's topology (chips along x, y[, z]; chips per host);
-  gpu  the CUDA 12 PJRT plugin (`jax-cuda12-pjrt`, with `jax-cuda12-plugin`),
+  gpu  the CUDA 12 PJRT plugin (`jax-cuda12-pjrt`, with `jax-cuda12-plugin`;
+       with JAX 0.11 the CUDA 13 one, `jax-cuda13-plugin`, is taken too),
        given a `GpuTargetConfigProto` (the GPU's description, rendered below
        from NVIDIA's published specifications) and a topology
        "<NVLink domains>x<hosts per domain>x<GPUs per host>";
@@ -29,7 +30,7 @@ initialises its backends (any jax.devices(), jit or array) - so a program
 that touches jax before asking for a target's devices calls
 `prepare_environment()` first, at start-up:
 
-  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (where jax-cuda12-plugin is installed):
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (where a jax CUDA plugin is installed):
       the plugin otherwise runs a CUDA version check at jax's first backend
       initialisation, which fails on a host without a CUDA runtime and driver,
       and then never registers, leaving no GPU topology to compile for.
@@ -340,11 +341,11 @@ def _topology_devices(name: str, topology) -> tuple:
     )
     return tuple(topo.devices)
 
-  if not _installed("jax_plugins.xla_cuda12"):
+  if not _cuda_plugin():
     raise ConfigError(
-        f"target {name} needs jax-cuda12-plugin, which is not installed: "
-        "build the AOT environment with `make aot-venv` and run with "
-        ".venv-aot/bin/python")
+        f"target {name} needs jax's CUDA plugin (jax-cuda12-plugin, or jax-cuda13-plugin with "
+        "JAX 0.11), which is not installed: build the AOT environment with `make aot-venv` "
+        "and run with .venv-aot/bin/python")
   try:
     topo = topologies.get_topology_desc(
         platform="cuda",
@@ -364,11 +365,17 @@ def _topology_devices(name: str, topology) -> tuple:
   return tuple(topo.devices)
 
 
+def _cuda_plugin() -> bool:
+  """Whether a CUDA plugin of jax is installed (CUDA 12 with JAX 0.10, 12 or
+  13 with JAX 0.11)."""
+  return _installed("jax_plugins.xla_cuda12") or _installed("jax_plugins.xla_cuda13")
+
+
 def prepare_environment() -> None:
   """Sets, where unset, the variables that let jax's TPU and GPU compilers run
   quietly on this host (see the module docstring). Call it before anything
   initialises jax's backends; Target.devices() calls it too."""
-  if _installed("jax_plugins.xla_cuda12"):
+  if _cuda_plugin():
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   if _installed("libtpu"):
     try:

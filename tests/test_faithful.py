@@ -151,10 +151,11 @@ def _count(jaxpr, primitive: str) -> int:
     n += eqn.primitive.name == primitive
     for value in eqn.params.values():
       for sub in value if isinstance(value, (tuple, list)) else (value,):
-        if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          n += _count(sub.jaxpr, primitive)
-        elif isinstance(sub, jax.extend.core.Jaxpr):
+        # JAX 0.11 makes ClosedJaxpr an alias of Jaxpr: test Jaxpr first.
+        if isinstance(sub, jax.extend.core.Jaxpr):
           n += _count(sub, primitive)
+        elif isinstance(sub, jax.extend.core.ClosedJaxpr):
+          n += _count(sub.jaxpr, primitive)
   return n
 
 
