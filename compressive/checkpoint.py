@@ -54,6 +54,20 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
       item_handlers=handlers)
 
 
+def _listing(read, attempts: int = 10):
+  """read(), again when a step folder vanished under it: Orbax lists the
+  steps and then reads each one's metadata, and a trainer's rotation may
+  delete a step in between (FileNotFoundError naming the step)."""
+  for attempt in range(attempts):
+    try:
+      return read()
+    except FileNotFoundError:
+      if attempt == attempts - 1:
+        raise
+      time.sleep(0.05 * (attempt + 1))
+  raise AssertionError("unreachable")
+
+
 INTEGRITY = "integrity"
 # Seconds between reads of a step that failed, before it is called damaged:
 # a step being rotated away vanishes within them.
@@ -101,7 +115,7 @@ class Checkpointer:
   def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
                read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
-    self._manager = _manager(workdir, max_to_keep, create, read_only)
+    self._manager = _listing(lambda: _manager(workdir, max_to_keep, create, read_only))
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
     self._advice = ("read an older step with --step, or let train.py --restore_intact move "
@@ -110,14 +124,14 @@ class Checkpointer:
     _quiet_orbax_leftovers()
 
   def latest_step(self) -> Optional[int]:
-    return self._manager.latest_step()
+    return _listing(self._manager.latest_step)
 
   def all_steps(self) -> list[int]:
-    return sorted(self._manager.all_steps())
+    return sorted(_listing(self._manager.all_steps))
 
   def reload(self) -> None:
     """Re-reads the steps on disk (another process may have saved or rotated)."""
-    self._manager.reload()
+    _listing(self._manager.reload)
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))

@@ -113,19 +113,22 @@ def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
 
 
 def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
-                    num_devices: Optional[int] = None) -> ModelConfig:
+                    num_devices: Optional[int] = None, here: Optional[bool] = None
+                    ) -> ModelConfig:
   """Checks the experiment config before anything is built; ConfigError.
 
   `training=False` (evaluating, analysing or sampling a trained config on
   this machine's mesh) skips what only training's step needs: the
-  micro-batches of grad_accum_steps splitting along the mesh. `num_devices`:
-  the mesh's devices, default every device of this run; aot.py passes the
-  target's, and then the data config is not checked (it compiles for a
-  machine whose data this one need not have).
+  micro-batches of grad_accum_steps splitting along the mesh and the memory
+  estimate. `num_devices`: the mesh's devices, default every device of this
+  run (aot.py passes a target's). `here`: whether the config is to run on
+  this machine, so that its data config (paths, the tokenizer's model) and
+  its size are checked against it; default: when `num_devices` is not given.
   """
+  here = num_devices is None if here is None else here
   cfg = ModelConfig.from_config(config.model)
   validate_training_config(config)
-  if num_devices is None:
+  if here:
     data_lib.validate_data_config(config.data)
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
@@ -145,7 +148,7 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
   if training and (not _is_int(value) or not 0 <= value <= 64):
     raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
                       "batches made ahead in a background thread; 0: none)")
-  if training and num_devices is None:
+  if training and here:
     _check_fits(config, cfg, accum)
   if training and accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(

@@ -59,10 +59,10 @@ def default_data_config() -> ml_collections.ConfigDict:
 def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: bool = True) -> None:
   """Checks names and paths before anything is read; ConfigError naming the field.
 
-  The shared fields, then the section of data.source by that source's own
-  validator (the other sections are not read, so they are not checked).
-  need_tokenizer_model=False skips the SentencePiece model check (for the
-  step that trains it).
+  The shared fields, the section of data.source by that source's own
+  validator (the other sections are not read, so they are not checked),
+  then the SentencePiece model, read once to see that it is one.
+  need_tokenizer_model=False skips the model (for the step that trains it).
   """
   import os  # pylint: disable=g-import-not-at-top
   from compressive.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
@@ -71,6 +71,8 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
   if c.tokenizer not in TOKENIZERS:
     raise ConfigError(
         f"data.tokenizer={c.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
+  registry.section(c, source.name)
+  source.validate(c)
   if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
     if not c.spm_model:
       raise ConfigError(
@@ -86,5 +88,4 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
       tokenizers.SentencePieceTokenizer(c.spm_model)
     except DataError as e:
       raise ConfigError(str(e)) from None
-  registry.section(c, source.name)
-  source.validate(c)
+
