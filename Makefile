@@ -39,7 +39,7 @@ venv: $(BASE_STAMP)
 test-venv: $(TEST_STAMP)
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # The default experiment: train the small byte-level model on the books corpus
 # (fetched and cached on first use), then evaluate it on the held-out test books.
