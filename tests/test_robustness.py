@@ -140,20 +140,27 @@ def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, 
   assert_same_params(workdir, reference)
 
 
+def slow_saves(seconds):
+  """A config preamble: every save takes `seconds` more to finish in the background."""
+  return f"""
+import time
+import orbax.checkpoint as ocp
+_finalize = ocp.CheckpointManager._finalize
+def slow_finalize(self, *args, **kwargs):
+  time.sleep({seconds})
+  return _finalize(self, *args, **kwargs)
+ocp.CheckpointManager._finalize = slow_finalize
+"""
+
+
 # A document's tokens fail to load in the prefetch thread, as a book on a
 # disk that went away would, once training is under way; every save takes a
 # second to finish in the background.
-FAILING_READ = """
-import threading, time
-import orbax.checkpoint as ocp
+FAILING_READ = slow_saves(1.0) + """
+import threading
 from compressive.data import documents
 from compressive.errors import DataError
 
-_finalize = ocp.CheckpointManager._finalize
-def slow_finalize(self, *args, **kwargs):
-  time.sleep(1.0)
-  return _finalize(self, *args, **kwargs)
-ocp.CheckpointManager._finalize = slow_finalize
 _load = documents.TokenDocuments._load_tokens
 _calls = [0]
 def failing(self, i):
@@ -288,17 +295,10 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
 # Every save takes two seconds to finish in the background, and the first
 # evaluation (right after the step-2 save) raises, as a corpus file that
 # cannot be read would.
-SLOW_SAVE_AND_FAIL = """
-import time
-import orbax.checkpoint as ocp
+SLOW_SAVE_AND_FAIL = slow_saves(2.0) + """
 from compressive import eval_lib
 from compressive.errors import DataError
 
-_finalize = ocp.CheckpointManager._finalize
-def slow_finalize(self, *args, **kwargs):
-  time.sleep(2.0)
-  return _finalize(self, *args, **kwargs)
-ocp.CheckpointManager._finalize = slow_finalize
 def failing_evaluate(*args, **kwargs):
   raise DataError(REASON)
 eval_lib.evaluate = failing_evaluate

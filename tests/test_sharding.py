@@ -210,6 +210,17 @@ def cpu_env(**extra):
   return env
 
 
+def two_trainers(cfg, workdir) -> list[subprocess.Popen]:
+  """train.py as two processes of 2 CPU devices each on localhost, mesh (2, 1, 2)."""
+  port = free_port()
+  return [subprocess.Popen(
+      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={workdir}",
+       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
+       "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Every training run of the tests below, once (about two minutes on 2 cores)."""
@@ -238,13 +249,7 @@ def runs(tmp_path_factory):
 
   # Two processes x 2 CPU devices on localhost, mesh (2, 1, 2), through train.py.
   cfg = write_config_file(base / "cfg.py", factory="test_sharding:sharding_experiment")
-  port = free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={wd['mp']}",
-       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+  procs = two_trainers(cfg, wd["mp"])
   outputs = []
   try:
     for p in procs:
@@ -374,13 +379,7 @@ def test_a_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
   cfg = write_config_file(tmp_path / "cfg.py", {"num_train_steps": 3000,
                                                 "checkpoint_every_steps": 0},
                           factory="test_sharding:sharding_experiment")
-  port = free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
-       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+  procs = two_trainers(cfg, tmp_path / "wd")
   try:
     seen = []
     for line in procs[0].stderr:  # process 0 logs every step
