@@ -15,10 +15,10 @@ Its state is the segment iterator's.
 stored with the iterator state right after it was made): `get_state()` is
 the position after the last batch the caller took, never after the ones
 made ahead, so a checkpoint of it resumes exactly where the consumer was
-(docs/DESIGN.md §Path of data). An exception raised while making a batch
-(an unreadable book, a bad encoding) is raised by the `next()` that would
-have returned that batch, in the caller's thread, after every batch before
-it. Leaving the `with` block stops and joins the thread.
+(docs/DESIGN.md §The loop keeps the device busy). An exception raised
+while making a batch (an unreadable book, a bad encoding) is raised by the
+`next()` that would have returned that batch, in the caller's thread, after
+every batch before it. Leaving the `with` block stops and joins the thread.
 
 Nothing here reads flags or imports JAX: `put` is the caller's.
 """
