@@ -154,9 +154,9 @@ ocp.CheckpointManager._finalize = slow_finalize
 
 
 # A document's tokens fail to load in the prefetch thread, as a book on a
-# disk that went away would, once training is under way; every save takes a
-# second to finish in the background.
-FAILING_READ = slow_saves(1.0) + """
+# disk that went away would, once training is under way; every save takes
+# half a second more to finish in the background.
+FAILING_READ = slow_saves(0.5) + """
 import threading
 from compressive.data import documents
 from compressive.errors import DataError
