@@ -192,10 +192,7 @@ class Checkpointer:
         # A trainer rotating the step away deletes its files one by one:
         # what is read meanwhile fails like damage. Only a step that is
         # still there, and fails each time, is damaged.
-        if self._gone(step):
-          raise MissingStepError(
-              f"checkpoint {where} was deleted while it was read (a running trainer "
-              "rotated it away)") from None
+        self._raise_if_gone(step)
         error = e
     else:
       raise DamagedCheckpointError(
@@ -244,6 +241,12 @@ class Checkpointer:
         items["memory"] = ocp.args.StandardRestore(wanted)
     return record, self._manager.restore(step, args=ocp.args.Composite(**items)), items
 
+  def _raise_if_gone(self, step: int) -> None:
+    """MissingStepError if `step` was deleted while it was read."""
+    if self._gone(step):
+      raise MissingStepError(f"checkpoint {self.step_dir(step)} was deleted while it was read "
+                             "(a running trainer rotated it away)") from None
+
   def _gone(self, step: int) -> bool:
     """Whether `step` has been deleted (or is being deleted) since it was listed."""
     if not os.path.isdir(self.step_dir(step)):
@@ -259,9 +262,7 @@ class Checkpointer:
     for delay in READ_RETRY_DELAYS:
       if message is None:
         return
-      if self._gone(step):
-        raise MissingStepError(f"checkpoint {self.step_dir(step)} was deleted while it was "
-                               "read (a running trainer rotated it away)")
+      self._raise_if_gone(step)
       time.sleep(delay)
       message = self._shape_mismatch(step, abstract_state)
     if message is not None:
