@@ -48,7 +48,7 @@ experiment: $(BASE_STAMP)
 	$(PY) eval.py --workdir=$(WORKDIR) --split=test
 
 # Ahead-of-time compilation for TPU and GPU targets on this CPU-only host
-# (aot.py, compressive/targets.py): a venv of its own, .venv-aot, with
+# (aot.py, compressive/scale/targets.py): a venv of its own, .venv-aot, with
 # requirements-aot.txt (requirements.txt plus libtpu, the CUDA 12 plugin and
 # cuDNN; several GiB), so that .venv stays small.
 AOT_VENV := .venv-aot

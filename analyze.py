@@ -25,11 +25,11 @@ from absl import app
 from absl import flags
 
 import compressive
-from compressive import analysis
-from compressive import checkpoint
+from compressive.evaluation import analysis
+from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive import eval_lib
+from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS

@@ -6,7 +6,7 @@ not have, and say whether it fits: python aot.py --config=C --target=T.
     python aot.py --config=configs/pg19.py --target=cpu      # this machine's devices
 
 The step is the one train.py (or eval.py) runs, built from shapes alone for
-the target's devices (compressive/targets.py: TPU topologies and CUDA
+the target's devices (compressive/scale/targets.py: TPU topologies and CUDA
 targets, compiled for on a CPU host). Progress goes to stderr; the last line
 of stdout is one JSON object: target, devices, processes, mesh,
 compile_seconds, per_device bytes (arguments, outputs, aliased, temporaries,
@@ -28,7 +28,7 @@ import threading
 import time
 
 # Before JAX starts: compile on this host's CPU client; the TPU and GPU
-# compilers are reached through their topologies (compressive/targets.py).
+# compilers are reached through their topologies (compressive/scale/targets.py).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app
@@ -40,7 +40,7 @@ from compressive import cli
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
 flags.DEFINE_string("target", "cpu", "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
-                    "(compressive/targets.py; --target=list names them all).")
+                    "(compressive/scale/targets.py; --target=list names them all).")
 flags.DEFINE_enum("step", "train", ["train", "eval"],
                   "The train step (segments_per_step updates) or one evaluation segment.")
 
@@ -74,7 +74,7 @@ def main(argv):
 
 
 def run(config, target_name: str, step: str) -> int:
-  from compressive import targets  # pylint: disable=g-import-not-at-top
+  from compressive.scale import targets  # pylint: disable=g-import-not-at-top
   if target_name == "list":
     print("\n".join(targets.TARGETS))
     return 0
@@ -82,7 +82,10 @@ def run(config, target_name: str, step: str) -> int:
   target = targets.get(target_name)
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_enable_compilation_cache", False)
-  from compressive import aot_lib, flops, sharding, train_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from compressive import aot as aot_lib
+  from compressive.scale import flops, sharding
+  from compressive.training import loop as train_lib
   devices = target.devices()
   train_lib.validate_config(config, training=step == "train", num_devices=len(devices))
   mesh = sharding.make_mesh(config, devices)

@@ -6,7 +6,7 @@ Prints the result as one JSON object on the last line of stdout, then writes it
 to DIR/eval_<split>_step<N>.json (a workdir that cannot be written, e.g.
 read-only, is a warning). Checkpoints are only read, never written. On PG-19
 a whole split also gives `word_perplexity` with `words` (counted) and, for
-validation and test, `words_official`, its normaliser (compressive/eval_lib.py).
+validation and test, `words_official`, its normaliser (compressive/evaluation/evaluate.py).
 
 The checkpoint is restored onto this machine's devices, whatever mesh trained
 it: the saved config's `mesh.shape` is used if it fits this machine's devices,
@@ -31,12 +31,12 @@ import jax
 
 import compressive
 from compressive.errors import CheckpointError
-from compressive import checkpoint
+from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive import eval_lib
-from compressive import export_lib
-from compressive import sharding
+from compressive.evaluation import evaluate as eval_lib
+from compressive.evaluation import export as export_lib
+from compressive.scale import sharding
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")

@@ -17,12 +17,12 @@ from absl import app
 from absl import flags
 
 import compressive
-from compressive import checkpoint
+from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive import eval_lib
+from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
-from compressive.sampling import Sampler, TextStream
+from compressive.model.sampling import Sampler, TextStream
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")

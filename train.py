@@ -22,9 +22,9 @@ from absl import flags
 import jax
 
 from compressive import cli
-from compressive import interrupts
-from compressive import sharding
-from compressive import train_lib
+from compressive.training import interrupts
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS

@@ -24,8 +24,8 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common  # noqa: E402
-from compressive import aot_lib  # noqa: E402
-from compressive import flops as flops_lib  # noqa: E402
+from compressive import aot as aot_lib  # noqa: E402
+from compressive.scale import flops as flops_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("cases", ["reference", "enwik8_slice"], "Which configs to run.")

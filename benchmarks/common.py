@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the reference config, timed train and
 streaming-evaluation loops on synthetic tokens, FLOP counting (from the
-library: compressive/flops.py, which the training log's MFU uses too), a
+library: compressive/scale/flops.py, which the training log's MFU uses too), a
 matmul roofline and memory readings. Not part of the package, not run by CI.
 
 The reference config (issue #6): vocab 256, d_model 512, 8 layers, 8 heads,
@@ -24,11 +24,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from compressive import eval_lib  # noqa: E402
-from compressive.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
-from compressive import memory as memory_lib  # noqa: E402
-from compressive import train_lib  # noqa: E402
-from compressive import train_step  # noqa: E402
+from compressive.evaluation import evaluate as eval_lib  # noqa: E402
+from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
+from compressive.model import memory as memory_lib  # noqa: E402
+from compressive.training import loop as train_lib  # noqa: E402
+from compressive.training import step as train_step  # noqa: E402
 from configs import default as default_config  # noqa: E402
 
 REFERENCE_MODEL = dict(
@@ -116,7 +116,7 @@ class EvalBench:
     self.config = config
     if model is None:
       graphdef, template, params = train_step.build_model(config)
-      from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
+      from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
       model = merge_params(graphdef, template, params)
     self.model = model
     init, self.step = eval_lib.make_eval_step(model, cache_keys_values=cache_keys_values)

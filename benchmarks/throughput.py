@@ -10,7 +10,7 @@ evaluation tokens/s and peak RSS; rounds alternate between the models so both
 see the same machine. MFU = model FLOPs per token (common.flops_per_token,
 MaxText's counting) x tokens/s over the fp32 matmul GFLOP/s measured in the
 same run. With --stream_tokens it instead streams one long synthetic document
-through the real evaluation path (compressive.eval_lib.evaluate) and reports
+through the real evaluation path (compressive.evaluation.evaluate.evaluate) and reports
 peak RSS after each count. Prints one JSON object as its last line.
 """
 
@@ -114,9 +114,9 @@ def measure_throughput() -> dict:
 def measure_stream() -> dict:
   """Peak RSS while one long document streams through eval_lib.evaluate."""
   from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
-  from compressive import eval_lib  # pylint: disable=g-import-not-at-top
-  from compressive import train_step  # pylint: disable=g-import-not-at-top
-  from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
+  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
   counts = sorted(int(x) for x in FLAGS.stream_tokens)
   kind = FLAGS.kinds[0]
   config = common.reference_config(kind, batch_size=1, dtype=FLAGS.dtype, **_overrides())

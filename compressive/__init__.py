@@ -1,8 +1,15 @@
 """compressive: Compressive Transformers (Rae et al., ICLR 2020) in JAX/Flax."""
 
-from compressive.config_lib import ConfigError, ModelConfig
-from compressive.memory import Memory, init_memory, reset_rows
-from compressive.model import CompressiveTransformer
+import sys
+
+from compressive.model.config import ConfigError, ModelConfig
+from compressive.model.memory import Memory, init_memory, reset_rows
+from compressive.model.transformer import CompressiveTransformer
+from compressive.model import sampling
+
+# `compressive.sampling` stays importable by its public name (README, "From
+# Python"); the module lives in the model layer.
+sys.modules.setdefault(__name__ + ".sampling", sampling)
 
 __all__ = [
     "CompressiveTransformer",
@@ -13,6 +20,7 @@ __all__ = [
     "load",
     "load_with_step",
     "reset_rows",
+    "sampling",
 ]
 
 
@@ -31,8 +39,8 @@ def load(workdir: str, step=None, *, config=None):
 def load_with_step(workdir: str, step=None, *, config=None):
   """(config, model, step): `load`, and the step whose parameters it holds."""
   # pylint: disable=g-import-not-at-top
-  from compressive import export_lib
-  from compressive import inference
+  from compressive.evaluation import export as export_lib
+  from compressive.evaluation import inference
   if export_lib.is_export(workdir):
     return export_lib.load_with_step(workdir, step, config=config)
   return inference.load_with_step(workdir, step, config=config)

@@ -150,7 +150,7 @@ def user_errors() -> Iterator[None]:
   except UserError as e:
     fail(str(e) or type(e).__name__)
   except Exception as e:  # pylint: disable=broad-except
-    train_lib = sys.modules.get("compressive.train_lib")  # only it raises NonFiniteError
+    train_lib = sys.modules.get("compressive.training.loop")  # only it raises NonFiniteError
     if train_lib is not None and isinstance(e, train_lib.NonFiniteError):
       fail(str(e), code=1)
     message = describe_os_error(e)

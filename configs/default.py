@@ -9,7 +9,7 @@ minutes on 2 CPU cores. Override any field from the command line, e.g.
 import ml_collections
 
 from compressive.data import default_data_config
-from compressive.sharding import default_mesh_config
+from compressive.scale.sharding import default_mesh_config
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -77,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
   # data parallel over every device; batch and memory rows are split along
   # ('data', 'fsdp'); parameters by mesh.logical_axis_rules (each
   # parameter's logical axes -> mesh axes): heads, MLP hidden units and the
-  # vocabulary on 'tensor', one d-sized dimension on 'fsdp'. See compressive/sharding.py
+  # vocabulary on 'tensor', one d-sized dimension on 'fsdp'. See compressive/scale/sharding.py
   # and the presets configs/gpu1.py, gpu8.py, tpu_v5e8.py.
   config.mesh = default_mesh_config()
   return config

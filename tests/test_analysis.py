@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from compressive import analysis
+from compressive.evaluation import analysis
 from compressive import data as data_lib
 from conftest import make_model
 from test_train import tiny_experiment

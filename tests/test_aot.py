@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from compressive import aot_lib
+from compressive import aot as aot_lib
 from test_train import write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

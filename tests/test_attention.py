@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.attention import causal_mask, rel_shift
+from compressive.model.attention import causal_mask, rel_shift
 from conftest import jitted_forward, make_model, tiny_model_config
 
 
@@ -66,8 +66,8 @@ def _reference_layer_norm(x, scale, bias, eps=1e-6):
 def test_layer_norm_hand_written_gradient_matches_autodiff(frozen):
   """LayerNorm's custom backward (one pass, for speed) equals the gradient
   of the textbook formula, for x and, unless frozen, for scale and bias."""
-  from compressive.attention import LayerNorm
-  from compressive.model import merge_params
+  from compressive.model.attention import LayerNorm
+  from compressive.model.transformer import merge_params
   keys = jax.random.split(jax.random.PRNGKey(1), 4)
   x = 3.0 * jax.random.normal(keys[0], (2, 5, 16)) + 1.0
   w = jax.random.normal(keys[1], (2, 5, 16))  # a cotangent that is not all ones
@@ -98,7 +98,7 @@ def test_layer_norm_hand_written_gradient_matches_autodiff(frozen):
 def test_masked_softmax_value_and_gradient_match_autodiff():
   """The attention softmax's custom backward equals autodiff of softmax
   over masked logits; masked entries get weight 0 and gradient 0."""
-  from compressive.attention import masked_softmax
+  from compressive.model.attention import masked_softmax
   logits = 4.0 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4, 6))
   mask = causal_mask(jnp.array([[True] * 6, [False, True] + [True] * 4]), 4)  # [2, 1, 4, 6]
   w = jax.random.normal(jax.random.PRNGKey(3), logits.shape)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.attention import RelativeAttention
+from compressive.model.attention import RelativeAttention
 from conftest import tiny_model_config
 
 # Measured max |chunked - dense| on CPU (B=2, T=8, C+M=6, H=2, D=4, unit

@@ -13,11 +13,11 @@ from contextlib import redirect_stderr
 
 import pytest
 
-from compressive import checkpoint as ckpt_lib
+from compressive.training import checkpoint as ckpt_lib
 from compressive import cli
 from compressive import data as data_lib
-from compressive import inference
-from compressive import train_lib
+from compressive.evaluation import inference
+from compressive.training import loop as train_lib
 from test_train import tiny_experiment
 
 
@@ -82,7 +82,7 @@ def load_step(step):
 
 
 def second_trainer(tmp):
-  from compressive.workdir_lock import WorkdirLock
+  from compressive.training.lock import WorkdirLock
   os.makedirs(tmp / "wd")
   with WorkdirLock(str(tmp / "wd")):  # as a running train.py holds it
     train_lib.train_and_evaluate(tiny_experiment(), str(tmp / "wd"))

@@ -14,9 +14,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 import compressive
-from compressive import checkpoint as ckpt_lib
-from compressive import train_lib
-from compressive import train_step
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
 from compressive.errors import CheckpointError
 from test_robustness import inject_nan_at, tree_digest
 from test_train import tiny_experiment

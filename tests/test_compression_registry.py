@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import sharding
-from compressive import train_lib
-from compressive.compression import COMPRESSIONS, Compression, register
-from compressive.config_lib import ModelConfig
-from compressive.layers import param
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+from compressive.model.compression import COMPRESSIONS, Compression, register
+from compressive.model.config import ModelConfig
+from compressive.model.layers import param
 from test_train import tiny_experiment
 
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import ml_collections
 
 import compressive
-from compressive.compression import COMPRESSIONS
-from compressive.config_lib import ConfigError, ModelConfig
+from compressive.model.compression import COMPRESSIONS
+from compressive.model.config import ConfigError, ModelConfig
 
 FIELDS = dict(
     vocab_size=st.integers(-2, 40),
@@ -142,7 +142,7 @@ def expected_training_problems(v, o):
 @settings(max_examples=400, deadline=None)
 @given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top
+  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(dict(values, seed=0, grad_accum_steps=1,
                                           optimizer=dict(opt, name="adam")))
   assert_rejects_exactly(

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import compressive
-from compressive import train_lib
+from compressive.training import loop as train_lib
 
 CONFIGS = ["default", "enwik8", "enwik8_txl", "pg19", "pg19_txl"]
 

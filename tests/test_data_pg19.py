@@ -103,7 +103,7 @@ def test_pg19_config_errors(tmp_path):
     data.get_documents(config, 'train', data.ByteTokenizer())
 
 
-# -- Word-level perplexity of an evaluation pass (compressive/eval_lib.py). ----
+# -- Word-level perplexity of an evaluation pass (compressive/evaluation/evaluate.py). ----
 
 OFFICIAL = {'validation': 3_007_061, 'test': 6_966_499}  # Rae et al. 2020, Table 2
 
@@ -115,7 +115,7 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
   from flax import nnx
 
   import compressive
-  from compressive import eval_lib
+  from compressive.evaluation import evaluate as eval_lib
   from configs import default
   config = default.get_config()
   config.data = prepared.copy_and_resolve_references()

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compressive import eval_lib
-from compressive.compression import COMPRESSIONS
+from compressive.evaluation import evaluate as eval_lib
+from compressive.model.compression import COMPRESSIONS
 from conftest import make_model, tiny_model_config
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import export_lib
-from compressive import train_lib
+from compressive.evaluation import export as export_lib
+from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from test_train import tiny_experiment
 

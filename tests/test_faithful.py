@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import memory as memory_lib
-from compressive.compression import COMPRESSIONS
+from compressive.model import memory as memory_lib
+from compressive.model.compression import COMPRESSIONS
 from conftest import make_model, tiny_model_config
 
 
@@ -66,7 +66,7 @@ def test_post_norm_matches_a_hand_written_layer():
   x = model.embed(tokens)
   att = block.attention
   k, v = att.keys_values(x)
-  r = att.position_keys(compressive.attention.sinusoids(
+  r = att.position_keys(compressive.model.attention.sinusoids(
       np.arange(cfg.segment_length - 1, -1, -1), cfg.d_model))
   a, _ = att(att.query(x), k, v, jnp.ones(tokens.shape, bool), cfg.segment_length - 1, r)
   ln = lambda y: (y - y.mean(-1, keepdims=True)) / jnp.sqrt(y.var(-1, keepdims=True) + 1e-6)
@@ -160,7 +160,7 @@ def _count(jaxpr, primitive: str) -> int:
 
 
 def test_streaming_evaluation_computes_position_keys_once_per_stream():
-  from compressive import eval_lib  # pylint: disable=g-import-not-at-top
+  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
   cfg = tiny_model_config(num_layers=3)
   model = make_model(cfg)
   model.eval()

@@ -15,11 +15,11 @@ import pytest
 import compressive
 from compressive import data as data_lib
 from compressive.data import prefetch
-from compressive import memory as memory_lib
-from compressive import train_lib
-from compressive import train_step
-from compressive.config_lib import ConfigError
-from compressive.metrics import read_jsonl
+from compressive.model import memory as memory_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from compressive.model.config import ConfigError
+from compressive.training.metrics import read_jsonl
 from test_train import assert_resumed_like_straight, tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,7 +159,7 @@ import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import conftest  # noqa: F401  (matmul precision)
 import jax, numpy as np
-from compressive import memory as memory_lib, sharding, train_lib, train_step
+from compressive.model import memory as memory_lib, sharding, train_lib, train_step
 from test_train import tiny_experiment
 from test_grad_accum import _batches
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import losses
+from compressive.model import losses
 from conftest import tiny_model_config
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import memory as memory_lib
-from compressive.compression import COMPRESSIONS
+from compressive.model import memory as memory_lib
+from compressive.model.compression import COMPRESSIONS
 from conftest import jitted_forward, make_model, tiny_model_config
 
 T, M, C, RATE = 4, 6, 3, 2  # M is not a multiple of T: evicted blocks mix old and new

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from compressive.metrics import MetricWriter, flatten_config, hparam_value, read_jsonl
+from compressive.training.metrics import MetricWriter, flatten_config, hparam_value, read_jsonl
 from test_train import tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +44,7 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
     sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
     sys.path[:0] = [ROOT, ROOT + "/tests"]
     from test_train import tiny_experiment
-    from compressive import train_lib
+    from compressive.training import loop as train_lib
     train_lib.train_and_evaluate(tiny_experiment(**OVERRIDES), WORKDIR)
     print("trained without tensorflow")
 """)

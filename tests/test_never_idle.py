@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compressive import checkpoint as ckpt_lib
+from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
-from compressive import train_lib
-from compressive import train_step
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
 from compressive.data import prefetch
 from compressive.errors import DataError
 from test_robustness import assert_same_params

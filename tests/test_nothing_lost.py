@@ -16,13 +16,13 @@ import orbax.checkpoint as ocp
 import pytest
 
 import compressive
-from compressive import checkpoint as ckpt_lib
+from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
-from compressive import export_lib
-from compressive import inference
-from compressive import train_lib
+from compressive.evaluation import export as export_lib
+from compressive.evaluation import inference
+from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
-from compressive.metrics import read_jsonl
+from compressive.training.metrics import read_jsonl
 from test_robustness import assert_same_params
 from test_train import tiny_experiment, write_config_file
 
@@ -205,7 +205,7 @@ def test_a_damaged_config_json_is_set_aside_and_the_run_resumes(tmp_path, straig
 
 
 def test_a_refused_metrics_write_leaves_whole_lines(tmp_path, monkeypatch):
-  from compressive import metrics
+  from compressive.training import metrics
   path = tmp_path / "m.jsonl"
   metrics.append_line(str(path), '{"step": 1}')
   real = os.write

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from compressive import cli
-from compressive import train_lib
+from compressive.training import loop as train_lib
 from test_train import tiny_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from compressive import analysis
+from compressive.evaluation import analysis
 from compressive import data as data_lib
 from compressive.data import recall as recall_source
 from compressive.errors import ConfigError

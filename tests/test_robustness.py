@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import checkpoint as ckpt_lib
-from compressive import train_lib
-from compressive import train_step
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
 from test_train import tiny_experiment, write_config_file
 
@@ -276,7 +276,7 @@ def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference,
 
 
 def test_the_lock_is_held_in_process_and_released_after(tmp_path):
-  from compressive.workdir_lock import WorkdirBusyError, WorkdirLock
+  from compressive.training.lock import WorkdirBusyError, WorkdirLock
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0})
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(WorkdirBusyError, match=r"in use by another trainer \(pid \d+ on host"):
@@ -296,7 +296,7 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
 # evaluation (right after the step-2 save) raises, as a corpus file that
 # cannot be read would.
 SLOW_SAVE_AND_FAIL = slow_saves(2.0) + """
-from compressive import eval_lib
+from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import DataError
 
 def failing_evaluate(*args, **kwargs):
@@ -325,7 +325,7 @@ def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason)
 
 SECOND_SIGNAL = """
 import gc, os, signal, sys
-from compressive import interrupts
+from compressive.training import interrupts
 stop = interrupts.SignalStop()
 os.kill(os.getpid(), signal.SIGTERM)
 assert stop.should_stop()

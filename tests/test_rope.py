@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import attention as attention_lib
-from compressive import sharding
-from compressive.config_lib import ConfigError, ModelConfig
-from compressive.sampling import Sampler
+from compressive.model import attention as attention_lib
+from compressive.scale import sharding
+from compressive.model.config import ConfigError, ModelConfig
+from compressive.model.sampling import Sampler
 from conftest import jitted_forward, make_model, tiny_model_config
 from test_model import run_segments
 from test_sampling import greedy_without_cache
@@ -186,7 +186,7 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 
 
 def test_resuming_with_other_positions_names_the_field(tmp_path):
-  from compressive import checkpoint
+  from compressive.training import checkpoint
   from configs import default, default_rope
   checkpoint.save_config(str(tmp_path), default.get_config())
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
@@ -200,7 +200,7 @@ def test_attention_implementation_is_checked_before_anything_runs():
     ModelConfig.from_config(rope_config(attention_implementation="flash"))
   # cuDNN on a machine without a GPU: one line at validation, not a trace
   # error from inside jax (aot.py passes num_devices and compiles for a GPU).
-  from compressive import train_lib
+  from compressive.training import loop as train_lib
   from test_train import tiny_experiment
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":

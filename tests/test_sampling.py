@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.sampling import Sampler, choose
+from compressive.model.sampling import Sampler, choose
 from conftest import jitted_forward, make_model, tiny_model_config
 
 
@@ -81,7 +81,7 @@ def test_top_k_and_top_p_restrict_the_choice():
 
 def test_text_stream_reassembles_utf8_and_subwords():
   from compressive.data import ByteTokenizer
-  from compressive.sampling import TextStream
+  from compressive.model.sampling import TextStream
   text = "naïve café — 東京 ok"
   tok = ByteTokenizer()
   stream = TextStream(tok, context=4)
@@ -92,7 +92,7 @@ def test_text_stream_shows_a_character_cut_short_at_the_end():
   # sample.py stops after --num_tokens whatever the last token completes:
   # the bytes of an unfinished character are flushed as U+FFFD, not lost.
   from compressive.data import ByteTokenizer
-  from compressive.sampling import TextStream
+  from compressive.model.sampling import TextStream
   tok = ByteTokenizer()
   stream = TextStream(tok)
   ids = tok.encode("ab東")[:-1]  # the last character's third byte never comes

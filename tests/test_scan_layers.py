@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import losses, sharding
-from compressive.sampling import Sampler
+from compressive.model import losses
+from compressive.scale import sharding
+from compressive.model.sampling import Sampler
 from conftest import tiny_model_config
 
 # Scan and remat reorder nothing inside a layer, so float32 agreement is at

@@ -28,15 +28,15 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import checkpoint as ckpt_lib
-from compressive import sharding
-from compressive import train_lib
-from compressive import train_step
-from compressive.attention import sinusoids
-from compressive.compression import COMPRESSIONS
-from compressive.config_lib import ModelConfig
+from compressive.training import checkpoint as ckpt_lib
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from compressive.model.attention import sinusoids
+from compressive.model.compression import COMPRESSIONS
+from compressive.model.config import ModelConfig
 from conftest import tiny_model_config
-from compressive.metrics import read_jsonl
+from compressive.training.metrics import read_jsonl
 from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,7 +335,7 @@ def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   # The saved mesh (2, 2, 2) does not fit this process's one device: load()
   # falls back to data parallel over what there is.
   from compressive import data as data_lib
-  from compressive import eval_lib
+  from compressive.evaluation import evaluate as eval_lib
   wd = runs["workdirs"]["m222"]
   config, model = compressive.load(wd)
   assert tuple(config.mesh.shape) == (-1, 1, 1)
@@ -446,7 +446,7 @@ def test_the_noise_bound_still_catches_a_sharding_bug(runs):
 @pytest.mark.parametrize("positions,loss", [("relative", "attention"), ("rope", "autoencoding")])
 def test_every_parameter_declares_its_logical_axes(compression, positions, loss):
   from flax import nnx
-  from compressive.model import CompressiveTransformer
+  from compressive.model.transformer import CompressiveTransformer
   cfg = ModelConfig.from_config(tiny_model_config(
       compression=compression, positions=positions, reconstruction_loss=loss))
   table = sharding.logical_axes(cfg)
@@ -460,12 +460,12 @@ def test_every_parameter_declares_its_logical_axes(compression, positions, loss)
 
 def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   from flax import nnx
-  from compressive import layers
+  from compressive.model import layers
   made = layers.FeedForward.__init__
 
   def with_a_bare_parameter(self, *args, **kwargs):
     made(self, *args, **kwargs)
-    self.gate = nnx.Param(jnp.zeros((3,)))  # made without compressive.layers.param
+    self.gate = nnx.Param(jnp.zeros((3,)))  # made without compressive.model.layers.param
 
   monkeypatch.setattr(layers.FeedForward, "__init__", with_a_bare_parameter)
   cfg = ModelConfig.from_config(tiny_model_config(d_ff=40))  # not in logical_axes' cache

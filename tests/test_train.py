@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive import train_lib
-from compressive.metrics import read_jsonl
+from compressive.training import loop as train_lib
+from compressive.training.metrics import read_jsonl
 from configs import default
 
 
@@ -87,7 +87,7 @@ def test_resume_is_bit_identical(tmp_path):
   resumed = tmp_path / "resumed"
   train_lib.train_and_evaluate(config, str(straight))
   train_lib.train_and_evaluate(config, str(resumed), stop_at_step=7)  # checkpoint at 7
-  from compressive import checkpoint
+  from compressive.training import checkpoint
   assert checkpoint.Checkpointer(str(resumed)).latest_step() == 7
   train_lib.train_and_evaluate(config, str(resumed))
 
@@ -113,7 +113,7 @@ def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, co
       "model.reconstruction_loss": "none", "num_train_steps": 4,
       "checkpoint_every_steps": 2, "eval_every_steps": 0})
   train_lib.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
-  from compressive import checkpoint
+  from compressive.training import checkpoint
   assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 2
   train_lib.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from compressive import flops
-from compressive import train_lib
-from compressive.metrics import MetricWriter, read_jsonl
+from compressive.scale import flops
+from compressive.training import loop as train_lib
+from compressive.training.metrics import MetricWriter, read_jsonl
 from test_train import tiny_experiment, write_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

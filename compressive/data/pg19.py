@@ -32,7 +32,7 @@ which reads the train split) rather than from every process at once.
 Word counts (`num_words`) are `len(text.split())` of each book's text as
 stored by TFDS. The paper's word-level perplexity is normalised by the
 official word totals of the validation and test splits instead
-(`OFFICIAL_WORDS`); evaluation compares the two (compressive/eval_lib.py).
+(`OFFICIAL_WORDS`); evaluation compares the two (compressive/evaluation/evaluate.py).
 """
 
 from __future__ import annotations

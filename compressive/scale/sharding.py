@@ -10,7 +10,7 @@ d width, H heads, D head width, V vocabulary.
     config.mesh.logical_axis_rules
                            (logical axis, mesh axes) pairs: every parameter
                            declares a logical axis per dimension where it is
-                           made (compressive/layers.py `param`: 'embed',
+                           made (compressive/model/layers.py `param`: 'embed',
                            'heads', 'mlp', ...); this maps each to None, a mesh
                            axis, or a tuple of mesh axes. A logical axis with
                            no rule is a ConfigError. Optimizer state follows
@@ -39,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 import numpy as np
 
-from compressive.config_lib import ConfigError, ModelConfig
+from compressive.model.config import ConfigError, ModelConfig
 
 # The logical axes the model's parameters use, and where the default config
 # puts them. 'layers' is the leading axis of stacked (scanned) layers.
@@ -181,7 +181,7 @@ def logical_axes(model_config: ModelConfig) -> dict[str, tuple[str, ...]]:
   metadata (an abstract model: nothing is allocated). ConfigError names a
   parameter made without axes."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
   model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
   table = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
@@ -189,7 +189,7 @@ def logical_axes(model_config: ModelConfig) -> dict[str, tuple[str, ...]]:
     name = "/".join(str(k) for k in path)
     if axes is None or len(axes) != len(shape):
       raise ConfigError(f"parameter {name} {shape} declares no logical axes "
-                        f"({axes!r}); make it with compressive.layers.param")
+                        f"({axes!r}); make it with compressive.model.layers.param")
     table[name] = tuple(axes)
   return table
 
@@ -392,7 +392,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
 
 def _abstract_params(config):
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
   model = nnx.eval_shape(lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
   return nnx.to_pure_dict(nnx.state(model))
 

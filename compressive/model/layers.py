@@ -2,7 +2,7 @@
 
 Every parameter is made by `param`, which records its logical axes (flax
 NNX sharding metadata, e.g. ('embed', 'heads', 'head_dim')); `config.mesh`
-maps logical axes to mesh axes (compressive/sharding.py). A parameter made any
+maps logical axes to mesh axes (compressive/scale/sharding.py). A parameter made any
 other way has no axes, and a test fails.
 """
 

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive.layers import LayerNorm, dense, masked_softmax, param
+from compressive.model.layers import LayerNorm, dense, masked_softmax, param
 
 POSITIONS = ("relative", "rope")  # model.positions
 # model.attention_implementation: what computes rope's fused attention

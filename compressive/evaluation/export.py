@@ -28,8 +28,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from compressive import checkpoint as ckpt_lib
-from compressive import sharding
+from compressive.training import checkpoint as ckpt_lib
+from compressive.scale import sharding
 from compressive.errors import CheckpointError, ConfigError
 
 FORMAT = "compressive-params"
@@ -121,7 +121,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   arrays are written as they are (same dtypes), from whatever mesh this
   machine's devices give.
   """
-  from compressive import inference  # pylint: disable=g-import-not-at-top
+  from compressive.evaluation import inference  # pylint: disable=g-import-not-at-top
   check_output(output, workdir)
   if is_export(workdir):
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
@@ -235,8 +235,8 @@ def load_with_step(
   `config` replaces the saved one (its model must match); the parameters are
   restored onto the config's mesh, or data parallel over all devices if the
   saved mesh does not fit this machine."""
-  from compressive import train_step  # pylint: disable=g-import-not-at-top
-  from compressive.model import merge_params  # pylint: disable=g-import-not-at-top
+  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
     raise ckpt_lib.MissingStepError(

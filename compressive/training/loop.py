@@ -1,6 +1,6 @@
 """Training: train_and_evaluate(), the loop around the train step.
 
-The train state and the jitted step are compressive/train_step.py's; this
+The train state and the jitted step are compressive/training/step.py's; this
 module runs them: it validates the config, restores the newest checkpoint
 (train state, memory and the data iterator's position, so a resumed run sees
 exactly the batches and memories it would have), steps, logs metrics,
@@ -30,21 +30,21 @@ import ml_collections
 import numpy as np
 import optax
 
-from compressive import checkpoint as ckpt_lib
+from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
-from compressive import eval_lib
-from compressive import flops as flops_lib
-from compressive import interrupts
-from compressive import losses
-from compressive import memory as memory_lib
-from compressive import sharding
-from compressive import train_step
-from compressive import workdir_lock
-from compressive.config_lib import ConfigError, ModelConfig
+from compressive.evaluation import evaluate as eval_lib
+from compressive.scale import flops as flops_lib
+from compressive.training import interrupts
+from compressive.model import losses
+from compressive.model import memory as memory_lib
+from compressive.scale import sharding
+from compressive.training import step as train_step
+from compressive.training import lock as workdir_lock
+from compressive.model.config import ConfigError, ModelConfig
 from compressive.errors import CheckpointError
-from compressive.metrics import MetricWriter, read_jsonl, rewrite_jsonl
-from compressive.model import BANKS, merge_params
+from compressive.training.metrics import MetricWriter, read_jsonl, rewrite_jsonl
+from compressive.model.transformer import BANKS, merge_params
 
 _log = logging.getLogger("compressive")
 

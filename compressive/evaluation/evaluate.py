@@ -21,7 +21,7 @@ split), parameters laid out by the partition rules, and each process reads
 only its own rows.
 
 `stream` is the one loop over a split's segments: `evaluate` (eval.py, and
-training's periodic estimates) sums its losses, and compressive/analysis.py
+training's periodic estimates) sums its losses, and compressive/evaluation/analysis.py
 reads its per-token losses and attention weights. `_init_carry` and
 `_run_model` are evaluation's only uses of the model's key/value cache,
 position keys, call and aux. In `model.eval()` mode the model computes no
@@ -44,12 +44,12 @@ import ml_collections
 from jax.sharding import Mesh
 
 from compressive import data as data_lib
-from compressive import losses
-from compressive import memory as memory_lib
-from compressive import sharding
-from compressive.config_lib import ConfigError, ModelConfig, check_memory_sizes, check_segment_length
+from compressive.model import losses
+from compressive.model import memory as memory_lib
+from compressive.scale import sharding
+from compressive.model.config import ConfigError, ModelConfig, check_memory_sizes, check_segment_length
 from compressive.errors import UserError
-from compressive.model import merge_params
+from compressive.model.transformer import merge_params
 
 _log = logging.getLogger("compressive")
 
@@ -100,7 +100,7 @@ def prepare_config(config: ml_collections.ConfigDict, *,
   Returns:
     A note for the user when the saved mesh was replaced, else None.
   """
-  from compressive import train_lib  # pylint: disable=g-import-not-at-top  (it imports this)
+  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top  (it imports this)
   for name, value in (sizes or {}).items():
     if name not in SIZE_FIELDS:
       raise ValueError(f"{name} is not one of {SIZE_FIELDS}")

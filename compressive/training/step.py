@@ -10,7 +10,7 @@ micro-batches of rows (the same update, less activation memory). The memory
 is part of the carry, never module state, so the loop (train_lib) can save
 it with every checkpoint.
 
-Sharding (compressive/sharding.py): the train state, the memory and every
+Sharding (compressive/scale/sharding.py): the train state, the memory and every
 batch live on the config's device mesh (`Layout`); the step is one `jit`
 with input and output shardings, so the same code runs on one CPU, a GPU
 node or a TPU slice.
@@ -33,10 +33,10 @@ from jax.sharding import Mesh, NamedSharding
 import ml_collections
 import optax
 
-from compressive import losses
-from compressive import memory as memory_lib
-from compressive import sharding
-from compressive.model import CompressiveTransformer, merge_params
+from compressive.model import losses
+from compressive.model import memory as memory_lib
+from compressive.scale import sharding
+from compressive.model.transformer import CompressiveTransformer, merge_params
 
 
 @flax.struct.dataclass

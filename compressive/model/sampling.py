@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive import config_lib
-from compressive import memory as memory_lib
-from compressive.model import CompressiveTransformer
+from compressive.model import config as config_lib
+from compressive.model import memory as memory_lib
+from compressive.model.transformer import CompressiveTransformer
 
 
 def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:

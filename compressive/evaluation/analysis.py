@@ -23,8 +23,8 @@ import ml_collections
 import numpy as np
 
 from compressive import data as data_lib
-from compressive import eval_lib
-from compressive.model import BANKS
+from compressive.evaluation import evaluate as eval_lib
+from compressive.model.transformer import BANKS
 
 
 def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:

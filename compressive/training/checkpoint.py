@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive import interrupts
+from compressive.training import interrupts
 from compressive.errors import CheckpointError, ConfigError
 
 CHECKPOINT_DIR = "checkpoints"

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
-from compressive.losses import RECONSTRUCTION_LOSSES
+from compressive.model.losses import RECONSTRUCTION_LOSSES
 
 DTYPES = ("float32", "bfloat16")
 # model.remat: what the backward pass keeps of each layer's forward pass
@@ -98,8 +98,8 @@ def validate(cfg: ModelConfig) -> None:
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
-  from compressive.attention import POSITIONS  # pylint: disable=g-import-not-at-top
-  from compressive.compression import COMPRESSIONS  # the registry; imports memory, which imports us
+  from compressive.model.attention import POSITIONS  # pylint: disable=g-import-not-at-top
+  from compressive.model.compression import COMPRESSIONS  # the registry; imports memory, which imports us
   if cfg.compression not in COMPRESSIONS:
     raise ConfigError(
         f"model.compression={cfg.compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
@@ -126,7 +126,7 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")
   _int(cfg, "attention_chunk_size", 0)
-  from compressive.attention import IMPLEMENTATIONS  # pylint: disable=g-import-not-at-top
+  from compressive.model.attention import IMPLEMENTATIONS  # pylint: disable=g-import-not-at-top
   if cfg.attention_implementation not in IMPLEMENTATIONS:
     raise ConfigError(
         f"model.attention_implementation={cfg.attention_implementation!r} is unknown; choose "

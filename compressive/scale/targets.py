@@ -45,7 +45,7 @@ that touches jax before asking for a target's devices calls
       unexpected worker hostname..."). They describe the host's own (absent)
       TPUs, not the compile target, whose topology is passed explicitly.
 
-Per-device numbers (memory; peak FLOP/s live in compressive/flops.py) are the vendors' published ones
+Per-device numbers (memory; peak FLOP/s live in compressive/scale/flops.py) are the vendors' published ones
 (TPU memory: what the TPU compiler allows); each carries its source.
 
 What differs between the back ends (jax 0.10.2, libtpu 0.0.42.1):
@@ -288,7 +288,7 @@ class Target:
   num_processes: hosts (JAX processes) the devices are spread over.
   device_memory_bytes: memory per device (HBM; for "cpu" the host's RAM,
       which its CPU devices share).
-  Peak FLOP/s are not repeated here: compressive/flops.py has them by the
+  Peak FLOP/s are not repeated here: compressive/scale/flops.py has them by the
   devices' kind.
   """
 
@@ -360,7 +360,7 @@ def _topology_devices(name: str, topology) -> tuple:
     raise ConfigError(
         f"target {name}: jax's CUDA plugin did not register ({e}); set "
         "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment, or call "
-        "compressive.targets.prepare_environment() before anything else "
+        "compressive.scale.targets.prepare_environment() before anything else "
         "uses jax") from e
   return tuple(topo.devices)
 

@@ -3,7 +3,7 @@ this machine does not have (aot.py; README "Before renting the hardware").
 
 The step is built exactly as training and evaluation build it (the same
 `make_train_step` / `eval_lib.stream_functions`, layout and mesh), but over
-the target's devices (compressive/targets.py: a TPU topology or a CUDA
+the target's devices (compressive/scale/targets.py: a TPU topology or a CUDA
 target description, compiled for on this CPU) and from shapes alone, so
 nothing is allocated. XLA then reports what one device would hold.
 
@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from compressive import eval_lib
-from compressive import flops as flops_lib
-from compressive import sharding
-from compressive import train_lib
-from compressive import train_step
-from compressive.config_lib import ModelConfig
+from compressive.evaluation import evaluate as eval_lib
+from compressive.scale import flops as flops_lib
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from compressive.model.config import ModelConfig
 
 STEPS = ("train", "eval")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -78,7 +78,7 @@ def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lower
 
 
 def model_flops(config: ml_collections.ConfigDict, step: str) -> float:
-  """Our count of the step's model FLOPs (compressive/flops.py), all devices."""
+  """Our count of the step's model FLOPs (compressive/scale/flops.py), all devices."""
   if step == "train":
     per_token = flops_lib.flops_per_token(config.model, config.batch_size).train
     return per_token * config.segments_per_step * config.batch_size * config.model.segment_length

@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive import memory as memory_lib
-from compressive.attention import RelativeAttention, sinusoids
-from compressive.compression import COMPRESSIONS, Compressor
-from compressive.config_lib import ModelConfig
-from compressive.layers import FeedForward, LayerNorm, dense, param
-from compressive.memory import KeysValues, Memory
+from compressive.model import memory as memory_lib
+from compressive.model.attention import RelativeAttention, sinusoids
+from compressive.model.compression import COMPRESSIONS, Compressor
+from compressive.model.config import ModelConfig
+from compressive.model.layers import FeedForward, LayerNorm, dense, param
+from compressive.model.memory import KeysValues, Memory
 
 # Where attention goes, in key order: Aux.attention_mass and its scalar names.
 BANKS = ("compressed_memory", "memory", "segment")

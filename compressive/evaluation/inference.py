@@ -2,7 +2,7 @@
 
 Evaluation, analysis, sampling and export read a workdir that a trainer may
 still be writing: they take no lock and only read. A checkpoint holds the
-whole train state (compressive/train_step.py), so its shapes come from the
+whole train state (compressive/training/step.py), so its shapes come from the
 config's model and optimizer; of what is read, the model keeps only the
 parameters.
 """
@@ -16,12 +16,12 @@ from typing import Optional
 import jax
 import ml_collections
 
-from compressive import checkpoint as ckpt_lib
+from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
-from compressive import sharding
-from compressive import train_step
+from compressive.scale import sharding
+from compressive.training import step as train_step
 from compressive.errors import UserError
-from compressive.model import CompressiveTransformer, merge_params
+from compressive.model.transformer import CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
 

@@ -22,9 +22,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from compressive import losses
-from compressive import memory as memory_lib
-from compressive.layers import dense, param
+from compressive.model import losses
+from compressive.model import memory as memory_lib
+from compressive.model.layers import dense, param
 
 COMPRESSIONS: dict[str, type["Compression"]] = {}  # model.compression -> class
 

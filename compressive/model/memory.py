@@ -20,7 +20,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from compressive import config_lib
+from compressive.model import config as config_lib
 
 
 @flax.struct.dataclass
