@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 
 import compressive
+from compressive import config as config_lib
 from compressive.evaluation import analysis
 from compressive.training import checkpoint
 from compressive import cli
@@ -129,7 +130,7 @@ def main(argv):
                         f"{FLAGS.workdir} was trained on data.source={config.data.source}")
     sizes = {name: FLAGS[name].value for name in ("memory_length", "compressed_memory_length")}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
-    note = eval_lib.prepare_config(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
+    _, note = config_lib.check_saved(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
     # The corpus before the model: a corpus that cannot be read fails before any loading.

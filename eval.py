@@ -30,6 +30,7 @@ from absl import flags
 import jax
 
 import compressive
+from compressive import config as config_lib
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint
 from compressive import cli
@@ -90,8 +91,8 @@ def main(argv):
         logging.INFO if jax.process_index() == 0 else logging.WARNING)
     config = checkpoint.load_config(FLAGS.workdir)
     config.eval.split = FLAGS.split
-    note = eval_lib.prepare_config(
-        config, sizes={name: FLAGS[name].value for name in eval_lib.SIZE_FIELDS},
+    experiment, note = config_lib.check_saved(
+        config, sizes={name: FLAGS[name].value for name in config_lib.SIZE_FIELDS},
         mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
@@ -114,7 +115,7 @@ def main(argv):
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
-  result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
+  result = {"split": FLAGS.split, "step": step, **config_lib.eval_sizes(config), **result}
   if jax.process_index():
     return
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.

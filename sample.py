@@ -17,6 +17,7 @@ from absl import app
 from absl import flags
 
 import compressive
+from compressive import config as config_lib
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
@@ -91,7 +92,7 @@ def main(argv):
     validate_flags()
     prompt = read_prompt()
     config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
-    note = eval_lib.prepare_config(
+    experiment, note = config_lib.check_saved(
         config, sizes={name: FLAGS[name].value
                        for name in ("memory_length", "compressed_memory_length")},
         mesh_shape=FLAGS.mesh_shape)
@@ -102,7 +103,7 @@ def main(argv):
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
-    sizes = eval_lib.eval_sizes(config)
+    sizes = experiment.eval_sizes
     sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
                       compressed_memory_length=sizes["compressed_memory_length"])
     stream = TextStream(tokenizer)

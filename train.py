@@ -15,17 +15,16 @@ config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
-from typing import Optional
 
 from absl import app
 from absl import flags
 import jax
 
 from compressive import cli
+from compressive import config as config_lib
 from compressive.training import interrupts
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
-from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
@@ -49,21 +48,6 @@ flags.DEFINE_string("profile_steps", "",
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
 flags.mark_flags_as_required(["workdir"])
 
-
-def profile_steps() -> Optional[tuple[int, int]]:
-  """--profile_steps as (START, END); None when empty; ConfigError if malformed."""
-  text = FLAGS.profile_steps.strip()
-  if not text:
-    return None
-  parts = text.split(",")
-  try:
-    start, end = (int(p) for p in parts)
-  except ValueError:
-    start = end = None
-  if start is None or not 1 <= start <= end:
-    raise ConfigError(f"--profile_steps={FLAGS.profile_steps} must be START,END: two step "
-                      "numbers with 1 <= START <= END")
-  return start, end
 
 
 def initialize_distributed() -> None:
@@ -94,11 +78,12 @@ def main(argv):
 
 def train(config, workdir: str) -> None:
   with cli.user_errors():
-    profile = profile_steps()
-    initialize_distributed()
+    profile = config_lib.profile_steps(FLAGS.profile_steps)
+    initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
-    stop = interrupts.SignalStop()  # train_and_evaluate checks the config before any work
-    result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.should_stop,
+    experiment = config_lib.check(config)
+    stop = interrupts.SignalStop()
+    result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile,
                                           accept_changed_corpus=FLAGS.accept_changed_corpus)

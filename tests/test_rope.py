@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive import config as config_lib
 from compressive.model import attention as attention_lib
 from compressive.scale import sharding
 from compressive.model.config import ConfigError, ModelConfig
@@ -205,8 +206,8 @@ def test_attention_implementation_is_checked_before_anything_runs():
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":
     with pytest.raises(ConfigError, match="needs a GPU"):
-      train_lib.validate_config(config)
-  train_lib.validate_config(config, num_devices=jax.device_count())
+      config_lib.check(config)
+  config_lib.check(config, num_devices=jax.device_count())
 
 
 def test_xla_implementation_equals_the_default():

@@ -22,6 +22,7 @@ from typing import Optional
 import ml_collections
 import numpy as np
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.transformer import BANKS
@@ -43,7 +44,7 @@ def attention_by_bucket(
   Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
   "rows": rows counted}. Within a bank, buckets run oldest to newest.
   """
-  sizes = eval_lib.eval_sizes(config)
+  sizes = config_lib.eval_sizes(config)
   c_len, m_len = sizes["compressed_memory_length"], sizes["memory_length"]
   total, rows = None, 0
   for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
@@ -77,7 +78,7 @@ def loss_by_position(
   Bucket edges are bucket_tokens * 2**k; returns their start positions, mean
   nats and token counts.
   """
-  t = eval_lib.eval_sizes(config)["segment_length"]
+  t = config_lib.eval_sizes(config)["segment_length"]
   nats, counts = {}, {}
   row_pos = None
   for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
@@ -111,7 +112,7 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
   "queries": [...]}: per distance, the share of answer bytes predicted
   (argmax) and of queries with every answer byte right.
   """
-  t = eval_lib.eval_sizes(config)["segment_length"]
+  t = config_lib.eval_sizes(config)["segment_length"]
   docs_seen = row_pos = None  # [B]
   hits: dict[int, list[int]] = {}  # query id -> [correct bytes]
   answer_at: list[dict[int, tuple[int, int]]] = []  # per doc: position -> (query id, distance)

@@ -22,6 +22,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from compressive.errors import ConfigError
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.layers import dense, param
@@ -35,6 +36,15 @@ def register(cls: type["Compression"]) -> type["Compression"]:
     raise ValueError(f"compression {cls.name!r} is already registered")
   COMPRESSIONS[cls.name] = cls
   return cls
+
+
+def resolve(name: str) -> type["Compression"]:
+  """The class `model.compression=name` selects; ConfigError naming the
+  registered ones when there is none."""
+  if name not in COMPRESSIONS:
+    raise ConfigError(
+        f"model.compression={name!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
+  return COMPRESSIONS[name]
 
 
 class Compression(nnx.Module):
@@ -164,7 +174,7 @@ class Compressor(nnx.Module):
 
   def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
                rngs: nnx.Rngs, param_dtype=jnp.float32):
-    self.fn = COMPRESSIONS[kind](rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    self.fn = resolve(kind)(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     self.rate = rate
     # A parameter-free f_c (pooling, most-used) has nothing for a loss to train.
     self.loss = reconstruction_loss if nnx.state(self.fn, nnx.Param) else "none"
