@@ -36,7 +36,7 @@ from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
-from compressive.evaluation import export as export_lib
+from compressive.training import export as export_lib
 from compressive.scale import sharding
 
 FLAGS = flags.FLAGS

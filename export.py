@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 
 from compressive import cli
-from compressive.evaluation import export as export_lib
+from compressive.training import export as export_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training workdir.")

@@ -17,7 +17,7 @@ from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import inference
+from compressive.training import inference
 from compressive.training import loop as train_lib
 from test_train import tiny_experiment
 
