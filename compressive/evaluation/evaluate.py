@@ -457,11 +457,10 @@ def word_perplexity_of(total_nats: float, words: int, split: str, official: Opti
                        what: str) -> dict[str, float]:
   """The word-level perplexity of a complete pass over `split`, whose texts
   hold `words` whitespace-separated words: `word_perplexity`, `words`, and
-  for a split with a published total `official` (the source's
-  `official_words`, e.g. PG-19's validation and test) `words_official`, the
-  normaliser then. A count that differs from the official total by more
-  than 0.5% is a warning naming both (`what`: the corpus/split). No words
-  and no official total: nothing."""
+  where the source publishes the split's total `official` (PG-19's validation
+  and test) `words_official`, the normaliser then. A count more than 0.5%
+  off the official total is a warning naming both (`what`: the corpus/split).
+  No words and no official total: nothing."""
   if official is None:
     return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
   if abs(words - official) > 0.005 * official and jax.process_index() == 0:
