@@ -57,7 +57,7 @@ def resolve(name: str) -> type["Compression"]:
     module = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
     raise ConfigError(f"{field}: cannot import module {module_name!r} "
-                      f"({type(e).__name__}: {e}); is it on PYTHONPATH?") from None
+                      f"({type(e).__name__}: {' '.join(str(e).split())}); is it on PYTHONPATH?") from None
   cls = getattr(module, attr, None) if attr else None
   if cls is None:
     raise ConfigError(f"{field}: module {module_name!r} has no {attr!r}")
