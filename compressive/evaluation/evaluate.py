@@ -374,27 +374,28 @@ def evaluate(
   elif complete:
     num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
     result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-  if complete and config.data.source == "pg19":
+  official_words = data_lib.registry.get(config.data.source).official_words
+  if complete and official_words is not None:
+    split = config.eval.split if split is None else split
     words = sum(documents.num_words(i) for i in range(len(documents)))
     result.update(word_perplexity_of(
-        total_nats, words, config.eval.split if split is None else split, documents.description))
+        total_nats, words, split, official_words(split), documents.description))
   return result
 
 
-def word_perplexity_of(total_nats: float, words: int, split: str,
-                       what: str = "pg19") -> dict[str, float]:
-  """PG-19's word-level perplexity of a complete pass over `split`, whose
-  texts hold `words` whitespace-separated words: `word_perplexity`, `words`,
-  and for the official splits (data.pg19.OFFICIAL_WORDS: validation, test)
-  `words_official`, the normaliser then. A count that differs from the
-  official total by more than 0.5% is a warning naming both (`what`: the
-  corpus/split). No words and no official total: nothing."""
-  official = data_lib.pg19.OFFICIAL_WORDS.get(split)
+def word_perplexity_of(total_nats: float, words: int, split: str, official: Optional[int],
+                       what: str) -> dict[str, float]:
+  """The word-level perplexity of a complete pass over `split`, whose texts
+  hold `words` whitespace-separated words: `word_perplexity`, `words`, and
+  where the source publishes the split's total `official` (PG-19's validation
+  and test) `words_official`, the normaliser then. A count more than 0.5%
+  off the official total is a warning naming both (`what`: the corpus/split).
+  No words and no official total: nothing."""
   if official is None:
     return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
   if abs(words - official) > 0.005 * official and jax.process_index() == 0:
     _log.warning(
-        "%s: %d words counted in the texts, but PG-19's official %s total is %d (%+.2f%%); "
+        "%s: %d words counted in the texts, but the official %s total is %d (%+.2f%%); "
         "word_perplexity is normalised by the official total", what, words, split, official,
         100.0 * (words - official) / official)
   return {"word_perplexity": math.exp(total_nats / official), "words": words,

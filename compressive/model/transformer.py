@@ -29,8 +29,7 @@ import numpy as np
 
 from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
-from compressive.model import compression as compression_lib
-from compressive.model.compression import Compressor
+from compressive.model.compression import Compressor, resolve as resolve_compression
 from compressive.model.config import ModelConfig
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
@@ -86,7 +85,7 @@ class Block(nnx.Module):
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
-    self.needs_usage = compression_lib.resolve(cfg.compression).needs_usage
+    self.needs_usage = resolve_compression(cfg.compression).needs_usage
     self.compressor = None  # Transformer-XL: evicted memories are dropped.
     if cfg.compressed_memory_length:
       self.compressor = nnx.data(Compressor(
