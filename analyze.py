@@ -34,25 +34,14 @@ from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+cli.define_workdir_flags()
 flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
                   "What to measure.")
-# The same default split as eval.py's (validation; see there).
-flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
-flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length); 0 removes the "
-                     "compressed memory, to see what it contributes.")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.DEFINE_float("progress_seconds", 10.0,
-                   "Seconds between progress lines on stderr (0: every segment).")
+# The same default split as eval.py's (validation; see cli.define_split_flags).
+cli.define_split_flags("Split.", "Stop after this many segments per row.")
+cli.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
-flags.mark_flags_as_required(["workdir"])
 
 
 def plot_attention(result, path):
@@ -118,8 +107,7 @@ def validate_flags() -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()

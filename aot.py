@@ -67,8 +67,7 @@ def _compile_with_progress(lowered, what: str):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   absl_logging.set_verbosity(absl_logging.WARNING)  # not JAX's INFO lines about absent backends
   with cli.user_errors():
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))

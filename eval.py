@@ -40,30 +40,13 @@ from compressive.training import export as export_lib
 from compressive.scale import sharding
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
-# One default split for eval.py and analyze.py: validation. The test split is
-# for the final numbers a run reports, asked for by name (README's `make
-# experiment` runs eval.py --split=test); a default that reads it invites
-# choosing runs by their test score.
-flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split to evaluate.")
+cli.define_workdir_flags()
+cli.define_split_flags("Split to evaluate.",
+                       "Stop after this many segments per row (a quick estimate).")
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length).")
-flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row (a quick estimate).")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.DEFINE_float("progress_seconds", 10.0,
-                   "Seconds between progress lines on stderr (0: every segment).")
-flags.DEFINE_bool("multihost", False,
-                  "Join JAX's distributed runtime, detecting the cluster (as train.py).")
-flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (as train.py).")
-flags.DEFINE_integer("num_processes", None, "Processes in the run (as train.py).")
-flags.DEFINE_integer("process_id", None, "This process (as train.py).")
-flags.mark_flags_as_required(["workdir"])
+cli.define_memory_flags()
+cli.define_multihost_flags(refer_to_train=True)
 
 
 def validate_flags() -> None:
@@ -78,8 +61,7 @@ def validate_flags() -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()

@@ -26,8 +26,7 @@ from compressive.errors import ConfigError
 from compressive.model.sampling import Sampler, TextStream
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+cli.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
@@ -35,13 +34,7 @@ flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length).")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.mark_flags_as_required(["workdir"])
+cli.define_memory_flags()
 
 
 def validate_flags() -> None:
@@ -85,8 +78,7 @@ def read_prompt() -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()

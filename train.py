@@ -28,15 +28,8 @@ from compressive.training import loop as train_lib
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and TensorBoard logs go here.")
-flags.DEFINE_bool("multihost", False,
-                  "Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
-                  "SLURM, Open MPI); run the same command on every host.")
-flags.DEFINE_string("coordinator_address", None,
-                    "HOST:PORT of process 0, for clusters JAX does not detect (or localhost); "
-                    "with --num_processes and --process_id.")
-flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
-flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (with --coordinator_address).")
+cli.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
+cli.define_multihost_flags()
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
@@ -46,7 +39,6 @@ flags.DEFINE_bool("accept_changed_corpus", False,
 flags.DEFINE_string("profile_steps", "",
                     "START,END: a JAX profiler trace of steps START to END (inclusive) into "
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
-flags.mark_flags_as_required(["workdir"])
 
 
 
@@ -65,8 +57,7 @@ def setup_logging() -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   try:
     train(FLAGS.config, FLAGS.workdir)
   except KeyboardInterrupt:
