@@ -30,7 +30,6 @@ from compressive.evaluation import analysis
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -125,27 +124,33 @@ def main(argv):
     tokenizer = data_lib.get_tokenizer(config.data)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
-    every = FLAGS.progress_seconds
-    if FLAGS.analysis == "attention":
-      try:
-        result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
-                                              max_segments=FLAGS.max_segments,
-                                              progress_every_s=every)
-      except ValueError as e:  # the split's documents are too short to fill the memories
-        if not str(e).startswith("no segment had full memories"):
-          raise
-        raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
-      plot = plot_attention
-    elif FLAGS.analysis == "recall":
-      result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
-                                        progress_every_s=every)
-      plot = plot_recall
-    else:
-      result = analysis.loss_by_position(model, documents, config,
-                                         bucket_tokens=FLAGS.bucket_tokens,
-                                         max_segments=FLAGS.max_segments,
-                                         progress_every_s=every)
-      plot = plot_loss
+    result, plot = run(model, documents, config)
+  save(result, plot, suffix)
+
+
+def run(model, documents, config):
+  """(the result of --analysis, the function that plots it)."""
+  every = FLAGS.progress_seconds
+  if FLAGS.analysis == "attention":
+    try:
+      result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+                                            max_segments=FLAGS.max_segments,
+                                            progress_every_s=every)
+    except ValueError as e:  # the split's documents are too short to fill the memories
+      if not str(e).startswith("no segment had full memories"):
+        raise
+      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+    return result, plot_attention
+  if FLAGS.analysis == "recall":
+    return analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
+                                    progress_every_s=every), plot_recall
+  return analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
+                                   max_segments=FLAGS.max_segments,
+                                   progress_every_s=every), plot_loss
+
+
+def save(result, plot, suffix: str) -> None:
+  """Prints the result, then writes it and its figure beside the workdir's files."""
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
   print(json.dumps(result), flush=True)
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")

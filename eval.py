@@ -60,6 +60,22 @@ def validate_flags() -> None:
   cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
 
 
+def check_step() -> None:
+  """CheckpointError, before any loading, when the workdir has no checkpoint
+  to evaluate (an export holds one step, checked when it is loaded)."""
+  if export_lib.is_export(FLAGS.workdir):
+    return
+  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+  saved = checkpointer.all_steps()
+  checkpointer.close()
+  step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+  if step is None:
+    raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+  if step not in saved:
+    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                          f"saved steps are {', '.join(map(str, saved))}")
+
+
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
@@ -78,16 +94,7 @@ def main(argv):
         mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
-    if not export_lib.is_export(FLAGS.workdir):  # an export holds one step, checked on load
-      checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
-      saved = checkpointer.all_steps()
-      checkpointer.close()
-      step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
-      if step is None:
-        raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
-      if step not in saved:
-        raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
-                              f"saved steps are {', '.join(map(str, saved))}")
+    check_step()
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)
@@ -97,7 +104,7 @@ def main(argv):
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
-  result = {"split": FLAGS.split, "step": step, **config_lib.eval_sizes(config), **result}
+  result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
   if jax.process_index():
     return
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.

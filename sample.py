@@ -21,7 +21,6 @@ from compressive import config as config_lib
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 from compressive.model.sampling import Sampler, TextStream
 

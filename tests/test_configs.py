@@ -9,7 +9,6 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
-from compressive.training import loop as train_lib
 
 CONFIGS = ["default", "enwik8", "enwik8_txl", "pg19", "pg19_txl"]
 

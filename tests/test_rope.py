@@ -201,7 +201,6 @@ def test_attention_implementation_is_checked_before_anything_runs():
     ModelConfig.from_config(rope_config(attention_implementation="flash"))
   # cuDNN on a machine without a GPU: one line at validation, not a trace
   # error from inside jax (aot.py passes num_devices and compiles for a GPU).
-  from compressive.training import loop as train_lib
   from test_train import tiny_experiment
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":
