@@ -141,7 +141,7 @@ def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
     raise ConfigError(
         "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
         f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
-  shape = sharding.validate(config, num_devices)
+  shape = sharding.validate(config, train_step.abstract_model(config)[1], num_devices)
   accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
   value = config.get("prefetch_steps")
@@ -407,7 +407,7 @@ def build_setup(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.M
   return _Setup(
       graphdef=graphdef, state_template=state_template, tx=tx, abstract_state=abstract_state,
       abstract_memory=abstract_memory,
-      layout=train_step.make_layout(config, mesh, abstract_params, abstract_state, abstract_memory),
+      layout=train_step.make_layout(config, mesh, state_template, abstract_state, abstract_memory),
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 

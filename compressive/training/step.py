@@ -116,11 +116,13 @@ class Layout:
     return sharding.replicated(self.mesh)
 
 
-def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, abstract_params,
+def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, state_template: nnx.State,
                 abstract_state: TrainState, abstract_memory) -> Layout:
-  """Shardings of the train state, memory and batch (shapes suffice)."""
-  state = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
-  compute = sharding.gathered_specs(config, sharding.param_specs(config, abstract_params))
+  """Shardings of the train state, memory and batch (shapes suffice), from
+  the parameters' logical axes in the model's (abstract) `state_template`."""
+  specs = sharding.state_specs(config, state_template, abstract_state)
+  state = sharding.shardings(mesh, specs)
+  compute = sharding.gathered_specs(config, specs.params)
   batch = {k: sharding.rows_sharding(mesh, config, n, 1)
            for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
   return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
