@@ -207,11 +207,10 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
     return state, memory, metrics
 
-  if layout is None:
-    return jax.jit(train_step, donate_argnums=(0, 1))
-  return jax.jit(train_step, donate_argnums=(0, 1),
-                 in_shardings=(layout.state, layout.memory, layout.batch),
-                 out_shardings=(layout.state, layout.memory, layout.replicated))
+  shardings = {} if layout is None else dict(
+      in_shardings=(layout.state, layout.memory, layout.batch),
+      out_shardings=(layout.state, layout.memory, layout.replicated))
+  return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
 
 
 def _forward(model: CompressiveTransformer, seg, memory, dropout_rng):
