@@ -29,8 +29,8 @@ import ml_collections
 from compressive import data as data_lib
 from compressive.errors import ConfigError, MeshError
 from compressive.model import compression
-from compressive.model.config import ModelConfig
-from compressive.model.transformer import CompressiveTransformer, check_memory_sizes, check_segment_length
+from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
+from compressive.model.transformer import CompressiveTransformer
 from compressive.scale import sharding
 
 _log = logging.getLogger("compressive")
