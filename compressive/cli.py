@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from absl import flags
 
-from compressive.errors import ConfigError, EXIT_USER_ERROR, UserError
+from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
 # The folder holding the compressive package: the repository, or
 # site-packages once installed (pyproject.toml installs configs/ beside
@@ -150,8 +150,7 @@ def user_errors() -> Iterator[None]:
   except UserError as e:
     fail(str(e) or type(e).__name__)
   except Exception as e:  # pylint: disable=broad-except
-    train_lib = sys.modules.get("compressive.training.loop")  # only it raises NonFiniteError
-    if train_lib is not None and isinstance(e, train_lib.NonFiniteError):
+    if isinstance(e, NonFiniteError):
       fail(str(e), code=1)
     message = describe_os_error(e)
     if message is None:
