@@ -25,33 +25,22 @@ from absl import app
 from absl import flags
 
 import compressive
+from compressive import config as config_lib
 from compressive.evaluation import analysis
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+cli.define_workdir_flags()
 flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
                   "What to measure.")
-# The same default split as eval.py's (validation; see there).
-flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split.")
-flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row.")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length); 0 removes the "
-                     "compressed memory, to see what it contributes.")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.DEFINE_float("progress_seconds", 10.0,
-                   "Seconds between progress lines on stderr (0: every segment).")
+# The same default split as eval.py's (validation; see cli.define_split_flags).
+cli.define_split_flags("Split.", "Stop after this many segments per row.")
+cli.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
-flags.mark_flags_as_required(["workdir"])
 
 
 def plot_attention(result, path):
@@ -117,8 +106,7 @@ def validate_flags() -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
@@ -129,34 +117,40 @@ def main(argv):
                         f"{FLAGS.workdir} was trained on data.source={config.data.source}")
     sizes = {name: FLAGS[name].value for name in ("memory_length", "compressed_memory_length")}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
-    note = eval_lib.prepare_config(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
+    _, note = config_lib.check_saved(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
     # The corpus before the model: a corpus that cannot be read fails before any loading.
     tokenizer = data_lib.get_tokenizer(config.data)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
-    every = FLAGS.progress_seconds
-    if FLAGS.analysis == "attention":
-      try:
-        result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
-                                              max_segments=FLAGS.max_segments,
-                                              progress_every_s=every)
-      except ValueError as e:  # the split's documents are too short to fill the memories
-        if not str(e).startswith("no segment had full memories"):
-          raise
-        raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
-      plot = plot_attention
-    elif FLAGS.analysis == "recall":
-      result = analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
-                                        progress_every_s=every)
-      plot = plot_recall
-    else:
-      result = analysis.loss_by_position(model, documents, config,
-                                         bucket_tokens=FLAGS.bucket_tokens,
-                                         max_segments=FLAGS.max_segments,
-                                         progress_every_s=every)
-      plot = plot_loss
+    result, plot = run(model, documents, config)
+  save(result, plot, suffix)
+
+
+def run(model, documents, config):
+  """(the result of --analysis, the function that plots it)."""
+  every = FLAGS.progress_seconds
+  if FLAGS.analysis == "attention":
+    try:
+      result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+                                            max_segments=FLAGS.max_segments,
+                                            progress_every_s=every)
+    except ValueError as e:  # the split's documents are too short to fill the memories
+      if not str(e).startswith("no segment had full memories"):
+        raise
+      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+    return result, plot_attention
+  if FLAGS.analysis == "recall":
+    return analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
+                                    progress_every_s=every), plot_recall
+  return analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
+                                   max_segments=FLAGS.max_segments,
+                                   progress_every_s=every), plot_loss
+
+
+def save(result, plot, suffix: str) -> None:
+  """Prints the result, then writes it and its figure beside the workdir's files."""
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
   print(json.dumps(result), flush=True)
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")

@@ -36,6 +36,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 from compressive import cli
+from compressive import config as config_lib
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
@@ -66,8 +67,7 @@ def _compile_with_progress(lowered, what: str):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   absl_logging.set_verbosity(absl_logging.WARNING)  # not JAX's INFO lines about absent backends
   with cli.user_errors():
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))
@@ -85,9 +85,8 @@ def run(config, target_name: str, step: str) -> int:
   # pylint: disable=g-import-not-at-top
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
-  from compressive.training import loop as train_lib
   devices = target.devices()
-  train_lib.validate_config(config, training=step == "train", num_devices=len(devices))
+  experiment = config_lib.check(config, training=step == "train", num_devices=len(devices))
   mesh = sharding.make_mesh(config, devices)
   what = f"the {step} step for {target.name}"
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
@@ -112,7 +111,7 @@ def run(config, target_name: str, step: str) -> int:
       compiled, target=target.name, step=step, devices=devices, mesh=mesh,
       compile_seconds=seconds, device_memory_bytes=target.device_memory_bytes,
       peak_flops_per_device=None if target.platform == "cpu"
-      else flops.peak_flops(devices[0].device_kind, "bfloat16"), config=config)
+      else flops.peak_flops(devices[0].device_kind, "bfloat16"), experiment=experiment)
   print(json.dumps(result.as_dict()))
   if result.fits is False:
     total, have = result.per_device["total"], result.device_memory_bytes

@@ -30,39 +30,23 @@ from absl import flags
 import jax
 
 import compressive
+from compressive import config as config_lib
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
-from compressive.evaluation import export as export_lib
+from compressive.training import export as export_lib
 from compressive.scale import sharding
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
-# One default split for eval.py and analyze.py: validation. The test split is
-# for the final numbers a run reports, asked for by name (README's `make
-# experiment` runs eval.py --split=test); a default that reads it invites
-# choosing runs by their test score.
-flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "Split to evaluate.")
+cli.define_workdir_flags()
+cli.define_split_flags("Split to evaluate.",
+                       "Stop after this many segments per row (a quick estimate).")
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length).")
-flags.DEFINE_integer("max_segments", None, "Stop after this many segments per row (a quick estimate).")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.DEFINE_float("progress_seconds", 10.0,
-                   "Seconds between progress lines on stderr (0: every segment).")
-flags.DEFINE_bool("multihost", False,
-                  "Join JAX's distributed runtime, detecting the cluster (as train.py).")
-flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (as train.py).")
-flags.DEFINE_integer("num_processes", None, "Processes in the run (as train.py).")
-flags.DEFINE_integer("process_id", None, "This process (as train.py).")
-flags.mark_flags_as_required(["workdir"])
+cli.define_memory_flags()
+cli.define_multihost_flags(refer_to_train=True)
 
 
 def validate_flags() -> None:
@@ -76,9 +60,24 @@ def validate_flags() -> None:
   cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
 
 
+def check_step() -> None:
+  """CheckpointError, before any loading, when the workdir has no checkpoint
+  to evaluate (an export holds one step, checked when it is loaded)."""
+  if export_lib.is_export(FLAGS.workdir):
+    return
+  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+  saved = checkpointer.all_steps()
+  checkpointer.close()
+  step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+  if step is None:
+    raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+  if step not in saved:
+    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                          f"saved steps are {', '.join(map(str, saved))}")
+
+
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
@@ -90,21 +89,12 @@ def main(argv):
         logging.INFO if jax.process_index() == 0 else logging.WARNING)
     config = checkpoint.load_config(FLAGS.workdir)
     config.eval.split = FLAGS.split
-    note = eval_lib.prepare_config(
-        config, sizes={name: FLAGS[name].value for name in eval_lib.SIZE_FIELDS},
+    experiment, note = config_lib.check_saved(
+        config, sizes={name: FLAGS[name].value for name in config_lib.SIZE_FIELDS},
         mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
-    if not export_lib.is_export(FLAGS.workdir):  # an export holds one step, checked on load
-      checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
-      saved = checkpointer.all_steps()
-      checkpointer.close()
-      step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
-      if step is None:
-        raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
-      if step not in saved:
-        raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
-                              f"saved steps are {', '.join(map(str, saved))}")
+    check_step()
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)
@@ -114,7 +104,7 @@ def main(argv):
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
-  result = {"split": FLAGS.split, "step": step, **eval_lib.eval_sizes(config), **result}
+  result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
   if jax.process_index():
     return
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.

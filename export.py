@@ -15,18 +15,16 @@ from absl import app
 from absl import flags
 
 from compressive import cli
-from compressive.evaluation import export as export_lib
+from compressive.training import export as export_lib
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+cli.define_workdir_flags()
 flags.DEFINE_string("output", None, "The export's folder: new, or empty.")
-flags.mark_flags_as_required(["workdir", "output"])
+flags.mark_flag_as_required("output")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     cli.check_flag("step", cli.at_least(0), ">= 0")

@@ -17,16 +17,15 @@ from absl import app
 from absl import flags
 
 import compressive
+from compressive import config as config_lib
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import ConfigError
 from compressive.model.sampling import Sampler, TextStream
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
+cli.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
@@ -34,13 +33,7 @@ flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).")
-flags.DEFINE_integer("compressed_memory_length", None,
-                     "Compressed memory slots (eval.compressed_memory_length).")
-flags.DEFINE_list("mesh_shape", None,
-                  "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the rest); "
-                  "default the saved config's mesh.shape if it fits this machine, else -1,1,...")
-flags.mark_flags_as_required(["workdir"])
+cli.define_memory_flags()
 
 
 def validate_flags() -> None:
@@ -84,14 +77,13 @@ def read_prompt() -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors():
     validate_flags()
     prompt = read_prompt()
     config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
-    note = eval_lib.prepare_config(
+    experiment, note = config_lib.check_saved(
         config, sizes={name: FLAGS[name].value
                        for name in ("memory_length", "compressed_memory_length")},
         mesh_shape=FLAGS.mesh_shape)
@@ -102,7 +94,7 @@ def main(argv):
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
-    sizes = eval_lib.eval_sizes(config)
+    sizes = experiment.eval_sizes
     sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
                       compressed_memory_length=sizes["compressed_memory_length"])
     stream = TextStream(tokenizer)

@@ -15,29 +15,21 @@ config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
-from typing import Optional
 
 from absl import app
 from absl import flags
 import jax
 
 from compressive import cli
+from compressive import config as config_lib
 from compressive.training import interrupts
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
-from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="configs/default.py")
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and TensorBoard logs go here.")
-flags.DEFINE_bool("multihost", False,
-                  "Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
-                  "SLURM, Open MPI); run the same command on every host.")
-flags.DEFINE_string("coordinator_address", None,
-                    "HOST:PORT of process 0, for clusters JAX does not detect (or localhost); "
-                    "with --num_processes and --process_id.")
-flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
-flags.DEFINE_integer("process_id", None, "This process, 0 .. num_processes - 1 (with --coordinator_address).")
+cli.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
+cli.define_multihost_flags()
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
@@ -47,23 +39,7 @@ flags.DEFINE_bool("accept_changed_corpus", False,
 flags.DEFINE_string("profile_steps", "",
                     "START,END: a JAX profiler trace of steps START to END (inclusive) into "
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
-flags.mark_flags_as_required(["workdir"])
 
-
-def profile_steps() -> Optional[tuple[int, int]]:
-  """--profile_steps as (START, END); None when empty; ConfigError if malformed."""
-  text = FLAGS.profile_steps.strip()
-  if not text:
-    return None
-  parts = text.split(",")
-  try:
-    start, end = (int(p) for p in parts)
-  except ValueError:
-    start = end = None
-  if start is None or not 1 <= start <= end:
-    raise ConfigError(f"--profile_steps={FLAGS.profile_steps} must be START,END: two step "
-                      "numbers with 1 <= START <= END")
-  return start, end
 
 
 def initialize_distributed() -> None:
@@ -81,8 +57,7 @@ def setup_logging() -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags refuses positional arguments
   try:
     train(FLAGS.config, FLAGS.workdir)
   except KeyboardInterrupt:
@@ -94,11 +69,12 @@ def main(argv):
 
 def train(config, workdir: str) -> None:
   with cli.user_errors():
-    profile = profile_steps()
-    initialize_distributed()
+    profile = config_lib.profile_steps(FLAGS.profile_steps)
+    initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
-    stop = interrupts.SignalStop()  # train_and_evaluate checks the config before any work
-    result = train_lib.train_and_evaluate(config, workdir, should_stop=stop.should_stop,
+    experiment = config_lib.check(config)
+    stop = interrupts.SignalStop()
+    result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile,
                                           accept_changed_corpus=FLAGS.accept_changed_corpus)

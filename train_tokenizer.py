@@ -46,8 +46,7 @@ def validate(data_config) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  del argv  # cli.parse_flags refuses positional arguments
   with cli.user_errors():
     if 'data' not in _CONFIG.value:
       raise ConfigError('the config has no data section (config.data)')

@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from compressive import config as config_lib
 from compressive.evaluation import evaluate as eval_lib  # noqa: E402
 from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
 from compressive.model import memory as memory_lib  # noqa: E402
@@ -72,7 +73,7 @@ class TrainBench:
 
   def __init__(self, config: ml_collections.ConfigDict, seed: int = 0):
     self.config = config
-    train_lib.validate_config(config)
+    config_lib.check(config)
     graphdef, template, params = train_step.build_model(config)
     self.tx = train_step.make_optimizer(config, params)
     self.state = train_step.create_train_state(config, params, self.tx)

@@ -39,8 +39,8 @@ def load(workdir: str, step=None, *, config=None):
 def load_with_step(workdir: str, step=None, *, config=None):
   """(config, model, step): `load`, and the step whose parameters it holds."""
   # pylint: disable=g-import-not-at-top
-  from compressive.evaluation import export as export_lib
-  from compressive.evaluation import inference
+  from compressive.training import export as export_lib
+  from compressive.training import inference
   if export_lib.is_export(workdir):
     return export_lib.load_with_step(workdir, step, config=config)
   return inference.load_with_step(workdir, step, config=config)

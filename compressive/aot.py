@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from compressive import config as config_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.scale import flops as flops_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.model.config import ModelConfig
 
 STEPS = ("train", "eval")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -77,15 +77,15 @@ def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lower
   return step.lower(params, carry, batch)
 
 
-def model_flops(config: ml_collections.ConfigDict, step: str) -> float:
+def model_flops(experiment: config_lib.Experiment, step: str) -> float:
   """Our count of the step's model FLOPs (compressive/scale/flops.py), all devices."""
+  config, cfg = experiment.config, experiment.model
   if step == "train":
-    per_token = flops_lib.flops_per_token(config.model, config.batch_size).train
-    return per_token * config.segments_per_step * config.batch_size * config.model.segment_length
-  sizes = eval_lib.eval_sizes(config)
+    per_token = flops_lib.flops_per_token(cfg, config.batch_size).train
+    return per_token * config.segments_per_step * config.batch_size * cfg.segment_length
+  sizes = experiment.eval_sizes
   model = dataclasses.replace(
-      ModelConfig.from_config(config.model), segment_length=sizes["segment_length"],
-      memory_length=sizes["memory_length"],
+      cfg, segment_length=sizes["segment_length"], memory_length=sizes["memory_length"],
       compressed_memory_length=sizes["compressed_memory_length"])
   per_token = flops_lib.flops_per_token(model, sizes["batch_size"]).evaluate
   return per_token * sizes["batch_size"] * sizes["segment_length"]
@@ -186,11 +186,11 @@ def xla_flops(compiled) -> Optional[float]:
 
 def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
            compile_seconds: float, device_memory_bytes: Optional[int],
-           peak_flops_per_device: Optional[float], config: ml_collections.ConfigDict) -> Report:
+           peak_flops_per_device: Optional[float], experiment: config_lib.Experiment) -> Report:
   memory = per_device_bytes(compiled.memory_analysis())
   per_device_flops = xla_flops(compiled)
   n = len(devices)
-  model = model_flops(config, step)
+  model = model_flops(experiment, step)
   return Report(
       target=target, step=step, devices=n,
       processes=len({getattr(d, "process_index", 0) for d in devices}),

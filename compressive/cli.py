@@ -12,6 +12,9 @@ inside `with user_errors():`. `parse_flags` also finds a config named without
 its path (`--config=enwik8`: configs/enwik8.py of this installation) and turns
 on JAX's persistent compilation cache (`--compilation_cache`, default
 ~/.cache/compressive/jax), so that a rerun loads its compiled programs.
+The flags several entry points share (--workdir, --step, the multi-host,
+memory and split flags) are defined here, once each (define_*_flags); the
+--config files are handled by compressive/cli_config.py.
 """
 
 from __future__ import annotations
@@ -26,15 +29,11 @@ from typing import Any, Callable, Iterator, Optional
 
 from absl import flags
 
+from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
+    CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
+    config_names, load_failure, resolve_config, resolve_config_names, unloaded_config,
+    with_default_configs)
 from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
-
-# The folder holding the compressive package: the repository, or
-# site-packages once installed (pyproject.toml installs configs/ beside
-# compressive/). Relative default config paths are resolved against it, and
-# the shipped configs are found in it by name, so that the entry points work
-# from any directory.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -160,58 +159,6 @@ def user_errors() -> Iterator[None]:
 
 # -- Flags. --------------------------------------------------------------------
 
-_DEFAULT_CONFIGS: dict[str, str] = {}
-
-# A config named without its path: `--config=enwik8` (or `--config=gpu8:pg19`,
-# with get_config's argument) is configs/enwik8.py of this installation.
-_CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def config_names() -> list[str]:
-  """The names of the shipped configs (configs/NAME.py), sorted."""
-  try:
-    files = os.listdir(CONFIG_DIR)
-  except OSError:
-    return []
-  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
-
-
-def resolve_config(value: str) -> str:
-  """A --config value whose file part is a bare name (no '.py', no '/', and
-  no file of that name in the current directory) with the shipped config's
-  path put in; anything else unchanged (a path is relative to the current
-  directory, as usual). An unknown name is left as it is, to be reported."""
-  path, sep, argument = value.partition(":")
-  if _CONFIG_NAME.fullmatch(path) and not os.path.isfile(path):
-    shipped = os.path.join(CONFIG_DIR, f"{path}.py")
-    if os.path.isfile(shipped):
-      return shipped + sep + argument
-  return value
-
-
-def _resolve_config_names(argv: list[str]) -> list[str]:
-  """argv with every --config=NAME (also `--config NAME`) given as the
-  shipped config's path (in place when argv is sys.argv, as
-  _with_default_configs)."""
-  names = _config_flags()
-  out = list(argv)
-  for i in range(1, len(out)):
-    if out[i] == "--":
-      break
-    for name in names:
-      m = re.match(rf"^(-{{1,2}}{re.escape(name)})(=(.*))?$", out[i])
-      if m and m.group(2):
-        out[i] = f"{m.group(1)}={resolve_config(m.group(3))}"
-      elif m and i + 1 < len(out) and not out[i + 1].startswith("-"):
-        out[i + 1] = resolve_config(out[i + 1])
-  if out == argv:
-    return argv
-  if argv is sys.argv:
-    sys.argv[:] = out
-    return sys.argv
-  return out
-
-
 def define_config_flag(name: str = "config", default: Optional[str] = None,
                        help_string: str = "Experiment config file.", *,
                        required: bool = False) -> flags.FlagHolder:
@@ -223,7 +170,7 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   current directory, as usual."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   if default is not None:
-    _DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
+    DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
   holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
   if default is not None:
     flags.FLAGS[name].default_as_str = repr(default)  # for --help
@@ -232,82 +179,87 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   return holder
 
 
-def _config_given(argv: list[str], name: str) -> bool:
-  try:
-    expanded = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
-  except flags.Error:
-    expanded = argv  # reported by the parse itself
-  return any(re.match(rf"^-{{1,2}}{re.escape(name)}(=|$)", a) for a in expanded[1:])
+# The flags several entry points share, each defined once here. They belong to
+# the entry point that asks for them (absl's module_name), so that its --help
+# lists them as before.
 
 
-def _with_default_configs(argv: list[str]) -> list[str]:
-  """argv with --config=<default> first where no --config is given (in place
-  when argv is sys.argv: ml_collections reads its overrides from sys.argv)."""
-  missing = [f"--{name}={path}" for name, path in _DEFAULT_CONFIGS.items()
-             if name in flags.FLAGS and not _config_given(argv, name)]
-  if not missing:
-    return argv
-  if argv is sys.argv:
-    sys.argv[1:1] = missing
-    return sys.argv
-  return [argv[0], *missing, *argv[1:]]
+def _caller() -> str:
+  """The module calling a define_*_flags below, as absl names it (the
+  script's path for __main__)."""
+  name = sys._getframe(2).f_globals["__name__"]  # pylint: disable=protected-access
+  return sys.argv[0] if name == "__main__" else name
 
 
-def _config_flags() -> list[str]:
-  """Names of the --config style flags (ml_collections config files)."""
-  return [name for name in flags.FLAGS
-          if type(flags.FLAGS[name].parser).__name__ == "ConfigFileFlagParser"]
+def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True) -> None:
+  """--workdir (required) and, with `step`, --step: the checkpoint to read."""
+  module = _caller()
+  flags.DEFINE_string("workdir", None, help_string, module_name=module)
+  if step:
+    flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.", module_name=module)
+  flags.mark_flag_as_required("workdir")
 
 
-def _config_argument(argv: list[str], name: str) -> str:
-  """The config file path as given (the last --config=...), or its default."""
-  value = None
-  args = argv[1:]
-  for i, a in enumerate(args):
-    m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", a)
-    if m:
-      value = m.group(2) if m.group(1) else (args[i + 1] if i + 1 < len(args) else "")
-  if value is None:
-    value = (flags.FLAGS[name].default_as_str or "").strip("'") if name in flags.FLAGS else ""
-  return value.split(":", 1)[0]
+# (train.py's help, the other tools' help) of each multi-host flag.
+_MULTIHOST_HELP = {
+    "multihost": ("Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
+                  "SLURM, Open MPI); run the same command on every host.",
+                  "Join JAX's distributed runtime, detecting the cluster (as train.py)."),
+    "coordinator_address": ("HOST:PORT of process 0, for clusters JAX does not detect (or "
+                            "localhost); with --num_processes and --process_id.",
+                            "HOST:PORT of process 0 (as train.py)."),
+    "num_processes": ("Processes in the run (with --coordinator_address).",
+                      "Processes in the run (as train.py)."),
+    "process_id": ("This process, 0 .. num_processes - 1 (with --coordinator_address).",
+                   "This process (as train.py)."),
+}
 
 
-def _load_failure(name: str, path: str, error: BaseException) -> str:
-  """One line for a config file that could not be loaded."""
-  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  reason = lines[-1] if lines else type(error).__name__
-  reason = re.sub(r"^\[Errno \d+\] ", "", reason)
-  if "No such file or directory" in reason:
-    if _CONFIG_NAME.fullmatch(path):
-      return (f"--{name}={path}: no such config name ({', '.join(config_names())}) "
-              f"or config file (relative to {os.getcwd()})")
-    where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-    return f"--{name}={path}: no such config file{where}"
-  return f"--{name}={path}: cannot load the config file: {reason}"
+def define_multihost_flags(*, refer_to_train: bool = False) -> None:
+  """--multihost, --coordinator_address, --num_processes, --process_id: how
+  the processes of a multi-host run find each other (sharding.
+  initialize_distributed). train.py's help says how; with `refer_to_train`,
+  a tool's help refers to it."""
+  module = _caller()
+  helps = {name: pair[refer_to_train] for name, pair in _MULTIHOST_HELP.items()}
+  flags.DEFINE_bool("multihost", False, helps["multihost"], module_name=module)
+  flags.DEFINE_string("coordinator_address", None, helps["coordinator_address"],
+                      module_name=module)
+  flags.DEFINE_integer("num_processes", None, helps["num_processes"], module_name=module)
+  flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
 
 
-def _config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
-  """'--config=FILE (line N)' if e was raised by the code of a config file."""
-  import traceback  # pylint: disable=g-import-not-at-top
-  for name in _config_flags():
-    path = _config_argument(argv, name)
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if path and os.path.abspath(f.filename) == os.path.abspath(path)]
-    if frames:
-      return f"--{name}={path} (line {frames[-1].lineno})"
-  return None
+def define_memory_flags(compressed_help: str = "") -> None:
+  """--memory_length, --compressed_memory_length (the evaluation memory
+  sizes, overriding the saved config's eval section) and --mesh_shape;
+  `compressed_help` ends --compressed_memory_length's help (default '.')."""
+  module = _caller()
+  flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).",
+                       module_name=module)
+  flags.DEFINE_integer("compressed_memory_length", None,
+                       "Compressed memory slots (eval.compressed_memory_length)" +
+                       (compressed_help or "."), module_name=module)
+  flags.DEFINE_list(
+      "mesh_shape", None, "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the "
+      "rest); default the saved config's mesh.shape if it fits this machine, else -1,1,...",
+      module_name=module)
 
 
-def _check_configs_loaded(argv: list[str]) -> None:
-  """ml_collections defers a config file's load error to its first use:
-  report it now; and a config file must give a config."""
-  for name in _config_flags():
-    value = flags.FLAGS[name].value
-    error = getattr(value, "_error", None) if type(value).__name__ == "_ErrorConfig" else None
-    if error is not None:
-      fail(_load_failure(name, _config_argument(argv, name), error))
-    if value is None and _config_argument(argv, name):
-      fail(f"--{name}={_config_argument(argv, name)}: get_config() returned None")
+def define_split_flags(split_help: str, max_segments_help: str) -> None:
+  """--split, --max_segments and --progress_seconds (with the tool's own help
+  for the first two): what to stream through a model, and how often to say
+  how far it is."""
+  module = _caller()
+  # One default split for eval.py and analyze.py: validation. The test split
+  # is for the final numbers a run reports, asked for by name (README's `make
+  # experiment` runs eval.py --split=test); a default that reads it invites
+  # choosing runs by their test score.
+  flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], split_help,
+                    module_name=module)
+  flags.DEFINE_integer("max_segments", None, max_segments_help, module_name=module)
+  flags.DEFINE_float("progress_seconds", 10.0,
+                     "Seconds between progress lines on stderr (0: every segment).",
+                     module_name=module)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -317,7 +269,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   wrong type, which would otherwise print a traceback)."""
   # --compilation_cache is every entry point's: listed in each one's --help.
   flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["compilation_cache"])
-  argv = _resolve_config_names(_with_default_configs(argv))
+  argv = resolve_config_names(with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)
   except flags.Error as e:
@@ -330,21 +282,23 @@ def parse_flags(argv: list[str]) -> list[str]:
       text = f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
     fail(text)
   except SyntaxError as e:  # a config file that is not Python
-    name = next(iter(_config_flags()), "config")
-    fail(f"--{name}={_config_argument(argv, name)}: {e.msg} (line {e.lineno})")
+    name = next(iter(config_file_flags()), "config")
+    fail(f"--{name}={config_argument(argv, name)}: {e.msg} (line {e.lineno})")
   except OSError as e:  # the config file could not be loaded (and an override needs it)
-    name = next(iter(_config_flags()), "config")
-    fail(_load_failure(name, _config_argument(argv, name), e.__cause__ or e))
+    name = next(iter(config_file_flags()), "config")
+    fail(load_failure(name, config_argument(argv, name), e.__cause__ or e))
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
     override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
     fail(f"cannot apply {_culprit(argv, text) or override}: {text}")
   except Exception as e:  # pylint: disable=broad-except
-    where = _config_file_line(argv, e)
+    where = config_file_line(argv, e)
     if where is None:
       raise  # not raised by a config file's own code: a bug
     fail(f"{where}: {type(e).__name__}: {e}")
-  _check_configs_loaded(argv)
+  unloaded = unloaded_config(argv)
+  if unloaded is not None:
+    fail(unloaded)
   if len(rest) > 1:  # no entry point takes positional arguments
     fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
   use_compilation_cache(flags.FLAGS.compilation_cache if flags.FLAGS["compilation_cache"].present

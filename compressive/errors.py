@@ -11,6 +11,11 @@ class ConfigError(UserError, ValueError):
   """A config field (or override) that cannot work; names the field."""
 
 
+class MeshError(ConfigError):
+  """A mesh that does not fit the devices, or sizes that do not divide along
+  its axes (a tool reading a saved config adds how to choose another)."""
+
+
 class DataError(UserError, ValueError):
   """A corpus, file or document that cannot be read as asked; names it."""
 

@@ -13,10 +13,11 @@ from contextlib import redirect_stderr
 
 import pytest
 
+from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive import cli
 from compressive import data as data_lib
-from compressive.evaluation import inference
+from compressive.training import inference
 from compressive.training import loop as train_lib
 from test_train import tiny_experiment
 
@@ -27,7 +28,7 @@ def set_fields(**fields):
 
 def validate(make_config):
   def run(tmp):
-    train_lib.validate_config(make_config(tmp))
+    config_lib.check(make_config(tmp))
   return run
 
 

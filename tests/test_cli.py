@@ -90,3 +90,29 @@ def test_entry_points_run_from_another_directory(tmp_path, script, extra):
           cwd=str(tmp_path))
   assert r.returncode == 2, r.stderr[-3000:]
   assert r.stderr.strip().startswith("error: ") and "not a training workdir" in r.stderr
+
+
+# The flags cli.define_*_flags define for a tool are the tool's own: its
+# --help lists them with their help (train.py's multi-host help in full, the
+# others' referring to it).
+SHARED_FLAGS = {
+    "train.py": ["workdir", "multihost", "coordinator_address", "num_processes", "process_id"],
+    "eval.py": ["workdir", "step", "split", "max_segments", "progress_seconds", "memory_length",
+                "compressed_memory_length", "mesh_shape", "multihost", "process_id"],
+    "analyze.py": ["workdir", "step", "split", "max_segments", "progress_seconds",
+                   "memory_length", "compressed_memory_length", "mesh_shape"],
+    "sample.py": ["workdir", "step", "memory_length", "compressed_memory_length", "mesh_shape"],
+    "export.py": ["workdir", "step", "output"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(SHARED_FLAGS))
+def test_shared_flags_are_listed_by_each_tools_help(script):
+  r = run(script, "--help")  # absl prints the help and exits with 1
+  assert f"\n{script}:" in r.stdout, r.stderr[-3000:]
+  own = " ".join(r.stdout.split(f"\n{script}:", 1)[1].split())  # the tool's own flags
+  for name in SHARED_FLAGS[script]:
+    assert f" --{name}:" in own or f" --[no]{name}:" in own, name
+  assert ("run the same command on every host" in own) == (script == "train.py")
+  assert ("(as train.py)" in own) == (script == "eval.py")
+  assert ("0 removes the compressed memory" in own) == (script == "analyze.py")

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from compressive import config as config_lib
 import compressive
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
@@ -53,7 +54,7 @@ def test_a_compression_registered_here_trains_and_restores(registered, tmp_path)
 
 def test_an_unknown_compression_is_named_with_the_registered_ones():
   with pytest.raises(compressive.ConfigError, match="model.compression='nope' is unknown; choose one of max_pool"):
-    ModelConfig.from_config(tiny_experiment(**{"model.compression": "nope"}).model)
+    config_lib.check(tiny_experiment(**{"model.compression": "nope"}), here=False)
 
 
 def test_a_name_is_registered_once():

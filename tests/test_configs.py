@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import compressive
-from compressive.training import loop as train_lib
+from compressive import config as config_lib
 
 CONFIGS = ["default", "enwik8", "enwik8_txl", "pg19", "pg19_txl"]
 
@@ -18,7 +18,7 @@ def test_config_validates_and_builds(name):
   config = importlib.import_module(f"configs.{name}").get_config()
   # The form of the config: its data (enwik8's file, PG-19's TFDS folder)
   # and its size are this machine's to check when it trains here.
-  cfg = train_lib.validate_config(config, here=False)
+  cfg = config_lib.check(config, here=False).model
   model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
   n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert n > 0

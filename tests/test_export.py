@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.evaluation import export as export_lib
+from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from test_train import tiny_experiment

@@ -13,9 +13,11 @@ import optax
 import pytest
 
 import compressive
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
+from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
@@ -142,16 +144,16 @@ def test_a_run_resumes_with_another_grad_accum_steps(tmp_path):
 def test_grad_accum_mistakes_are_config_errors(monkeypatch):
   for value, words in ((0, "positive integer"), (-2, "positive integer"), (3, "not divisible")):
     with pytest.raises(ConfigError, match=words) as e:
-      train_lib.validate_config(tiny_experiment(grad_accum_steps=value))
+      config_lib.check(tiny_experiment(grad_accum_steps=value))
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(train_lib.sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
-  train_lib.validate_config(tiny_experiment(grad_accum_steps=2))  # 2 rows each
+  monkeypatch.setattr(sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
+  config_lib.check(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
-    train_lib.validate_config(tiny_experiment(grad_accum_steps=4))
+    config_lib.check(tiny_experiment(grad_accum_steps=4))
   # Evaluating a trained config on another machine's mesh does not train.
-  train_lib.validate_config(tiny_experiment(grad_accum_steps=4), training=False)
+  config_lib.check(tiny_experiment(grad_accum_steps=4), training=False)
 
 
 DATA_PARALLEL = """
@@ -159,7 +161,10 @@ import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import conftest  # noqa: F401  (matmul precision)
 import jax, numpy as np
-from compressive.model import memory as memory_lib, sharding, train_lib, train_step
+from compressive import config as config_lib
+from compressive.model import memory as memory_lib
+from compressive.scale import sharding
+from compressive.training import loop as train_lib, step as train_step
 from test_train import tiny_experiment
 from test_grad_accum import _batches
 
@@ -169,7 +174,7 @@ for accum in (1, 2):
   config = tiny_experiment(**{{"grad_accum_steps": accum, "batch_size": 8,
                               "optimizer.eps": 1e-6}})
   config.mesh.shape = (2, 1, 1)
-  train_lib.validate_config(config)
+  config_lib.check(config)
   mesh = sharding.make_mesh(config)
   graphdef, template, abstract = train_step.abstract_model(config)
   tx = train_step.make_optimizer(config, abstract)

@@ -183,3 +183,39 @@ def test_init_memory_is_empty_and_sized_from_overrides():
   memory = compressive.init_memory(cfg, 2, memory_length=12, compressed_memory_length=10)
   assert memory.mem.shape == (2, 2, 12, 16) and memory.cmem.shape == (2, 2, 10, 16)
   assert not bool(memory.mem_mask.any()) and not bool(memory.cmem_mask.any())
+
+
+def test_attention_keys_whole_segment_and_decoding():
+  """[cmem; mem; segment so far]: the slots' keys (computed, or the cache's)
+  before the segment's, validity from the masks, and the last query's key
+  index; decoding puts its tokens' keys into the cache's segment."""
+  cfg = tiny_model_config(segment_length=T, memory_length=M, compressed_memory_length=C,
+                          compression_rate=RATE, num_layers=1)
+  layer = memory_lib.init_memory(cfg, 2).layer(0)
+  rng = np.random.default_rng(0)
+  layer = layer.replace(
+      mem=jnp.asarray(rng.normal(size=layer.mem.shape), jnp.float32),
+      cmem=jnp.asarray(rng.normal(size=layer.cmem.shape), jnp.float32),
+      mem_mask=jnp.asarray(rng.random(layer.mem_mask.shape) < 0.5),
+      cmem_mask=jnp.asarray(rng.random(layer.cmem_mask.shape) < 0.5))
+  keys_values = lambda slots: (2 * slots[:, :, None], 3 * slots[:, :, None])  # H = 1
+  x = jnp.asarray(rng.normal(size=(2, T, 1, cfg.d_model)), jnp.float32)
+  k, v, valid, q_last, same = memory_lib.attention_keys(layer, keys_values, x, -x)
+  slots = jnp.concatenate([layer.cmem, layer.mem], 1)[:, :, None]
+  np.testing.assert_array_equal(k, jnp.concatenate([2 * slots, x], 1))
+  np.testing.assert_array_equal(v, jnp.concatenate([3 * slots, -x], 1))
+  np.testing.assert_array_equal(
+      valid, jnp.concatenate([layer.cmem_mask, layer.mem_mask, jnp.ones((2, T), bool)], 1))
+  assert q_last == C + M + T - 1 and same is layer
+
+  k_past, v_past = keys_values(jnp.concatenate([layer.cmem, layer.mem], 1))
+  seg = jnp.zeros((2, T, 1, cfg.d_model))
+  cached = layer.replace(cache=memory_lib.KeysValues(k=k_past, v=v_past, seg_k=seg, seg_v=seg))
+  for p in range(T):  # one token at a time, as sampling decodes
+    k, v, valid, q_last, cached = memory_lib.attention_keys(
+        cached, keys_values, x[:, p:p + 1], -x[:, p:p + 1], jnp.asarray(p))
+    assert int(q_last) == C + M + p
+    np.testing.assert_array_equal(k[:, :C + M + p + 1], jnp.concatenate([2 * slots, x[:, :p + 1]], 1))
+    np.testing.assert_array_equal(v[:, C + M:C + M + p + 1], -x[:, :p + 1])
+    np.testing.assert_array_equal(valid[:, C + M:], jnp.broadcast_to(jnp.arange(T) <= p, (2, T)))
+  np.testing.assert_array_equal(cached.cache.seg_k, x)

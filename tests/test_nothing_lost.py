@@ -18,8 +18,8 @@ import pytest
 import compressive
 from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
-from compressive.evaluation import export as export_lib
-from compressive.evaluation import inference
+from compressive.training import export as export_lib
+from compressive.training import inference
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl

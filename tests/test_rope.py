@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive import config as config_lib
 from compressive.model import attention as attention_lib
 from compressive.scale import sharding
 from compressive.model.config import ConfigError, ModelConfig
@@ -200,13 +201,12 @@ def test_attention_implementation_is_checked_before_anything_runs():
     ModelConfig.from_config(rope_config(attention_implementation="flash"))
   # cuDNN on a machine without a GPU: one line at validation, not a trace
   # error from inside jax (aot.py passes num_devices and compiles for a GPU).
-  from compressive.training import loop as train_lib
   from test_train import tiny_experiment
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":
     with pytest.raises(ConfigError, match="needs a GPU"):
-      train_lib.validate_config(config)
-  train_lib.validate_config(config, num_devices=jax.device_count())
+      config_lib.check(config)
+  config_lib.check(config, num_devices=jax.device_count())
 
 
 def test_xla_implementation_equals_the_default():

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
@@ -160,7 +161,7 @@ def test_validate_config_checks_the_mesh_against_this_machine():
   # One device here: a two-device mesh fails before anything is built.
   config = sharding_experiment(**{"mesh.shape": (2, 1, 1)})
   with pytest.raises(compressive.ConfigError, match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"):
-    train_lib.validate_config(config)
+    config_lib.check(config)
 
 
 def test_cli_mesh_override_and_its_error(tmp_path):

@@ -326,17 +326,7 @@ def fetch(archive: Archive, cache_dir: str,
     if digest != archive.sha256:
       errors.append(f'{url}: sha256 {digest}, expected {archive.sha256}')
       continue
-    tmp = f'{path}.tmp{os.getpid()}'
-    try:
-      with open(tmp, 'wb') as f:
-        f.write(data)
-      os.replace(tmp, path)
-    except OSError as e:
-      try:
-        os.remove(tmp)
-      except OSError:
-        pass
-      raise DataError(_unwritable(folder, e)) from e
+    _save(data, path, folder)
     return data
   raise FetchError(
       f'could not fetch {archive.filename} for the books corpus ('
@@ -344,6 +334,22 @@ def fetch(archive: Archive, cache_dir: str,
       + f'): on a machine with network access, download it from one of these URLs and '
       f'place it at {path} (sha256 {archive.sha256}), or set data.books.cache_dir to a folder '
       'whose books/ subfolder holds it')
+
+
+def _save(data: bytes, path: str, folder: str) -> None:
+  """Writes a verified download to path (in the cache `folder`) atomically:
+  the cache never holds part of a file."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except OSError as e:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise DataError(_unwritable(folder, e)) from e
 
 
 def _one_line(e: BaseException) -> str:

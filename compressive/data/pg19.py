@@ -32,7 +32,8 @@ which reads the train split) rather than from every process at once.
 Word counts (`num_words`) are `len(text.split())` of each book's text as
 stored by TFDS. The paper's word-level perplexity is normalised by the
 official word totals of the validation and test splits instead
-(`OFFICIAL_WORDS`); evaluation compares the two (compressive/evaluation/evaluate.py).
+(`OFFICIAL_WORDS`, the source's `official_words` hook); evaluation compares
+the two (compressive/evaluation/evaluate.py).
 """
 
 from __future__ import annotations
@@ -188,4 +189,4 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # nothing to check up front short of reading the 11 GB train split.
 registry.register(registry.Source(
     name='pg19', default_config=default_config, validate=validate,
-    get_documents=get_documents))
+    get_documents=get_documents, official_words=OFFICIAL_WORDS.get))

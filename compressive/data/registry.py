@@ -7,7 +7,8 @@ A data source is one module that registers itself once, at import:
         get_documents=get_documents, check_documents=...))
 
 and is imported by `compressive/data/__init__.py`, so that it is registered
-whenever `compressive.data` is. Its name is a value of `config.data.source`,
+whenever `compressive.data` is. A Source defined outside this package is
+named `module:Name` in data.source and imported on demand (`get`). Its name is a value of `config.data.source`,
 and its fields live in their own section, `config.data.<name>` (built by
 `default_config`, so `--config.data.enwik8.path=...` overrides it), apart
 from the fields every source shares (source, tokenizer, spm_*,
@@ -22,16 +23,16 @@ Nothing here imports a source: the registry is filled by the sources.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+import importlib
+from typing import Callable, Iterator, Optional
 
 import ml_collections
 
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 
-if TYPE_CHECKING:
-  from compressive.data.documents import Documents
-  from compressive.data.tokenizers import Tokenizer
+# Annotations name `Documents` (data/documents.py, which imports this module)
+# and `Tokenizer` (data/tokenizers.py) as strings only: no import, no cycle.
 
 # Every source is cut into these, in this order (a source whose splits are
 # sized by a triple, e.g. data.synthetic.num_docs, reads it in this order).
@@ -73,6 +74,11 @@ class Source:
       does (text_files: its files' names and sizes), recorded with every
       checkpoint and compared on resume. None: the source's data cannot
       change under the same config (pinned archives, generated data).
+    official_words: (split) -> the split's published word total, by which
+      its word-level perplexity is normalised, or None (then the words
+      counted in its texts are). A source that has this hook gets
+      `word_perplexity` after a complete evaluation pass (pg19). None: no
+      word-level perplexity.
   """
   name: str
   default_config: Callable[[], ml_collections.ConfigDict]
@@ -82,6 +88,7 @@ class Source:
   iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
                                 Iterator[str]]] = None
   identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None
+  official_words: Optional[Callable[[str], Optional[int]]] = None
 
 
 _SOURCES: dict[str, Source] = {}
@@ -110,15 +117,44 @@ def names() -> tuple[str, ...]:
 
 
 def get(name: str) -> Source:
-  """The source named by data.source; ConfigError naming the choices."""
-  if name not in _SOURCES:
-    raise ConfigError(f"data.source={name!r} is unknown; choose one of {', '.join(_SOURCES)}")
-  return _SOURCES[name]
+  """The source named by data.source: a registered name, or `module:Name`
+  for a Source defined outside this package, whose module is imported now
+  (so a config that names it, config.json included, imports it again
+  wherever it is read). ConfigError (one line) naming the choices, or why
+  the outside one cannot be had."""
+  field = f'data.source={name!r}'
+  if not isinstance(name, str) or ':' not in name:
+    if name not in _SOURCES:
+      raise ConfigError(f"{field} is unknown; choose one of {', '.join(_SOURCES)}, "
+                        'or module:Name for one defined elsewhere')
+    return _SOURCES[name]
+  module_name, _, attr = name.partition(':')
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
+    raise ConfigError(f'{field}: cannot import module {module_name!r} '
+                      f'({type(e).__name__}: {" ".join(str(e).split())}); is it on PYTHONPATH?') from None
+  source = getattr(module, attr, None) if attr else None
+  if source is None:
+    raise ConfigError(f'{field}: module {module_name!r} has no {attr!r}')
+  if not isinstance(source, Source):
+    raise ConfigError(f'{field}: {attr!r} of {module_name!r} is not a '
+                      'compressive.data.registry.Source')
+  return source
 
 
 def section(data_config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """data_config.<name>, the source's own fields; ConfigError when the config
-  was built without it (by hand, or before the source registered)."""
+  was built without it (by hand, or before the source registered).
+
+  A source named `module:Name` is not in the config built before its import:
+  its section is added here, at its defaults, the first time it is asked for
+  (a config file that wants other values builds the section itself)."""
+  if name not in data_config and ':' in str(data_config.get('source', '')):
+    source = get(data_config.source)
+    if source.name == name:
+      with data_config.unlocked():
+        data_config[name] = source.default_config()
   if name not in data_config:
     raise ConfigError(
         f'the data config has no section data.{name} for data.source={name!r}: build it '

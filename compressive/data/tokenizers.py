@@ -137,6 +137,23 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
       start = end
 
 
+# The trainer's settings that make the model lossless and plain (see
+# train_sentencepiece): identity normalisation, whitespace kept, '\n' a
+# symbol of its own; <pad>=0, <unk>=1, no BOS/EOS; vocab_size an upper bound.
+_TRAINER_OPTIONS = dict(
+    normalization_rule_name='identity',
+    remove_extra_whitespaces=False,
+    user_defined_symbols=['\n'],
+    pad_id=0,
+    unk_id=1,
+    bos_id=-1,
+    eos_id=-1,
+    hard_vocab_limit=False,
+    shuffle_input_sentence=True,
+    minloglevel=2,
+)
+
+
 def train_sentencepiece(
     texts: Iterable[str],
     vocab_size: int,
@@ -203,20 +220,11 @@ def train_sentencepiece(
         model_type=model_type,
         character_coverage=character_coverage,
         byte_fallback=byte_fallback,
-        normalization_rule_name='identity',
-        remove_extra_whitespaces=False,
-        user_defined_symbols=['\n'],
-        pad_id=0,
-        unk_id=1,
-        bos_id=-1,
-        eos_id=-1,
-        hard_vocab_limit=False,
         # UTF-8 may take 4 bytes a character; leave room for the whole piece.
         max_sentence_length=4 * max_sentence_chars + 16,
         input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True,
         num_threads=num_threads,
-        minloglevel=2,
+        **_TRAINER_OPTIONS,
     )
   except RuntimeError as e:
     if failures:
@@ -225,12 +233,19 @@ def train_sentencepiece(
     if error is None:
       raise
     raise error from None
+  _write_model(buffer.getvalue(), model_path)
+  return SentencePieceTokenizer(model_path)
+
+
+def _write_model(model: bytes, model_path: str) -> None:
+  """Writes `model` to model_path (folders are created) whole or not at all:
+  beside it first, then renamed into place."""
   folder = os.path.dirname(os.path.abspath(model_path))
   os.makedirs(folder, exist_ok=True)
   tmp = model_path + '.tmp'
   try:
     with open(tmp, 'wb') as f:
-      f.write(buffer.getvalue())
+      f.write(model)
     os.replace(tmp, model_path)
   except OSError as e:  # a full disk: no half-written model left behind
     if os.path.exists(tmp):
@@ -238,7 +253,6 @@ def train_sentencepiece(
     if e.filename is None and e.errno is not None:  # a write or close names no file
       raise OSError(e.errno, e.strerror or os.strerror(e.errno), tmp) from None
     raise
-  return SentencePieceTokenizer(model_path)
 
 
 def _training_error(message: str, vocab_size: int) -> DataError | None:

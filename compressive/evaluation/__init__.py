@@ -1,4 +1,5 @@
-"""The evaluation layer: streaming evaluation with a threaded memory,
-analysis of a trained model, loading a workdir or export for use from Python
-(`compressive.load`), and exports.
+"""The evaluation layer: a trained model's loss over whole documents, streamed
+segment by segment with its memory threaded through (evaluate), and analysis
+of what the memory holds and recalls (analysis). Training calls it every
+`eval_every_steps`; so it sits below training.
 """

@@ -22,6 +22,7 @@ from typing import Optional
 import ml_collections
 import numpy as np
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.transformer import BANKS
@@ -43,7 +44,7 @@ def attention_by_bucket(
   Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
   "rows": rows counted}. Within a bank, buckets run oldest to newest.
   """
-  sizes = eval_lib.eval_sizes(config)
+  sizes = config_lib.eval_sizes(config)
   c_len, m_len = sizes["compressed_memory_length"], sizes["memory_length"]
   total, rows = None, 0
   for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
@@ -77,7 +78,7 @@ def loss_by_position(
   Bucket edges are bucket_tokens * 2**k; returns their start positions, mean
   nats and token counts.
   """
-  t = eval_lib.eval_sizes(config)["segment_length"]
+  t = config_lib.eval_sizes(config)["segment_length"]
   nats, counts = {}, {}
   row_pos = None
   for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
@@ -111,18 +112,10 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
   "queries": [...]}: per distance, the share of answer bytes predicted
   (argmax) and of queries with every answer byte right.
   """
-  t = eval_lib.eval_sizes(config)["segment_length"]
+  t = config_lib.eval_sizes(config)["segment_length"]
   docs_seen = row_pos = None  # [B]
-  hits: dict[int, list[int]] = {}  # query id -> [correct bytes]
-  answer_at: list[dict[int, tuple[int, int]]] = []  # per doc: position -> (query id, distance)
-  for i in range(len(documents)):
-    table = {}
-    for q in documents.queries(i):
-      qid = len(hits)
-      hits[qid] = []
-      for k in range(4):
-        table[q.answer_start + k] = (qid, q.distance)
-    answer_at.append(table)
+  answer_at, num_queries = _answer_positions(documents)
+  hits: dict[int, list[int]] = {qid: [] for qid in range(num_queries)}  # -> [correct bytes]
   distance_of = {}
   for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
                                  per_token=True, progress_every_s=progress_every_s,
@@ -148,6 +141,26 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
           hits[qid].append(int(correct[r, j]))
           distance_of[qid] = dist
     row_pos += t
+  return _accuracy_by_distance(hits, distance_of)
+
+
+def _answer_positions(documents) -> tuple[list[dict[int, tuple[int, int]]], int]:
+  """Per document, the position of each answer byte -> (query id, distance);
+  and the number of queries, whose ids are 0, 1, ... in document order."""
+  answer_at, num_queries = [], 0
+  for i in range(len(documents)):
+    table = {}
+    for q in documents.queries(i):
+      for k in range(4):
+        table[q.answer_start + k] = (num_queries, q.distance)
+      num_queries += 1
+    answer_at.append(table)
+  return answer_at, num_queries
+
+
+def _accuracy_by_distance(hits: dict[int, list[int]], distance_of: dict[int, int]) -> dict:
+  """recall_accuracy's result from each query's answer bytes (1: predicted)
+  and distance; a query never reached counts nowhere."""
   by_distance: dict[int, list[list[int]]] = {}
   for qid, dist in distance_of.items():
     by_distance.setdefault(dist, []).append(hits[qid])

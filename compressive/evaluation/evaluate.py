@@ -34,7 +34,7 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import flax.struct
 from flax import nnx
@@ -43,85 +43,15 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
-from compressive.model.config import ConfigError, ModelConfig, check_memory_sizes, check_segment_length
-from compressive.errors import UserError
 from compressive.model.transformer import merge_params
 
 _log = logging.getLogger("compressive")
 
-
-SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memory_length")
-
-
-def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """Evaluation segment and memory sizes. -1 (or unset) takes training's; so does 0 for
-  the batch and segment sizes (0 memory slots is a size: no memory)."""
-  ev, m = config.eval, config.model
-  pick = lambda v, default: default if v is None or v < 0 else v
-  return dict(
-      batch_size=pick(ev.batch_size, config.batch_size) or config.batch_size,
-      segment_length=pick(ev.segment_length, m.segment_length) or m.segment_length,
-      memory_length=pick(ev.memory_length, m.memory_length),
-      compressed_memory_length=pick(ev.compressed_memory_length, m.compressed_memory_length),
-  )
-
-
-def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
-  for name in SIZE_FIELDS:
-    value = config.eval.get(name)
-    if value is not None and value < -1:
-      raise ConfigError(
-          f"eval.{name}={value}: use -1 for the training run's size, or a size >= 0")
-  sizes = eval_sizes(config)
-  check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
-                     sizes["batch_size"], prefix="eval")
-  check_segment_length(cfg, sizes["segment_length"], sizes["compressed_memory_length"],
-                       "eval.segment_length")
-  if config.eval.split not in ("train", "validation", "test"):
-    raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
-
-
-def prepare_config(config: ml_collections.ConfigDict, *,
-                   sizes: Optional[Mapping[str, Optional[int]]] = None,
-                   mesh_shape: Optional[Sequence[str]] = None) -> Optional[str]:
-  """A saved training config made ready for the tools that read a workdir
-  (eval.py, analyze.py, sample.py), in place, and checked (ConfigError).
-
-  Args:
-    sizes: evaluation sizes to set (SIZE_FIELDS; None leaves one as saved).
-    mesh_shape: --mesh_shape's values (devices along each of mesh.axes, -1:
-      the rest); None keeps the saved mesh if it fits this machine's devices,
-      else data parallel over all of them.
-
-  Returns:
-    A note for the user when the saved mesh was replaced, else None.
-  """
-  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top  (it imports this)
-  for name, value in (sizes or {}).items():
-    if name not in SIZE_FIELDS:
-      raise ValueError(f"{name} is not one of {SIZE_FIELDS}")
-    if value is not None:
-      config.eval[name] = value
-  note = None
-  if mesh_shape is not None:
-    try:
-      config.mesh.shape = tuple(int(n) for n in mesh_shape)
-    except ValueError:
-      raise ConfigError(f"--mesh_shape={','.join(map(str, mesh_shape))} must be integers") from None
-  elif sharding.fit_mesh_to_devices(config):
-    note = (f"note: the training mesh does not fit the {jax.device_count()} devices here; "
-            f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)")
-  try:
-    train_lib.validate_config(config, training=False)
-  except UserError as e:
-    if "mesh.shape" in str(e):
-      raise ConfigError(f"{e} (set --mesh_shape for this machine)") from None
-    raise
-  return note
 
 
 class Progress:
@@ -324,7 +254,7 @@ def stream_shapes(config: ml_collections.ConfigDict, mesh: Mesh,
   sizes, and init() -> its fresh memory. B is the eval batch size, at most
   `num_documents`, rounded up to a multiple of the data-parallel split (the
   extra rows are all padding)."""
-  sizes = eval_sizes(config)
+  sizes = config_lib.eval_sizes(config)
   b, t = sizes["batch_size"], sizes["segment_length"]
   if num_documents is not None:
     b = min(b, num_documents)
@@ -444,27 +374,28 @@ def evaluate(
   elif complete:
     num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
     result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-  if complete and config.data.source == "pg19":
+  official_words = data_lib.registry.get(config.data.source).official_words
+  if complete and official_words is not None:
+    split = config.eval.split if split is None else split
     words = sum(documents.num_words(i) for i in range(len(documents)))
     result.update(word_perplexity_of(
-        total_nats, words, config.eval.split if split is None else split, documents.description))
+        total_nats, words, split, official_words(split), documents.description))
   return result
 
 
-def word_perplexity_of(total_nats: float, words: int, split: str,
-                       what: str = "pg19") -> dict[str, float]:
-  """PG-19's word-level perplexity of a complete pass over `split`, whose
-  texts hold `words` whitespace-separated words: `word_perplexity`, `words`,
-  and for the official splits (data.pg19.OFFICIAL_WORDS: validation, test)
-  `words_official`, the normaliser then. A count that differs from the
-  official total by more than 0.5% is a warning naming both (`what`: the
-  corpus/split). No words and no official total: nothing."""
-  official = data_lib.pg19.OFFICIAL_WORDS.get(split)
+def word_perplexity_of(total_nats: float, words: int, split: str, official: Optional[int],
+                       what: str) -> dict[str, float]:
+  """The word-level perplexity of a complete pass over `split`, whose texts
+  hold `words` whitespace-separated words: `word_perplexity`, `words`, and
+  where the source publishes the split's total `official` (PG-19's validation
+  and test) `words_official`, the normaliser then. A count more than 0.5%
+  off the official total is a warning naming both (`what`: the corpus/split).
+  No words and no official total: nothing."""
   if official is None:
     return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
   if abs(words - official) > 0.005 * official and jax.process_index() == 0:
     _log.warning(
-        "%s: %d words counted in the texts, but PG-19's official %s total is %d (%+.2f%%); "
+        "%s: %d words counted in the texts, but the official %s total is %d (%+.2f%%); "
         "word_perplexity is normalised by the official total", what, words, split, official,
         100.0 * (words - official) / official)
   return {"word_perplexity": math.exp(total_nats / official), "words": words,

@@ -38,6 +38,8 @@ time (`lax.map`), each under `jax.checkpoint`: only one chunk's
 recomputing them in the backward pass. It is not an approximation: every
 query's scores are the whole segment's, computed in pieces (sums over heads,
 queries or chunks may round differently). Attention dropout draws per chunk.
+With `chunk_size` 0 (or at least the queries) the segment is a single chunk
+of the same kernel, run as it is: no loop, nothing recomputed.
 """
 
 from __future__ import annotations
@@ -94,6 +96,13 @@ def rotate(x: jax.Array, index: jax.Array) -> jax.Array:
   cos, sin = jnp.cos(angles), jnp.sin(angles)
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def heads(a: jax.Array) -> jax.Array:
+  """[B, N, H, D] <-> [B, H, N, D]. Score and value products run head-major:
+  with the head axis next to the batch axis they are plain batched matmuls,
+  and the [B, H, N, K] scores never need a transpose."""
+  return jnp.swapaxes(a, 1, 2)
 
 
 def causal_mask(key_valid: jax.Array, t: int, q_last=None, first=0,
@@ -195,133 +204,109 @@ class RelativeAttention(nnx.Module):
       key received (before attention dropout), mean over heads and queries;
       a stop-gradient statistic. None when the fused call made the output.
 
-    With `chunk_size` > 0 and more queries than that, the queries attend in
-    chunks (`_chunked`): the same output and `received` up to float
-    rounding, without materialising the [B, H, Tq, K] scores. Attention
-    dropout then draws per chunk, so its mask differs from the whole
-    segment's (at the same rate).
-    """
-    b, t = q.shape[:2]
-    if self.chunk_size and t > self.chunk_size:
-      return self._chunked(q, k, v, valid, q_last, r, dropout_rng=dropout_rng,
-                           need_weights=need_weights)
-    kk = k.shape[1]
-    mask = causal_mask(valid, t, q_last)  # [B, 1, T, K]
-    # Score and value products run head-major ([B, H, T, D] against
-    # [B, H, K, D]): with the head axis next to the batch axis they are plain
-    # batched matmuls, and the [B, H, T, K] scores never need a transpose.
-    heads = lambda a: jnp.swapaxes(a, 1, 2)  # [B, N, H, D] <-> [B, H, N, D]
-    if self.positions == "rope":
-      q_rot = rotate(q, q_last - t + 1 + jnp.arange(t))
-      k_rot = rotate(k, jnp.arange(kk))
-      if not need_weights and dropout_rng is None:
-        out = jax.nn.dot_product_attention(q_rot, k_rot, v, mask=mask, scale=self.scale,
-                                           implementation=self.implementation)
-        return dense(out, self._w("wo"), 2), None
-      logits = jnp.einsum("bhte,bhke->bhtk", heads(q_rot) * self.scale, heads(k_rot))
-      logits = logits.astype(jnp.float32)
-    else:
-      r = jnp.swapaxes(r, 0, 1)  # [H, K, D]
-      # The 1/sqrt(D) scale goes on the [B, H, T, D] queries, not on the K
-      # times larger scores (nor, in the backward pass, on their gradient).
-      content = jnp.einsum("bhte,bhke->bhtk", heads((q + self._w("u")) * self.scale), heads(k))
-      # Position scores of all rows at once, one [B*T, D] x [D, K] product per
-      # head, laid out [H, B, T, K] so that neither the product nor the shift
-      # needs a transpose; only whole [T, K] blocks move to [B, H, T, K].
-      qv = jnp.transpose((q + self._w("v")) * self.scale, (2, 0, 1, 3))
-      qv = qv.reshape(self.num_heads, b * t, -1)
-      position = jax.lax.dot_general(qv, r, (((2,), (2,)), ((0,), (0,))))  # [H, B*T, K]
-      position = rel_shift(position.reshape(self.num_heads, b, t, -1)).swapaxes(0, 1)
-      logits = (content + position).astype(jnp.float32)
-    probs = masked_softmax(logits, mask)  # [B, H, T, K]
-    dropped = probs if dropout_rng is None else self.dropout(probs, rngs=dropout_rng)
-    out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), heads(v))
-    received = jax.lax.stop_gradient(probs.astype(jnp.float32).mean(axis=(1, 2)))  # [B, K]
-    return dense(jnp.swapaxes(out, 1, 2), self._w("wo"), 2), received
-
-  def _chunked(
-      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last,
-      r: Optional[jax.Array], *, dropout_rng: Optional[jax.Array], need_weights: bool,
-  ) -> tuple[jax.Array, Optional[jax.Array]]:
-    """`__call__` with the Tq queries attending in chunks of n = chunk_size.
-
-    Chunk c holds queries c*n .. c*n + n - 1 of the Tq and computes exactly
-    what the whole-segment path computes for them, under `jax.checkpoint`:
-    the backward pass recomputes a chunk's scores instead of keeping every
-    chunk's. `lax.map` runs the chunks in turn, so the compiled code is one
-    chunk's whatever their number. Everything linear in the queries (biases,
-    rotation, the scale) is applied to all Tq at once, outside the loop.
-
-    Relative positions per chunk: the whole-segment path scores query i
-    against R row p = Tq - 1 - i + j for key j (row p is distance q_last - p,
-    query i sits at q_last - Tq + 1 + i). For the chunk's queries
-    i = c*n + a, a < n, those rows run from s = Tq - (c + 1)*n (a = n-1,
-    j = 0) to s + K + n - 2 (a = 0, j = K-1): a window of K + n - 1 rows of
-    r. Scoring the chunk against that window gives x[a, p'] for row s + p';
-    the row wanted for (a, j) is p' = n - 1 - a + j, which is what
-    `rel_shift` of the [n, K + n - 1] scores puts at [a, j] for every
-    j < K; its first K columns are the scores by key. Rows past K - 1 only
-    score future keys (row p <= q_last <=> key j is visible), which the
-    causal mask drops, so r is padded with Tq - 1 zero rows for the first
-    chunks' windows.
+    One kernel: the queries attend in chunks of n (`chunk_size`, or all Tq
+    at once: one chunk), each scored by the positions' scorer (`_rope`,
+    `_relative`) and attended by `_attend`. Everything linear in the queries
+    (biases, rotation, the scale) is applied to all Tq at once. A single
+    chunk runs as it is; several run in turn (`lax.map`, so the compiled code
+    is one chunk's whatever their number), each under `jax.checkpoint`: the
+    backward pass recomputes a chunk's scores instead of keeping every
+    chunk's. Chunks give the same output and `received` up to float
+    rounding; attention dropout then draws per chunk, so its mask differs
+    from the whole segment's (at the same rate).
     """
     b, t, h, hd = q.shape
-    kk, n = k.shape[1], self.chunk_size
+    n = self.chunk_size if self.chunk_size and t > self.chunk_size else t
     assert t % n == 0, f"{t} queries do not split into chunks of {n}"
-    heads = lambda a: jnp.swapaxes(a, 1, 2)  # [B, N, H, D] <-> [B, H, N, D]
-    # [B, Tq, H, D] -> [Tq/n, B, n, H, D]: lax.map's leading chunk axis.
-    split = lambda a: jnp.swapaxes(a.reshape(b, t // n, n, h, hd), 0, 1)
-    index = jnp.arange(t // n)
-    fused = self.positions == "rope" and not need_weights and dropout_rng is None
-
-    def attend(logits, c, v_heads):
-      """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D]
-      and the weights' sum over heads and queries [B, K]."""
-      probs = masked_softmax(logits, causal_mask(valid, t, q_last, c * n, n))
-      dropped = (probs if dropout_rng is None
-                 else self.dropout(probs, rngs=jax.random.fold_in(dropout_rng, c)))
-      out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_heads)
-      return jnp.swapaxes(out, 1, 2), jax.lax.stop_gradient(probs.sum(axis=(1, 2)))
-
     if self.positions == "rope":
-      q_rot = rotate(q, q_last - t + 1 + jnp.arange(t))
-      k_rot = rotate(k, jnp.arange(kk))
-      if fused:
-        def chunk(xs):
-          c, qc = xs
-          mask = causal_mask(valid, t, q_last, c * n, n)
-          return jax.nn.dot_product_attention(qc, k_rot, v, mask=mask, scale=self.scale,
-                                              implementation=self.implementation), None
-      else:
-        k_heads, v_heads = heads(k_rot), heads(v)
-        def chunk(xs):
-          c, qc = xs
-          logits = jnp.einsum("bhte,bhke->bhtk", heads(qc) * self.scale, k_heads)
-          return attend(logits.astype(jnp.float32), c, v_heads)
-      xs = (index, split(q_rot))
+      queries, k, score = self._rope(q, k, q_last)
     else:
-      k_heads, v_heads = heads(k), heads(v)
-      # r padded to K + Tq - 1 rows, head-major [H, K + Tq - 1, D]: every
-      # chunk's window of K + n - 1 rows (docstring) lies inside.
-      r = jnp.swapaxes(jnp.pad(r, ((0, t - 1), (0, 0), (0, 0))), 0, 1)
-      def chunk(xs):
-        c, qu, qv = xs  # [B, n, H, D] each, biased and scaled
-        content = jnp.einsum("bhte,bhke->bhtk", heads(qu), k_heads)
-        window = jax.lax.dynamic_slice_in_dim(r, t - (c + 1) * n, kk + n - 1, 1)  # [H, K+n-1, D]
-        qv = jnp.transpose(qv, (2, 0, 1, 3)).reshape(h, b * n, hd)
-        position = jax.lax.dot_general(qv, window, (((2,), (2,)), ((0,), (0,))))  # [H, B*n, K+n-1]
-        position = rel_shift(position.reshape(h, b, n, -1))[..., :kk].swapaxes(0, 1)
-        return attend((content + position).astype(jnp.float32), c, v_heads)
-      xs = (index, split((q + self._w("u")) * self.scale), split((q + self._w("v")) * self.scale))
+      queries, score = self._relative(q, k, r, n)
+    fused = self.positions == "rope" and not need_weights and dropout_rng is None
+    v_heads = None if fused else heads(v)
 
-    # prevent_cse=False: the loop already keeps XLA from merging the
-    # recomputation into the forward pass (jax.checkpoint's documentation);
-    # the guard would only cost speed.
-    out, received = jax.lax.map(jax.checkpoint(chunk, prevent_cse=False), xs)
-    out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
-    if received is not None:
-      received = received.sum(0) / (h * t)  # sums over chunks: mean over heads and queries
+    def chunk(c, qs, rng):
+      mask = causal_mask(valid, t, q_last, c * n, n)  # [B, 1, n, K]
+      if fused:
+        return jax.nn.dot_product_attention(qs[0], k, v, mask=mask, scale=self.scale,
+                                            implementation=self.implementation), None
+      return self._attend(score(c, *qs), mask, v_heads, rng)
+
+    if n == t:  # one chunk: no loop, nothing recomputed
+      out, received = chunk(0, queries, dropout_rng)
+    else:
+      # [B, Tq, H, D] -> [Tq/n, B, n, H, D]: lax.map's leading chunk axis.
+      split = lambda a: jnp.swapaxes(a.reshape(b, t // n, n, h, hd), 0, 1)
+      fold = lambda c: None if dropout_rng is None else jax.random.fold_in(dropout_rng, c)
+      step = lambda xs: chunk(xs[0], xs[1:], fold(xs[0]))
+      # prevent_cse=False: the loop already keeps XLA from merging the
+      # recomputation into the forward pass (jax.checkpoint's documentation);
+      # the guard would only cost speed.
+      out, received = jax.lax.map(jax.checkpoint(step, prevent_cse=False),
+                                  (jnp.arange(t // n),) + tuple(map(split, queries)))
+      out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
+      received = None if received is None else received.sum(0)
+    if received is not None:  # sums over chunks, heads and queries -> their mean
+      received = received / (h * t)
     return dense(out, self._w("wo"), 2), received
+
+  def _attend(self, logits, mask, v_heads, rng):
+    """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D] and
+    the weights' sum over heads and queries [B, K] (stop-gradient)."""
+    probs = masked_softmax(logits, mask)  # [B, H, n, K]
+    dropped = probs if rng is None else self.dropout(probs, rngs=rng)
+    out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_heads)
+    return heads(out), jax.lax.stop_gradient(probs.astype(jnp.float32).sum(axis=(1, 2)))
+
+  def _rope(self, q, k, q_last):
+    """Rotary scorer: (queries (q rotated,), keys rotated, score(c, qc)),
+    score giving chunk c's float32 scores [B, H, n, K]: plain dot products
+    of rotated queries and keys."""
+    t = q.shape[1]
+    q_rot = rotate(q, q_last - t + 1 + jnp.arange(t))
+    k_rot = rotate(k, jnp.arange(k.shape[1]))
+    k_heads = heads(k_rot)
+
+    def score(c, qc):
+      del c  # rotation already placed every query
+      return jnp.einsum("bhte,bhke->bhtk", heads(qc) * self.scale, k_heads).astype(jnp.float32)
+
+    return (q_rot,), k_rot, score
+
+  def _relative(self, q, k, r, n):
+    """Transformer-XL scorer for chunks of n of the Tq queries: (queries
+    (q + u, q + v, both scaled), score(c, qu, qv)), score giving chunk c's
+    float32 scores [B, H, n, K].
+
+    The content scores are qu . k. The position scores of query i against
+    key j read R row p = Tq - 1 - i + j (row p is distance q_last - p; query
+    i sits at q_last - Tq + 1 + i). For chunk c's queries i = c*n + a,
+    a < n, scoring against the K rows from s = Tq - (c + 1)*n gives x[a, p']
+    for row s + p', and `rel_shift` of the [n, K] scores puts row
+    p' = n - 1 - a + j at [a, j] for every visible key: j visible means
+    p <= q_last <= K - 1, so p' <= K - 1 - s stays inside the window. Rows
+    past K - 1 score only future keys, so r is padded with Tq - n zero rows
+    for the windows of the first chunks. A single chunk (n = Tq) reads r
+    itself, as the whole segment always did.
+    """
+    b, t, h, hd = q.shape
+    kk = k.shape[1]
+    k_heads = heads(k)
+    # [H, K (+ Tq - n), D], head-major: position products of all rows at once
+    # need no transpose, and only whole [n, K] blocks move to [B, H, n, K].
+    r = jnp.swapaxes(r if n == t else jnp.pad(r, ((0, t - n), (0, 0), (0, 0))), 0, 1)
+
+    def score(c, qu, qv):
+      content = jnp.einsum("bhte,bhke->bhtk", heads(qu), k_heads)
+      window = r if n == t else jax.lax.dynamic_slice_in_dim(r, t - (c + 1) * n, kk, 1)
+      qv = jnp.transpose(qv, (2, 0, 1, 3)).reshape(h, b * n, hd)
+      position = jax.lax.dot_general(qv, window, (((2,), (2,)), ((0,), (0,))))  # [H, B*n, K]
+      position = rel_shift(position.reshape(h, b, n, kk)).swapaxes(0, 1)
+      return (content + position).astype(jnp.float32)
+
+    # The 1/sqrt(D) scale goes on the [B, Tq, H, D] queries, not on the K
+    # times larger scores (nor, in the backward pass, on their gradient).
+    return ((q + self._w("u")) * self.scale, (q + self._w("v")) * self.scale), score
 
   def content_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                         valid: jax.Array) -> jax.Array:

@@ -10,11 +10,14 @@ the attention each slot received, for those that declare `needs_usage`) to
 any of its source slots is; invalid sources never contribute to a valid slot's
 value. A new compression is one `Compression` subclass decorated with
 `@register`; its parameters are made with `layers.param`, which records their
-logical axes (docs/DESIGN.md §Adding a compression).
+logical axes, and it declares its forward FLOPs (`flops_per_slot`), which the
+MFU count reads (docs/DESIGN.md §Adding a compression). One defined outside
+this package is named `module:Name` (`resolve`) and imported on demand.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import ClassVar
 
@@ -22,6 +25,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from compressive.errors import ConfigError
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.layers import dense, param
@@ -34,6 +38,32 @@ def register(cls: type["Compression"]) -> type["Compression"]:
   if cls.name in COMPRESSIONS and COMPRESSIONS[cls.name] is not cls:
     raise ValueError(f"compression {cls.name!r} is already registered")
   COMPRESSIONS[cls.name] = cls
+  return cls
+
+
+def resolve(name: str) -> type["Compression"]:
+  """The class that `model.compression=name` selects: a registered name, or
+  `module:Name` for one defined outside this package, whose module is
+  imported now (so a config that names it, config.json included, imports it
+  again wherever it is read). ConfigError (one line) when it cannot be."""
+  field = f"model.compression={name!r}"
+  if not isinstance(name, str) or ":" not in name:
+    if name not in COMPRESSIONS:
+      raise ConfigError(f"{field} is unknown; choose one of {', '.join(COMPRESSIONS)}, "
+                        "or module:Name for one defined elsewhere")
+    return COMPRESSIONS[name]
+  module_name, _, attr = name.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
+    raise ConfigError(f"{field}: cannot import module {module_name!r} "
+                      f"({type(e).__name__}: {' '.join(str(e).split())}); is it on PYTHONPATH?") from None
+  cls = getattr(module, attr, None) if attr else None
+  if cls is None:
+    raise ConfigError(f"{field}: module {module_name!r} has no {attr!r}")
+  if not (isinstance(cls, type) and issubclass(cls, Compression)):
+    raise ConfigError(f"{field}: {attr!r} of {module_name!r} is not a subclass of "
+                      "compressive.model.compression.Compression")
   return cls
 
 
@@ -51,6 +81,16 @@ class Compression(nnx.Module):
                usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     """slots [B, N, d], mask [B, N], usage [B, N] -> [B, N / c, d], [B, N / c]."""
     raise NotImplementedError
+
+  @classmethod
+  def flops_per_slot(cls, rate: int, d_model: int) -> float:
+    """Forward FLOPs per evicted slot, counted as compressive/scale/flops.py
+    counts (matmuls only, 2 per multiply-add): the MFU reads this, and a
+    layer evicts as many slots per segment as the segment has tokens, so it
+    is also the compression's FLOPs per token. The base class does no
+    matmul; a subclass that does overrides this."""
+    del rate, d_model
+    return 0
 
   def groups(self, x: jax.Array) -> jax.Array:
     """[B, N, ...] -> [B, N / c, c, ...]."""
@@ -98,6 +138,12 @@ class Conv(Compression):
                         param_dtype)
     self.bias = param(nnx.initializers.zeros, None, (d_model,), ("norm",), param_dtype)
 
+  @classmethod
+  def flops_per_slot(cls, rate, d_model):
+    """N / c compressed slots, each a c*d -> d product: 2*d*d per slot."""
+    del rate
+    return 2 * d_model * d_model
+
   def __call__(self, slots, mask, usage):
     x = jnp.where(mask[..., None], slots, 0)
     out = dense(self.groups(x), self.kernel[...].astype(slots.dtype), 2)
@@ -127,6 +173,12 @@ class DilatedConv(Compression):
                         ("conv_layers", "window", "embed", "embed_out"), param_dtype)
     self.bias = param(nnx.initializers.zeros, None, (n, d_model), ("conv_layers", "norm"),
                       param_dtype)
+
+  @classmethod
+  def flops_per_slot(cls, rate, d_model):
+    """Each layer applies its two d -> d taps at every slot (the taps that
+    read the zeros before a group's first slot are multiplied too)."""
+    return dilated_layers(rate) * 2 * 2 * d_model * d_model
 
   def __call__(self, slots, mask, usage):
     c = self.rate
@@ -164,7 +216,7 @@ class Compressor(nnx.Module):
 
   def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
                rngs: nnx.Rngs, param_dtype=jnp.float32):
-    self.fn = COMPRESSIONS[kind](rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    self.fn = resolve(kind)(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     self.rate = rate
     # A parameter-free f_c (pooling, most-used) has nothing for a loss to train.
     self.loss = reconstruction_loss if nnx.state(self.fn, nnx.Param) else "none"

@@ -120,6 +120,47 @@ def reset_rows(memory: Memory, start_of_sequence: jax.Array) -> Memory:
   return jax.tree.map(reset, memory.replace(cache=None)).replace(cache=memory.cache)
 
 
+def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.Array,
+                   position=None):
+  """The keys of [compressed memory; memory; segment so far] a layer attends.
+
+  Args:
+    layer_memory: one layer's memory (no layer axis); with `position` it must
+      carry its cache.
+    keys_values: slots [B, N, d] -> their keys and values [B, N, H, D] (the
+      layer's projections), for the slots when nothing caches them.
+    k_x, v_x: [B, Tq, H, D] keys and values of the layer's inputs.
+    position: None for a whole segment (the inputs are the segment); when
+      decoding, the index of the inputs' first token in the current segment,
+      whose earlier tokens' keys the cache holds.
+
+  Returns:
+    (k, v [B, K, H, D] in x's dtype, valid [B, K] bool, q_last: the last
+    query's key index, the memory: when decoding, with the inputs' keys and
+    values put into the cache's segment; otherwise `layer_memory`).
+  """
+  dtype, cache = k_x.dtype, layer_memory.cache
+  b, tq = k_x.shape[:2]
+  past = layer_memory.compressed_memory_length + layer_memory.memory_length
+  if cache is None:
+    slots = jnp.concatenate([layer_memory.cmem, layer_memory.mem], 1)
+    k_past, v_past = keys_values(slots.astype(dtype))
+  else:
+    k_past, v_past = cache.k.astype(dtype), cache.v.astype(dtype)
+  if position is None:
+    k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), past + tq - 1
+  else:
+    put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), position, 1)
+    k_seg, v_seg = put(cache.seg_k, k_x), put(cache.seg_v, v_x)
+    seg_valid = jnp.broadcast_to(jnp.arange(k_seg.shape[1]) < position + tq, (b, k_seg.shape[1]))
+    q_last = past + position + tq - 1
+    layer_memory = layer_memory.replace(cache=cache.replace(seg_k=k_seg, seg_v=v_seg))
+  k = jnp.concatenate([k_past, k_seg.astype(dtype)], 1)
+  v = jnp.concatenate([v_past, v_seg.astype(dtype)], 1)
+  valid = jnp.concatenate([layer_memory.cmem_mask, layer_memory.mem_mask, seg_valid], 1)
+  return k, v, valid, q_last, layer_memory
+
+
 def _fifo(old: jax.Array, new: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Appends `new` [B, N, ...] behind `old` [B, L, ...]: (the newest L, the N
   oldest that fell out)."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
-from compressive.model.compression import COMPRESSIONS, Compressor
+from compressive.model.compression import Compressor, resolve as resolve_compression
 from compressive.model.config import ModelConfig
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
@@ -85,7 +85,7 @@ class Block(nnx.Module):
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
-    self.needs_usage = COMPRESSIONS[cfg.compression].needs_usage
+    self.needs_usage = resolve_compression(cfg.compression).needs_usage
     self.compressor = None  # Transformer-XL: evicted memories are dropped.
     if cfg.compressed_memory_length:
       self.compressor = nnx.data(Compressor(
@@ -115,30 +115,11 @@ class Block(nnx.Module):
     `training` False (evaluation, generation) skips the reconstruction
     loss, which only training reads.
     """
-    att, cache = self.attention, mem.cache
-    b, tq, _ = x.shape
-    c_len, m_len = mem.compressed_memory_length, mem.memory_length
+    att = self.attention
     q = att.query(x)
     k_x, v_x = att.keys_values(x)
-    if cache is None:
-      k_past, v_past = att.keys_values(jnp.concatenate([mem.cmem, mem.mem], 1).astype(x.dtype))
-    else:
-      k_past, v_past = cache.k.astype(x.dtype), cache.v.astype(x.dtype)
-    if position is None:
-      k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), c_len + m_len + tq - 1
-    else:
-      put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), position, 1)
-      k_seg, v_seg = put(cache.seg_k, k_x), put(cache.seg_v, v_x)
-      seg_valid = jnp.broadcast_to(jnp.arange(k_seg.shape[1]) < position + tq, (b, k_seg.shape[1]))
-      q_last = c_len + m_len + position + tq - 1
-    k = jnp.concatenate([k_past, k_seg.astype(x.dtype)], 1)  # [B, K, H, D]
-    v = jnp.concatenate([v_past, v_seg.astype(x.dtype)], 1)
-    valid = jnp.concatenate([mem.cmem_mask, mem.mem_mask, seg_valid], 1)
-    kk = k.shape[1]
-    if position_keys is not None:  # rows for distances K-1 .. -(T-1): start at K-1-q_last
-      r = jax.lax.dynamic_slice_in_dim(position_keys, kk - 1 - q_last, kk, 0)
-    else:
-      r = att.position_keys(sinusoids(np.arange(kk - 1, -1, -1), x.shape[-1]))
+    k, v, valid, q_last, mem = memory_lib.attention_keys(mem, att.keys_values, k_x, v_x, position)
+    r = self._position_rows(position_keys, k.shape[1], q_last, x.shape[-1])
     # received [B, K]: attention each key received, mean over heads and
     # queries. It feeds the most-used compression's usage and the diagnostics.
     a, received = att(q, k, v, valid, q_last, r,
@@ -150,29 +131,42 @@ class Block(nnx.Module):
     else:
       h = x + self._drop(a, rng, 1)
       out = h + self._drop(self.ffn(self.ffn_norm(h)), rng, 2)
-
-    if received is not None:
-      received = jax.lax.stop_gradient(received)
-      mass = jnp.stack([received[:, :c_len].sum(-1).mean(),
-                        received[:, c_len:c_len + m_len].sum(-1).mean(),
-                        received[:, c_len + m_len:].sum(-1).mean()])
-    else:  # fused rope attention: no weights; usage is read by most_used only
-      received = jnp.zeros((b, kk), jnp.float32)
-      mass = jnp.full((len(BANKS),), jnp.nan, jnp.float32)
+    received, mass = _attention_mass(received, mem, k.shape[:2])
     recon = jnp.zeros((), jnp.float32)
-    if position is not None:
-      new_mem = mem.replace(cache=cache.replace(seg_k=k_seg, seg_v=v_seg))
-    elif m_len:
-      # Alg. 1. Everything stored is stop-gradient (truncated BPTT), and so
-      # is what the compressor sees: only its loss trains it.
-      new_mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), received[:, c_len:],
-                                    k[:, c_len:], v[:, c_len:])
-      ev = jax.lax.stop_gradient(ev)
+    # A whole segment enters the memory (Alg. 1); decoded tokens are in the
+    # cache already, and the complete segment is pushed by a later call.
+    if position is None and mem.memory_length:
+      # Everything stored is stop-gradient (truncated BPTT), and so is what
+      # the compressor sees: only its loss trains it.
+      c_len = mem.compressed_memory_length
+      mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), received[:, c_len:],
+                                k[:, c_len:], v[:, c_len:])
       if c_len:  # init_memory refuses a compressed memory for a model without compressor
-        new_mem, recon = self.compressor(new_mem, ev, q, att, with_loss=training)
-    else:
-      new_mem = mem  # a segment-local Transformer keeps nothing
-    return out, new_mem, Aux(recon, mass, received if collect_attention else None)
+        mem, recon = self.compressor(mem, jax.lax.stop_gradient(ev), q, att, with_loss=training)
+    return out, mem, Aux(recon, mass, received if collect_attention else None)
+
+  def _position_rows(self, position_keys, kk: int, q_last, d: int) -> Optional[jax.Array]:
+    """W_r R [K, H, D] for distances q_last .. q_last - K + 1: a slice of the
+    precomputed `position_keys` (rows for distances K-1 .. -(T-1), so the
+    slice starts at K-1-q_last), or computed for the K keys; None in rope
+    mode."""
+    if position_keys is not None:
+      return jax.lax.dynamic_slice_in_dim(position_keys, kk - 1 - q_last, kk, 0)
+    return self.attention.position_keys(sinusoids(np.arange(kk - 1, -1, -1), d))
+
+
+def _attention_mass(received: Optional[jax.Array], mem: Memory,
+                    shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+  """(received [B, K], stop-gradient, zeros where fused rope attention made
+  no weights; the attention mass [3] on BANKS, NaN without weights)."""
+  if received is None:  # fused rope attention: usage is read by most_used only
+    return jnp.zeros(shape, jnp.float32), jnp.full((len(BANKS),), jnp.nan, jnp.float32)
+  received = jax.lax.stop_gradient(received)
+  c_len, m_len = mem.compressed_memory_length, mem.memory_length
+  mass = jnp.stack([received[:, :c_len].sum(-1).mean(),
+                    received[:, c_len:c_len + m_len].sum(-1).mean(),
+                    received[:, c_len + m_len:].sum(-1).mean()])
+  return received, mass
 
 
 class CompressiveTransformer(nnx.Module):
@@ -209,10 +203,10 @@ class CompressiveTransformer(nnx.Module):
     the memory, instead of every segment, and keep the cache up to date. Only
     valid while the weights do not change (evaluation, generation)."""
     t = self.config.segment_length if segment_length is None else segment_length
-    k, v = self._map_layers(
-        lambda block, layer: block.attention.keys_values(
-            jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype)),
-        memory.replace(cache=None))
+    slots = lambda layer: jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype)
+    _, (k, v) = self._over_layers(
+        lambda block, carry, index, layer: (carry, block.attention.keys_values(slots(layer))),
+        None, (memory.replace(cache=None),))
     seg = jnp.zeros(k.shape[:2] + (t,) + k.shape[3:], k.dtype)
     return memory.replace(cache=KeysValues(k=k, v=v, seg_k=seg, seg_v=seg))
 
@@ -224,7 +218,8 @@ class CompressiveTransformer(nnx.Module):
       return None
     k = memory.compressed_memory_length + memory.memory_length + segment_length
     table = sinusoids(np.arange(k - 1, -segment_length, -1), self.config.d_model)
-    return self._map_layers(lambda block: block.attention.position_keys(table))
+    return self._over_layers(
+        lambda block, carry, index: (carry, block.attention.position_keys(table)), None)[1]
 
   def _layer_states(self):
     """(graphdef of one layer, the layers' states: a list, or one state
@@ -234,16 +229,36 @@ class CompressiveTransformer(nnx.Module):
     splits = [nnx.split(block) for block in self.blocks]
     return splits[0][0], [state for _, state in splits]
 
-  def _map_layers(self, fn, *per_layer):
-    """fn(block, *xs) for every layer, xs the layer's slices of `per_layer`
-    (pytrees with a leading layer axis); outputs stacked on a layer axis."""
+  def _over_layers(self, fn, carry, per_layer=(), shared=(), remat: bool = False):
+    """Runs the layers in order: carry, out = fn(block, carry, index, *xs,
+    *shared) for every layer, xs the layer's slices of the tuple `per_layer`
+    (pytrees with a leading layer axis; None is an empty one), `shared` the
+    same for every layer. Returns the last carry and the outs stacked on a
+    layer axis. Unrolled, or one `lax.scan` over the stacked layer and the
+    layer axes (scan_layers). `remat`: each layer's backward pass keeps what
+    `model.remat` says."""
+    cfg = self.config
     graphdef, states = self._layer_states()
-    run = lambda state, *xs: fn(nnx.merge(graphdef, state), *xs)
-    if self.config.scan_layers:
-      return jax.vmap(run)(states, *per_layer)
-    outs = [run(state, *jax.tree.map(lambda a: a[i], per_layer))
-            for i, state in enumerate(states)]
-    return jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+    def layer(carry, state, index, *xs):
+      return fn(nnx.merge(graphdef, state), carry, index, *xs)
+
+    if remat and cfg.remat != "none":
+      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+                if cfg.remat == "matmuls" else None)
+      layer = jax.checkpoint(layer, policy=policy, prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers and carry is None:  # nothing threads the layers: all at once
+      run = lambda state, index, *xs: layer(None, state, index, *xs, *shared)[1]
+      return None, jax.vmap(run)(states, jnp.arange(cfg.num_layers), *per_layer)
+    if cfg.scan_layers:
+      return jax.lax.scan(lambda carry, xs: layer(carry, *xs, *shared), carry,
+                          (states, jnp.arange(cfg.num_layers)) + tuple(per_layer))
+    outs = []
+    for i, state in enumerate(states):
+      carry, out = layer(carry, state, i, *jax.tree.map(lambda a: a[i], tuple(per_layer)),
+                         *shared)
+      outs.append(out)
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
   def __call__(
       self,
@@ -315,38 +330,17 @@ class CompressiveTransformer(nnx.Module):
 
   def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys,
               training):
-    """Runs the layers in order: (output, memory, aux), the last two with a
-    leading layer axis. Unrolled, or one `lax.scan` over the stacked layer
-    and the memory's layer axis (scan_layers); each layer's backward pass
-    keeps what `model.remat` says."""
-    cfg = self.config
-    graphdef, states = self._layer_states()
+    """Runs the blocks in order: (output, memory, aux), the last two with a
+    leading layer axis."""
 
-    def layer(x, state, mem, index, pk, rng, pos):
+    def layer(block, x, index, mem, pk, rng, pos):
       rng = None if rng is None else jax.random.fold_in(rng, index)
-      return nnx.merge(graphdef, state)(
-          x, mem, rng=rng, collect_attention=collect_attention, position=pos, position_keys=pk,
-          training=training)
+      x, mem, aux = block(x, mem, rng=rng, collect_attention=collect_attention, position=pos,
+                          position_keys=pk, training=training)
+      return x, (mem, aux)
 
-    if cfg.remat != "none":
-      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-                if cfg.remat == "matmuls" else None)
-      layer = jax.checkpoint(layer, policy=policy, prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-      def body(x, xs):
-        state, mem, index, pk = xs
-        x, mem, aux = layer(x, state, mem, index, pk, dropout_rng, position)
-        return x, (mem, aux)
-      x, (new_memory, aux) = jax.lax.scan(
-          body, x, (states, memory, jnp.arange(cfg.num_layers), position_keys))
-      return x, new_memory, aux
-    layers = []
-    for i, state in enumerate(states):
-      x, mem, aux = layer(x, state, memory.layer(i), i,
-                          None if position_keys is None else position_keys[i],
-                          dropout_rng, position)
-      layers.append((mem, aux))
-    new_memory, aux = jax.tree.map(lambda *a: jnp.stack(a), *layers)
+    x, (new_memory, aux) = self._over_layers(
+        layer, x, (memory, position_keys), (dropout_rng, position), remat=True)
     return x, new_memory, aux
 
 

@@ -16,6 +16,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from compressive.model import compression as compression_lib
+
 
 @dataclasses.dataclass
 class Flops:
@@ -48,9 +50,9 @@ def flops_per_token(model_config, batch_size: int) -> Flops:
   pos = 2 * d * d * keys / (t * batch_size)
   # Attention: content logits, position logits, weighted values.
   attend = 3 * 2 * d * (cmem + mem + t / 2)
-  # Compression (conv, kernel = stride = c): t / c new slots per segment, each
-  # a c*d -> d product: 2*d*d per token.
-  compress = 2 * d * d if cmem and m.compression in ("conv",) else 0
+  # Compression: each compression declares its forward FLOPs per evicted
+  # slot (model/compression.py), and a layer evicts t slots per segment.
+  compress = compression_lib.resolve(m.compression).flops_per_slot(c, d) if cmem else 0
   # Reconstruction (training only): the segment's queries attend (content
   # logits + values) over the t evicted memories, whose keys and values the
   # layer's attention already computed (the target: forward only, no

@@ -39,7 +39,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 import numpy as np
 
-from compressive.model.config import ConfigError, ModelConfig
+from compressive.errors import ConfigError, MeshError
+from compressive.model.config import ModelConfig
 
 # The logical axes the model's parameters use, and where the default config
 # puts them. 'layers' is the leading axis of stacked (scanned) layers.
@@ -80,13 +81,13 @@ def _check_mesh_fields(mc: ml_collections.ConfigDict) -> None:
   if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
     raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
   if len(shape) != len(axes):
-    raise ConfigError(
+    raise MeshError(
         f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
   for n in shape:
     if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
-      raise ConfigError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
+      raise MeshError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
   if shape.count(-1) > 1:
-    raise ConfigError(f"mesh.shape={shape!r} has more than one -1")
+    raise MeshError(f"mesh.shape={shape!r} has more than one -1")
   for a in mc.data_axes:
     if a not in axes:
       raise ConfigError(f"mesh.data_axes={tuple(mc.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
@@ -107,12 +108,12 @@ def mesh_shape(config: ml_collections.ConfigDict, num_devices: Optional[int] = N
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
     if n % known:
-      raise ConfigError(
+      raise MeshError(
           f"mesh.shape={shape}: the other axes take {known} devices, which does not "
           f"divide the {n} devices available")
     shape = tuple(n // known if s == -1 else s for s in shape)
   if math.prod(shape) != n:
-    raise ConfigError(
+    raise MeshError(
         f"mesh.shape={tuple(mc.shape)} needs {math.prod(shape)} devices but {n} are "
         f"available; make the product {n} or use -1 on one axis")
   return shape
@@ -367,7 +368,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
   where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"
   dp = data_parallel_size(config, shape)
   if config.batch_size % dp:
-    raise ConfigError(
+    raise MeshError(
         f"batch_size={config.batch_size} is not divisible by {dp}, the devices along "
         f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
   if abstract_params is None:
@@ -383,7 +384,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
       n = math.prod(sizes[a] for a in axes)
       if size % n:
         named = [f"{k}={v}" for k, v in fields.items() if v == size]
-        raise ConfigError(
+        raise MeshError(
             f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
             f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
             f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size")

@@ -27,9 +27,10 @@ import orbax.checkpoint as ocp
 
 from compressive.training import integrity, interrupts, orbax_errors
 from compressive.errors import CheckpointError, ConfigError
-# Re-exported: callers name them as the checkpoint's.
+# Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
-    DamagedCheckpointError, RunMismatchError, fingerprint, json_digest, path_name, run_identity)
+    RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, fingerprint, json_digest,
+    path_name, run_identity)
 from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
 
 CHECKPOINT_DIR = "checkpoints"
@@ -404,16 +405,12 @@ def _tuples(value):
   return value
 
 
-# Config fields that fix the shapes of what a checkpoint holds (parameters,
-# optimizer state, memory, data position): resuming with other values cannot
-# work, and is reported by name.
-SHAPE_FIELDS = (
-    "model.vocab_size", "model.num_layers", "model.num_heads", "model.d_model", "model.d_ff",
-    "model.memory_length", "model.compressed_memory_length", "model.compression",
-    "model.compression_rate", "model.reconstruction_loss", "model.positions",
-    "model.segment_length",
-    "batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed",
-)
+# Config fields outside the model that fix the shapes of what a checkpoint
+# holds besides the parameters (optimizer state, memory rows, data position):
+# resuming with other values cannot work, and is reported by name. The model
+# fields are derived (`_model_diffs`): every one but the run-time knobs, and
+# those knobs that change the parameter tree.
+RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
 
 
 def _get(config, dotted: str):
@@ -421,6 +418,46 @@ def _get(config, dotted: str):
   for part in dotted.split("."):
     value = value.get(part) if hasattr(value, "get") else None
   return value
+
+
+def _model_fields(model_config) -> dict[str, Any]:
+  """Every model field, those a config left out at their defaults (a
+  config.json written before a field existed ran with its default)."""
+  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  try:
+    return dataclasses.asdict(ModelConfig.from_config(model_config))
+  except ConfigError:  # an older or edited config: compare what it says
+    return dict(model_config.to_dict()) if hasattr(model_config, "to_dict") else {}
+
+
+def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+  """{parameter path: shape} of the model `fields` build (abstract: nothing
+  is allocated)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
+  return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
+          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _model_diffs(saved, current) -> list[str]:
+  """The model fields that differ and fix what a checkpoint holds: every one
+  but the run-time knobs (RUNTIME_MODEL_FIELDS), and a knob whose change
+  alone gives the saved model another parameter tree (e.g. scan_layers
+  stacks the layers)."""
+  a, b = _model_fields(saved), _model_fields(current)
+  differ = [k for k in a if k in b and a[k] != b[k]]
+  names = [k for k in differ if k not in RUNTIME_MODEL_FIELDS]
+  knobs = [k for k in differ if k in RUNTIME_MODEL_FIELDS]
+  if knobs and not names:
+    try:
+      tree = _parameter_shapes(a)
+      if _parameter_shapes(b) != tree:
+        names = [k for k in knobs if _parameter_shapes({**a, k: b[k]}) != tree] or knobs
+    except (ConfigError, TypeError):  # a config of another version: the knobs may matter
+      names = knobs
+  return [f"model.{k} {a[k]!r} -> {b[k]!r}" for k in differ if k in names]
 
 
 def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -442,8 +479,9 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  diffs = [f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
-           for name in SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
+  diffs = _model_diffs(saved.get("model", ml_collections.ConfigDict()), config.model) + [
+      f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
+      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)

@@ -19,19 +19,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.evaluation import evaluate as eval_lib
-from compressive.scale import sharding
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import interrupts
 from compressive.training import lock as workdir_lock
@@ -39,7 +37,7 @@ from compressive.training import restore as restore_lib
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
-from compressive.model.config import ConfigError, ModelConfig
+from compressive.errors import ConfigError
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 # Re-exported: the error train_and_evaluate raises, and the setup aot.py
@@ -48,162 +46,6 @@ from compressive.errors import NonFiniteError  # pylint: disable=unused-import
 from compressive.training.setup import build_setup  # pylint: disable=unused-import
 
 _log = logging.getLogger("compressive")
-
-
-_INT32_MAX = 2**31 - 1
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def validate_training_config(config: ml_collections.ConfigDict) -> None:
-  """The training and optimizer fields, each against its meaningful range."""
-  for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
-               "keep_checkpoints"):
-    value = config.get(name)
-    if not _is_int(value) or not 1 <= value <= _INT32_MAX:
-      raise ConfigError(f"{name}={value!r} must be a positive integer below 2**31")
-  for name in ("eval_every_steps", "checkpoint_every_steps"):
-    value = config.get(name)
-    if not _is_int(value) or not 0 <= value <= _INT32_MAX:
-      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never), below 2**31")
-  updates = config.num_train_steps * config.segments_per_step
-  if updates > _INT32_MAX:
-    raise ConfigError(
-        f"num_train_steps x segments_per_step = {config.num_train_steps} x "
-        f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
-        "32-bit integer: make it below 2**31")
-  if not _is_int(config.get("seed")):
-    raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
-  opt = config.optimizer
-  if opt.name not in ("adam", "adamw"):
-    raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
-  ranges = {  # field: (test, what it must be)
-      "learning_rate": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "final_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1] (a fraction of the peak)"),
-      "b1": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "b2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "eps": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-      "grad_clip_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
-  }
-  for name, (ok, must) in ranges.items():
-    value = opt.get(name)
-    if not _is_number(value) or not ok(value):
-      raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
-  if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
-    raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
-  accum = grad_accum_steps(config)
-  if not _is_int(accum) or accum < 1:
-    raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
-  if config.batch_size % accum:
-    raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
-                      f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
-                      "grad_accum_steps rows")
-
-
-def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
-  """config.grad_accum_steps (None when a config lacks it: validation then
-  names the field)."""
-  return config.get("grad_accum_steps")
-
-
-def validate_config(config: ml_collections.ConfigDict, *, training: bool = True,
-                    num_devices: Optional[int] = None, here: Optional[bool] = None
-                    ) -> ModelConfig:
-  """Checks the experiment config before anything is built; ConfigError.
-
-  `training=False` (evaluating, analysing or sampling a trained config on
-  this machine's mesh) skips what only training's step needs: the
-  micro-batches of grad_accum_steps splitting along the mesh and the memory
-  estimate. `num_devices`: the mesh's devices, default every device of this
-  run (aot.py passes a target's). `here`: whether the config is to run on
-  this machine, so that its data config (paths, the tokenizer's model) and
-  its size are checked against it; default: when `num_devices` is not given.
-  """
-  here = num_devices is None if here is None else here
-  cfg = ModelConfig.from_config(config.model)
-  validate_training_config(config)
-  if here:
-    data_lib.validate_data_config(config.data)
-  if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
-    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
-  eval_lib.validate_eval_config(config, cfg)
-  # The mesh against the devices of every process, and the batch, heads,
-  # hidden units and widths against the axes that split them: before any
-  # compilation.
-  if num_devices is None and cfg.attention_implementation == "cudnn" and (
-      jax.default_backend() != "gpu"):
-    raise ConfigError(
-        "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
-        f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
-  shape = sharding.validate(config, num_devices)
-  accum = grad_accum_steps(config)
-  dp = sharding.data_parallel_size(config, shape)
-  value = config.get("prefetch_steps")
-  if training and (not _is_int(value) or not 0 <= value <= 64):
-    raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
-                      "batches made ahead in a background thread; 0: none)")
-  if training and here:
-    _check_fits(config, cfg, accum)
-  if training and accum > 1 and (config.batch_size // accum) % dp:
-    raise ConfigError(
-        f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
-        f"{config.batch_size // accum} rows per micro-batch is not divisible by {dp}, the "
-        f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
-        "lower grad_accum_steps or raise batch_size")
-  return cfg
-
-
-def _capacity_per_device() -> tuple[int, str]:
-  """(bytes, what) one device of this run can hold: an accelerator's memory
-  limit, or this host's RAM shared by its local devices (CPU)."""
-  device = jax.local_devices()[0]
-  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"]), f"{device.device_kind}'s memory"
-  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  return ram // jax.local_device_count(), "this host's RAM per local device"
-
-
-def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
-                               accum: int) -> int:
-  """Bytes training needs at the least, per device, from shapes alone: the
-  parameters with their gradients and Adam's two moments (float32), the
-  memory, one step's batch, the residual stream every layer keeps for the
-  backward pass, and one layer's attention scores, each split over every
-  device (a lower bound: what the compiled step holds is more)."""
-  d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
-  params = cfg.vocab_size * d + layers * (4 * d * d + 2 * d * cfg.d_ff)
-  b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
-  rows = b // max(accum, 1)
-  keys = cfg.compressed_memory_length + cfg.memory_length + t
-  queries = cfg.attention_chunk_size or t
-  total = (16 * params
-           + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
-           + 3 * s * b * t * 4
-           + layers * rows * t * d * itemsize
-           + rows * cfg.num_heads * queries * keys * 4)
-  return total // jax.device_count()
-
-
-def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int) -> None:
-  """ConfigError, before anything is allocated, when training cannot fit
-  this machine's devices by `training_bytes_lower_bound`."""
-  need = training_bytes_lower_bound(config, cfg, accum)
-  have, what = _capacity_per_device()
-  if need > have:
-    raise ConfigError(
-        f"training this config needs at least {need / 2**30:,.1f} GiB per device "
-        f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
-        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
-        f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
-        "or use more devices")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +59,7 @@ class _Options:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict,
+    config: ml_collections.ConfigDict | config_lib.Experiment,
     workdir: str,
     *,
     stop_at_step: Optional[int] = None,
@@ -233,7 +75,8 @@ def train_and_evaluate(
   metrics and logs, and all processes write the checkpoints together.
 
   Args:
-    config: the experiment config (configs/*.py).
+    config: the experiment config (configs/*.py), checked (an Experiment:
+      config.check's) or to be checked here.
     workdir: checkpoints, metrics and TensorBoard logs go here (shared by
       all processes).
     stop_at_step: return after this step (checkpointed) instead of running to
@@ -259,9 +102,9 @@ def train_and_evaluate(
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
-  validate_config(config)
+  config = config_lib.experiment_of(config).config
   options = _Options(stop_at_step, should_stop, restore_intact,
-                     runlog.validate_profile_steps(profile_steps), accept_changed_corpus)
+                     config_lib.profile_steps(profile_steps), accept_changed_corpus)
   is_main = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   lock = workdir_lock.lock_workdir(workdir, is_main)
@@ -356,7 +199,7 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   state, memory = restore_lib.start_state(config, run.setup, start, restored, run.train_iter,
                                          run.writer, is_main, run.workdir)
   step_fn = _step_fn(config, run.setup, run.train_iter)
-  accum = grad_accum_steps(config)
+  accum = config_lib.grad_accum_steps(config)
   run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
   run.metric_log = runlog.MetricLog(config, run.writer, run.end, accum)
   stop = interrupts.StopAgreement(config, should_stop)
@@ -402,7 +245,7 @@ def _step_fn(config, setup: setup_lib.Setup, train_iter: data_lib.SegmentIterato
   _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
             dict(layout.mesh.shape), layout.mesh.size, jax.process_count(),
             train_iter.row_start, train_iter.row_start + train_iter.num_rows)
-  accum = grad_accum_steps(config)
+  accum = config_lib.grad_accum_steps(config)
   if accum > 1:
     _log.info("accumulating gradients over %d micro-batches of %d rows", accum,
               config.batch_size // accum)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from compressive.errors import ConfigError
+from compressive.evaluation import evaluate as eval_lib
 from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
@@ -29,12 +29,6 @@ from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter, read_jsonl, rewrite_jsonl
 
 _log = logging.getLogger("compressive")
-
-
-def hms(seconds: float) -> str:
-  """Seconds as H:MM:SS (negative as 0)."""
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 LOG_FILE = "train.log"
@@ -87,24 +81,6 @@ def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
   visit("", config.to_dict() if hasattr(config, "to_dict") else config)
   return flat
-
-
-def validate_profile_steps(profile_steps) -> Optional[tuple[int, int]]:
-  """(START, END) with 1 <= START <= END, or None; ConfigError otherwise."""
-  if profile_steps is None:
-    return None
-  try:
-    start, end = profile_steps
-  except (TypeError, ValueError):
-    start = end = None
-  if not (_is_int(start) and _is_int(end) and 1 <= start <= end):
-    raise ConfigError(f"profile_steps={profile_steps!r} must be (START, END) with "
-                      "1 <= START <= END")
-  return start, end
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Profiler:
@@ -182,7 +158,7 @@ class Clock:
     total = time.time() - self.start
     _log.info(
         "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
-        "(%d saves), training and the rest %.1f s", first, last, hms(total),
+        "(%d saves), training and the rest %.1f s", first, last, eval_lib.hms(total),
         self.spent["eval"], self.times["eval"], self.spent["save"], self.times["save"],
         total - self.spent["eval"] - self.spent["save"])
 
@@ -292,7 +268,7 @@ class MetricLog:
         "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
         step, self.config.num_train_steps, scalars["loss"], self.bits_name,
         scalars[self.bits_name], scalars["reconstruction_loss"], attn,
-        scalars["tokens_per_second"], mfu, hms(eta))
+        scalars["tokens_per_second"], mfu, eval_lib.hms(eta))
     clock.restart()
 
 

@@ -121,7 +121,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   arrays are written as they are (same dtypes), from whatever mesh this
   machine's devices give.
   """
-  from compressive.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference  # pylint: disable=g-import-not-at-top
   check_output(output, workdir)
   if is_export(workdir):
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "

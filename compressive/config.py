@@ -1,0 +1,309 @@
+"""The experiment config, checked once, at the entry point.
+
+Configs are ml_collections ConfigDicts (configs/*.py). `check` reads one
+field group after another (model, training, evaluation, data, mesh, and the
+size of the run against this machine) and raises ConfigError naming the
+first bad field, before anything is built, compiled or read. It returns an
+`Experiment`: the checked config with its typed, frozen parts (the
+`ModelConfig`, the mesh shape, the evaluation sizes), which the training and
+evaluation layers take as they are, without parsing the config again.
+
+This module sits above the model, data and scale layers (it asks each of
+them about its own fields: the model's registries, the data sources, the
+mesh rules) and below training and evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import Mapping, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from compressive import data as data_lib
+from compressive.errors import ConfigError, MeshError
+from compressive.model import compression
+from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
+from compressive.scale import sharding
+
+_log = logging.getLogger("compressive")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Experiment:
+  """A checked experiment config: `check`'s result.
+
+  Attributes:
+    config: the ConfigDict as checked (the source of the run's other fields,
+      and what a workdir's config.json records).
+    model: the model's typed config; the model, its memory, the shardings
+      and the FLOP counts are built from it.
+    mesh_shape: devices along each of mesh.axes, -1 resolved.
+    grad_accum_steps: micro-batches per step.
+    eval_sizes: evaluation's batch, segment and memory sizes (`eval_sizes`).
+  """
+  config: ml_collections.ConfigDict
+  model: ModelConfig
+  mesh_shape: tuple[int, ...]
+  grad_accum_steps: int
+  eval_sizes: Mapping[str, int]
+
+
+def experiment_of(config: Union[ml_collections.ConfigDict, Experiment], **check_args) -> Experiment:
+  """`config` as an Experiment: checked now when it is a ConfigDict (a
+  library caller's), as it is when an entry point already checked it."""
+  return config if isinstance(config, Experiment) else check(config, **check_args)
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def validate_training_config(config: ml_collections.ConfigDict) -> None:
+  """The training and optimizer fields, each against its meaningful range."""
+  for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
+               "keep_checkpoints"):
+    value = config.get(name)
+    if not _is_int(value) or not 1 <= value <= _INT32_MAX:
+      raise ConfigError(f"{name}={value!r} must be a positive integer below 2**31")
+  for name in ("eval_every_steps", "checkpoint_every_steps"):
+    value = config.get(name)
+    if not _is_int(value) or not 0 <= value <= _INT32_MAX:
+      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never), below 2**31")
+  updates = config.num_train_steps * config.segments_per_step
+  if updates > _INT32_MAX:
+    raise ConfigError(
+        f"num_train_steps x segments_per_step = {config.num_train_steps} x "
+        f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
+        "32-bit integer: make it below 2**31")
+  if not _is_int(config.get("seed")):
+    raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
+  opt = config.optimizer
+  if opt.name not in ("adam", "adamw"):
+    raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
+  ranges = {  # field: (test, what it must be)
+      "learning_rate": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+      "final_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1] (a fraction of the peak)"),
+      "b1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+      "b2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+      "eps": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+      "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+      "grad_clip_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
+  }
+  for name, (ok, must) in ranges.items():
+    value = opt.get(name)
+    if not _is_number(value) or not ok(value):
+      raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
+  if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
+    raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
+  accum = grad_accum_steps(config)
+  if not _is_int(accum) or accum < 1:
+    raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
+  if config.batch_size % accum:
+    raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
+                      f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
+                      "grad_accum_steps rows")
+
+
+def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
+  """config.grad_accum_steps (None when a config lacks it: validation then
+  names the field)."""
+  return config.get("grad_accum_steps")
+
+
+def check(config: ml_collections.ConfigDict, *, training: bool = True,
+          num_devices: Optional[int] = None, here: Optional[bool] = None) -> Experiment:
+  """Checks the experiment config before anything is built; ConfigError.
+
+  `training=False` (evaluating, analysing or sampling a trained config on
+  this machine's mesh) skips what only training's step needs: the
+  micro-batches of grad_accum_steps splitting along the mesh and the memory
+  estimate. `num_devices`: the mesh's devices, default every device of this
+  run (aot.py passes a target's). `here`: whether the config is to run on
+  this machine, so that its data config (paths, the tokenizer's model) and
+  its size are checked against it; default: when `num_devices` is not given.
+  """
+  here = num_devices is None if here is None else here
+  cfg = ModelConfig.from_config(config.model)
+  _check_plugins(cfg)
+  validate_training_config(config)
+  if here:
+    data_lib.validate_data_config(config.data)
+  if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
+    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
+  validate_eval_config(config, cfg)
+  # The mesh against the devices of every process, and the batch, heads,
+  # hidden units and widths against the axes that split them: before any
+  # compilation.
+  if num_devices is None and cfg.attention_implementation == "cudnn" and (
+      jax.default_backend() != "gpu"):
+    raise ConfigError(
+        "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
+        f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
+  shape = sharding.validate(config, num_devices)
+  accum = grad_accum_steps(config)
+  dp = sharding.data_parallel_size(config, shape)
+  value = config.get("prefetch_steps")
+  if training and (not _is_int(value) or not 0 <= value <= 64):
+    raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
+                      "batches made ahead in a background thread; 0: none)")
+  if training and here:
+    _check_fits(config, cfg, accum)
+  if training and accum > 1 and (config.batch_size // accum) % dp:
+    raise ConfigError(
+        f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
+        f"{config.batch_size // accum} rows per micro-batch is not divisible by {dp}, the "
+        f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
+        "lower grad_accum_steps or raise batch_size")
+  return Experiment(config=config, model=cfg, mesh_shape=tuple(shape), grad_accum_steps=accum,
+                    eval_sizes=eval_sizes(config))
+
+
+def _check_plugins(cfg: ModelConfig) -> None:
+  """The model's plugin names against their registries (which own them)."""
+  compression.resolve(cfg.compression)
+
+
+def _capacity_per_device() -> tuple[int, str]:
+  """(bytes, what) one device of this run can hold: an accelerator's memory
+  limit, or this host's RAM shared by its local devices (CPU)."""
+  device = jax.local_devices()[0]
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{device.device_kind}'s memory"
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return ram // jax.local_device_count(), "this host's RAM per local device"
+
+
+def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
+                               accum: int) -> int:
+  """Bytes training needs at the least, per device, from shapes alone: the
+  parameters with their gradients and Adam's two moments (float32), the
+  memory, one step's batch, the residual stream every layer keeps for the
+  backward pass, and one layer's attention scores, each split over every
+  device (a lower bound: what the compiled step holds is more)."""
+  d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
+  params = cfg.vocab_size * d + layers * (4 * d * d + 2 * d * cfg.d_ff)
+  b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
+  rows = b // max(accum, 1)
+  keys = cfg.compressed_memory_length + cfg.memory_length + t
+  queries = cfg.attention_chunk_size or t
+  total = (16 * params
+           + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
+           + 3 * s * b * t * 4
+           + layers * rows * t * d * itemsize
+           + rows * cfg.num_heads * queries * keys * 4)
+  return total // jax.device_count()
+
+
+def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int) -> None:
+  """ConfigError, before anything is allocated, when training cannot fit
+  this machine's devices by `training_bytes_lower_bound`."""
+  need = training_bytes_lower_bound(config, cfg, accum)
+  have, what = _capacity_per_device()
+  if need > have:
+    raise ConfigError(
+        f"training this config needs at least {need / 2**30:,.1f} GiB per device "
+        f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
+        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
+        f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
+        "or use more devices")
+
+
+def profile_steps(value) -> Optional[tuple[int, int]]:
+  """A profiler trace's steps: "START,END" (train.py's --profile_steps) or
+  (START, END), as (START, END) with 1 <= START <= END; None for none
+  ("" or None); ConfigError otherwise."""
+  if value is None or (isinstance(value, str) and not value.strip()):
+    return None
+  parts = value.split(",") if isinstance(value, str) else value
+  try:
+    start, end = (int(p) if isinstance(p, str) else p for p in parts)
+  except (TypeError, ValueError):
+    start = end = None
+  if not (_is_int(start) and _is_int(end) and 1 <= start <= end):
+    if isinstance(value, str):
+      raise ConfigError(f"--profile_steps={value} must be START,END: two step numbers with "
+                        "1 <= START <= END")
+    raise ConfigError(f"profile_steps={value!r} must be (START, END) with 1 <= START <= END")
+  return start, end
+
+
+SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memory_length")
+
+
+def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """Evaluation segment and memory sizes. -1 (or unset) takes training's; so does 0 for
+  the batch and segment sizes (0 memory slots is a size: no memory)."""
+  ev, m = config.eval, config.model
+  pick = lambda v, default: default if v is None or v < 0 else v
+  return dict(
+      batch_size=pick(ev.batch_size, config.batch_size) or config.batch_size,
+      segment_length=pick(ev.segment_length, m.segment_length) or m.segment_length,
+      memory_length=pick(ev.memory_length, m.memory_length),
+      compressed_memory_length=pick(ev.compressed_memory_length, m.compressed_memory_length),
+  )
+
+
+def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
+  for name in SIZE_FIELDS:
+    value = config.eval.get(name)
+    if value is not None and value < -1:
+      raise ConfigError(
+          f"eval.{name}={value}: use -1 for the training run's size, or a size >= 0")
+  sizes = eval_sizes(config)
+  check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
+                     sizes["batch_size"], prefix="eval")
+  check_segment_length(cfg, sizes["segment_length"], sizes["compressed_memory_length"],
+                       "eval.segment_length")
+  if config.eval.split not in ("train", "validation", "test"):
+    raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
+
+
+def check_saved(config: ml_collections.ConfigDict, *,
+                sizes: Optional[Mapping[str, Optional[int]]] = None,
+                mesh_shape: Optional[Sequence[str]] = None) -> tuple[Experiment, Optional[str]]:
+  """A saved training config made ready for the tools that read a workdir
+  (eval.py, analyze.py, sample.py), in place, and checked (ConfigError).
+
+  Args:
+    sizes: evaluation sizes to set (SIZE_FIELDS; None leaves one as saved).
+    mesh_shape: --mesh_shape's values (devices along each of mesh.axes, -1:
+      the rest); None keeps the saved mesh if it fits this machine's devices,
+      else data parallel over all of them.
+
+  Returns:
+    (the checked Experiment, a note for the user when the saved mesh was
+    replaced, else None).
+  """
+  for name, value in (sizes or {}).items():
+    if name not in SIZE_FIELDS:
+      raise ValueError(f"{name} is not one of {SIZE_FIELDS}")
+    if value is not None:
+      config.eval[name] = value
+  note = None
+  if mesh_shape is not None:
+    try:
+      config.mesh.shape = tuple(int(n) for n in mesh_shape)
+    except ValueError:
+      raise ConfigError(f"--mesh_shape={','.join(map(str, mesh_shape))} must be integers") from None
+  elif sharding.fit_mesh_to_devices(config):
+    note = (f"note: the training mesh does not fit the {jax.device_count()} devices here; "
+            f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)")
+  try:
+    experiment = check(config, training=False)
+  except MeshError as e:
+    raise MeshError(f"{e} (set --mesh_shape for this machine)") from None
+  return experiment, note

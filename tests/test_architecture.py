@@ -1,0 +1,192 @@
+"""The tree shows the architecture (docs/DESIGN.md, "Layers"): each folder of
+the package is one layer and imports only the layers below it, there are no
+import cycles (imports inside functions and type-checking imports count),
+and no function or module outgrows what a reader can hold.
+
+Read from the source with `ast`, so nothing here depends on import order.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "compressive"
+ENTRY_POINTS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "aot.py",
+                "train_tokenizer.py")
+
+# Bottom to top. A module may import its own layer and the ones before it.
+LAYERS = (
+    ("base", ("compressive.errors", "compressive.cli", "compressive.cli_config")),
+    ("model", ("compressive.model",)),
+    ("data", ("compressive.data",)),
+    ("scale", ("compressive.scale",)),
+    ("config", ("compressive.config",)),
+    ("evaluation", ("compressive.evaluation",)),  # training evaluates as it goes
+    ("training", ("compressive.training",)),
+    ("planning", ("compressive.aot",)),
+    ("api", ("compressive",)),  # the package's __init__: the public names
+)
+MAX_FUNCTION_LINES = 45
+MAX_MODULE_LINES = 450
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imported(name: str, node: ast.AST) -> list[str]:
+  """The package modules an import statement in module `name` names."""
+  if isinstance(node, ast.Import):
+    targets = [a.name for a in node.names]
+  else:
+    base = node.module or ""
+    if node.level:  # relative: from the importing module's package
+      package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+      for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+      base = f"{package}.{base}" if base else package
+    targets = [f"{base}.{a.name}" for a in node.names]
+    targets = [t if t in MODULES else base for t in targets]
+  found = []
+  for t in targets:
+    while t and t not in MODULES:  # `import a.b.c` of a name inside a module
+      t = t.rpartition(".")[0]
+    if t and t != name:
+      found.append(t)
+  return found
+
+
+def import_graph() -> dict[str, set[str]]:
+  graph = {}
+  for name, path in MODULES.items():
+    tree = ast.parse(path.read_text())
+    graph[name] = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                   for t in _imported(name, node)}
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def layer_of(module: str) -> int:
+  best, level = -1, None
+  for i, (_, prefixes) in enumerate(LAYERS):
+    for prefix in prefixes:
+      if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+        best, level = len(prefix), i
+  assert level is not None, f"{module} is in no layer of LAYERS"
+  return level
+
+
+def code_lines(node: ast.AST, source_lines: list[str]) -> int:
+  """Lines of code in a function: not blank, not comment-only, not its docstring."""
+  body = node.body
+  doc = set()
+  if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)):
+    doc = set(range(body[0].lineno, body[0].end_lineno + 1))
+  first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+  return sum(1 for n in range(first, node.end_lineno + 1)
+             if n not in doc and source_lines[n - 1].strip()
+             and not source_lines[n - 1].strip().startswith("#"))
+
+
+def _python_files():
+  return sorted(MODULES.values()) + [ROOT / f for f in ENTRY_POINTS]
+
+
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
+  # The reader itself, on a statement of each kind it must resolve.
+  source = ("def f():\n  from compressive.model import memory\n"
+            "  import compressive.scale.sharding\n")
+  tree = ast.parse(source)
+  imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+  assert _imported("compressive.config", imports[0]) == ["compressive.model.memory"]
+  assert _imported("compressive.config", imports[1]) == ["compressive.scale.sharding"]
+  relative = ast.parse("from . import memory\nfrom ..scale import flops\n").body
+  assert _imported("compressive.model.transformer", relative[0]) == ["compressive.model.memory"]
+  assert _imported("compressive.model.transformer", relative[1]) == ["compressive.scale.flops"]
+  assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_there_are_no_import_cycles():
+  assert _cycles(import_graph()) == []
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+  upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+            for m, targets in import_graph().items() for t in sorted(targets)
+            if layer_of(t) > layer_of(m)]
+  assert upward == []
+
+
+@pytest.mark.parametrize("module,forbidden", [
+    ("compressive.scale.sharding", "compressive.model"),  # shardings come from the caller's state
+    ("compressive.model.compression", "compressive.model.attention"),
+    ("compressive.model.config", "compressive.model.compression"),  # registries own their names
+])
+def test_module_does_not_import(module, forbidden):
+  graph = import_graph()
+  assert not [t for t in graph[module] if t == forbidden or t.startswith(forbidden + ".")]
+
+
+def test_no_module_is_longer_than_the_limit():
+  long = {str(p.relative_to(ROOT)): n for p in _python_files()
+          if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert long == {}
+
+
+def test_no_function_is_longer_than_the_limit():
+  long = {}
+  for path in _python_files():
+    source = path.read_text()
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = code_lines(node, lines)
+        if n > MAX_FUNCTION_LINES:
+          long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
+  assert long == {}
+
+
+def test_every_package_module_is_in_a_layer():
+  for module in MODULES:
+    layer_of(module)

@@ -1,0 +1,267 @@
+"""Closed plugin contracts: a compression or data source defined outside the
+package is named `module:Name` and imported on demand; each compression
+declares its own FLOPs; the resume check derives the model fields that fix
+a checkpoint from the parameter tree; a source states its official word
+totals."""
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from compressive import config as config_lib
+import compressive
+from compressive import data
+from compressive.data import registry
+from compressive.errors import ConfigError
+from compressive.model import compression as compression_lib
+from compressive.model.config import ModelConfig
+from compressive.scale import flops as flops_lib
+from compressive.training import checkpoint
+from test_train import tiny_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PLUGIN = '''
+from flax import nnx
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from compressive.data import documents, registry
+from compressive.model.compression import Compression
+from compressive.model.layers import param
+
+
+class LastSlot(Compression):
+  """Keeps each group's newest slot times a learned gain (not registered)."""
+
+  name = "plugin_last_slot"
+
+  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+    super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
+    self.gain = param(nnx.initializers.ones, None, (d_model,), ("norm",), param_dtype)
+
+  def __call__(self, slots, mask, usage):
+    return self.groups(slots)[:, :, -1] * self.gain[...].astype(slots.dtype), self.groups(mask).any(-1)
+
+
+def _default_config():
+  c = ml_collections.ConfigDict()
+  c.length = 60
+  return c
+
+
+def _get_documents(data_config, split, tokenizer):
+  registry.check_split(split)
+  n = data_config.plugin_words.length
+  texts = [" ".join(["word"] * (n // 5 + i)) for i in range(3)]
+  return documents.TextDocuments([f"{split}{i}" for i in range(3)], texts.__getitem__,
+                                 tokenizer, description=f"plugin_words/{split}")
+
+
+WORDS = registry.Source(name="plugin_words", default_config=_default_config,
+                        get_documents=_get_documents,
+                        official_words={"validation": 1000}.get)
+
+NOT_A_COMPRESSION = int
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+  """A module `plugin_mod` that the test writes, on sys.path (and PYTHONPATH,
+  for the entry points), imported afresh by each test."""
+  (tmp_path / 'plugin_mod.py').write_text(PLUGIN)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(tmp_path), ROOT]))
+  sys.modules.pop('plugin_mod', None)
+  yield 'plugin_mod'
+  sys.modules.pop('plugin_mod', None)
+
+
+# -- FLOPs: each compression declares its own. ----------------------------------
+
+
+def tiny_model(compression):
+  return ModelConfig(vocab_size=256, num_layers=2, num_heads=2, d_model=16, d_ff=32,
+                     segment_length=8, memory_length=8, compressed_memory_length=4,
+                     compression_rate=4, compression=compression)
+
+
+def test_conv_flops_are_those_of_before():
+  # flops.py's numbers for this config before compressions declared their own.
+  got = flops_lib.flops_per_token(tiny_model('conv'), 3)
+  assert (got.forward, got.train, got.evaluate) == (
+      24405.333333333336, 71680.0, 20992.000000000004)
+  pooled = flops_lib.flops_per_token(tiny_model('max_pool'), 3)
+  assert (pooled.forward, pooled.train, pooled.evaluate) == (
+      23381.333333333336, 69632.0, 19968.000000000004)
+
+
+def test_dilated_conv_flops_are_counted_by_hand():
+  d, c, layers = 16, 4, 2
+  # ceil(log2 4) = 2 kernel-2 layers, each two d x d taps at every evicted
+  # slot, 2 flops per multiply-add; a layer evicts as many slots as tokens.
+  per_slot = 2 * 2 * (2 * d * d)
+  assert compression_lib.COMPRESSIONS['dilated_conv'].flops_per_slot(c, d) == per_slot > 0
+  dilated = flops_lib.flops_per_token(tiny_model('dilated_conv'), 3)
+  pooled = flops_lib.flops_per_token(tiny_model('max_pool'), 3)
+  assert dilated.forward - pooled.forward == layers * per_slot
+  assert dilated.train - pooled.train == 2 * layers * per_slot  # weight gradient only
+  assert dilated.evaluate - pooled.evaluate == layers * per_slot
+
+
+def test_parameter_free_compressions_do_no_matmul():
+  for name in ('max_pool', 'mean_pool', 'most_used'):
+    assert compression_lib.COMPRESSIONS[name].flops_per_slot(4, 16) == 0, name
+
+
+def test_flops_names_no_compression():
+  text = inspect.getsource(flops_lib)
+  for name in compression_lib.COMPRESSIONS:
+    assert not re.search(rf'["\']{name}["\']', text), name
+
+
+# -- module:Name compressions. ----------------------------------------------------
+
+
+def test_a_compression_is_imported_by_module_and_name(plugin):
+  name = f'{plugin}:LastSlot'
+  cls = compression_lib.resolve(name)
+  assert cls.__name__ == 'LastSlot' and cls.flops_per_slot(4, 16) == 0
+  assert 'plugin_last_slot' not in compression_lib.COMPRESSIONS  # nothing registered
+  assert config_lib.check(tiny_experiment(**{'model.compression': name}), here=False)
+  assert compression_lib.resolve('conv') is compression_lib.COMPRESSIONS['conv']
+
+
+@pytest.mark.parametrize('name,message', [
+    ('no_such_plugin_mod:X', r"cannot import module 'no_such_plugin_mod' \(ModuleNotFoundError"),
+    ('plugin_mod:Missing', r"module 'plugin_mod' has no 'Missing'"),
+    ('plugin_mod:', r"module 'plugin_mod' has no ''"),
+    ('plugin_mod:NOT_A_COMPRESSION', r"'NOT_A_COMPRESSION' of 'plugin_mod' is not a subclass"),
+    ('plugin_mod:WORDS', r"'WORDS' of 'plugin_mod' is not a subclass"),
+])
+def test_a_compression_that_cannot_be_had_is_one_line(plugin, name, message):
+  with pytest.raises(ConfigError, match=rf"^model\.compression={re.escape(repr(name))}: {message}") as e:
+    config_lib.check(tiny_experiment(**{'model.compression': name}), here=False)
+  assert '\n' not in str(e.value)
+
+
+def test_an_outside_compression_trains_and_restores_by_its_string(plugin, tmp_path):
+  name = f'{plugin}:LastSlot'
+  workdir = str(tmp_path / 'wd')
+  r = subprocess.run(
+      [sys.executable, 'train.py', f'--workdir={workdir}',
+       f'--config={os.path.join(ROOT, "configs", "default.py")}',
+       '--config.data.source=synthetic', '--config.model.num_layers=1',
+       '--config.model.d_model=16', '--config.model.d_ff=32', '--config.model.num_heads=2',
+       '--config.model.segment_length=8', '--config.model.memory_length=8',
+       '--config.model.compressed_memory_length=4', '--config.batch_size=2',
+       '--config.segments_per_step=2', '--config.num_train_steps=2',
+       '--config.checkpoint_every_steps=2', '--config.eval_every_steps=0',
+       '--config.eval.max_segments=2', f'--config.model.compression={name}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.load(open(os.path.join(workdir, 'config.json')))['model']['compression'] == name
+  sys.modules.pop(plugin, None)  # the restore imports it again, by the saved string
+  _, model = compressive.load(workdir)
+  assert type(model.blocks[0].compressor.fn).__name__ == 'LastSlot'
+  assert plugin in sys.modules
+
+
+# -- module:Name data sources, and the official word totals. -----------------------
+
+
+def test_a_source_is_imported_by_module_and_name(plugin):
+  c = data.default_data_config()
+  c.source = f'{plugin}:WORDS'
+  assert 'plugin_words' not in c and 'plugin_words' not in registry.names()
+  data.validate_data_config(c)
+  assert c.plugin_words.length == 60  # its section, at its defaults
+  docs = data.get_documents(c, 'validation', data.ByteTokenizer())
+  assert len(docs) == 3 and docs.num_words(0) == 12
+  assert registry.get(c.source).official_words('validation') == 1000
+  assert registry.get('pg19').official_words('test') == 6_966_499
+  assert registry.get('pg19').official_words('train') is None
+  assert registry.get('enwik8').official_words is None
+
+
+@pytest.mark.parametrize('name,message', [
+    ('no_such_plugin_mod:X', r"cannot import module 'no_such_plugin_mod'"),
+    ('plugin_mod:Missing', r"module 'plugin_mod' has no 'Missing'"),
+    ('plugin_mod:LastSlot', r"'LastSlot' of 'plugin_mod' is not a compressive\.data\.registry\.Source"),
+])
+def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
+  c = data.default_data_config()
+  c.source = name
+  with pytest.raises(ConfigError, match=rf"^data\.source={re.escape(repr(name))}: {message}") as e:
+    data.validate_data_config(c)
+  assert '\n' not in str(e.value)
+
+
+def test_word_perplexity_is_asked_of_the_source(plugin):
+  import math  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
+  data.validate_data_config(config.data)
+  model = compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))
+  docs = data.get_documents(config.data, 'validation', data.ByteTokenizer())
+  result = eval_lib.evaluate(model, docs, config, split='validation')
+  assert result['words'] == sum(docs.num_words(i) for i in range(3))
+  assert result['words_official'] == 1000  # the source's, and a warning: far off
+  assert result['word_perplexity'] == pytest.approx(
+      math.exp(result['loss'] * result['tokens'] / 1000), rel=1e-6)
+  train = eval_lib.evaluate(model, data.get_documents(config.data, 'train', data.ByteTokenizer()),
+                            config, split='train')
+  assert 'words_official' not in train and train['word_perplexity'] > 1
+  synthetic = tiny_experiment()
+  docs = data.get_documents(synthetic.data, 'validation', data.ByteTokenizer())
+  assert 'word_perplexity' not in eval_lib.evaluate(model, docs, synthetic)
+
+
+# -- The resume check. -------------------------------------------------------------
+
+
+@pytest.mark.parametrize('field,other', [('scan_layers', {False: True}), ('norm', {'post': 'pre'})])
+def test_a_resume_that_changes_the_parameter_tree_is_refused(tmp_path, field, other):
+  checkpoint.save_config(str(tmp_path), tiny_experiment())
+  saved = tiny_experiment().model[field]
+  value = other[saved]
+  with pytest.raises(ConfigError, match=rf"model\.{field} {saved!r} -> {value!r}\. Use another") as e:
+    checkpoint.check_resume_config(str(tmp_path), tiny_experiment(**{f'model.{field}': value}))
+  assert '\n' not in str(e.value) and str(e.value).count('model.') == 1
+
+
+def test_run_time_knobs_and_a_config_of_before_resume(tmp_path):
+  saved = tiny_experiment()
+  checkpoint.save_config(str(tmp_path), saved)
+  checkpoint.check_resume_config(str(tmp_path), tiny_experiment(
+      **{'model.dtype': 'bfloat16', 'model.remat': 'full', 'model.attention_chunk_size': 4,
+         'model.dropout_rate': 0.1}))
+  # A config.json written before model.norm existed ran with its default.
+  values = json.load(open(tmp_path / 'config.json'))
+  del values['model']['norm']
+  (tmp_path / 'config.json').write_text(json.dumps(values))
+  checkpoint.check_resume_config(str(tmp_path), tiny_experiment(**{'model.norm': 'pre'}))
+  with pytest.raises(ConfigError, match=r"model\.norm 'pre' -> 'post'"):
+    checkpoint.check_resume_config(str(tmp_path), tiny_experiment(**{'model.norm': 'post'}))
+
+
+def test_the_trainer_refuses_a_resume_with_scanned_layers_before_training(tmp_path):
+  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'wd')
+  config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0)
+  train_lib.train_and_evaluate(config, workdir)
+  steps = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  config.model.scan_layers = True
+  config.num_train_steps = 4
+  with pytest.raises(ConfigError, match=r"model\.scan_layers False -> True\. Use another"):
+    train_lib.train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == steps
