@@ -21,6 +21,7 @@ import math
 import os
 from typing import Mapping, Optional, Sequence, Union
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -28,7 +29,8 @@ import ml_collections
 from compressive import data as data_lib
 from compressive.errors import ConfigError, MeshError
 from compressive.model import compression
-from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
+from compressive.model.config import ModelConfig
+from compressive.model.transformer import CompressiveTransformer, check_memory_sizes, check_segment_length
 from compressive.scale import sharding
 
 _log = logging.getLogger("compressive")
@@ -46,12 +48,17 @@ class Experiment:
     mesh_shape: devices along each of mesh.axes, -1 resolved.
     grad_accum_steps: micro-batches per step.
     eval_sizes: evaluation's batch, segment and memory sizes (`eval_sizes`).
+    graphdef, abstract_state: the model's structure and its parameters'
+      shapes and logical axes (`abstract_model`), built once here; the
+      shardings are read from them.
   """
   config: ml_collections.ConfigDict
   model: ModelConfig
   mesh_shape: tuple[int, ...]
   grad_accum_steps: int
   eval_sizes: Mapping[str, int]
+  graphdef: nnx.GraphDef
+  abstract_state: nnx.State
 
 
 def experiment_of(config: Union[ml_collections.ConfigDict, Experiment], **check_args) -> Experiment:
@@ -152,7 +159,8 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
     raise ConfigError(
         "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
         f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
-  shape = sharding.validate(config, num_devices)
+  graphdef, abstract_state = abstract_model(cfg, config.seed)
+  shape = sharding.validate(config, abstract_state, num_devices)
   accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
   value = config.get("prefetch_steps")
@@ -168,7 +176,13 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
         f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
         "lower grad_accum_steps or raise batch_size")
   return Experiment(config=config, model=cfg, mesh_shape=tuple(shape), grad_accum_steps=accum,
-                    eval_sizes=eval_sizes(config))
+                    eval_sizes=eval_sizes(config), graphdef=graphdef, abstract_state=abstract_state)
+
+
+def abstract_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+  """The model's (graphdef, abstract state): shapes and logical axes, no arrays."""
+  model = nnx.eval_shape(lambda: CompressiveTransformer(cfg, rngs=nnx.Rngs(seed)))
+  return nnx.split(model)
 
 
 def _check_plugins(cfg: ModelConfig) -> None:

@@ -42,7 +42,9 @@ def test_a_compression_registered_here_trains_and_restores(registered, tmp_path)
   config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
                            log_every_steps=1, **{"model.compression": registered})
   # Its parameter has logical axes, so every mesh can place it.
-  table = sharding.logical_axes(ModelConfig.from_config(config.model))
+  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
+      ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)))
+  table = sharding.logical_axes(nnx.state(model))
   assert table["blocks/0/compressor/fn/gain"] == ("norm",)
   train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
   _, model = compressive.load(str(tmp_path / "wd"))

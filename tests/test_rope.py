@@ -56,9 +56,10 @@ def test_rope_has_no_position_parameters_and_partitions():
                            memory_length=8, compressed_memory_length=4))
   config.batch_size = 4
   config.mesh.shape = (1, 2, 2)
-  assert sharding.validate(config, num_devices=4) == (1, 2, 2)
-  params = sharding._abstract_params(config)  # pylint: disable=protected-access
-  att = sharding.param_specs(config, params)["blocks"][0]["attention"]
+  state = nnx.state(nnx.eval_shape(
+      lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))))
+  assert sharding.validate(config, state, num_devices=4) == (1, 2, 2)
+  att = sharding.param_specs(config, state)["blocks"][0]["attention"]
   P = jax.sharding.PartitionSpec
   assert att["wq"] == P("fsdp", "tensor", None) and att["wo"] == P("tensor", None, "fsdp")
   assert "wr" not in att

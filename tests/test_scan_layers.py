@@ -167,7 +167,9 @@ def test_scanned_cached_evaluation_and_decoding_equal_unrolled():
 
 def test_scanned_parameters_have_a_leading_layers_axis():
   cfg = tiny_model_config(num_layers=3, scan_layers=True)
-  table = sharding.logical_axes(compressive.ModelConfig.from_config(cfg))
+  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
+      compressive.ModelConfig.from_config(cfg), rngs=nnx.Rngs(0)))
+  table = sharding.logical_axes(nnx.state(model))
   blocks = {k: v for k, v in table.items() if k.startswith("blocks/")}
   assert blocks and all(axes[0] == "layers" for axes in blocks.values())
   assert table["blocks/attention/wq"] == ("layers", "embed", "heads", "head_dim")

@@ -73,13 +73,14 @@ def sharding_experiment(**overrides):
 # -- Rules, mesh shapes and errors (no devices needed). ---------------------------
 
 
-def abstract_params(config):
-  return train_step.abstract_model(config)[2]
+def abstract_state(config):
+  """The model's abstract nnx state: shapes and each parameter's logical axes."""
+  return train_step.abstract_model(config)[1]
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   config = sharding_experiment()
-  specs = sharding.param_specs(config, abstract_params(config))
+  specs = sharding.param_specs(config, abstract_state(config))
   P = jax.sharding.PartitionSpec
   att = specs["blocks"][0]["attention"]
   for name in ("wq", "wk", "wv", "wr"):
@@ -95,16 +96,16 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert norms["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
 
   dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
-  kernel = sharding.param_specs(dilated, abstract_params(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
+  kernel = sharding.param_specs(dilated, abstract_state(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
   assert kernel == P(None, None, "fsdp", None)  # [n, 2, d, d]
 
 
 def test_optimizer_state_follows_its_parameter():
   config = sharding_experiment()
-  params = abstract_params(config)
+  _, template, params = train_step.abstract_model(config)
   tx = train_step.make_optimizer(config, params)
   state = train_step.abstract_train_state(config, params, tx)
-  specs = sharding.state_specs(config, params, state)
+  specs = sharding.state_specs(config, template, state)
   P = jax.sharding.PartitionSpec
   assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
   found = {}
@@ -152,7 +153,7 @@ def test_minus_one_takes_the_remaining_devices(shape, resolved):
 def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
   config = sharding_experiment(**overrides)
   with pytest.raises(compressive.ConfigError) as info:
-    sharding.validate(config, num_devices=8)
+    sharding.validate(config, abstract_state(config), num_devices=8)
   assert message in str(info.value)
   assert "\n" not in str(info.value)
 
@@ -180,7 +181,7 @@ def test_cli_mesh_override_and_its_error(tmp_path):
 def test_presets_fit_their_machines(preset, devices, shape, experiment):
   config = importlib.import_module(f"configs.{preset}").get_config(experiment)
   base = importlib.import_module(f"configs.{experiment}").get_config()
-  assert sharding.validate(config, num_devices=devices) == shape
+  assert sharding.validate(config, abstract_state(config), num_devices=devices) == shape
   assert config.model.dtype == "bfloat16"
   base.model.dtype = "bfloat16"
   assert config.model == base.model and config.batch_size == base.batch_size
@@ -450,8 +451,8 @@ def test_every_parameter_declares_its_logical_axes(compression, positions, loss)
   from compressive.model.transformer import CompressiveTransformer
   cfg = ModelConfig.from_config(tiny_model_config(
       compression=compression, positions=positions, reconstruction_loss=loss))
-  table = sharding.logical_axes(cfg)
   model = nnx.eval_shape(lambda: CompressiveTransformer(cfg, rngs=nnx.Rngs(0)))
+  table = sharding.logical_axes(nnx.state(model))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   leaves = jax.tree_util.tree_leaves_with_path(params)
   assert {sharding.path_str(p) for p, _ in leaves} == set(table)
@@ -469,6 +470,112 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
     self.gate = nnx.Param(jnp.zeros((3,)))  # made without compressive.model.layers.param
 
   monkeypatch.setattr(layers.FeedForward, "__init__", with_a_bare_parameter)
-  cfg = ModelConfig.from_config(tiny_model_config(d_ff=40))  # not in logical_axes' cache
-  with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
-    sharding.logical_axes(cfg)
+  config = sharding_experiment()
+  state = abstract_state(config)
+  for read in (sharding.logical_axes, lambda s: sharding.param_specs(config, s),
+               lambda s: sharding.validate(config, s, num_devices=1)):
+    with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
+      read(state)
+
+
+# -- The specs against the path-matching functions they replaced. -------------------
+#
+# sharding.py once rebuilt the model from config.model to read its logical
+# axes and matched optimizer state to parameters by path suffix and shape.
+# It now reads the axes from the state its caller built and follows the
+# optimizer state's structure; these copies of the old functions pin that
+# every config lays out every array as before.
+
+
+def _old_logical_axes(model_config):
+  from compressive.model.transformer import CompressiveTransformer
+  model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
+  return {"/".join(str(k) for k in path): tuple(var.get_metadata()["out_sharding"])
+          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _old_param_specs(config, params):
+  table = _old_logical_axes(ModelConfig.from_config(config.model))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: sharding.spec_for_axes(config, table[sharding.path_str(path)], ""), params)
+
+
+def _old_state_specs(config, params, tree):
+  P = jax.sharding.PartitionSpec
+  table = {}
+  specs = _old_param_specs(config, params)
+  for (path, x), p in zip(jax.tree_util.tree_leaves_with_path(params),
+                          jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P))):
+    table[sharding.path_str(path)] = (tuple(x.shape), p)
+
+  def spec(path, x):
+    parts = sharding.path_str(path).split("/")
+    for k in range(len(parts)):
+      hit = table.get("/".join(parts[k:]))
+      if hit is not None and hit[0] == tuple(x.shape):
+        return hit[1]
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+def spec_cases():
+  """{name: experiment config}: the default experiment (on its own mesh and
+  on data x fsdp x tensor), and tiny ones scanned, with Adam, and with each
+  compression."""
+  cases = {"default": importlib.import_module("configs.default").get_config()}
+  cases["default_fsdp_tensor"] = importlib.import_module("configs.default").get_config()
+  cases["default_fsdp_tensor"].mesh.shape = (2, 2, 2)
+  cases["scan_layers"] = sharding_experiment(**{"model.scan_layers": True, "mesh.shape": (2, 2, 2)})
+  cases["adam"] = sharding_experiment(**{"optimizer.name": "adam", "mesh.shape": (1, 4, 2)})
+  for c in COMPRESSIONS:
+    cases[f"compression_{c}"] = sharding_experiment(**{"model.compression": c,
+                                                       "mesh.shape": (2, 2, 2)})
+  return cases
+
+
+def compare_specs(config, mesh=None):
+  """Asserts the new specs (and, on `mesh`, the layout's shardings) equal the
+  old functions'; returns how many state leaves it compared."""
+  P = jax.sharding.PartitionSpec
+  graphdef, template, params = train_step.abstract_model(config)
+  state = train_step.abstract_train_state(config, params, train_step.make_optimizer(config, params))
+  is_spec = lambda x: isinstance(x, P)
+  old_params, old_state = _old_param_specs(config, params), _old_state_specs(config, params, state)
+  assert sharding.param_specs(config, template) == old_params
+  new_state = sharding.state_specs(config, template, state)
+  assert jax.tree.structure(new_state, is_leaf=is_spec) == jax.tree.structure(old_state, is_leaf=is_spec)
+  assert jax.tree.leaves(new_state, is_leaf=is_spec) == jax.tree.leaves(old_state, is_leaf=is_spec)
+  if mesh is not None:
+    memory = jax.eval_shape(lambda: compressive.init_memory(config.model, config.batch_size))
+    layout = train_step.make_layout(config, mesh, template, state, memory)
+    assert layout.state == sharding.shardings(mesh, old_state)
+    assert layout.compute_params == sharding.shardings(
+        mesh, sharding.gathered_specs(config, old_params))
+  return len(jax.tree.leaves(new_state, is_leaf=is_spec))
+
+
+@pytest.mark.parametrize("case", ["default", "scan_layers", "compression_dilated_conv"])
+def test_specs_equal_the_path_matched_ones(case):
+  config = spec_cases()[case]
+  n = compare_specs(config)
+  params = train_step.abstract_model(config)[2]
+  assert n > 3 * len(jax.tree.leaves(params))  # params, mu and nu, and the counts
+
+
+def compare_all_specs_on_eight_devices():
+  """Run by the test below in a process with 8 fake devices."""
+  assert jax.device_count() == 8
+  for name, config in spec_cases().items():
+    compare_specs(config, sharding.make_mesh(config))
+    print("same", name)
+
+
+def test_shardings_equal_the_path_matched_ones_on_eight_devices():
+  code = ("import sys; sys.path.insert(0, 'tests'); import test_sharding; "
+          "test_sharding.compare_all_specs_on_eight_devices()")
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=900, env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  names = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("same ")]
+  assert names == list(spec_cases())

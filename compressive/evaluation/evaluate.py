@@ -201,7 +201,7 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
   graphdef, template = nnx.split(model)
   t = segment_length or model.config.segment_length
   if mesh is not None:
-    specs = sharding.param_specs(config, nnx.to_pure_dict(template))
+    specs = sharding.param_specs(config, template)
     param_shardings = sharding.shardings(mesh, specs)
     gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
     abstract_carry = jax.eval_shape(

@@ -30,17 +30,17 @@ points decide about multi-host initialisation and call
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Optional, Sequence
 
+from flax import nnx
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 import numpy as np
+import optax
 
 from compressive.errors import ConfigError, MeshError
-from compressive.model.config import ModelConfig
 
 # The logical axes the model's parameters use, and where the default config
 # puts them. 'layers' is the leading axis of stacked (scanned) layers.
@@ -176,16 +176,14 @@ def path_str(path) -> str:
   return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
 
-@functools.lru_cache(maxsize=16)
-def logical_axes(model_config: ModelConfig) -> dict[str, tuple[str, ...]]:
-  """{parameter path: its logical axes}, read from the model's parameter
-  metadata (an abstract model: nothing is allocated). ConfigError names a
-  parameter made without axes."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
-  model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
+def logical_axes(state: nnx.State) -> dict[str, tuple[str, ...]]:
+  """{parameter path: its logical axes}, read from the metadata of the
+  model's variables in `state` (an abstract state suffices: shapes, no
+  arrays), where the model declares them as it makes each parameter
+  (compressive/model/layers.py `param`). ConfigError names a parameter made
+  without axes."""
   table = {}
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+  for path, var in nnx.to_flat_state(state):
     axes, shape = var.get_metadata().get("out_sharding"), tuple(var.get_value().shape)
     name = "/".join(str(k) for k in path)
     if axes is None or len(axes) != len(shape):
@@ -212,41 +210,39 @@ def spec_for_axes(config: ml_collections.ConfigDict, axes: Sequence[str], name: 
   return P(*entries) if used else P()  # replicated: one spelling, P()
 
 
-def param_specs(config: ml_collections.ConfigDict, params: Any) -> Any:
-  """A PartitionSpec for every leaf of the params pure dict."""
-  table = logical_axes(ModelConfig.from_config(config.model))
-
-  def spec(path, x):
-    name = path_str(path)
-    if name not in table:
-      raise ConfigError(f"parameter {name} is not one of the model's (no logical axes)")
-    return spec_for_axes(config, table[name], name)
-
-  return jax.tree_util.tree_map_with_path(spec, params)
+def param_specs(config: ml_collections.ConfigDict, state: nnx.State) -> Any:
+  """A PartitionSpec for every parameter of the model's (abstract) `state`,
+  as a pure dict shaped like `nnx.to_pure_dict(state)` (the params)."""
+  table = logical_axes(state)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: spec_for_axes(config, table[path_str(path)], path_str(path)),
+      nnx.to_pure_dict(state))
 
 
-def state_specs(config: ml_collections.ConfigDict, params: Any, tree: Any) -> Any:
-  """PartitionSpecs for a tree holding parameters and state shaped like them.
+def state_specs(config: ml_collections.ConfigDict, state: nnx.State, tree: Any) -> Any:
+  """PartitionSpecs for a tree holding the parameters of `state` and state
+  shaped like them (a TrainState: its params, and Adam's mu and nu inside
+  the optimizer state).
 
-  A leaf whose path ends with a parameter's path and has its shape (the
-  parameters themselves, Adam's mu and nu, ...) gets that parameter's spec;
-  everything else (step, counts, RNG keys) is replicated.
+  Matched by structure: every subtree with the params' structure (leaves
+  that a masked optimizer leaves out may be `optax.MaskedNode`s) gets the
+  parameter specs leaf for leaf, where a leaf has its parameter's shape;
+  everything else (step, counts, RNG keys, factored statistics) is
+  replicated.
   """
-  table = {}
-  specs = param_specs(config, params)
-  for (path, x), p in zip(jax.tree_util.tree_leaves_with_path(params),
-                          jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P))):
-    table[path_str(path)] = (tuple(x.shape), p)
+  specs, params = param_specs(config, state), nnx.to_pure_dict(state)
+  treedef = jax.tree.structure(params)
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  like_params = lambda x: jax.tree.structure(x, is_leaf=masked) == treedef
 
-  def spec(path, x):
-    parts = path_str(path).split("/")
-    for k in range(len(parts)):
-      hit = table.get("/".join(parts[k:]))
-      if hit is not None and hit[0] == tuple(x.shape):
-        return hit[1]
-    return P()
+  def follow(subtree):
+    if not like_params(subtree):
+      return P()  # a leaf outside every params-shaped subtree
+    return jax.tree.map(
+        lambda spec, p, x: x if masked(x) else spec if tuple(x.shape) == tuple(p.shape) else P(),
+        specs, params, subtree, is_leaf=lambda v: isinstance(v, P) or masked(v))
 
-  return jax.tree_util.tree_map_with_path(spec, tree)
+  return jax.tree.map(follow, tree, is_leaf=like_params)
 
 
 def gathered_specs(config: ml_collections.ConfigDict, specs: Any) -> Any:
@@ -348,16 +344,16 @@ def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Seque
 # -- Checks before anything compiles. ---------------------------------------------
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = None,
-             abstract_params: Any = None) -> tuple[int, ...]:
+def validate(config: ml_collections.ConfigDict, state: nnx.State,
+             num_devices: Optional[int] = None) -> tuple[int, ...]:
   """ConfigError, naming the field, if the mesh does not fit the devices or a
   batch, head, hidden or width size does not divide along its axes.
 
   Args:
     config: the experiment config.
+    state: the model's nnx state (an abstract one suffices: shapes and the
+      parameters' logical axes).
     num_devices: defaults to jax.device_count() (all processes).
-    abstract_params: the params pure dict (shapes suffice); built with
-      `jax.eval_shape` when needed and not given.
 
   Returns:
     The resolved mesh shape.
@@ -371,9 +367,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
     raise MeshError(
         f"batch_size={config.batch_size} is not divisible by {dp}, the devices along "
         f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
-  if abstract_params is None:
-    abstract_params = _abstract_params(config)
-  specs = jax.tree.leaves(param_specs(config, abstract_params), is_leaf=lambda v: isinstance(v, P))
+  abstract_params = nnx.to_pure_dict(state)
+  specs = jax.tree.leaves(param_specs(config, state), is_leaf=lambda v: isinstance(v, P))
   m = config.model
   fields = {"model.num_heads": m.num_heads, "model.d_model": m.d_model, "model.d_ff": m.d_ff,
             "model.vocab_size": m.vocab_size}
@@ -389,13 +384,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: Optional[int] = Non
             f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
             f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size")
   return shape
-
-
-def _abstract_params(config):
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
-  model = nnx.eval_shape(lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
-  return nnx.to_pure_dict(nnx.state(model))
 
 
 # -- Multi-host. ----------------------------------------------------------------

@@ -246,7 +246,7 @@ def load_with_step(
     sharding.fit_mesh_to_devices(config)
   mesh = sharding.make_mesh(config)
   graphdef, state_template, abstract_params = train_step.abstract_model(config)
-  shardings = sharding.shardings(mesh, sharding.param_specs(config, abstract_params))
+  shardings = sharding.shardings(mesh, sharding.param_specs(config, state_template))
   where = os.path.join(path, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:
     try:

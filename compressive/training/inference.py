@@ -55,7 +55,7 @@ def load_with_step(
   graphdef, state_template, abstract_params = train_step.abstract_model(config)
   tx = train_step.make_optimizer(config, abstract_params)
   abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
-  shardings = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
+  shardings = sharding.shardings(mesh, sharding.state_specs(config, state_template, abstract_state))
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
   identity = ckpt_lib.run_identity(config, _tokenizer_identity(config.data))
   try:

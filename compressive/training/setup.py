@@ -61,7 +61,7 @@ def build_setup(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.M
   return Setup(
       graphdef=graphdef, state_template=state_template, tx=tx, abstract_state=abstract_state,
       abstract_memory=abstract_memory,
-      layout=train_step.make_layout(config, mesh, abstract_params, abstract_state, abstract_memory),
+      layout=train_step.make_layout(config, mesh, state_template, abstract_state, abstract_memory),
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 

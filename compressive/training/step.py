@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 import ml_collections
 import optax
 
+from compressive import config as config_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
@@ -54,11 +55,13 @@ def build_model(config: ml_collections.ConfigDict, seed: Optional[int] = None):
   return graphdef, state, nnx.to_pure_dict(state)
 
 
-def abstract_model(config: ml_collections.ConfigDict):
-  """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays."""
-  model = nnx.eval_shape(
-      lambda: CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed)))
-  graphdef, state = nnx.split(model)
+def abstract_model(config: ml_collections.ConfigDict | config_lib.Experiment):
+  """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays;
+  a checked Experiment's own, built when it was checked."""
+  if isinstance(config, config_lib.Experiment):
+    graphdef, state = config.graphdef, config.abstract_state
+  else:
+    graphdef, state = config_lib.abstract_model(config.model, config.seed)
   return graphdef, state, nnx.to_pure_dict(state)
 
 
@@ -116,11 +119,13 @@ class Layout:
     return sharding.replicated(self.mesh)
 
 
-def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, abstract_params,
+def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, state_template: nnx.State,
                 abstract_state: TrainState, abstract_memory) -> Layout:
-  """Shardings of the train state, memory and batch (shapes suffice)."""
-  state = sharding.shardings(mesh, sharding.state_specs(config, abstract_params, abstract_state))
-  compute = sharding.gathered_specs(config, sharding.param_specs(config, abstract_params))
+  """Shardings of the train state, memory and batch (shapes suffice), from
+  the parameters' logical axes in the model's (abstract) `state_template`."""
+  specs = sharding.state_specs(config, state_template, abstract_state)
+  state = sharding.shardings(mesh, specs)
+  compute = sharding.gathered_specs(config, specs.params)
   batch = {k: sharding.rows_sharding(mesh, config, n, 1)
            for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
   return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
@@ -205,11 +210,10 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
     return state, memory, metrics
 
-  if layout is None:
-    return jax.jit(train_step, donate_argnums=(0, 1))
-  return jax.jit(train_step, donate_argnums=(0, 1),
-                 in_shardings=(layout.state, layout.memory, layout.batch),
-                 out_shardings=(layout.state, layout.memory, layout.replicated))
+  shardings = {} if layout is None else dict(
+      in_shardings=(layout.state, layout.memory, layout.batch),
+      out_shardings=(layout.state, layout.memory, layout.replicated))
+  return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
 
 
 def _forward(model: CompressiveTransformer, seg, memory, dropout_rng):
