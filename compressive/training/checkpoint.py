@@ -19,19 +19,18 @@ import os
 import time
 from typing import Any, Optional
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import integrity, interrupts, orbax_errors
+from compressive.training import integrity, interrupts, orbax_errors, trees
 from compressive.errors import CheckpointError, ConfigError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
     RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, fingerprint, json_digest,
-    path_name, run_identity)
+    run_identity)
 from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
+from compressive.training.trees import abstract  # pylint: disable=unused-import
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
@@ -88,7 +87,6 @@ class CheckpointWriteError(CheckpointError):
   """The disk refused a save: full, read-only or not ours to write."""
 
 
-
 class Checkpointer:
   """Saves and restores (train state, memory, data position) by step.
 
@@ -133,7 +131,7 @@ class Checkpointer:
     tokenizer's identity, the corpus's digest), which restores compare."""
     data_json = {k: np.asarray(v).tolist() for k, v in data_state.items()}
     items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_json))
-    stored = _nonempty_fields(memory)
+    stored = trees.nonempty_fields(memory)
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
     items[INTEGRITY] = ocp.args.JsonSave(integrity.record(state, stored, data_json, identity))
@@ -184,7 +182,7 @@ class Checkpointer:
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
     if abstract_memory is not None:
-      memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
+      memory = trees.with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
   def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
@@ -199,7 +197,7 @@ class Checkpointer:
     if abstract_memory is not None:
       saved = {name.split("/")[1] for name in record.get("sums", {})
                if name.startswith("memory/")}
-      wanted = {k: v for k, v in _nonempty_fields(abstract_memory).items() if k in saved}
+      wanted = {k: v for k, v in trees.nonempty_fields(abstract_memory).items() if k in saved}
       if wanted:
         items["memory"] = ocp.args.StandardRestore(wanted)
     return record, self._manager.restore(step, args=ocp.args.Composite(**items)), items
@@ -237,10 +235,10 @@ class Checkpointer:
     restore finds)."""
     try:
       saved = self._manager.item_metadata(step)["state"]
-      saved = _shapes(getattr(saved, "tree", saved))
+      saved = trees.param_shapes(getattr(saved, "tree", saved))
     except Exception:  # pylint: disable=broad-except
       return None
-    wanted = _shapes(abstract_state)
+    wanted = trees.param_shapes(abstract_state)
     diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
              if name in saved and saved[name] != wanted[name]]
     missing = [name for name in wanted if name not in saved]
@@ -317,59 +315,6 @@ class Checkpointer:
       raise CheckpointWriteError(
           f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
           f"saved before are intact (steps {saved or 'none'})") from e
-
-
-def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  """Parameter name -> shape, for the `params` of a train state or of a saved
-  state's metadata (their other entries are laid out differently)."""
-  leaves = jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
-  out = {}
-  for path, leaf in leaves:
-    name = path_name(path)
-    if name.startswith("params/"):
-      out[name[len("params/"):]] = tuple(int(n) for n in leaf.shape)
-  return out
-
-
-def _nonempty_fields(memory: Any) -> Any:
-  """The memory's array fields as a dict, without zero-size ones (a
-  Transformer-XL has no compressed memory, a segment-local model no memory),
-  which Orbax refuses to save. Training memories carry no key/value cache."""
-  if not dataclasses.is_dataclass(memory):
-    return memory
-  fields = {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
-  return {k: v for k, v in fields.items() if hasattr(v, "shape") and np.prod(v.shape) > 0}
-
-
-def _with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
-  """Inverse of `_nonempty_fields`: the memory, zero-size fields recreated."""
-  if not dataclasses.is_dataclass(abstract_memory):
-    return restored
-  fields = {}
-  for f in dataclasses.fields(abstract_memory):
-    x = getattr(abstract_memory, f.name)
-    if f.name in restored or not hasattr(x, "shape"):
-      fields[f.name] = restored.get(f.name, x)
-    else:
-      sharding = getattr(x, "sharding", None)
-      fields[f.name] = jax.jit(lambda x=x: jnp.zeros(x.shape, x.dtype), out_shardings=sharding)()
-  return dataclasses.replace(abstract_memory, **fields)
-
-
-def abstract(tree: Any, shardings: Any = None) -> Any:
-  """Shape/dtype/sharding skeleton of a pytree, for restoring into.
-
-  `tree` may hold arrays or ShapeDtypeStructs; `shardings` (a matching tree
-  of jax.sharding.Sharding) is where the restored arrays go, which need not
-  be the mesh that wrote them: Orbax reads each device's slice of the saved
-  global arrays, so 8 devices restore onto 1 and 1 onto 8. Without
-  `shardings`, the arrays' own shardings are kept.
-  """
-  if shardings is None:
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
