@@ -33,7 +33,7 @@ from compressive.cli_config import (  # pylint: disable=unused-import  (re-expor
     CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
     config_names, load_failure, resolve_config, resolve_config_names, unloaded_config,
     with_default_configs)
-from compressive.errors import ConfigError, EXIT_USER_ERROR, UserError
+from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -149,8 +149,7 @@ def user_errors() -> Iterator[None]:
   except UserError as e:
     fail(str(e) or type(e).__name__)
   except Exception as e:  # pylint: disable=broad-except
-    train_lib = sys.modules.get("compressive.training.loop")  # only it raises NonFiniteError
-    if train_lib is not None and isinstance(e, train_lib.NonFiniteError):
+    if isinstance(e, NonFiniteError):
       fail(str(e), code=1)
     message = describe_os_error(e)
     if message is None:

@@ -24,4 +24,10 @@ class CheckpointError(UserError):
   """A checkpoint that cannot be restored; names its directory."""
 
 
+class NonFiniteError(RuntimeError):
+  """Training produced a NaN or infinite loss or gradient: not the user's
+  error, but reported as one line (exit code 1), naming the newest intact
+  checkpoint."""
+
+
 EXIT_USER_ERROR = 2

@@ -17,6 +17,7 @@ import compressive
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
+from compressive.training import trees
 from compressive.errors import CheckpointError
 from test_robustness import inject_nan_at, tree_digest
 from test_train import tiny_experiment
@@ -208,7 +209,7 @@ def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_p
   memory = compressive.init_memory(tiny_model_config(), 2)
   memory = jax.tree.map(lambda x: x + np.ones_like(x), memory)  # nothing empty
   state = {"w": np.arange(3.0, dtype=np.float32)}
-  old = {k: v for k, v in ckpt_lib._nonempty_fields(memory).items() if k != "visits"}
+  old = {k: v for k, v in trees.nonempty_fields(memory).items() if k != "visits"}
   saver = ckpt_lib.Checkpointer(str(tmp_path))
   saver.save(1, state, old, {"position": np.zeros(2, np.int64)})
   saver.close()

@@ -17,6 +17,7 @@ from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
+from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
@@ -147,7 +148,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(train_lib.sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
+  monkeypatch.setattr(sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
   config_lib.check(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
     config_lib.check(tiny_experiment(grad_accum_steps=4))

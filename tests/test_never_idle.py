@@ -17,6 +17,7 @@ import pytest
 from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
 from compressive.training import loop as train_lib
+from compressive.training import runlog
 from compressive.training import step as train_step
 from compressive.data import prefetch
 from compressive.errors import DataError
@@ -131,7 +132,7 @@ def test_an_ordinary_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
 
 
 def test_one_transfer_reads_the_metric_window(monkeypatch):
-  window = train_lib._MetricWindow()
+  window = runlog.MetricWindow()
   metrics = [{"nats": jnp.array([1.0, 2.0]) * s, "tokens": jnp.array([3.0, 4.0]),
               "finite": jnp.array([True, s != 3])} for s in range(1, 6)]
   for s, m in enumerate(metrics, start=1):

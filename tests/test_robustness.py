@@ -216,6 +216,21 @@ def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):
   assert all(np.isfinite(p).all() for p in params_of(tmp_path))
 
 
+def test_a_non_finite_loss_is_one_line_and_exit_code_1(capsys):
+  # The entry points' user_errors() knows the error from compressive.errors,
+  # whether or not the training loop was imported.
+  from compressive import cli
+  from compressive.errors import NonFiniteError
+  assert train_lib.NonFiniteError is NonFiniteError
+  with pytest.raises(SystemExit) as stopped:
+    with cli.user_errors():
+      raise NonFiniteError("non-finite loss or gradient at step 5; the newest intact "
+                           "checkpoint is step 4 in wd")
+  assert stopped.value.code == 1
+  assert capsys.readouterr().err == ("error: non-finite loss or gradient at step 5; the newest "
+                                     "intact checkpoint is step 4 in wd\n")
+
+
 def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 9, "checkpoint_every_steps": 3,
                               "eval_every_steps": 0})

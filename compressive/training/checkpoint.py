@@ -13,25 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import hashlib
-import inspect
 import json
 import logging
 import os
-import re
-import sys
 import time
 from typing import Any, Optional
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import interrupts
+from compressive.training import integrity, interrupts, orbax_errors, trees
 from compressive.errors import CheckpointError, ConfigError
+# Used here, and re-exported: callers name them as the checkpoint's.
+from compressive.training.integrity import (  # pylint: disable=unused-import
+    RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, fingerprint, json_digest,
+    run_identity)
+from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
+from compressive.training.trees import abstract  # pylint: disable=unused-import
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
@@ -84,32 +83,17 @@ class ShapeMismatchError(CheckpointError):
   not damage, so --restore_intact never skips it."""
 
 
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
-
-
 class CheckpointWriteError(CheckpointError):
   """The disk refused a save: full, read-only or not ours to write."""
-
-
-class RunMismatchError(CheckpointError):
-  """The checkpoint was saved by a run with another model config, tokenizer
-  or corpus than the one restoring it: not damage, so --restore_intact
-  never skips it."""
-
-
-class DamagedCheckpointError(CheckpointError):
-  """Files missing, truncated or unreadable, a checksum that differs from the
-  one recorded at save time, or non-finite parameters / optimizer state."""
 
 
 class Checkpointer:
   """Saves and restores (train state, memory, data position) by step.
 
-  Every save also records a fingerprint of each array (two wrapping uint32
-  sums of its bits, one position-weighted; integer sums are exact in any
-  order, so the fingerprint is the same on any mesh) and whether the state
-  is finite; every restore recomputes and compares them, so flipped bytes,
-  truncated files and NaNs are named as damage instead of restored.
+  Every save also writes an integrity record (integrity.py: each array's
+  fingerprint, whether it is finite, the data position's digest, the run's
+  identity) that every restore compares, so flipped bytes, truncated files
+  and NaNs are named as damage instead of restored.
   """
 
   def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
@@ -121,7 +105,7 @@ class Checkpointer:
     self._advice = ("read an older step with --step, or let train.py --restore_intact move "
                     "the damaged ones aside" if read_only else
                     "train.py --restore_intact resumes from the newest intact checkpoint")
-    _quiet_orbax_leftovers()
+    orbax_errors.quiet_orbax_leftovers()
 
   def latest_step(self) -> Optional[int]:
     return _listing(self._manager.latest_step)
@@ -147,14 +131,10 @@ class Checkpointer:
     tokenizer's identity, the corpus's digest), which restores compare."""
     data_json = {k: np.asarray(v).tolist() for k, v in data_state.items()}
     items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_json))
-    stored = _nonempty_fields(memory)
+    stored = trees.nonempty_fields(memory)
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
-    record = fingerprint({"state": state, "memory": stored or {}})
-    record["data_sha256"] = json_digest(data_json)
-    if identity is not None:
-      record["identity"] = identity
-    items[INTEGRITY] = ocp.args.JsonSave(record)
+    items[INTEGRITY] = ocp.args.JsonSave(integrity.record(state, stored, data_json, identity))
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
     with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here
@@ -198,30 +178,11 @@ class Checkpointer:
       raise DamagedCheckpointError(
           f"checkpoint {where} is damaged ({type(error).__name__}: "
           f"{str(error).splitlines()[0][:200] if str(error) else ''}); {self._advice}") from None
-    got = fingerprint({"state": restored["state"],
-                       "memory": restored.get("memory") or {}} if "memory" in items
-                      else {"state": restored["state"]})
-    bad = [name for name, sums in got["sums"].items()
-           if record.get("sums", {}).get(name) != sums]
-    if bad:
-      raise DamagedCheckpointError(
-          f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
-          f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-          f"{self._advice}")
-    if got["nonfinite"]:
-      raise DamagedCheckpointError(
-          f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
-          f"{self._advice}")
-    saved_digest = record.get("data_sha256")
-    if saved_digest is not None and json_digest(restored["data"]) != saved_digest:
-      raise DamagedCheckpointError(
-          f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
-          f"saved with it; {self._advice}")
-    _compare_identity(where, record.get("identity"), identity, accept)
+    integrity.verify(where, record, restored, "memory" in items, identity, accept, self._advice)
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
     if abstract_memory is not None:
-      memory = _with_empty_fields(abstract_memory, restored.get("memory") or {})
+      memory = trees.with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
   def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
@@ -236,7 +197,7 @@ class Checkpointer:
     if abstract_memory is not None:
       saved = {name.split("/")[1] for name in record.get("sums", {})
                if name.startswith("memory/")}
-      wanted = {k: v for k, v in _nonempty_fields(abstract_memory).items() if k in saved}
+      wanted = {k: v for k, v in trees.nonempty_fields(abstract_memory).items() if k in saved}
       if wanted:
         items["memory"] = ocp.args.StandardRestore(wanted)
     return record, self._manager.restore(step, args=ocp.args.Composite(**items)), items
@@ -274,10 +235,10 @@ class Checkpointer:
     restore finds)."""
     try:
       saved = self._manager.item_metadata(step)["state"]
-      saved = _shapes(getattr(saved, "tree", saved))
+      saved = trees.param_shapes(getattr(saved, "tree", saved))
     except Exception:  # pylint: disable=broad-except
       return None
-    wanted = _shapes(abstract_state)
+    wanted = trees.param_shapes(abstract_state)
     diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
              if name in saved and saved[name] != wanted[name]]
     missing = [name for name in wanted if name not in saved]
@@ -354,221 +315,6 @@ class Checkpointer:
       raise CheckpointWriteError(
           f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
           f"saved before are intact (steps {saved or 'none'})") from e
-
-
-def json_digest(value: Any) -> str:
-  """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
-  return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def run_identity(config: ml_collections.ConfigDict, tokenizer_identity: Optional[str] = None,
-                 corpus: Optional[str] = None) -> dict[str, Any]:
-  """What a checkpoint's numbers mean beyond their shapes: the model config
-  (a post-norm model read as pre-norm has the same shapes), the tokenizer
-  (a SentencePiece model retrained in place keeps its vocabulary size) and,
-  for training, the corpus's digest (a folder whose files changed). Parts
-  left None are neither recorded nor compared."""
-  identity: dict[str, Any] = {"model": json.loads(config.model.to_json())}
-  if tokenizer_identity is not None:
-    identity["tokenizer"] = tokenizer_identity
-  if corpus is not None:
-    identity["corpus"] = corpus
-  return identity
-
-
-# How the model runs, not what it computes: these may change between the
-# run that saved a checkpoint and one that restores it.
-RUNTIME_MODEL_FIELDS = frozenset(
-    ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
-     "scan_layers"))
-
-_WHAT = {"model": "the model config", "tokenizer": "the tokenizer", "corpus": "the training corpus"}
-_FIX = {
-    "model": "config.json was edited, or the workdir holds another run's config: restore the "
-             "run's config.json",
-    "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
-                 "the model the run was trained with",
-    "corpus": "files were added, removed or changed since: restore the corpus, or pass "
-              "--accept_changed_corpus to go on training on it deliberately",
-}
-
-
-def _compare_identity(where: str, saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]],
-                      accept: tuple[str, ...]) -> None:
-  """RunMismatchError naming what differs between the saved and the current
-  identity (parts missing on either side are not compared: checkpoints of
-  older versions record none)."""
-  if not saved or not current:
-    return
-  for part in ("model", "tokenizer", "corpus"):
-    if part not in saved or part not in current or saved[part] == current[part]:
-      continue
-    if part == "model":
-      a, b = saved["model"], current["model"]
-      fields = sorted(k for k in set(a) | set(b)
-                      if a.get(k) != b.get(k) and k not in RUNTIME_MODEL_FIELDS)
-      if not fields:
-        continue
-      what = "; ".join(f"model.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in fields[:4])
-    else:
-      what = f"{saved[part]} -> {current[part]}"
-    message = (f"{_WHAT[part]} differs from the one checkpoint {where} was saved with "
-               f"({what}): {_FIX[part]}")
-    if part in accept:
-      logging.getLogger("compressive").warning("%s (accepted)", message.split(": ")[0])
-      continue
-    raise RunMismatchError(message)
-
-
-def write_errno(e: BaseException) -> Optional[int]:
-  """The OS error code of a write the disk refused (WRITE_ERRNOS), also when
-  Orbax or TensorStore carry it in a message from their threads; None for
-  any other error."""
-  code = getattr(e, "errno", None)
-  found = re.search(r"os_error_code='(\d+)'", str(e))
-  if found:
-    code = int(found.group(1))
-  return code if code in WRITE_ERRNOS else None
-
-
-def _quiet_orbax_leftovers() -> None:
-  """Drops two kinds of unraisable exception that Orbax leaves after a
-  failure the caller already reports in one line; every other one still
-  shows:
-
-  - after a refused write, TensorStore still completes the other writes of
-    that save and calls back into Orbax's event loop, which is closed by
-    then: 'Event loop is closed' (CheckpointWriteError reports the write);
-  - after a read that failed (a step rotated away under a reader, or
-    damage), the reads of that restore's other shards are abandoned, and
-    each coroutine prints its own error, or its GeneratorExit, when
-    collected (the restore's retry or its error reports the read).
-  """
-  previous = sys.unraisablehook
-  if getattr(previous, "_drops_orbax_leftovers", False):
-    return
-
-  def leftover(unraisable) -> bool:
-    e, obj = unraisable.exc_value, unraisable.object
-    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
-      return True
-    return (inspect.iscoroutine(obj) and "read" in obj.cr_code.co_name
-            and obj.cr_code.co_filename.startswith(_ORBAX_DIR))
-
-  def hook(unraisable):
-    if not leftover(unraisable):
-      previous(unraisable)
-
-  hook._drops_orbax_leftovers = True
-  sys.unraisablehook = hook
-
-
-_ORBAX_DIR = os.path.dirname(ocp.__file__)
-
-
-def _path_name(path) -> str:
-  parts = []
-  for k in path:
-    for attr in ("name", "key", "idx"):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-    else:
-      parts.append(str(k))
-  return "/".join(parts)
-
-
-def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  """Parameter name -> shape, for the `params` of a train state or of a saved
-  state's metadata (their other entries are laid out differently)."""
-  leaves = jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
-  out = {}
-  for path, leaf in leaves:
-    name = _path_name(path)
-    if name.startswith("params/"):
-      out[name[len("params/"):]] = tuple(int(n) for n in leaf.shape)
-  return out
-
-
-def _bits(x: jax.Array) -> jax.Array:
-  """The array's bits as uint32 words (bool and 1-2 byte types widened)."""
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  size = jnp.dtype(x.dtype).itemsize
-  if size == 4:
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)
-  if size in (1, 2):
-    return jax.lax.bitcast_convert_type(x, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)
-  return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2] words
-
-
-@jax.jit
-def _fingerprints(leaves: list[jax.Array]):
-  sums, finite = [], []
-  for x in leaves:
-    words = _bits(x).reshape(-1)
-    weights = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
-    sums.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * weights).sum(dtype=jnp.uint32)]))
-    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating) else jnp.bool_(True))
-  return sums, finite
-
-
-def fingerprint(tree: Any) -> dict[str, Any]:
-  """{"sums": {array name: [sum, weighted sum]}, "nonfinite": [names]}.
-
-  Computed where the arrays live (one small jitted reduction per array), so
-  it costs no host transfer of the arrays and works on any mesh and any
-  number of processes: the sums come back replicated.
-  """
-  named = [(_path_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-           if np.prod(x.shape) > 0]
-  if not named:
-    return {"sums": {}, "nonfinite": []}
-  sums, finite = _fingerprints([x for _, x in named])
-  sums = [np.asarray(s).tolist() for s in sums]
-  return {"sums": {name: s for (name, _), s in zip(named, sums)},
-          "nonfinite": [name for (name, _), ok in zip(named, finite) if not bool(ok)]}
-
-
-def _nonempty_fields(memory: Any) -> Any:
-  """The memory's array fields as a dict, without zero-size ones (a
-  Transformer-XL has no compressed memory, a segment-local model no memory),
-  which Orbax refuses to save. Training memories carry no key/value cache."""
-  if not dataclasses.is_dataclass(memory):
-    return memory
-  fields = {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
-  return {k: v for k, v in fields.items() if hasattr(v, "shape") and np.prod(v.shape) > 0}
-
-
-def _with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
-  """Inverse of `_nonempty_fields`: the memory, zero-size fields recreated."""
-  if not dataclasses.is_dataclass(abstract_memory):
-    return restored
-  fields = {}
-  for f in dataclasses.fields(abstract_memory):
-    x = getattr(abstract_memory, f.name)
-    if f.name in restored or not hasattr(x, "shape"):
-      fields[f.name] = restored.get(f.name, x)
-    else:
-      sharding = getattr(x, "sharding", None)
-      fields[f.name] = jax.jit(lambda x=x: jnp.zeros(x.shape, x.dtype), out_shardings=sharding)()
-  return dataclasses.replace(abstract_memory, **fields)
-
-
-def abstract(tree: Any, shardings: Any = None) -> Any:
-  """Shape/dtype/sharding skeleton of a pytree, for restoring into.
-
-  `tree` may hold arrays or ShapeDtypeStructs; `shardings` (a matching tree
-  of jax.sharding.Sharding) is where the restored arrays go, which need not
-  be the mesh that wrote them: Orbax reads each device's slice of the saved
-  global arrays, so 8 devices restore onto 1 and 1 onto 8. Without
-  `shardings`, the arrays' own shardings are kept.
-  """
-  if shardings is None:
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:

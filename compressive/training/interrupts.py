@@ -4,7 +4,7 @@
 after its step (it then checkpoints and exits 0); a second stops it at once
 with KeyboardInterrupt. In a run of several processes, SIGTERM is left to
 JAX's preemption service, which tells every process and agrees on the step
-to stop at (train_lib polls it); a first SIGINT is handed to it as a
+to stop at (`StopAgreement` polls it); a first SIGINT is handed to it as a
 SIGTERM. Python runs a handler between any two bytecodes, so the
 KeyboardInterrupt may land anywhere:
 
@@ -14,6 +14,9 @@ KeyboardInterrupt may land anywhere:
 - inside a garbage-collector callback or a __del__, where Python prints
   "Exception ignored" with a traceback and drops it: that one is kept quiet
   and raised by the next poll of `should_stop`, after the step in flight.
+
+`StopAgreement` (the training loop): whether to stop after a step, the same
+answer in every process; `agree`: any process's flag, in every process.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 _deferral = {"depth": 0, "pending": None}
 
@@ -59,6 +62,48 @@ def preemption_service() -> bool:
   (`multihost_utils.reached_preemption_sync_point`)."""
   import jax  # pylint: disable=g-import-not-at-top
   return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+
+
+class StopAgreement:
+  """Whether to stop after a step, the same answer in every process.
+
+  One process: `should_stop()`, a flag the host sets (a signal handler),
+  polled every step. Several: a preemption notice (SIGTERM to any process)
+  reaches every process through JAX's preemption service, which agrees on
+  the step to stop at without a collective per step
+  (`multihost_utils.reached_preemption_sync_point`, polled every step: a
+  local check until a notice arrives); a request that comes another way
+  (`should_stop` alone) is agreed at the next checkpoint step, where the
+  processes meet anyway. Without the preemption service
+  (`jax_enable_preemption_service=False`) every request waits for that.
+  """
+
+  def __init__(self, config, should_stop: Optional[Callable[[], bool]]):
+    import jax  # pylint: disable=g-import-not-at-top
+    self.config, self.should_stop = config, should_stop
+    self.processes = jax.process_count()
+
+  def requested(self, step: int) -> bool:
+    local = self.should_stop is not None and self.should_stop()
+    if self.processes == 1:
+      return local
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    if preemption_service() and multihost_utils.reached_preemption_sync_point(step):
+      return True
+    every = self.config.checkpoint_every_steps
+    if every and step % every == 0:
+      return agree(local)
+    return False
+
+
+def agree(flag: bool) -> bool:
+  """True when any process says so, so that every process stops at one step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 class SignalStop:

@@ -26,6 +26,7 @@ import socket
 from typing import Optional
 
 from compressive.errors import UserError
+from compressive.training import interrupts
 
 LOCK_FILE = "train.lock"
 _log = logging.getLogger("compressive")
@@ -86,3 +87,17 @@ def _read(fd: int) -> str:
   except OSError:
     text = ""
   return text or "holder unknown"
+
+
+def lock_workdir(workdir: str, is_main: bool):
+  """Process 0 takes the workdir's lock; every process learns whether it could."""
+  lock, busy = None, None
+  if is_main:
+    try:
+      lock = WorkdirLock(workdir).acquire()
+    except WorkdirBusyError as e:
+      busy = e
+  if interrupts.agree(busy is not None):
+    raise busy or WorkdirBusyError(
+        f"{workdir} is in use by another trainer (process 0 could not lock it)")
+  return lock

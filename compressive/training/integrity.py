@@ -1,0 +1,189 @@
+"""What a checkpoint records to verify itself, and the verification.
+
+Every save writes an integrity record beside its arrays: a fingerprint of
+each array (two wrapping uint32 sums of its bits, one position-weighted;
+integer sums are exact in any order, so the fingerprint is the same on any
+mesh), which arrays are not finite, a digest of the data position, and the
+run's identity (the model config, the tokenizer, the corpus). Every restore
+recomputes and compares them (`verify`), so flipped bytes, truncated files,
+NaNs and another run's checkpoint are named instead of restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from compressive.errors import CheckpointError
+
+
+class RunMismatchError(CheckpointError):
+  """The checkpoint was saved by a run with another model config, tokenizer
+  or corpus than the one restoring it: not damage, so --restore_intact
+  never skips it."""
+
+
+class DamagedCheckpointError(CheckpointError):
+  """Files missing, truncated or unreadable, a checksum that differs from the
+  one recorded at save time, or non-finite parameters / optimizer state."""
+
+def json_digest(value: Any) -> str:
+  """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
+  return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def run_identity(config: ml_collections.ConfigDict, tokenizer_identity: Optional[str] = None,
+                 corpus: Optional[str] = None) -> dict[str, Any]:
+  """What a checkpoint's numbers mean beyond their shapes: the model config
+  (a post-norm model read as pre-norm has the same shapes), the tokenizer
+  (a SentencePiece model retrained in place keeps its vocabulary size) and,
+  for training, the corpus's digest (a folder whose files changed). Parts
+  left None are neither recorded nor compared."""
+  identity: dict[str, Any] = {"model": json.loads(config.model.to_json())}
+  if tokenizer_identity is not None:
+    identity["tokenizer"] = tokenizer_identity
+  if corpus is not None:
+    identity["corpus"] = corpus
+  return identity
+
+
+# How the model runs, not what it computes: these may change between the
+# run that saved a checkpoint and one that restores it.
+RUNTIME_MODEL_FIELDS = frozenset(
+    ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
+     "scan_layers"))
+
+_WHAT = {"model": "the model config", "tokenizer": "the tokenizer", "corpus": "the training corpus"}
+_FIX = {
+    "model": "config.json was edited, or the workdir holds another run's config: restore the "
+             "run's config.json",
+    "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
+                 "the model the run was trained with",
+    "corpus": "files were added, removed or changed since: restore the corpus, or pass "
+              "--accept_changed_corpus to go on training on it deliberately",
+}
+
+
+def compare_identity(where: str, saved: Optional[dict[str, Any]],
+                     current: Optional[dict[str, Any]], accept: tuple[str, ...]) -> None:
+  """RunMismatchError naming what differs between the saved and the current
+  identity (parts missing on either side are not compared: checkpoints of
+  older versions record none)."""
+  if not saved or not current:
+    return
+  for part in ("model", "tokenizer", "corpus"):
+    if part not in saved or part not in current or saved[part] == current[part]:
+      continue
+    if part == "model":
+      a, b = saved["model"], current["model"]
+      fields = sorted(k for k in set(a) | set(b)
+                      if a.get(k) != b.get(k) and k not in RUNTIME_MODEL_FIELDS)
+      if not fields:
+        continue
+      what = "; ".join(f"model.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in fields[:4])
+    else:
+      what = f"{saved[part]} -> {current[part]}"
+    message = (f"{_WHAT[part]} differs from the one checkpoint {where} was saved with "
+               f"({what}): {_FIX[part]}")
+    if part in accept:
+      logging.getLogger("compressive").warning("%s (accepted)", message.split(": ")[0])
+      continue
+    raise RunMismatchError(message)
+
+def record(state: Any, memory: Any, data_json: Any,
+           identity: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+  """The integrity record of a save: the fingerprint of `state` and of the
+  stored `memory` fields, the digest of the data position `data_json`, and
+  `identity` (`run_identity`), which restores compare."""
+  result = fingerprint({"state": state, "memory": memory or {}})
+  result["data_sha256"] = json_digest(data_json)
+  if identity is not None:
+    result["identity"] = identity
+  return result
+
+
+def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,
+           identity: Optional[dict[str, Any]], accept: tuple[str, ...], advice: str) -> None:
+  """DamagedCheckpointError if what was read from checkpoint `where` differs
+  from its integrity record `saved` (checksums, non-finite values, the data
+  position); RunMismatchError if it was saved by another run than `identity`
+  (parts named in `accept` only warn). `advice`: what the error suggests."""
+  got = fingerprint({"state": restored["state"],
+                     "memory": restored.get("memory") or {}} if with_memory
+                    else {"state": restored["state"]})
+  bad = [name for name, sums in got["sums"].items()
+         if saved.get("sums", {}).get(name) != sums]
+  if bad:
+    raise DamagedCheckpointError(
+        f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
+        f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+        f"{advice}")
+  if got["nonfinite"]:
+    raise DamagedCheckpointError(
+        f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
+        f"{advice}")
+  saved_digest = saved.get("data_sha256")
+  if saved_digest is not None and json_digest(restored["data"]) != saved_digest:
+    raise DamagedCheckpointError(
+        f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
+        f"saved with it; {advice}")
+  compare_identity(where, saved.get("identity"), identity, accept)
+
+
+def path_name(path) -> str:
+  """A pytree path as "a/b/c"."""
+  parts = []
+  for k in path:
+    for attr in ("name", "key", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+def _bits(x: jax.Array) -> jax.Array:
+  """The array's bits as uint32 words (bool and 1-2 byte types widened)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  size = jnp.dtype(x.dtype).itemsize
+  if size == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  if size in (1, 2):
+    return jax.lax.bitcast_convert_type(x, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)
+  return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2] words
+
+
+@jax.jit
+def _fingerprints(leaves: list[jax.Array]):
+  sums, finite = [], []
+  for x in leaves:
+    words = _bits(x).reshape(-1)
+    weights = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+    sums.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * weights).sum(dtype=jnp.uint32)]))
+    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating) else jnp.bool_(True))
+  return sums, finite
+
+
+def fingerprint(tree: Any) -> dict[str, Any]:
+  """{"sums": {array name: [sum, weighted sum]}, "nonfinite": [names]}.
+
+  Computed where the arrays live (one small jitted reduction per array), so
+  it costs no host transfer of the arrays and works on any mesh and any
+  number of processes: the sums come back replicated.
+  """
+  named = [(path_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+           if np.prod(x.shape) > 0]
+  if not named:
+    return {"sums": {}, "nonfinite": []}
+  sums, finite = _fingerprints([x for _, x in named])
+  sums = [np.asarray(s).tolist() for s in sums]
+  return {"sums": {name: s for (name, _), s in zip(named, sums)},
+          "nonfinite": [name for (name, _), ok in zip(named, finite) if not bool(ok)]}

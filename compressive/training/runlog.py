@@ -1,0 +1,288 @@
+"""What a run tells its user while it trains: the log file (WORKDIR/train.log),
+the hyperparameters, one metrics record and log line per `log_every_steps`
+(from the steps' metrics, left on the device until a step must look at
+them), training's own wall time (throughput, ETA, the closing totals) and
+the profiler trace of --profile_steps.
+
+The records themselves are written by metrics.py (MetricWriter: JSON lines
+and TensorBoard); this module decides what goes into them and when.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from compressive.evaluation import evaluate as eval_lib
+from compressive.model import losses
+from compressive.model.transformer import BANKS
+from compressive.scale import flops as flops_lib
+from compressive.training import step as train_step
+from compressive.training.metrics import MetricWriter, read_jsonl, rewrite_jsonl
+
+_log = logging.getLogger("compressive")
+
+
+LOG_FILE = "train.log"
+
+
+class LogFile(logging.FileHandler):
+  """WORKDIR/train.log: appends the logger's lines. A write that fails (a
+  full disk) stops the file with one warning instead of printing logging's
+  traceback for every line; the console keeps the log."""
+
+  def handleError(self, record):
+    if getattr(self, "_failed", False):
+      return
+    self._failed = True
+    e = sys.exc_info()[1]
+    why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    print(f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
+          file=sys.stderr)
+
+  def emit(self, record):
+    if not getattr(self, "_failed", False):
+      super().emit(record)
+
+
+def add_log_file(workdir: str) -> Optional[logging.Handler]:
+  """Adds WORKDIR/train.log to the "compressive" logger; None if this process
+  already logs to that file (a call within a call must not double lines)."""
+  path = os.path.abspath(os.path.join(workdir, LOG_FILE))
+  if any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in _log.handlers):
+    return None
+  handler = LogFile(path, mode="a", encoding="utf-8")
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+  _log.addHandler(handler)
+  return handler
+
+
+def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The config flattened for MetricWriter.write_hparams: dotted keys, values
+  bool / int / float / str (tuples, lists, None and the rest as str)."""
+  flat: dict[str, Any] = {}
+
+  def visit(prefix: str, value):
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      for k, v in value.items():
+        visit(f"{prefix}{k}.", v)
+    elif isinstance(value, (bool, int, float, str)):
+      flat[prefix[:-1]] = value
+    else:
+      flat[prefix[:-1]] = str(value)
+
+  visit("", config.to_dict() if hasattr(config, "to_dict") else config)
+  return flat
+
+
+class Profiler:
+  """A JAX profiler trace of steps START..END (inclusive): started before
+  the first of them this run makes, stopped once END's results are ready;
+  stopped too if the run ends inside the range (an error, a stop request)."""
+
+  def __init__(self, steps: Optional[tuple[int, int]], logdir: str):
+    self.steps, self.logdir, self.tracing, self.done = steps, logdir, False, False
+
+  def __enter__(self) -> "Profiler":
+    return self
+
+  def before(self, step: int) -> None:
+    if self.steps and not (self.tracing or self.done) and self.steps[0] <= step <= self.steps[1]:
+      jax.profiler.start_trace(self.logdir)
+      self.tracing = True
+      _log.info("profiling steps %d-%d into %s", step, self.steps[1], self.logdir)
+
+  def after(self, step: int, outputs) -> None:
+    if self.tracing and step >= self.steps[1]:
+      jax.block_until_ready(outputs)
+      self._stop()
+      _log.info("profile of steps up to %d written to %s", step, self.logdir)
+
+  def _stop(self) -> None:
+    self.tracing, self.done = False, True
+    jax.profiler.stop_trace()
+
+  def __exit__(self, *exc) -> None:
+    if self.tracing:
+      try:
+        self._stop()
+      except Exception as e:  # pylint: disable=broad-except
+        if exc[0] is None:
+          raise
+        _log.warning("the profile trace could not be written: %s", e)
+
+
+class Clock:
+  """Training's own wall time, for throughput and the ETA: the first step's
+  compilation, checkpoint waits and evaluations are left out of it, and
+  totalled for the run's closing line."""
+
+  def __init__(self):
+    self.start = time.time()
+    self.since, self.steps = self.start, 0  # the window since the last log line
+    self.spent = {"eval": 0.0, "save": 0.0}
+    self.times = {"eval": 0, "save": 0}
+
+  def stepped(self, first: bool) -> None:
+    """A step was dispatched. The first of a run returns once compiled
+    (jit compiles before it dispatches), so its wait is the compilation (and
+    its input), which is logged and left out; its computing counts."""
+    self.steps += 1
+    if first:
+      _log.info("first step compiled and dispatched in %.1f s", time.time() - self.since)
+      self.since = time.time()
+
+  def restart(self) -> None:
+    self.since, self.steps = time.time(), 0
+
+  def exclude(self, what: str, since: float) -> float:
+    """Leaves the seconds from `since` to now, spent on `what` ("eval" or
+    "save"), out of training's time; returns them."""
+    took = time.time() - since
+    self.since += took
+    self.spent[what] += took
+    self.times[what] += 1
+    return took
+
+  def log_total(self, first: int, last: int) -> None:
+    if last < first:
+      return
+    total = time.time() - self.start
+    _log.info(
+        "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
+        "(%d saves), training and the rest %.1f s", first, last, eval_lib.hms(total),
+        self.spent["eval"], self.times["eval"], self.spent["save"], self.times["save"],
+        total - self.spent["eval"] - self.spent["save"])
+
+
+class MetricWindow:
+  """The steps' metrics since the last log line, left on the device until a
+  step must look at them (a log line, a save, an evaluation, the end).
+
+  Each step's metrics (a dict of [S] arrays) are packed by one jitted call
+  into a float32 [S, n] array, dispatched like the step and never waited
+  for; `check()` brings every step not read yet to the host in one
+  transfer and returns the first whose loss or gradient was not finite.
+  So an ordinary step reads nothing from the device, and the loop runs
+  ahead of it until the next step that checks.
+  """
+
+  def __init__(self):
+    self.names: Optional[tuple[str, ...]] = None
+    self._pack = None
+    self.steps: list[int] = []  # since the last log line
+    self.pending: list[jax.Array] = []  # the newest len(pending) steps, not read yet
+    self.rows: list[np.ndarray] = []  # the steps read: [S, n] each
+
+  def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    if self._pack is None:
+      self.names = tuple(sorted(metrics))
+      self._pack = jax.jit(lambda m: jnp.stack(
+          [m[k].astype(jnp.float32) for k in self.names], axis=-1))
+    self.steps.append(step)
+    self.pending.append(self._pack(metrics))
+
+  def check(self) -> Optional[int]:
+    """Reads the unread steps (one transfer); the first non-finite step
+    among them, or None."""
+    if not self.pending:
+      return None
+    first = len(self.rows)
+    self.rows.extend(np.asarray(jax.device_get(jnp.stack(self.pending))))
+    self.pending = []
+    finite = self.names.index("finite")
+    for step, row in zip(self.steps[first:], self.rows[first:]):
+      if not (row[:, finite] > 0).all():
+        return step
+    return None
+
+  def take(self) -> dict[str, np.ndarray]:
+    """The window's metrics, read (check() first), as {name: [steps, S]};
+    the window starts again empty."""
+    if self.pending:
+      raise RuntimeError("take() before check(): steps of the window are not read yet")
+    stacked = np.stack(self.rows)  # [steps, S, n]
+    self.steps, self.rows = [], []
+    return {k: stacked[..., i] for i, k in enumerate(self.names)}
+
+
+class MetricLog:
+  """The steps' metrics between two log lines, aggregated into one record of
+  the train metrics and one log line: loss and bits over every predicted
+  token, the other metrics averaged over segments, the learning rate,
+  throughput, MFU (where the devices' peak is known: not on CPU) and ETA.
+  `end`: the run's last step (for the ETA); `accum`: its grad_accum_steps
+  (the FLOPs per token are those of one micro-batch's rows)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, writer: MetricWriter, end: int,
+               accum: int):
+    self.config, self.writer, self.end = config, writer, end
+    self.bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
+    self.schedule = train_step.learning_rate_schedule(config)
+    b = config.batch_size
+    self.tokens_per_step = config.segments_per_step * b * config.model.segment_length
+    self.train_flops = flops_lib.flops_per_token(config.model, b // accum).train
+    peak = flops_lib.device_peak_flops(config.model.dtype)
+    self.peak = None if peak is None else peak * jax.device_count()
+
+  def due(self, step: int) -> bool:
+    return step % self.config.log_every_steps == 0 or step == self.config.num_train_steps
+
+  def write(self, step: int, m: dict[str, np.ndarray], clock: Clock) -> None:
+    """One record and log line of the window `m` ({name: [steps, S]}), which
+    ends at `step`."""
+    elapsed = time.time() - clock.since
+    steps = clock.steps
+    nats, count = float(m["nats"].sum()), max(float(m["tokens"].sum()), 1.0)
+    updates = step * self.config.segments_per_step  # the optimizer's count after this step
+    scalars = {
+        "loss": nats / count,
+        self.bits_name: nats / count / losses.LN2,
+        "reconstruction_loss": float(np.mean(m["reconstruction_loss"])),
+        "grad_norm": float(np.mean(m["grad_norm"])),
+        "learning_rate": float(self.schedule(updates)),
+        "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
+    }
+    mfu = ""
+    if self.peak and steps:
+      scalars["mfu"] = scalars["tokens_per_second"] * self.train_flops / self.peak
+      mfu = f"  MFU {100 * scalars['mfu']:.1f}%"
+    mass = [float(np.mean(m[f"attention_mass/{k}"])) for k in BANKS]
+    # Fused rope attention computes no weights, so there is no mass to log
+    # (the model reports NaN); leave the scalars out rather than log NaN.
+    attn = "n/a"
+    if all(np.isfinite(mass)):
+      scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
+      attn = "/".join(f"{v:.2f}" for v in mass)
+    eta = (self.end - step) * elapsed / max(steps, 1)
+    self.writer.write(step, scalars)
+    _log.info(
+        "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
+        step, self.config.num_train_steps, scalars["loss"], self.bits_name,
+        scalars[self.bits_name], scalars["reconstruction_loss"], attn,
+        scalars["tokens_per_second"], mfu, eval_lib.hms(eta))
+    clock.restart()
+
+
+def truncate_metrics(path: str, step: int) -> None:
+  """Drops log records written after the checkpoint a run resumes from (and
+  any line a crash cut short), replacing the file at once."""
+  if os.path.exists(path):
+    rewrite_jsonl(path, [r for r in read_jsonl(path) if r["step"] <= step])
+
+
+def warn_of_endless_warmup(config) -> None:
+  """A warmup as long as the run never reaches the peak learning rate."""
+  if config.optimizer.warmup_steps >= config.num_train_steps:
+    _log.warning(
+        "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
+        "up when the run ends and never reaches optimizer.learning_rate=%g",
+        config.optimizer.warmup_steps, config.num_train_steps, config.optimizer.learning_rate)
