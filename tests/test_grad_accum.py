@@ -148,7 +148,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(sharding, "validate", lambda config, num_devices=None: (2, 1, 1))
+  monkeypatch.setattr(sharding, "validate", lambda config, state, num_devices=None: (2, 1, 1))
   config_lib.check(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
     config_lib.check(tiny_experiment(grad_accum_steps=4))
@@ -180,7 +180,7 @@ for accum in (1, 2):
   tx = train_step.make_optimizer(config, abstract)
   astate = train_step.abstract_train_state(config, abstract, tx)
   amemory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, 8))
-  layout = train_step.make_layout(config, mesh, abstract, astate, amemory)
+  layout = train_step.make_layout(config, mesh, template, astate, amemory)
   state = train_step.init_train_state(config, tx, layout)
   memory = train_step.init_sharded_memory(config, 8, layout)
   step = train_step.make_train_step(graphdef, template, tx, False, layout, grad_accum_steps=accum)
