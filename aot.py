@@ -93,7 +93,7 @@ def run(config, target_name: str, step: str) -> int:
        f"mesh {dict(mesh.shape)}")
   start = time.perf_counter()
   lower = aot_lib.lower_train_step if step == "train" else aot_lib.lower_eval_step
-  lowered = lower(config, mesh)
+  lowered = lower(experiment, mesh)
   _say(f"lowered in {time.perf_counter() - start:.1f} s; compiling")
   try:
     compiled, seconds = _compile_with_progress(lowered, what)

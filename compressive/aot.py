@@ -29,7 +29,7 @@ from compressive import config as config_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.scale import flops as flops_lib
 from compressive.scale import sharding
-from compressive.training import loop as train_lib
+from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
 
 STEPS = ("train", "eval")
@@ -42,14 +42,16 @@ def _abstract(tree, shardings):
                       tree, shardings)
 
 
-def lower_train_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lowered:
-  """The train step of `config` on `mesh` (training's own), lowered from shapes."""
-  setup = train_lib.build_setup(config, mesh)
+def lower_train_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowered:
+  """The checked experiment's train step on `mesh` (training's own), lowered
+  from shapes."""
+  config, cfg = experiment.config, experiment.model
+  setup = setup_lib.build_setup(experiment, mesh)
   layout = setup.layout
   step = train_step.make_train_step(
-      setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
-      grad_accum_steps=config.grad_accum_steps)
-  s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
+      setup.graphdef, setup.state_template, setup.tx, cfg.dropout_rate > 0, layout,
+      grad_accum_steps=experiment.grad_accum_steps)
+  s, b, t = config.segments_per_step, config.batch_size, cfg.segment_length
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k]) for k, shape, dt in (
       ("inputs", (s, b, t), jnp.int32), ("targets", (s, b, t), jnp.int32),
       ("mask", (s, b, t), jnp.bool_), ("start_of_sequence", (s, b), jnp.bool_))}
@@ -57,11 +59,12 @@ def lower_train_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lowe
                     _abstract(setup.abstract_memory, layout.memory), batch)
 
 
-def lower_eval_step(config: ml_collections.ConfigDict, mesh) -> jax.stages.Lowered:
+def lower_eval_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowered:
   """One segment of streaming evaluation at the config's evaluation sizes
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
-  graphdef, template, abstract_params = train_step.abstract_model(config)
+  config = experiment.config
+  graphdef, template, abstract_params = train_step.abstract_model(experiment)
   b, t, init_memory = eval_lib.stream_shapes(config, mesh)
   abstract_memory = jax.eval_shape(init_memory)
   init, step, param_shardings = eval_lib.stream_functions(

@@ -40,10 +40,8 @@ from compressive.training import step as train_step
 from compressive.errors import ConfigError
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
-# Re-exported: the error train_and_evaluate raises, and the setup aot.py
-# compiles for a target.
+# Re-exported: the error train_and_evaluate raises.
 from compressive.errors import NonFiniteError  # pylint: disable=unused-import
-from compressive.training.setup import build_setup  # pylint: disable=unused-import
 
 _log = logging.getLogger("compressive")
 
@@ -102,7 +100,8 @@ def train_and_evaluate(
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
-  config = config_lib.experiment_of(config).config
+  experiment = config_lib.experiment_of(config)
+  config = experiment.config
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus)
   is_main = jax.process_index() == 0
@@ -113,7 +112,7 @@ def train_and_evaluate(
     log_file = runlog.add_log_file(workdir) if is_main else None
     checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
     try:
-      result = _train(config, workdir, checkpointer, is_main, options)
+      result = _train(experiment, workdir, checkpointer, is_main, options)
     except BaseException:
       # Whatever ends the run (an exception, a second signal, a NaN): the
       # save in flight is finished before the error goes on, so no checkpoint
@@ -156,9 +155,11 @@ class _Run:
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _train(config, workdir, checkpointer, is_main, options: _Options) -> dict[str, float]:
+def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
+           options: _Options) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
+  config = experiment.config
   if checkpointer.all_steps():
     ckpt_lib.check_resume_config(workdir, config)
   tokenizer = data_lib.get_tokenizer(config.data)
@@ -166,7 +167,7 @@ def _train(config, workdir, checkpointer, is_main, options: _Options) -> dict[st
     raise ConfigError(
         f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
         f"vocabulary ({tokenizer.vocab_size})")
-  setup = setup_lib.build_setup(config)
+  setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(config, setup.layout, tokenizer)
   identity = ckpt_lib.run_identity(config, tokenizer.identity,
                                    data_lib.corpus_identity(config.data))

@@ -18,10 +18,10 @@ from typing import Any, Optional
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
@@ -48,16 +48,18 @@ class Setup:
             ckpt_lib.abstract(self.abstract_memory, self.layout.memory))
 
 
-def build_setup(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh] = None) -> Setup:
+def build_setup(experiment: config_lib.Experiment,
+                mesh: Optional[jax.sharding.Mesh] = None) -> Setup:
   """Shapes and layout of training on `mesh` (default: the config's mesh over
-  this run's devices; aot.py passes a target's). Nothing is allocated."""
+  this run's devices; aot.py passes a target's), from the checked
+  experiment's abstract model. Nothing is allocated."""
+  config, cfg = experiment.config, experiment.model
   mesh = sharding.make_mesh(config) if mesh is None else mesh
-  graphdef, state_template, abstract_params = train_step.abstract_model(config)
+  graphdef, state_template, abstract_params = train_step.abstract_model(experiment)
   tx = train_step.make_optimizer(config, abstract_params)
   abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
-  dtype = jnp.dtype(config.model.dtype)
   abstract_memory = jax.eval_shape(
-      lambda: memory_lib.init_memory(config.model, config.batch_size, dtype))
+      lambda: memory_lib.init_memory(cfg, config.batch_size, jnp.dtype(cfg.dtype)))
   return Setup(
       graphdef=graphdef, state_template=state_template, tx=tx, abstract_state=abstract_state,
       abstract_memory=abstract_memory,
