@@ -142,9 +142,9 @@ def expected_training_problems(v, o):
 @settings(max_examples=400, deadline=None)
 @given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
-  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top
+  from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(dict(values, seed=0, grad_accum_steps=1,
                                           optimizer=dict(opt, name="adam")))
   assert_rejects_exactly(
-      lambda: train_lib.validate_training_config(config), expected_training_problems(values, opt),
+      lambda: config_lib.validate_training_config(config), expected_training_problems(values, opt),
       lambda message: {message.split("=", 1)[0]})
