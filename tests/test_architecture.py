@@ -18,7 +18,8 @@ ENTRY_POINTS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "
 
 # Bottom to top. A module may import its own layer and the ones before it.
 LAYERS = (
-    ("base", ("compressive.errors", "compressive.cli", "compressive.cli_config")),
+    ("base", ("compressive.errors", "compressive.cli", "compressive.cli_config",
+              "compressive.plugins")),
     ("model", ("compressive.model",)),
     ("data", ("compressive.data",)),
     ("scale", ("compressive.scale",)),

@@ -23,11 +23,11 @@ Nothing here imports a source: the registry is filled by the sources.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Callable, Iterator, Optional
 
 import ml_collections
 
+from compressive import plugins
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 
@@ -122,25 +122,8 @@ def get(name: str) -> Source:
   (so a config that names it, config.json included, imports it again
   wherever it is read). ConfigError (one line) naming the choices, or why
   the outside one cannot be had."""
-  field = f'data.source={name!r}'
-  if not isinstance(name, str) or ':' not in name:
-    if name not in _SOURCES:
-      raise ConfigError(f"{field} is unknown; choose one of {', '.join(_SOURCES)}, "
-                        'or module:Name for one defined elsewhere')
-    return _SOURCES[name]
-  module_name, _, attr = name.partition(':')
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
-    raise ConfigError(f'{field}: cannot import module {module_name!r} '
-                      f'({type(e).__name__}: {" ".join(str(e).split())}); is it on PYTHONPATH?') from None
-  source = getattr(module, attr, None) if attr else None
-  if source is None:
-    raise ConfigError(f'{field}: module {module_name!r} has no {attr!r}')
-  if not isinstance(source, Source):
-    raise ConfigError(f'{field}: {attr!r} of {module_name!r} is not a '
-                      'compressive.data.registry.Source')
-  return source
+  return plugins.lookup('data.source', name, _SOURCES, lambda s: isinstance(s, Source),
+                        'a compressive.data.registry.Source')
 
 
 def section(data_config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

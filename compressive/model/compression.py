@@ -17,7 +17,6 @@ this package is named `module:Name` (`resolve`) and imported on demand.
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import ClassVar
 
@@ -25,7 +24,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from compressive.errors import ConfigError
+from compressive import plugins
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.layers import dense, param
@@ -46,25 +45,10 @@ def resolve(name: str) -> type["Compression"]:
   `module:Name` for one defined outside this package, whose module is
   imported now (so a config that names it, config.json included, imports it
   again wherever it is read). ConfigError (one line) when it cannot be."""
-  field = f"model.compression={name!r}"
-  if not isinstance(name, str) or ":" not in name:
-    if name not in COMPRESSIONS:
-      raise ConfigError(f"{field} is unknown; choose one of {', '.join(COMPRESSIONS)}, "
-                        "or module:Name for one defined elsewhere")
-    return COMPRESSIONS[name]
-  module_name, _, attr = name.partition(":")
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
-    raise ConfigError(f"{field}: cannot import module {module_name!r} "
-                      f"({type(e).__name__}: {' '.join(str(e).split())}); is it on PYTHONPATH?") from None
-  cls = getattr(module, attr, None) if attr else None
-  if cls is None:
-    raise ConfigError(f"{field}: module {module_name!r} has no {attr!r}")
-  if not (isinstance(cls, type) and issubclass(cls, Compression)):
-    raise ConfigError(f"{field}: {attr!r} of {module_name!r} is not a subclass of "
-                      "compressive.model.compression.Compression")
-  return cls
+  return plugins.lookup(
+      "model.compression", name, COMPRESSIONS,
+      lambda c: isinstance(c, type) and issubclass(c, Compression),
+      "a subclass of compressive.model.compression.Compression")
 
 
 class Compression(nnx.Module):
