@@ -1,41 +1,8 @@
-"""Export a workdir's parameters: python export.py --workdir=DIR --output=OUT [--step=N].
+"""Export a workdir's parameters: `python export.py` in a checkout runs the same
+tool as `python -m compressive.export` from anywhere. The tool, its flags and
+its --help are compressive/export.py."""
 
-Writes the parameters of the workdir's latest (or --step) checkpoint and its
-config into OUT, a new or empty folder: no optimizer state, no training
-memory, no data position, so the export is about a third of a checkpoint.
-`compressive.load(OUT)` and `sample.py --workdir=OUT` read it like the
-workdir. The checkpoint is verified as it is read; the export is written
-beside OUT and renamed into place when complete. Single process.
-"""
-
-import json
-import os
-
-from absl import app
-from absl import flags
-
-from compressive import cli
-from compressive.training import export as export_lib
-
-FLAGS = flags.FLAGS
-cli.define_workdir_flags()
-flags.DEFINE_string("output", None, "The export's folder: new, or empty.")
-flags.mark_flag_as_required("output")
-
-
-def main(argv):
-  del argv  # cli.parse_flags refuses positional arguments
-  cli.quiet_libraries()
-  with cli.user_errors():
-    cli.check_flag("step", cli.at_least(0), ">= 0")
-    # Cheap checks first: a mistaken --output is found before any restore.
-    export_lib.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
-    step = export_lib.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
-  size = sum(os.path.getsize(os.path.join(d, f))
-             for d, _, files in os.walk(FLAGS.output) for f in files)
-  print(json.dumps({"workdir": FLAGS.workdir, "step": step, "output": FLAGS.output,
-                    "bytes": size}), flush=True)
-
+import runpy
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  runpy.run_module("compressive.export", run_name="__main__")

@@ -1,4 +1,4 @@
-"""The README's table "Before renting the hardware": every preset x paper
+"""The table of docs/SCALING.md §Before renting the hardware: every preset x paper
 experiment compiled ahead of time for its hardware by aot.py.
 
     make aot-venv

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/input_pipeline.py                        # every row, ~11 min
     .venv/bin/python benchmarks/input_pipeline.py --steps=10 --rows=gpu8:pg19
 
-For each preset x paper experiment of the README's table "Before renting
-the hardware" (the rows of docs/results/aot_table.json, which give each
+For each preset x paper experiment of the table of docs/SCALING.md §Before renting
+the hardware (the rows of docs/results/aot_table.json, which give each
 row's step time at 40% MFU and its number of host processes), this builds
 ONE host's share of the training input, as train.py would on that host: the
 preset's config, its global batch B, segments per step S and segment length

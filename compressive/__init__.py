@@ -7,8 +7,8 @@ from compressive.model.memory import Memory, init_memory, reset_rows
 from compressive.model.transformer import CompressiveTransformer
 from compressive.model import sampling
 
-# `compressive.sampling` stays importable by its public name (README, "From
-# Python"); the module lives in the model layer.
+# `compressive.sampling` stays importable by its public name (docs/EVALUATION.md §From
+# Python); the module lives in the model layer.
 sys.modules.setdefault(__name__ + ".sampling", sampling)
 
 __all__ = [

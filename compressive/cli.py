@@ -27,6 +27,7 @@ import re
 import sys
 from typing import Any, Callable, Iterator, Optional
 
+from absl import app
 from absl import flags
 
 from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
@@ -260,6 +261,17 @@ def define_split_flags(split_help: str, max_segments_help: str) -> None:
   flags.DEFINE_float("progress_seconds", 10.0,
                      "Seconds between progress lines on stderr (0: every segment).",
                      module_name=module)
+
+
+def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
+  """Runs a tool: absl's app.run(main) with parse_flags. A tool is a module
+  of this package (compressive/train.py, ...), started as `python -m
+  compressive.train` or through the script of the same name at the
+  repository root, which runs the module as __main__ (runpy): either way its
+  flags belong to the command's script, as absl names it, and its --help
+  starts with `doc`, the tool's docstring (absl prints __main__'s)."""
+  sys.modules["__main__"].__doc__ = doc
+  app.run(main, flags_parser=parse_flags)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

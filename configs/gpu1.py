@@ -10,8 +10,8 @@ Mesh (1, 1, 1); activations in bfloat16 (parameters and optimizer state stay
 float32). The paper-size models keep the experiment's batch (32 rows); if
 they do not fit your GPU's memory, lower it, e.g. --config.batch_size=16
 (the learning rate is not rescaled for you). Not run on a GPU by us; compiled
-for one H100 80 GB by aot.py, where enwik8 and pg19 take 32 GiB (README
-"Before renting the hardware").
+for one H100 80 GB by aot.py, where enwik8 and pg19 take 32 GiB (docs/SCALING.md
+§Before renting the hardware).
 """
 
 import importlib

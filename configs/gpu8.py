@@ -13,8 +13,8 @@ full copy of the parameters and Adam state (about 16 bytes per parameter:
 model too big for that, shard parameters and optimizer state instead with
 --config.mesh.shape='(1,8,1)' (FSDP), or split heads and MLP units too with
 '(1,4,2)'. Activations in bfloat16. Not run on GPUs by us; compiled for 8
-H100 80 GB by aot.py, where enwik8 takes 8.7 GiB a GPU and pg19 12.6 (README
-"Before renting the hardware").
+H100 80 GB by aot.py, where enwik8 takes 8.7 GiB a GPU and pg19 12.6 (docs/SCALING.md
+§Before renting the hardware).
 """
 
 import importlib

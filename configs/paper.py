@@ -24,7 +24,8 @@ def base() -> ml_collections.ConfigDict:
   # 24 to 36 layers: one scanned layer compiles once, not 36 times. Scanned,
   # every layer's activations are kept for the backward pass unless remat
   # recomputes them: pg19 on a v5e-8 needs 18.3 GiB a chip without, 5.4 GiB
-  # keeping only the weight matmuls' outputs (aot.py, README table).
+  # keeping only the weight matmuls' outputs (aot.py, docs/SCALING.md
+  # §Before renting the hardware).
   config.model.scan_layers = True
   config.model.remat = "matmuls"
   config.model.compression = "conv"  # the paper's best: conv + attention loss

@@ -14,7 +14,7 @@ activations); XLA gathers each layer's weights as the step reaches it.
 '(1,4,2)' also splits attention heads and MLP units over pairs of chips,
 halving the attention activations per chip. Activations in bfloat16. Not run
 on a TPU by us; compiled for a v5e-8 by aot.py, where enwik8 takes 5.8 GiB
-a chip and pg19 5.4 of the 15.75 (README "Before renting the hardware").
+a chip and pg19 5.4 of the 15.75 (docs/SCALING.md §Before renting the hardware).
 """
 
 import importlib

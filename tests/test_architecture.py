@@ -16,6 +16,11 @@ PACKAGE = ROOT / "compressive"
 ENTRY_POINTS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "aot.py",
                 "train_tokenizer.py")
 
+# The command-line tools, each run as `python -m <module>` (the root scripts
+# of ENTRY_POINTS run the same modules).
+TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compressive.analyze",
+         "compressive.export", "compressive.aot.__main__", "compressive.train_tokenizer")
+
 # Bottom to top. A module may import its own layer and the ones before it.
 LAYERS = (
     ("base", ("compressive.errors", "compressive.cli", "compressive.cli_config",
@@ -28,6 +33,7 @@ LAYERS = (
     ("training", ("compressive.training",)),
     ("planning", ("compressive.aot",)),
     ("api", ("compressive",)),  # the package's __init__: the public names
+    ("tools", TOOLS),  # python -m compressive.train, ...: the command-line tools
 )
 MAX_FUNCTION_LINES = 45
 MAX_MODULE_LINES = 450
@@ -191,3 +197,18 @@ def test_no_function_is_longer_than_the_limit():
 def test_every_package_module_is_in_a_layer():
   for module in MODULES:
     layer_of(module)
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_each_root_script_only_runs_its_tool(script):
+  # The tool is the package's (it is there after `pip install .`); the
+  # script in the checkout runs that module as __main__ and holds nothing else.
+  tree = ast.parse((ROOT / script).read_text())
+  imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+  assert [a.name for n in imports for a in n.names] == ["runpy"]
+  calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+  [call] = calls
+  module = call.args[0].value  # a package's tool is its __main__
+  ran = module if module in MODULES and module in TOOLS else f"{module}.__main__"
+  assert ast.unparse(call.func) == "runpy.run_module" and ran in TOOLS and ran in MODULES
+  assert pathlib.Path(script).stem == module.rpartition(".")[2]

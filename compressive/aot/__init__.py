@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of the train and evaluation steps for hardware
-this machine does not have (aot.py; README "Before renting the hardware").
+this machine does not have (aot.py; docs/SCALING.md §Before renting the hardware).
 
 The step is built exactly as training and evaluation build it (the same
 `make_train_step` / `eval_lib.stream_functions`, layout and mesh), but over

@@ -1,0 +1,168 @@
+"""Analyse what a checkpoint's memory does; JSON plus a PNG figure.
+
+    python analyze.py --workdir=runs/default --analysis=attention --split=validation
+    python analyze.py --workdir=runs/default --analysis=loss_by_position
+
+`attention`: the paper's §5.5 figure, average attention weight per position
+bucket over [compressed memory | memory | segment], per layer.
+`loss_by_position`: mean loss by position within documents.
+`recall`: accuracy on planted facts by distance (a model trained with
+data.source=recall).
+The JSON is printed as the last line of stdout, then written with a figure to
+DIR/analysis_<name>_<split>.{json,png} (a workdir that cannot be written, e.g.
+read-only, is a warning). A progress line (segment i/total, tokens per second,
+ETA) goes to stderr every --progress_seconds.
+
+The evaluation memory sizes and --mesh_shape work as in eval.py.
+"""
+
+import json
+import logging
+import os
+import sys
+
+from absl import flags
+
+import compressive
+from compressive import config as config_lib
+from compressive.evaluation import analysis
+from compressive.training import checkpoint
+from compressive import cli
+from compressive import data as data_lib
+from compressive.errors import ConfigError
+
+FLAGS = flags.FLAGS
+cli.define_workdir_flags()
+flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
+                  "What to measure.")
+# The same default split as eval.py's (validation; see cli.define_split_flags).
+cli.define_split_flags("Split.", "Stop after this many segments per row.")
+cli.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
+flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
+flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
+
+
+def plot_attention(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(9, 4))
+  x = range(len(result["mean"]))
+  for i, layer in enumerate(result["layers"]):
+    ax.plot(x, layer, alpha=0.35, label=f"layer {i}")
+  ax.plot(x, result["mean"], color="black", linewidth=2, label="mean")
+  b = len(result["mean"]) // 3
+  for edge in (b - 0.5, 2 * b - 0.5):
+    ax.axvline(edge, color="grey", linestyle=":")
+  ax.set_xticks([b / 2 - 0.5, 1.5 * b - 0.5, 2.5 * b - 0.5],
+                ["compressed memory", "memory", "segment"])
+  ax.set_ylabel("average attention weight")
+  ax.set_title("Attention by position (oldest left), §5.5")
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def plot_loss(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot([max(s, 1) for s in result["start"]], result["bits"], marker="o")
+  ax.set_xscale("log")
+  ax.set_xlabel("position in document (tokens, bucket start)")
+  ax.set_ylabel("bits per token")
+  ax.set_title("Loss by position within documents")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def plot_recall(result, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot(result["distance"], result["byte_accuracy"], marker="o", label="answer bytes")
+  ax.plot(result["distance"], result["exact_match"], marker="s", label="whole answers")
+  ax.set_xscale("log")
+  ax.set_xlabel("distance from fact to query (bytes)")
+  ax.set_ylabel("accuracy")
+  ax.set_ylim(0, 1)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def validate_flags() -> None:
+  """The flags' own ranges, before anything is read."""
+  cli.check_flag("buckets", cli.at_least(1), ">= 1")
+  cli.check_flag("bucket_tokens", cli.at_least(1), ">= 1")
+  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
+
+
+def main(argv):
+  del argv  # cli.parse_flags refuses positional arguments
+  cli.quiet_libraries()
+  with cli.user_errors():
+    validate_flags()
+    logging.getLogger("compressive").setLevel(logging.INFO)  # progress lines on stderr
+    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    if FLAGS.analysis == "recall" and config.data.source != "recall":
+      raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
+                        f"{FLAGS.workdir} was trained on data.source={config.data.source}")
+    sizes = {name: FLAGS[name].value for name in ("memory_length", "compressed_memory_length")}
+    suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
+    _, note = config_lib.check_saved(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
+    # The corpus before the model: a corpus that cannot be read fails before any loading.
+    tokenizer = data_lib.get_tokenizer(config.data)
+    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
+    result, plot = run(model, documents, config)
+  save(result, plot, suffix)
+
+
+def run(model, documents, config):
+  """(the result of --analysis, the function that plots it)."""
+  every = FLAGS.progress_seconds
+  if FLAGS.analysis == "attention":
+    try:
+      result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+                                            max_segments=FLAGS.max_segments,
+                                            progress_every_s=every)
+    except ValueError as e:  # the split's documents are too short to fill the memories
+      if not str(e).startswith("no segment had full memories"):
+        raise
+      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+    return result, plot_attention
+  if FLAGS.analysis == "recall":
+    return analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
+                                    progress_every_s=every), plot_recall
+  return analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
+                                   max_segments=FLAGS.max_segments,
+                                   progress_every_s=every), plot_loss
+
+
+def save(result, plot, suffix: str) -> None:
+  """Prints the result, then writes it and its figure beside the workdir's files."""
+  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
+  print(json.dumps(result), flush=True)
+  stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
+  try:
+    with open(stem + ".json", "w") as f:
+      json.dump(result, f, indent=2)
+    plot(result, stem + ".png")
+  except OSError as e:
+    cli.warn(f"the result is printed but not saved: cannot write {e.filename or stem}: "
+             f"{e.strerror or e}")
+    return
+  print(f"figure: {stem}.png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  cli.run(main, __doc__)

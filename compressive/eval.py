@@ -1,0 +1,125 @@
+"""Evaluate a training workdir: python eval.py --workdir=DIR [--split=validation].
+
+Streams whole documents of the split through the model with the evaluation
+memory sizes of the workdir's config (override them with the flags below).
+Prints the result as one JSON object on the last line of stdout, then writes it
+to DIR/eval_<split>_step<N>.json (a workdir that cannot be written, e.g.
+read-only, is a warning). Checkpoints are only read, never written. On PG-19
+a whole split also gives `word_perplexity` with `words` (counted) and, for
+validation and test, `words_official`, its normaliser (compressive/evaluation/evaluate.py).
+
+The checkpoint is restored onto this machine's devices, whatever mesh trained
+it: the saved config's `mesh.shape` is used if it fits this machine's devices,
+else data parallel over all of them (-1,1,1), unless --mesh_shape says
+otherwise (e.g. --mesh_shape=1,8,1 to keep parameters sharded). Multi-host:
+the same flags as train.py (--multihost, or --coordinator_address,
+--num_processes, --process_id); process 0 prints and writes the result.
+
+A progress line (segment i/total, tokens per second, ETA) goes to stderr
+every --progress_seconds; stdout holds only the result.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import sys
+
+from absl import flags
+import jax
+
+import compressive
+from compressive import config as config_lib
+from compressive.errors import CheckpointError
+from compressive.training import checkpoint
+from compressive import cli
+from compressive import data as data_lib
+from compressive.evaluation import evaluate as eval_lib
+from compressive.training import export as export_lib
+from compressive.scale import sharding
+
+FLAGS = flags.FLAGS
+cli.define_workdir_flags()
+cli.define_split_flags("Split to evaluate.",
+                       "Stop after this many segments per row (a quick estimate).")
+flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
+flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
+cli.define_memory_flags()
+cli.define_multihost_flags(refer_to_train=True)
+
+
+def validate_flags() -> None:
+  """The flags' own ranges, before anything is read."""
+  for name in ("batch_size", "segment_length"):
+    cli.check_flag(name, cli.at_least(1, -1), ">= 1 (or -1: the training run's)")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
+
+
+def check_step() -> None:
+  """CheckpointError, before any loading, when the workdir has no checkpoint
+  to evaluate (an export holds one step, checked when it is loaded)."""
+  if export_lib.is_export(FLAGS.workdir):
+    return
+  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+  saved = checkpointer.all_steps()
+  checkpointer.close()
+  step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+  if step is None:
+    raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+  if step not in saved:
+    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                          f"saved steps are {', '.join(map(str, saved))}")
+
+
+def main(argv):
+  del argv  # cli.parse_flags refuses positional arguments
+  cli.quiet_libraries()
+  with cli.user_errors():
+    validate_flags()
+    sharding.initialize_distributed(
+        auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
+        num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+    # Progress lines on stderr, from process 0 only.
+    logging.getLogger("compressive").setLevel(
+        logging.INFO if jax.process_index() == 0 else logging.WARNING)
+    config = checkpoint.load_config(FLAGS.workdir)
+    config.eval.split = FLAGS.split
+    experiment, note = config_lib.check_saved(
+        config, sizes={name: FLAGS[name].value for name in config_lib.SIZE_FIELDS},
+        mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
+    check_step()
+    tokenizer = data_lib.get_tokenizer(config.data)
+    # Evaluation reads every document: a bad one is found now, not after compiling.
+    data_lib.check_documents(config.data, FLAGS.split, tokenizer)
+    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+    # The newest step when none is given: a trainer may rotate it away
+    # meanwhile, and load() then reads the newest one that exists.
+    config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
+    result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
+                               progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
+  result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
+  if jax.process_index():
+    return
+  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
+  print(json.dumps(result), flush=True)
+  path = os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json")
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with open(tmp, "w") as f:
+      json.dump(result, f, indent=2)
+    os.replace(tmp, path)
+  except OSError as e:
+    cli.warn(f"the result is printed but not saved: cannot write {path}: "
+             f"{e.strerror or e}")
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+
+
+if __name__ == "__main__":
+  cli.run(main, __doc__)

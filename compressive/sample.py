@@ -1,0 +1,113 @@
+"""Generate text from a trained workdir, streaming it as it is produced.
+
+    python sample.py --workdir=runs/default --prompt="To be, or not" --num_tokens=500
+
+The prompt is consumed segment by segment into the memory; decoding is token by
+token with cached keys and values; length is unbounded, memory use is not.
+
+The memory has the evaluation sizes of the workdir's config (config.eval, as
+eval.py and analyze.py use; -1 there: training's), which --memory_length and
+--compressed_memory_length override; --mesh_shape works as in eval.py.
+"""
+
+import os
+import sys
+
+from absl import flags
+
+import compressive
+from compressive import config as config_lib
+from compressive.training import checkpoint
+from compressive import cli
+from compressive import data as data_lib
+from compressive.errors import ConfigError
+from compressive.model.sampling import Sampler, TextStream
+
+FLAGS = flags.FLAGS
+cli.define_workdir_flags()
+flags.DEFINE_string("prompt", None, "Prompt text.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
+flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
+flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
+flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+cli.define_memory_flags()
+
+
+def validate_flags() -> None:
+  """The flags' own ranges, before any model is loaded."""
+  if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
+    raise ConfigError("give exactly one of --prompt or --prompt_file")
+  cli.check_flag("num_tokens", cli.at_least(1), ">= 1")
+  cli.check_flag("temperature", cli.finite_at_least(0.0), "a finite number >= 0 (0: greedy)")
+  cli.check_flag("top_k", cli.at_least(0), ">= 0 (0: all tokens)")
+  cli.check_flag("top_p", lambda p: 0.0 < p <= 1.0, "in (0, 1] (1: off)")
+  cli.check_flag("step", cli.at_least(0), ">= 0")
+  for name in ("memory_length", "compressed_memory_length"):
+    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+
+
+def read_prompt() -> str:
+  """The prompt text (UTF-8), from --prompt or --prompt_file; never empty."""
+  if FLAGS.prompt_file is not None:
+    name = FLAGS.prompt_file
+    if not os.path.exists(name):
+      raise ConfigError(f"--prompt_file={name}: no such file")
+    if os.path.isdir(name):
+      raise ConfigError(f"--prompt_file={name} is a folder, not a file")
+    with open(name, "rb") as f:
+      raw = f.read()
+    try:
+      prompt = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+      raise ConfigError(f"--prompt_file={name} is not UTF-8 text: invalid byte at offset "
+                        f"{e.start} ({e.reason})") from None
+    flag = f"--prompt_file={name}"
+  else:
+    prompt, flag = FLAGS.prompt, "--prompt"
+    try:
+      prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes on the command line
+      raise ConfigError("--prompt is not valid UTF-8 text") from None
+  if not prompt:
+    raise ConfigError(f"the prompt is empty ({flag}): give at least one character")
+  return prompt
+
+
+def main(argv):
+  del argv  # cli.parse_flags refuses positional arguments
+  cli.quiet_libraries()
+  with cli.user_errors():
+    validate_flags()
+    prompt = read_prompt()
+    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+    experiment, note = config_lib.check_saved(
+        config, sizes={name: FLAGS[name].value
+                       for name in ("memory_length", "compressed_memory_length")},
+        mesh_shape=FLAGS.mesh_shape)
+    if note:
+      print(note, file=sys.stderr)
+    tokenizer = data_lib.get_tokenizer(config.data)
+    ids = tokenizer.encode(prompt)
+    if ids.size == 0:
+      raise ConfigError("the prompt is empty after tokenization: give at least one token")
+    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
+    sizes = experiment.eval_sizes
+    sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
+                      compressed_memory_length=sizes["compressed_memory_length"])
+    stream = TextStream(tokenizer)
+    try:
+      sys.stdout.write(prompt)
+      for token in sampler.generate(ids, FLAGS.num_tokens, temperature=FLAGS.temperature,
+                                    top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed):
+        sys.stdout.write(stream.push(int(token[0])))
+        sys.stdout.flush()
+      sys.stdout.write(stream.flush() + "\n")  # a character cut short by the end, as U+FFFD
+      sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+  cli.run(main, __doc__)

@@ -1,0 +1,88 @@
+"""Train a Compressive Transformer: python train.py --config=configs/X.py --workdir=DIR.
+
+Override any config field with --config.a.b=value (a typo is an error). A
+workdir that already holds checkpoints is resumed from its latest one, on
+whatever mesh this run's config and devices give.
+
+Process 0 also appends the log to WORKDIR/train.log; --profile_steps=START,END
+writes a JAX profiler trace of those steps to WORKDIR/profile.
+
+Multi-host (docs/SCALING.md §Several processes): start the same command on every host with
+--multihost (Cloud TPU slices, SLURM and Open MPI are detected), or with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I anywhere
+else; the workdir must be shared by all hosts. Process 0 alone writes the
+config, metrics and logs; checkpoints are written by all together.
+"""
+
+import logging
+
+from absl import flags
+import jax
+
+from compressive import cli
+from compressive import config as config_lib
+from compressive.training import interrupts
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+
+FLAGS = flags.FLAGS
+cli.define_config_flag(default="configs/default.py")
+cli.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
+cli.define_multihost_flags()
+flags.DEFINE_bool("restore_intact", False,
+                  "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
+                  "from the newest one that can instead of stopping with an error.")
+flags.DEFINE_bool("accept_changed_corpus", False,
+                  "Resume even though the training corpus (a text_files folder) changed since "
+                  "the checkpoint was saved; without it, that stops the run with one line.")
+flags.DEFINE_string("profile_steps", "",
+                    "START,END: a JAX profiler trace of steps START to END (inclusive) into "
+                    "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
+
+
+
+def initialize_distributed() -> None:
+  """Before anything else touches JAX: joins the other processes, if any."""
+  sharding.initialize_distributed(
+      auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
+      num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+
+
+def setup_logging() -> None:
+  cli.quiet_libraries()
+  # One log for the run: process 0's (the others log only warnings).
+  level = logging.INFO if jax.process_index() == 0 else logging.WARNING
+  logging.getLogger("compressive").setLevel(level)
+
+
+def main(argv):
+  del argv  # cli.parse_flags refuses positional arguments
+  try:
+    train(FLAGS.config, FLAGS.workdir)
+  except KeyboardInterrupt:
+    # Ctrl-C before training started, or a second signal during it: stopped
+    # where it was, once the save in flight (if any) was finished.
+    cli.fail(f"stopped at once by a signal; the same command resumes from the newest "
+             f"checkpoint in {FLAGS.workdir}", code=130)
+
+
+def train(config, workdir: str) -> None:
+  with cli.user_errors():
+    profile = config_lib.profile_steps(FLAGS.profile_steps)
+    initialize_distributed()  # before the check: it counts every process's devices
+    setup_logging()
+    experiment = config_lib.check(config)
+    stop = interrupts.SignalStop()
+    result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
+                                          restore_intact=FLAGS.restore_intact,
+                                          profile_steps=profile,
+                                          accept_changed_corpus=FLAGS.accept_changed_corpus)
+  if jax.process_index():
+    return
+  print(f"TensorBoard logs: tensorboard --logdir {workdir}/tensorboard")
+  if result:
+    print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+  cli.run(main, __doc__)

@@ -1,0 +1,70 @@
+"""Trains the SentencePiece tokenizer of an experiment on its train split.
+
+    python train_tokenizer.py --config=configs/pg19.py
+
+Reads at most config.data.spm_train_max_bytes of the training split of
+config.data.source (documents in seeded random order) and writes the model
+to config.data.spm_model, with config.data.spm_vocab_size pieces at most
+(the paper: 32k subwords for PG-19). A mistake (a config field, the corpus,
+an output path that cannot be written, a vocabulary too small for the
+corpus) is one line `error: ...` and exit code 2, as in train.py.
+"""
+
+import os
+
+from absl import logging
+
+from compressive import cli
+from compressive import data
+from compressive.errors import ConfigError
+
+_CONFIG = cli.define_config_flag(required=True)
+
+
+def validate(data_config) -> None:
+  """The fields this step reads, and the output path, before any reading."""
+  data.validate_data_config(data_config, need_tokenizer_model=False)
+  if not data_config.spm_model:
+    raise ConfigError('data.spm_model (the output path) is empty')
+  for name in ('spm_vocab_size', 'spm_train_max_bytes'):
+    value = data_config[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f'data.{name}={value!r} must be an integer >= 1')
+  if data_config.spm_model_type not in ('unigram', 'bpe', 'char', 'word'):
+    raise ConfigError(f'data.spm_model_type={data_config.spm_model_type!r} must be '
+                      'unigram, bpe, char or word')
+  coverage = data_config.spm_character_coverage
+  if not isinstance(coverage, (int, float)) or not 0 < coverage <= 1:
+    raise ConfigError(f'data.spm_character_coverage={coverage!r} must be in (0, 1]')
+  if os.path.isdir(data_config.spm_model):
+    raise ConfigError(f'data.spm_model={data_config.spm_model!r} is a folder: give the path of '
+                      'the .model file to write')
+  # The output folder now, not after training: an unwritable one is an error
+  # that names it (cli.user_errors).
+  os.makedirs(os.path.dirname(os.path.abspath(data_config.spm_model)), exist_ok=True)
+
+
+def main(argv):
+  del argv  # cli.parse_flags refuses positional arguments
+  with cli.user_errors():
+    if 'data' not in _CONFIG.value:
+      raise ConfigError('the config has no data section (config.data)')
+    data_config = _CONFIG.value.data
+    validate(data_config)
+    texts = data.iter_texts(data_config, 'train',
+                            max_bytes=data_config.spm_train_max_bytes,
+                            seed=data_config.spm_train_seed)
+    tokenizer = data.train_sentencepiece(
+        texts,
+        vocab_size=data_config.spm_vocab_size,
+        model_path=data_config.spm_model,
+        model_type=data_config.spm_model_type,
+        character_coverage=data_config.spm_character_coverage,
+        num_threads=os.cpu_count() or 1,
+        seed=data_config.spm_train_seed)
+  logging.info('Wrote %s (%d pieces).', data_config.spm_model,
+               tokenizer.vocab_size)
+
+
+if __name__ == "__main__":
+  cli.run(main, __doc__)
