@@ -9,8 +9,12 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import tomllib
 
 import jax
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 import pytest
 
 from compressive import cli
@@ -245,3 +249,47 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
                      timeout=TIMEOUT)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().splitlines()[-1] == "OK"
+
+
+# -- The package's metadata: ranges that the tested stacks reach. -------------------
+
+
+def _pins(*names: str) -> dict[str, str]:
+  """name -> version of the `name==version` lines of requirements files."""
+  pins = {}
+  for name in names:
+    with open(os.path.join(ROOT, name)) as f:
+      for line in f:
+        line = line.split("#", 1)[0].strip()
+        if "==" in line and not line.startswith("-"):
+          package, version = line.split("==")
+          pins[canonicalize_name(package)] = version
+  return pins
+
+
+def _declared() -> dict[str, SpecifierSet]:
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    project = tomllib.load(f)["project"]
+  requirements = [Requirement(r) for r in project["dependencies"]]
+  requirements += [Requirement(r) for extra in project["optional-dependencies"].values()
+                   for r in extra]
+  return {canonicalize_name(r.name): r.specifier for r in requirements}
+
+
+def test_the_metadata_declares_ranges_whose_ends_the_stacks_test():
+  # make test installs requirements.txt's pins: each range's lower end;
+  # make test-jax012 replaces the pins its file names: the newest releases,
+  # inside each range. No range is a pin, so `pip install .` keeps the JAX a
+  # user installed for their hardware.
+  declared = _declared()
+  lowest = _pins("requirements.txt", "requirements-pg19.txt")
+  newest = {**lowest, **_pins("requirements-jax012.txt")}
+  assert set(lowest) <= set(declared) and set(declared) <= set(lowest)
+  for name, spec in declared.items():
+    bounds = {s.operator: s.version for s in spec}
+    assert bounds[">="] == lowest[name], name  # the lower end is the tested pin
+    assert "==" not in bounds and newest[name] in spec, name
+    assert set(bounds) == {">="} or "<" in bounds, name
+  assert declared["jax"].contains("0.12.0.1") and not declared["jax"].contains("0.13.0")
+  for stack in ("requirements-jax011.txt", "requirements-jax012.txt"):
+    assert all(v in declared[n] for n, v in _pins(stack).items()), stack
