@@ -15,7 +15,8 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test experiment venv test-venv aot-venv test-jax011 clean
+.PHONY: test experiment venv test-venv aot-venv clean test-jax010 \
+	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
 WORKDIR ?= runs/default
 
@@ -65,25 +66,47 @@ $(AOT_STAMP): requirements-aot.txt requirements.txt $(PYPROJECT) | $(AOT_PY)
 
 aot-venv: $(AOT_STAMP)
 
-# JAX 0.11 (Python >= 3.12): the same code on the second JAX it supports, on
-# CPU: the model, memory, attention and train tests (requirements-jax011.txt).
-PYTHON312 ?= python3.12
-J11_VENV := .venv-jax011
-J11_PY := $(J11_VENV)/bin/python
-J11_STAMP := $(J11_VENV)/.installed
-J11_TESTS := tests/test_model.py tests/test_memory.py tests/test_attention.py \
+# The other supported stacks, each a Python and the pins that differ from
+# requirements*.txt, in one file per stack: requirements-jax011.txt (JAX 0.11,
+# the GPU image's) and requirements-jax012.txt (the newest JAX). A stack's venv,
+# .venv-STACK, gets every pin of requirements-test.txt (and the files it
+# includes) except the names its own file pins, then its own pins, then the
+# package editable:
+#   make test-STACK    the stack's tests (TESTS_STACK below; TESTS=... chooses)
+#   make smoke-STACK   a few minutes of it: SMOKE_TESTS (CI runs smoke-jax012)
+# `make test` is the first stack: JAX 0.10.2 on Python 3.11, in .venv.
+# JAX 0.11 and newer need Python >= 3.12: python3.12 on PATH, else pyenv's.
+PYTHON312 ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
+	$(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+STACKS := jax011 jax012
+TESTS_jax011 := tests/test_model.py tests/test_memory.py tests/test_attention.py \
 	tests/test_attention_chunks.py tests/test_train.py tests/test_never_idle.py
+TESTS_jax012 := tests
+SMOKE_TESTS := tests/test_model.py tests/test_memory.py tests/test_attention.py \
+	tests/test_train.py tests/test_never_idle.py tests/test_smoke_cli.py
 
-$(J11_PY):
-	$(PYTHON312) -m venv $(J11_VENV)
+.venv-%/bin/python:
+	$(PYTHON312) -m venv .venv-$*
 
-$(J11_STAMP): requirements-jax011.txt $(PYPROJECT) | $(J11_PY)
-	$(J11_PY) -m pip install -r requirements-jax011.txt
-	$(J11_PY) -m pip install --no-deps -e .
+.venv-%/.installed: requirements-%.txt requirements-test.txt requirements.txt \
+		requirements-pg19.txt $(PYPROJECT) | .venv-%/bin/python
+	pinned=$$(sed -n 's/==.*//p' requirements-$*.txt | paste -sd'|'); \
+	grep -hvE "^(-r |($$pinned)==)" requirements.txt requirements-pg19.txt \
+		requirements-test.txt | cat - requirements-$*.txt > .venv-$*/requirements.txt
+	.venv-$*/bin/python -m pip install -r .venv-$*/requirements.txt
+	.venv-$*/bin/python -m pip install --no-deps -e .
 	touch $@
 
-test-jax011: $(J11_STAMP)
-	$(J11_PY) -m pytest -q $(J11_TESTS)
+# Kept between runs (make would delete them as intermediate files).
+.PRECIOUS: .venv-%/bin/python .venv-%/.installed
+
+test-jax010: test
+
+$(addprefix test-,$(STACKS)): test-%: .venv-%/.installed
+	.venv-$*/bin/python -m pytest -q -n 2 --dist loadfile $(or $(TESTS),$(TESTS_$*))
+
+$(addprefix smoke-,$(STACKS)): smoke-%: .venv-%/.installed
+	.venv-$*/bin/python -m pytest -q -n 2 --dist loadfile $(SMOKE_TESTS)
 
 clean:
-	rm -rf $(VENV) $(J11_VENV)
+	rm -rf $(VENV) $(AOT_VENV) $(addprefix .venv-,$(STACKS))
