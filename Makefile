@@ -83,7 +83,7 @@ TESTS_jax011 := tests/test_model.py tests/test_memory.py tests/test_attention.py
 	tests/test_attention_chunks.py tests/test_train.py tests/test_never_idle.py
 TESTS_jax012 := tests
 SMOKE_TESTS := tests/test_model.py tests/test_memory.py tests/test_attention.py \
-	tests/test_train.py tests/test_never_idle.py tests/test_smoke_cli.py
+	tests/test_train.py tests/test_never_idle.py tests/test_entry_points.py
 
 .venv-%/bin/python:
 	$(PYTHON312) -m venv .venv-$*
