@@ -1,9 +1,10 @@
-"""Shared test helpers: tiny configs and a jitted functional forward.
+"""The session's set-up: float32 matmuls at highest precision, and one JAX
+compilation cache for the test processes and the processes they start.
 
 `compressive` and `configs` are imported as installed (`pip install -e .`,
-which `make test` runs), and test modules import each other (`from test_train
-import ...`) through pytest's default `prepend` import mode, which puts this
-folder on sys.path.
+which `make test` runs). The tests' shared helpers are in helpers.py, which
+test modules import by name (pyproject.toml puts tests/ on sys.path); test
+modules never import each other.
 
 The test processes and the entry points they start share one JAX
 compilation cache for the session, in a temporary folder, not the user's
@@ -18,8 +19,6 @@ import shutil
 import tempfile
 
 import jax
-import ml_collections
-import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -52,36 +51,3 @@ def pytest_unconfigure(config):
   if _SESSION_CACHE is not None:
     os.environ.pop("COMPRESSIVE_COMPILATION_CACHE", None)
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
-
-
-def tiny_model_config(**overrides) -> ml_collections.ConfigDict:
-  values = dict(
-      vocab_size=32, num_layers=2, num_heads=2, d_model=16, d_ff=32,
-      segment_length=4, memory_length=8, compressed_memory_length=4,
-      compression_rate=2, compression="conv", reconstruction_loss="attention",
-      dropout_rate=0.0, dtype="float32")
-  values.update(overrides)
-  return ml_collections.ConfigDict(values)
-
-
-@pytest.fixture
-def tiny():
-  return tiny_model_config
-
-
-def make_model(cfg, seed: int = 0):
-  from flax import nnx
-  import compressive
-  return compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(seed))
-
-
-def jitted_forward(model):
-  """(state, jit(fn)) with fn(state, tokens, memory, sos) -> model outputs."""
-  from flax import nnx
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def forward(state, tokens, memory, sos):
-    return nnx.merge(graphdef, state)(tokens, memory, sos)
-
-  return state, forward

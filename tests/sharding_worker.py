@@ -25,7 +25,7 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")  # as conftest.py
 
 from compressive.training import loop as train_lib  # noqa: E402
-from test_sharding import sharding_experiment  # noqa: E402
+from helpers import sharding_experiment  # noqa: E402
 
 
 def main(runs_json: str) -> None:

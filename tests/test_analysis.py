@@ -4,8 +4,7 @@ import numpy as np
 
 from compressive.evaluation import analysis
 from compressive import data as data_lib
-from conftest import make_model
-from test_train import tiny_experiment
+from helpers import make_model, tiny_experiment
 
 
 def test_attention_buckets_cover_all_banks_and_sum_to_one():

@@ -15,9 +15,8 @@ import sys
 import pytest
 
 from compressive import aot as aot_lib
-from test_train import write_config_file
+from helpers import ROOT, write_config_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

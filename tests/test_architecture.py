@@ -11,7 +11,9 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+ROOT = pathlib.Path(helpers.ROOT)
 PACKAGE = ROOT / "compressive"
 ENTRY_POINTS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "aot.py",
                 "train_tokenizer.py")

@@ -8,7 +8,7 @@ import pytest
 
 import compressive
 from compressive.model.attention import causal_mask, rel_shift
-from conftest import jitted_forward, make_model, tiny_model_config
+from helpers import jitted_forward, make_model, tiny_model_config
 
 
 @pytest.mark.parametrize("t,k", [(4, 4), (4, 12), (3, 10), (1, 5)])

@@ -20,7 +20,7 @@ import pytest
 
 import compressive
 from compressive.model.attention import RelativeAttention
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 # Measured max |chunked - dense| on CPU (B=2, T=8, C+M=6, H=2, D=4, unit
 # normal inputs, u and v random; printed by the tests): output 0 (bitwise

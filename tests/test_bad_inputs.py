@@ -19,7 +19,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.training import inference
 from compressive.training import loop as train_lib
-from test_train import tiny_experiment
+from helpers import tiny_experiment
 
 
 def set_fields(**fields):

@@ -19,8 +19,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
 from compressive.errors import CheckpointError
-from test_robustness import inject_nan_at, tree_digest
-from test_train import tiny_experiment
+from helpers import inject_nan_at, tiny_experiment, tree_digest
 
 
 def config(**overrides):
@@ -205,7 +204,7 @@ def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
 def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_path):
   # Checkpoints written before the memory counted `visits` still resume:
   # the saved fields come back, the new one starts empty.
-  from conftest import tiny_model_config  # pylint: disable=g-import-not-at-top
+  from helpers import tiny_model_config  # pylint: disable=g-import-not-at-top
   memory = compressive.init_memory(tiny_model_config(), 2)
   memory = jax.tree.map(lambda x: x + np.ones_like(x), memory)  # nothing empty
   state = {"w": np.arange(3.0, dtype=np.float32)}

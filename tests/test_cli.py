@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, cwd=ROOT):
@@ -23,7 +23,7 @@ def tiny_config_file(tmp_path):
   path.write_text(textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_train import tiny_experiment
+      from helpers import tiny_experiment
 
       def get_config():
         return tiny_experiment()

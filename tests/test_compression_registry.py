@@ -14,7 +14,7 @@ from compressive.training import loop as train_lib
 from compressive.model.compression import COMPRESSIONS, Compression, register
 from compressive.model.config import ModelConfig
 from compressive.model.layers import param
-from test_train import tiny_experiment
+from helpers import tiny_experiment
 
 
 class ScaledLast(Compression):

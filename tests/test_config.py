@@ -4,7 +4,7 @@ from flax import nnx
 import pytest
 
 import compressive
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 BAD = [
     (dict(segment_length=5, compression_rate=2), "model.segment_length=5"),

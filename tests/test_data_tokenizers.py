@@ -10,23 +10,7 @@ import numpy as np
 import pytest
 
 from compressive import data
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ('the king queen crown sword castle night morning river stone '
-         'über naïve café dragon whisper thunder').split()
-
-
-def generated_texts(n, seed=0):
-  rng = np.random.default_rng(seed)
-  texts = []
-  for _ in range(n):
-    lines = []
-    for _ in range(rng.integers(20, 60)):
-      k = rng.integers(0, 12)
-      lines.append(' '.join(rng.choice(WORDS, size=k)))
-    texts.append('\n'.join(lines))
-  return texts
-
+from helpers import ROOT as REPO, generated_texts
 
 def test_byte_tokenizer_round_trip():
   tok = data.ByteTokenizer()

@@ -82,7 +82,10 @@ from typing import Iterator, Optional
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__":  # run as a script (see the end): helpers.py is in the tests folder
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import ROOT as REPO  # noqa: E402
+
 DOCS = ("README.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")),
         "benchmarks/README.md")
 

@@ -26,9 +26,8 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from test_train import tiny_experiment, write_config_file
+from helpers import ROOT, tiny_experiment, write_config_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
 CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 600
 
 # The default config made tiny on the command line: it is found by name.

@@ -8,7 +8,7 @@ import pytest
 
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.compression import COMPRESSIONS
-from conftest import make_model, tiny_model_config
+from helpers import make_model, tiny_model_config
 
 
 @pytest.mark.parametrize("compression,positions",

@@ -16,9 +16,8 @@ import compressive
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
-from test_train import tiny_experiment
+from helpers import ROOT, tiny_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_export(*args, cwd):

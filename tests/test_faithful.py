@@ -12,7 +12,7 @@ import pytest
 import compressive
 from compressive.model import memory as memory_lib
 from compressive.model.compression import COMPRESSIONS
-from conftest import make_model, tiny_model_config
+from helpers import make_model, tiny_model_config
 
 
 def run_segments(model, cfg, n, batch=2, seed=0):

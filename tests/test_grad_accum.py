@@ -22,9 +22,8 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
 from compressive.training.metrics import read_jsonl
-from test_train import assert_resumed_like_straight, tiny_experiment
+from helpers import ROOT, assert_resumed_like_straight, tiny_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
 # file's scenario) between grad_accum_steps=1 and 2 or 4: the micro-batches
@@ -165,7 +164,7 @@ from compressive import config as config_lib
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib, step as train_step
-from test_train import tiny_experiment
+from helpers import tiny_experiment
 from test_grad_accum import _batches
 
 assert jax.device_count() == 2

@@ -14,7 +14,7 @@ import pytest
 
 import compressive
 from compressive.model import losses
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 
 def loss_grads(cfg, n_before=3):

@@ -13,7 +13,7 @@ import pytest
 import compressive
 from compressive.model import memory as memory_lib
 from compressive.model.compression import COMPRESSIONS
-from conftest import jitted_forward, make_model, tiny_model_config
+from helpers import jitted_forward, make_model, tiny_model_config
 
 T, M, C, RATE = 4, 6, 3, 2  # M is not a multiple of T: evicted blocks mix old and new
 

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from compressive.training.metrics import MetricWriter, flatten_config, hparam_value, read_jsonl
-from test_train import tiny_experiment
+from helpers import ROOT, tiny_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
 TRAIN_SCALARS = {"loss", "bits_per_byte", "reconstruction_loss", "grad_norm", "learning_rate",
@@ -43,7 +42,7 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
 
     sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
     sys.path[:0] = [ROOT, ROOT + "/tests"]
-    from test_train import tiny_experiment
+    from helpers import tiny_experiment
     from compressive.training import loop as train_lib
     train_lib.train_and_evaluate(tiny_experiment(**OVERRIDES), WORKDIR)
     print("trained without tensorflow")

@@ -8,15 +8,7 @@ import numpy as np
 import pytest
 
 import compressive
-from conftest import jitted_forward, make_model, tiny_model_config
-
-
-def run_segments(forward, state, tokens, memory, t):
-  outs = []
-  for s in range(tokens.shape[1] // t):
-    logits, memory, aux = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
-    outs.append(logits)
-  return jnp.concatenate(outs, 1), memory
+from helpers import jitted_forward, make_model, run_segments, tiny_model_config
 
 
 @pytest.mark.parametrize("compression", ["max_pool", "mean_pool", "conv", "dilated_conv"])

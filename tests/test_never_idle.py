@@ -21,8 +21,7 @@ from compressive.training import runlog
 from compressive.training import step as train_step
 from compressive.data import prefetch
 from compressive.errors import DataError
-from test_robustness import assert_same_params
-from test_train import tiny_experiment
+from helpers import assert_same_params, tiny_experiment
 
 STEPS = 12
 

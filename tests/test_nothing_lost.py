@@ -23,10 +23,8 @@ from compressive.training import inference
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl
-from test_robustness import assert_same_params
-from test_train import tiny_experiment, write_config_file
+from helpers import ROOT, assert_same_params, tiny_experiment, write_config_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(**overrides):
@@ -136,7 +134,7 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
 
 
 def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
-  from test_data_tokenizers import generated_texts
+  from helpers import generated_texts
   texts = tmp_path / "texts"
   texts.mkdir()
   for i, text in enumerate(generated_texts(12)):

@@ -19,9 +19,8 @@ import pytest
 
 from compressive import cli
 from compressive.training import loop as train_lib
-from test_train import tiny_experiment
+from helpers import ROOT, tiny_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 600
 
 
@@ -126,7 +125,7 @@ def test_a_warm_run_compiles_nothing(tmp_path):
   config.write_text(textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-      from test_train import tiny_experiment
+      from helpers import tiny_experiment
 
       def get_config():
         return tiny_experiment(num_train_steps=2, checkpoint_every_steps=2,

@@ -23,9 +23,8 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import checkpoint
-from test_train import tiny_experiment
+from helpers import ROOT, tiny_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PLUGIN = '''
 from flax import nnx

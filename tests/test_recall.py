@@ -7,8 +7,7 @@ from compressive.evaluation import analysis
 from compressive import data as data_lib
 from compressive.data import recall as recall_source
 from compressive.errors import ConfigError
-from conftest import make_model
-from test_train import tiny_experiment
+from helpers import make_model, tiny_experiment
 
 
 def recall_config():

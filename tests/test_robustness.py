@@ -1,7 +1,6 @@
 """Nothing lost: kills, signals, NaNs and corrupt checkpoints (in-process and
 as a user runs train.py)."""
 
-import hashlib
 import os
 import random
 import signal
@@ -9,8 +8,6 @@ import subprocess
 import sys
 import time
 
-from flax import nnx
-import jax
 import numpy as np
 import pytest
 
@@ -19,32 +16,10 @@ from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
-from test_train import tiny_experiment, write_config_file
+from helpers import (ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
+                     tree_digest, write_config_file)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 24
-
-
-def params_of(workdir):
-  _, model = compressive.load(str(workdir))
-  return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
-
-
-def assert_same_params(a, b):
-  for x, y in zip(params_of(a), params_of(b)):
-    np.testing.assert_array_equal(x, y)
-
-
-def tree_digest(path):
-  h = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(path)):
-    dirs.sort()
-    for name in sorted(files):
-      p = os.path.join(root, name)
-      h.update(p.encode())
-      with open(p, "rb") as f:
-        h.update(f.read())
-  return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -187,24 +162,6 @@ def test_an_error_in_the_prefetch_thread_is_one_line_and_the_save_finishes(tmp_p
   assert names and not [n for n in names if "tmp" in n], names
   for step in ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True).all_steps():
     compressive.load(str(tmp_path / "wd"), step)  # finished whole, checksums and all
-
-
-def inject_nan_at(monkeypatch, bad_step):
-  """Makes the real train step see NaN parameters at `bad_step`."""
-  make = train_step.make_train_step
-
-  def patched(*args, **kwargs):
-    step_fn = make(*args, **kwargs)
-    calls = {"n": 0}
-
-    def wrapped(state, memory, batch):
-      calls["n"] += 1
-      if calls["n"] == bad_step:
-        state = state.replace(params=jax.tree.map(lambda p: p * np.float32("nan"), state.params))
-      return step_fn(state, memory, batch)
-    return wrapped
-
-  monkeypatch.setattr(train_step, "make_train_step", patched)
 
 
 def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):

@@ -20,9 +20,8 @@ from compressive.model import attention as attention_lib
 from compressive.scale import sharding
 from compressive.model.config import ConfigError, ModelConfig
 from compressive.model.sampling import Sampler
-from conftest import jitted_forward, make_model, tiny_model_config
-from test_model import run_segments
-from test_sampling import greedy_without_cache
+from helpers import (greedy_without_cache, jitted_forward, make_model, run_segments,
+                     tiny_model_config)
 
 
 def rope_config(**overrides):
@@ -202,7 +201,7 @@ def test_attention_implementation_is_checked_before_anything_runs():
     ModelConfig.from_config(rope_config(attention_implementation="flash"))
   # cuDNN on a machine without a GPU: one line at validation, not a trace
   # error from inside jax (aot.py passes num_devices and compiles for a GPU).
-  from test_train import tiny_experiment
+  from helpers import tiny_experiment
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":
     with pytest.raises(ConfigError, match="needs a GPU"):

@@ -7,32 +7,7 @@ import pytest
 
 import compressive
 from compressive.model.sampling import Sampler, choose
-from conftest import jitted_forward, make_model, tiny_model_config
-
-
-def greedy_without_cache(cfg, model, prompt, n):
-  """Segment-by-segment greedy decoding: every token re-runs its segment so far
-  (padded to a whole segment; causality makes the padding irrelevant)."""
-  state, forward = jitted_forward(model)
-  t = cfg.segment_length
-  memory = compressive.init_memory(cfg, 1)
-  seq = list(prompt)
-  done = 0  # tokens already pushed into memory
-  out = []
-  while len(out) < n:
-    while len(seq) - done >= t:  # push complete segments into memory
-      logits, memory, _ = forward(state, jnp.asarray([seq[done:done + t]]), memory, None)
-      done += t
-    part = seq[done:]
-    if part:
-      padded = jnp.asarray([part + [0] * (t - len(part))])
-      logits, _, _ = forward(state, padded, memory, None)
-      nxt = int(jnp.argmax(logits[0, len(part) - 1]))
-    else:  # the last pushed segment's final logits
-      nxt = int(jnp.argmax(logits[0, -1]))
-    seq.append(nxt)
-    out.append(nxt)
-  return out
+from helpers import greedy_without_cache, jitted_forward, make_model, tiny_model_config
 
 
 @pytest.mark.parametrize("compression", ["conv", "most_used"])

@@ -17,7 +17,7 @@ import compressive
 from compressive.model import losses
 from compressive.scale import sharding
 from compressive.model.sampling import Sampler
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 # Scan and remat reorder nothing inside a layer, so float32 agreement is at
 # rounding level. Measured on this machine, largest differences over every

@@ -36,11 +36,9 @@ from compressive.training import step as train_step
 from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
-from conftest import tiny_model_config
 from compressive.training.metrics import read_jsonl
-from test_train import tiny_experiment, write_config_file
+from helpers import ROOT, sharding_experiment, tiny_model_config, write_config_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
 # Parameters after 20 Adam steps: Adam divides each update by the root of the
 # squared gradients, so an entry whose gradient is float noise (an embedding
@@ -59,15 +57,6 @@ PARAM_TOLERANCE = 3e-5
 NOISE_FACTOR = 4.0
 NOISE_CEILING = 1e-3
 MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
-
-
-def sharding_experiment(**overrides):
-  """Tiny, with 8 rows (every test mesh splits them) and dropout (its masks
-  must not depend on the mesh); checkpoints at steps 10 and 20."""
-  values = {"batch_size": 8, "num_train_steps": 20, "log_every_steps": 1,
-            "eval_every_steps": 0, "checkpoint_every_steps": 10, "model.dropout_rate": 0.1}
-  values.update(overrides)
-  return tiny_experiment(**values)
 
 
 # -- Rules, mesh shapes and errors (no devices needed). ---------------------------
@@ -166,7 +155,7 @@ def test_validate_config_checks_the_mesh_against_this_machine():
 
 
 def test_cli_mesh_override_and_its_error(tmp_path):
-  cfg = write_config_file(tmp_path / "cfg.py", factory="test_sharding:sharding_experiment")
+  cfg = write_config_file(tmp_path / "cfg.py", factory="helpers:sharding_experiment")
   r = subprocess.run(
       [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
        "--config.mesh.shape=(1,2,1)"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -250,7 +239,7 @@ def runs(tmp_path_factory):
   train_lib.train_and_evaluate(sharding_experiment(), wd["from8"])
 
   # Two processes x 2 CPU devices on localhost, mesh (2, 1, 2), through train.py.
-  cfg = write_config_file(base / "cfg.py", factory="test_sharding:sharding_experiment")
+  cfg = write_config_file(base / "cfg.py", factory="helpers:sharding_experiment")
   procs = two_trainers(cfg, wd["mp"])
   outputs = []
   try:
@@ -380,7 +369,7 @@ def test_a_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
   # both agree on the step, with no collective in an ordinary step.
   cfg = write_config_file(tmp_path / "cfg.py", {"num_train_steps": 3000,
                                                 "checkpoint_every_steps": 0},
-                          factory="test_sharding:sharding_experiment")
+                          factory="helpers:sharding_experiment")
   procs = two_trainers(cfg, tmp_path / "wd")
   try:
     seen = []

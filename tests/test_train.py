@@ -2,84 +2,15 @@
 `compressive.load` gives the trained model back."""
 
 import logging
-import os
-import textwrap
 
-import jax
 import numpy as np
 import pytest
 
-import compressive
 from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
-from configs import default
+from helpers import assert_resumed_like_straight, tiny_experiment
 
 
-def tiny_experiment(**overrides):
-  c = default.get_config()
-  c.data.source = "synthetic"
-  c.data.synthetic.kind = "copy"
-  c.data.synthetic.period = 12
-  c.data.synthetic.num_docs = (16, 4, 4)
-  c.data.synthetic.min_length = 40
-  c.data.synthetic.max_length = 120
-  m = c.model
-  m.num_layers, m.d_model, m.d_ff, m.num_heads = 2, 32, 64, 2
-  m.segment_length, m.memory_length, m.compressed_memory_length = 8, 8, 4
-  c.batch_size = 4
-  c.segments_per_step = 2
-  c.num_train_steps = 12
-  c.log_every_steps = 2
-  c.eval_every_steps = 6
-  c.checkpoint_every_steps = 3
-  c.eval.max_segments = 4
-  c.optimizer.warmup_steps = 2
-  for k, v in overrides.items():
-    target = c
-    *path, last = k.split(".")
-    for p in path:
-      target = target[p]
-    target[last] = v
-  return c
-
-
-
-def write_config_file(path, overrides=None, *, preamble="", factory="test_train:tiny_experiment"):
-  """A config file for train.py and the other entry points (run in another
-  process): `get_config()` returns `factory(**overrides)`, a function of a
-  module in tests/. `preamble` is Python run first (e.g. to patch something)."""
-  module, function = factory.split(":")
-  tests = os.path.dirname(os.path.abspath(__file__))
-  with open(path, "w") as f:
-    f.write(f"import sys\nsys.path.insert(0, {tests!r})\nfrom {module} import {function}\n"
-            f"{textwrap.dedent(preamble)}\n\n"
-            f"def get_config():\n  return {function}(**{dict(overrides or {})!r})\n")
-  return str(path)
-
-
-def assert_resumed_like_straight(straight, resumed, straddling_step):
-  """The resumed run logged what the uninterrupted one did, bit for bit,
-  except the record whose log window straddles the restart, and ended with
-  the same parameters. Returns the logged steps."""
-  a = read_jsonl(str(straight / "metrics_train.jsonl"))
-  b = read_jsonl(str(resumed / "metrics_train.jsonl"))
-  assert [r["step"] for r in a] == [r["step"] for r in b]
-  for ra, rb in zip(a, b):
-    if ra["step"] == straddling_step:
-      continue
-    for k in ("loss", "reconstruction_loss", "grad_norm"):
-      assert ra[k] == rb[k], (ra["step"], k)
-  assert_same_parameters(straight, resumed)
-  return [r["step"] for r in a]
-
-
-def assert_same_parameters(workdir_a, workdir_b):
-  """The two workdirs' latest models hold bit-identical parameters."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  _, a = compressive.load(str(workdir_a))
-  _, b = compressive.load(str(workdir_b))
-  for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 def test_resume_is_bit_identical(tmp_path):
   config = tiny_experiment(**{"model.dropout_rate": 0.1})

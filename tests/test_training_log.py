@@ -14,9 +14,8 @@ import pytest
 from compressive.scale import flops
 from compressive.training import loop as train_lib
 from compressive.training.metrics import MetricWriter, read_jsonl
-from test_train import tiny_experiment, write_config_file
+from helpers import ROOT, tiny_experiment, write_config_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, timeout=600):

@@ -1,0 +1,229 @@
+"""The tests' shared helpers: the repository's root, tiny model configs and
+experiments, config files for the entry points, and comparisons of runs.
+
+Test files import this module (`from helpers import ...`), never each other:
+pytest puts tests/ on sys.path (`pythonpath` in pyproject.toml), and the
+processes and config files the tests start put it there themselves
+(`sys.path.insert(0, TESTS)`), so it is found by that name in every process.
+"""
+
+import hashlib
+import os
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import compressive
+from compressive.training.metrics import read_jsonl
+from configs import default
+
+# The tests folder (where this module is) and the repository root above it.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+# -- Tiny models. ----------------------------------------------------------------
+
+
+def tiny_model_config(**overrides) -> ml_collections.ConfigDict:
+  values = dict(
+      vocab_size=32, num_layers=2, num_heads=2, d_model=16, d_ff=32,
+      segment_length=4, memory_length=8, compressed_memory_length=4,
+      compression_rate=2, compression="conv", reconstruction_loss="attention",
+      dropout_rate=0.0, dtype="float32")
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def make_model(cfg, seed: int = 0):
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  return compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def jitted_forward(model):
+  """(state, jit(fn)) with fn(state, tokens, memory, sos) -> model outputs."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def forward(state, tokens, memory, sos):
+    return nnx.merge(graphdef, state)(tokens, memory, sos)
+
+  return state, forward
+
+
+def run_segments(forward, state, tokens, memory, t):
+  outs = []
+  for s in range(tokens.shape[1] // t):
+    logits, memory, aux = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
+    outs.append(logits)
+  return jnp.concatenate(outs, 1), memory
+
+
+def greedy_without_cache(cfg, model, prompt, n):
+  """Segment-by-segment greedy decoding: every token re-runs its segment so far
+  (padded to a whole segment; causality makes the padding irrelevant)."""
+  state, forward = jitted_forward(model)
+  t = cfg.segment_length
+  memory = compressive.init_memory(cfg, 1)
+  seq = list(prompt)
+  done = 0  # tokens already pushed into memory
+  out = []
+  while len(out) < n:
+    while len(seq) - done >= t:  # push complete segments into memory
+      logits, memory, _ = forward(state, jnp.asarray([seq[done:done + t]]), memory, None)
+      done += t
+    part = seq[done:]
+    if part:
+      padded = jnp.asarray([part + [0] * (t - len(part))])
+      logits, _, _ = forward(state, padded, memory, None)
+      nxt = int(jnp.argmax(logits[0, len(part) - 1]))
+    else:  # the last pushed segment's final logits
+      nxt = int(jnp.argmax(logits[0, -1]))
+    seq.append(nxt)
+    out.append(nxt)
+  return out
+
+
+# -- Tiny experiments and their config files. ------------------------------------
+
+
+def tiny_experiment(**overrides):
+  c = default.get_config()
+  c.data.source = "synthetic"
+  c.data.synthetic.kind = "copy"
+  c.data.synthetic.period = 12
+  c.data.synthetic.num_docs = (16, 4, 4)
+  c.data.synthetic.min_length = 40
+  c.data.synthetic.max_length = 120
+  m = c.model
+  m.num_layers, m.d_model, m.d_ff, m.num_heads = 2, 32, 64, 2
+  m.segment_length, m.memory_length, m.compressed_memory_length = 8, 8, 4
+  c.batch_size = 4
+  c.segments_per_step = 2
+  c.num_train_steps = 12
+  c.log_every_steps = 2
+  c.eval_every_steps = 6
+  c.checkpoint_every_steps = 3
+  c.eval.max_segments = 4
+  c.optimizer.warmup_steps = 2
+  for k, v in overrides.items():
+    target = c
+    *path, last = k.split(".")
+    for p in path:
+      target = target[p]
+    target[last] = v
+  return c
+
+
+def sharding_experiment(**overrides):
+  """Tiny, with 8 rows (every test mesh splits them) and dropout (its masks
+  must not depend on the mesh); checkpoints at steps 10 and 20."""
+  values = {"batch_size": 8, "num_train_steps": 20, "log_every_steps": 1,
+            "eval_every_steps": 0, "checkpoint_every_steps": 10, "model.dropout_rate": 0.1}
+  values.update(overrides)
+  return tiny_experiment(**values)
+
+
+def write_config_file(path, overrides=None, *, preamble="", factory="helpers:tiny_experiment"):
+  """A config file for train.py and the other entry points (run in another
+  process): `get_config()` returns `factory(**overrides)`, a function of a
+  module in tests/. `preamble` is Python run first (e.g. to patch something)."""
+  module, function = factory.split(":")
+  with open(path, "w") as f:
+    f.write(f"import sys\nsys.path.insert(0, {TESTS!r})\nfrom {module} import {function}\n"
+            f"{textwrap.dedent(preamble)}\n\n"
+            f"def get_config():\n  return {function}(**{dict(overrides or {})!r})\n")
+  return str(path)
+
+
+# -- Comparing runs. -------------------------------------------------------------
+
+
+def assert_resumed_like_straight(straight, resumed, straddling_step):
+  """The resumed run logged what the uninterrupted one did, bit for bit,
+  except the record whose log window straddles the restart, and ended with
+  the same parameters. Returns the logged steps."""
+  a = read_jsonl(str(straight / "metrics_train.jsonl"))
+  b = read_jsonl(str(resumed / "metrics_train.jsonl"))
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  for ra, rb in zip(a, b):
+    if ra["step"] == straddling_step:
+      continue
+    for k in ("loss", "reconstruction_loss", "grad_norm"):
+      assert ra[k] == rb[k], (ra["step"], k)
+  assert_same_parameters(straight, resumed)
+  return [r["step"] for r in a]
+
+
+def assert_same_parameters(workdir_a, workdir_b):
+  """The two workdirs' latest models hold bit-identical parameters."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  _, a = compressive.load(str(workdir_a))
+  _, b = compressive.load(str(workdir_b))
+  for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def params_of(workdir):
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  _, model = compressive.load(str(workdir))
+  return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def assert_same_params(a, b):
+  for x, y in zip(params_of(a), params_of(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def tree_digest(path):
+  h = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(path)):
+    dirs.sort()
+    for name in sorted(files):
+      p = os.path.join(root, name)
+      h.update(p.encode())
+      with open(p, "rb") as f:
+        h.update(f.read())
+  return h.hexdigest()
+
+
+def inject_nan_at(monkeypatch, bad_step):
+  """Makes the real train step see NaN parameters at `bad_step`."""
+  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
+  make = train_step.make_train_step
+
+  def patched(*args, **kwargs):
+    step_fn = make(*args, **kwargs)
+    calls = {"n": 0}
+
+    def wrapped(state, memory, batch):
+      calls["n"] += 1
+      if calls["n"] == bad_step:
+        state = state.replace(params=jax.tree.map(lambda p: p * np.float32("nan"), state.params))
+      return step_fn(state, memory, batch)
+    return wrapped
+
+  monkeypatch.setattr(train_step, "make_train_step", patched)
+
+
+# -- Text. -----------------------------------------------------------------------
+
+
+WORDS = ('the king queen crown sword castle night morning river stone '
+         'über naïve café dragon whisper thunder').split()
+
+
+def generated_texts(n, seed=0):
+  rng = np.random.default_rng(seed)
+  texts = []
+  for _ in range(n):
+    lines = []
+    for _ in range(rng.integers(20, 60)):
+      k = rng.integers(0, 12)
+      lines.append(' '.join(rng.choice(WORDS, size=k)))
+    texts.append('\n'.join(lines))
+  return texts
