@@ -38,8 +38,8 @@ def pytest_configure(config):
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   # The test processes themselves (pytest-xdist's workers too) use it as
   # well: tests build the same tiny steps again and again, each a new jit
-  # closure, and the cache keys on the compiled program (test_train.py and
-  # test_grad_accum.py: 171 s -> 114 s).
+  # closure, and the cache keys on the compiled program (training/test_train.py and
+  # training/test_grad_accum.py: 171 s -> 114 s).
   path = os.environ["COMPRESSIVE_COMPILATION_CACHE"]
   if path:
     jax.config.update("jax_compilation_cache_dir", path)

@@ -5,7 +5,7 @@ train like one.
 Multi-device runs use fake CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8). That flag only works
 before JAX starts, and this pytest process has one device, so they run in a
-child process (tests/sharding_worker.py); the two-process run starts
+child process (tests/scale/sharding_worker.py); the two-process run starts
 train.py twice with a local coordinator. The one-device reference and the
 8-devices-to-1 resume run in this process.
 """
@@ -37,8 +37,9 @@ from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, sharding_experiment, tiny_model_config, write_config_file
+from helpers import ROOT, TESTS, sharding_experiment, tiny_model_config, write_config_file
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
 # Parameters after 20 Adam steps: Adam divides each update by the root of the
 # squared gradients, so an entry whose gradient is float noise (an embedding
@@ -227,7 +228,7 @@ def runs(tmp_path_factory):
   plan = [{"workdir": wd[n], "mesh": list(shape)} for n, shape in MESHES.items()]
   plan.append({"workdir": wd["from1"], "mesh": [4, 1, 2]})
   r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "tests", "sharding_worker.py"), json.dumps(plan)],
+      [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
       cwd=ROOT, capture_output=True, text=True, timeout=900,
       env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
   assert r.returncode == 0, r.stderr[-4000:]
@@ -561,7 +562,7 @@ def compare_all_specs_on_eight_devices():
 
 
 def test_shardings_equal_the_path_matched_ones_on_eight_devices():
-  code = ("import sys; sys.path.insert(0, 'tests'); import test_sharding; "
+  code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
           "test_sharding.compare_all_specs_on_eight_devices()")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                      timeout=900, env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))

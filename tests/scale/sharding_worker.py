@@ -4,7 +4,7 @@ test_sharding.py runs this with fake CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8), which must be set
 before JAX starts and so cannot be set inside the pytest process:
 
-    python tests/sharding_worker.py RUNS_JSON
+    python tests/scale/sharding_worker.py RUNS_JSON
 
 RUNS_JSON is a list of {"workdir": DIR, "mesh": [data, fsdp, tensor]} run in
 order with train_lib.train_and_evaluate (a workdir holding checkpoints
@@ -16,9 +16,10 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+# Run by path, so it finds tests/ (helpers.py) from where it is: tests/scale/.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(TESTS))  # the repository root: this tree's package
+sys.path.insert(0, TESTS)
 
 import jax  # noqa: E402
 

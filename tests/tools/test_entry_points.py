@@ -45,7 +45,7 @@ def test_train_then_eval_as_modules_from_another_directory(tmp_path):
   assert (workdir / "eval_test_step3.json").is_file()
 
 
-# Three of the tools (a module, a package's __main__): tests/test_architecture.py
+# Three of the tools (a module, a package's __main__): tests/tools/test_architecture.py
 # holds every root script to running its tool and nothing else.
 @pytest.mark.parametrize("tool", ["train", "eval", "aot"])
 def test_the_module_and_the_root_script_are_one_tool(tool, tmp_path):

@@ -1,7 +1,7 @@
-"""The tools' side of tests/test_docs.py: which flags each entry point takes,
+"""The tools' side of tests/tools/test_docs.py: which flags each entry point takes,
 and whether the docs' commands parse, found by the tools' own code.
 
-Run as `python tests/docs_worker.py` from the repository root, with a JSON
+Run as `python tests/tools/docs_worker.py` from the repository root, with a JSON
 request on stdin: {"tools": [path, ...], "commands": {path: [[arg, ...], ...]}}.
 Prints one JSON object as the last line of stdout:
 {"tools": {path: {"names", "booleans", "config_flags", "results"} or {"error"}},
@@ -33,7 +33,9 @@ import sys
 import traceback
 from typing import Any, Callable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root, from where this script is (tests/tools/); run by path, it
+# imports nothing of the tests (helpers.py would import the package too early).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A value that stands for one the reader chooses: $VARS, <name>, `...`, and
 # words in capitals (DIR, N, HOST:PORT, START,END, configs/X.py).

@@ -22,7 +22,7 @@ line each naming the doc file and line, before it fails):
   with a command) is parsed by the real tool, without running it: its flags
   must be defined and its values and --config overrides accepted (a
   --config file loaded, every override applied to it), exactly as the tool
-  would (tests/docs_worker.py). `make TARGET` needs the Makefile's target,
+  would (tests/tools/docs_worker.py). `make TARGET` needs the Makefile's target,
   `bash FILE.sh` the file; `pip` is not checked.
 - test_prose_flags_exist: every --flag in an inline code span is a flag of
   the tool the span names (`eval.py --split=test`, `python train.py ...`),
@@ -62,7 +62,7 @@ The tools: the root scripts, experiments/run.py and the benchmarks that
 read a command line, but benchmarks/peer_pytorch.py (it needs the PyTorch
 peer's own venv).
 
-Speed: the tools' flags come from one subprocess (tests/docs_worker.py)
+Speed: the tools' flags come from one subprocess (tests/tools/docs_worker.py)
 that imports JAX once and forks a process per tool and per command.
 """
 
@@ -113,7 +113,7 @@ ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
 COMMANDS = frozenset(("make", "bash", "sh", "cd", "srun", "gcloud", "taskset", "time", "nohup",
                       "timeout", "tensorboard", "git", "env", "source", "ssh", "mpirun"))
 TOOL_MENTION = re.compile(r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b|-m\s+(compressive\.\w+)")
-WORKER = os.path.join(REPO, "tests", "docs_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs_worker.py")
 
 
 # -- Reading markdown. ----------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from compressive.training.metrics import MetricWriter, flatten_config, hparam_value, read_jsonl
-from helpers import ROOT, tiny_experiment
+from helpers import ROOT, TESTS, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
@@ -41,7 +41,7 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
         return getattr(self.finder, attr)
 
     sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
-    sys.path[:0] = [ROOT, ROOT + "/tests"]
+    sys.path[:0] = [ROOT, TESTS]
     from helpers import tiny_experiment
     from compressive.training import loop as train_lib
     train_lib.train_and_evaluate(tiny_experiment(**OVERRIDES), WORKDIR)
@@ -52,7 +52,8 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   wd = tmp_path_factory.mktemp("metrics") / "wd"
-  code = (f"ROOT = {ROOT!r}\nWORKDIR = {str(wd)!r}\nOVERRIDES = {OVERRIDES!r}\n"
+  code = (f"ROOT = {ROOT!r}\nTESTS = {TESTS!r}\n"
+          f"WORKDIR = {str(wd)!r}\nOVERRIDES = {OVERRIDES!r}\n"
           + TRAIN_WITHOUT_TENSORFLOW)
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)

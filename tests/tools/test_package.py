@@ -19,7 +19,7 @@ import pytest
 
 from compressive import cli
 from compressive.training import loop as train_lib
-from helpers import ROOT, tiny_experiment
+from helpers import ROOT, TESTS, tiny_experiment
 
 TIMEOUT = 600
 
@@ -124,7 +124,7 @@ def test_a_warm_run_compiles_nothing(tmp_path):
   config = tmp_path / "tiny.py"
   config.write_text(textwrap.dedent(f"""
       import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+      sys.path.insert(0, {TESTS!r})
       from helpers import tiny_experiment
 
       def get_config():

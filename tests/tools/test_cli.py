@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, TESTS
 
 
 
@@ -22,7 +22,7 @@ def tiny_config_file(tmp_path):
   path = tmp_path / "tiny.py"
   path.write_text(textwrap.dedent(f"""
       import sys
-      sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+      sys.path.insert(0, {TESTS!r})
       from helpers import tiny_experiment
 
       def get_config():

@@ -22,7 +22,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, assert_resumed_like_straight, tiny_experiment
+from helpers import ROOT, TESTS, assert_resumed_like_straight, tiny_experiment
 
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
@@ -157,7 +157,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
 
 DATA_PARALLEL = """
 import sys
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = [{root!r}, {tests!r}, {here!r}]
 import conftest  # noqa: F401  (matmul precision)
 import jax, numpy as np
 from compressive import config as config_lib
@@ -202,7 +202,7 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   # rows come back where they were.
   script = tmp_path / "dp.py"
   script.write_text(textwrap.dedent(
-      DATA_PARALLEL.format(root=ROOT, tests=os.path.join(ROOT, "tests"))))
+      DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))))
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
