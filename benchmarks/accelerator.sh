@@ -145,8 +145,9 @@ fi
 XDIST=()
 if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "${ACCELERATOR_TEST_WORKERS:-4}"); fi
 stage tests 200 env XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest -q -rfE -p no:cacheprovider \
-    "${XDIST[@]}" tests/test_model.py tests/test_memory.py tests/test_eval_cache.py \
-    tests/test_scan_layers.py tests/test_attention_chunks.py
+    "${XDIST[@]}" tests/model/test_model.py tests/model/test_memory.py \
+    tests/evaluation/test_eval_cache.py tests/model/test_scan_layers.py \
+    tests/model/test_attention_chunks.py
 # shellcheck disable=SC2086  # ACCELERATOR_FLAGS is a list of flags
 stage throughput 200 bash -c "\"\$PY\" benchmarks/accelerator.py ${ACCELERATOR_FLAGS:-} > '$OUT/accelerator.json'"
 tail -n 1 "$OUT/accelerator.json" 2>/dev/null
