@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test experiment venv test-venv aot-venv clean test-jax010 \
+.PHONY: test test-fast experiment venv test-venv aot-venv clean test-jax010 \
 	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
 WORKDIR ?= runs/default
@@ -41,6 +41,11 @@ test-venv: $(TEST_STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# The fast loop: every test but those marked slow (they start a process or
+# train end to end; pyproject.toml registers the marker). `make test` runs all.
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 # The default experiment: train the small byte-level model on the books corpus
 # (fetched and cached on first use), then evaluate it on the held-out test books.
@@ -79,11 +84,13 @@ aot-venv: $(AOT_STAMP)
 PYTHON312 ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
 	$(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 STACKS := jax011 jax012
-TESTS_jax011 := tests/test_model.py tests/test_memory.py tests/test_attention.py \
-	tests/test_attention_chunks.py tests/test_train.py tests/test_never_idle.py
+TESTS_jax011 := tests/model/test_model.py tests/model/test_memory.py \
+	tests/model/test_attention.py tests/model/test_attention_chunks.py \
+	tests/training/test_train.py tests/training/test_never_idle.py
 TESTS_jax012 := tests
-SMOKE_TESTS := tests/test_model.py tests/test_memory.py tests/test_attention.py \
-	tests/test_train.py tests/test_never_idle.py tests/test_entry_points.py
+SMOKE_TESTS := tests/model/test_model.py tests/model/test_memory.py \
+	tests/model/test_attention.py tests/training/test_train.py \
+	tests/training/test_never_idle.py tests/tools/test_entry_points.py
 
 .venv-%/bin/python:
 	$(PYTHON312) -m venv .venv-$*

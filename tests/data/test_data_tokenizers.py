@@ -58,6 +58,7 @@ def test_tokenizer_config_errors(tmp_path):
     data.get_tokenizer(config)
 
 
+@pytest.mark.slow
 def test_train_tokenizer_script(tmp_path):
   corpus = tmp_path / 'corpus'
   for split in data.SPLITS:

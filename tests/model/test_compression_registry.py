@@ -38,6 +38,7 @@ def registered():
   del COMPRESSIONS[ScaledLast.name]  # the other tests iterate over the built-in ones
 
 
+@pytest.mark.slow
 def test_a_compression_registered_here_trains_and_restores(registered, tmp_path):
   config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
                            log_every_steps=1, **{"model.compression": registered})

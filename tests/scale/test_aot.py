@@ -18,7 +18,6 @@ from compressive import aot as aot_lib
 from helpers import ROOT, write_config_file
 
 
-
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
   return write_config_file(tmp_path_factory.mktemp("cfg") / "tiny.py")
@@ -29,6 +28,7 @@ def aot(*args, env=None):
                         capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["train", "eval"])
 def test_cpu_target_prints_one_json_report(config_file, step):
   r = aot(f"--config={config_file}", "--target=cpu", f"--step={step}")
@@ -45,6 +45,7 @@ def test_cpu_target_prints_one_json_report(config_file, step):
   assert "compiling" in r.stderr  # progress on stderr, the result alone on stdout
 
 
+@pytest.mark.slow
 def test_an_oversized_batch_exits_1_with_one_line(config_file):
   # 2**22 rows need far more than this machine's memory; compiling them
   # allocates nothing.
@@ -55,12 +56,14 @@ def test_an_oversized_batch_exits_1_with_one_line(config_file):
   assert "does not fit" in errors[0] and "GiB over" in errors[0] and "batch_size" in errors[0]
 
 
+@pytest.mark.slow
 def test_an_unknown_target_is_one_line_naming_the_known_ones(config_file):
   r = aot(f"--config={config_file}", "--target=tpu:v9-1")
   assert r.returncode == 2 and "Traceback" not in r.stderr
   assert "tpu:v9-1" in r.stderr and "tpu:v5e-8" in r.stderr
 
 
+@pytest.mark.slow
 def test_sharded_train_step_reports_its_collectives(config_file):
   # 8 fake CPU devices, parameters split 8 ways (FSDP): the step must gather
   # them and reduce their gradients.

@@ -155,6 +155,7 @@ def test_validate_config_checks_the_mesh_against_this_machine():
     config_lib.check(config)
 
 
+@pytest.mark.slow
 def test_cli_mesh_override_and_its_error(tmp_path):
   cfg = write_config_file(tmp_path / "cfg.py", factory="helpers:sharding_experiment")
   r = subprocess.run(
@@ -294,6 +295,7 @@ def parameter_differences(workdir, ref_workdir):
   return out
 
 
+@pytest.mark.slow
 def test_every_mesh_trains_like_one_device(runs):
   wd = runs["workdirs"]
   ref = losses(wd["ref"])
@@ -310,6 +312,7 @@ def test_every_mesh_trains_like_one_device(runs):
     assert abs(got_eval - ref_eval) / ref_eval <= TOLERANCE, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["from1", "from8"])
 def test_a_checkpoint_resumes_on_another_mesh(runs, name):
   # from1: written on 1 device, resumed on mesh (4, 1, 2) of 8; from8: written
@@ -323,6 +326,7 @@ def test_a_checkpoint_resumes_on_another_mesh(runs, name):
   assert max(diffs.values()) <= PARAM_TOLERANCE, max(diffs.items(), key=lambda kv: kv[1])
 
 
+@pytest.mark.slow
 def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   # The saved mesh (2, 2, 2) does not fit this process's one device: load()
   # falls back to data parallel over what there is.
@@ -338,6 +342,7 @@ def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   assert abs(result["loss"] - trained["loss"]) / trained["loss"] <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(runs):
   wd = runs["workdirs"]
   ref, got = losses(wd["ref"]), losses(wd["mp"])
@@ -365,6 +370,7 @@ def test_two_processes_train_like_one(runs):
     assert relative(getattr(mem_mp, field), ref) <= allowed, (field, noise)
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
   # JAX's preemption service carries the notice to the other process and
   # both agree on the step, with no collective in an ordinary step.
@@ -417,6 +423,7 @@ def step20_checkpoint(workdir):
     c.close()
 
 
+@pytest.mark.slow
 def test_the_noise_bound_still_catches_a_sharding_bug(runs):
   # A checkpoint whose rows of process 1 were never written (zeros) or were
   # written into the wrong rows must fail the bound above, on any machine.
@@ -561,6 +568,7 @@ def compare_all_specs_on_eight_devices():
     print("same", name)
 
 
+@pytest.mark.slow
 def test_shardings_equal_the_path_matched_ones_on_eight_devices():
   code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
           "test_sharding.compare_all_specs_on_eight_devices()")

@@ -11,6 +11,10 @@ import pytest
 from helpers import ROOT, TESTS
 
 
+# Slow (every test runs an entry point in a process):
+# `make test-fast` (pytest -m 'not slow') leaves this file out.
+pytestmark = pytest.mark.slow
+
 
 def run(*args, cwd=ROOT):
   return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,

@@ -696,14 +696,17 @@ def test_section_references_resolve():
   fail_on(problems_of(section_problems, quoted_section_problems))
 
 
+@pytest.mark.slow
 def test_commands_parse():
   fail_on(problems_of(command_problems))
 
 
+@pytest.mark.slow
 def test_prose_flags_exist():
   fail_on(problems_of(prose_problems))
 
 
+@pytest.mark.slow
 def test_checker_catches_planted_mistakes():
   problems = problems_of(link_problems, section_problems, quoted_section_problems,
                          command_problems, prose_problems, docs=list(_PLANTED.values()))

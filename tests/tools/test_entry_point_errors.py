@@ -381,6 +381,7 @@ def assert_one_error_line(r, expected):
   assert expected in lines[0], lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_entry_point_error(case, tmp_path, trained, config_file, env):
   ctx = context(tmp_path, trained, config_file)
@@ -423,6 +424,7 @@ def assert_printed_with_a_warning(r, key):
   assert len(lines) == 1 and lines[0].startswith("warning: "), lines
 
 
+@pytest.mark.slow
 def test_eval_on_a_read_only_workdir_prints_its_result(trained, env):
   wrap = read_only_wrapper(trained)
   r = run("eval.py", [f"--workdir={trained}", "--split=validation", "--max_segments=2"], env,
@@ -431,6 +433,7 @@ def test_eval_on_a_read_only_workdir_prints_its_result(trained, env):
   assert "Read-only file system" in r.stderr
 
 
+@pytest.mark.slow
 def test_eval_result_that_cannot_be_written_is_a_warning(tmp_path, trained, env):
   ctx = context(tmp_path, trained, "")
   copy_workdir(ctx)
@@ -440,6 +443,7 @@ def test_eval_result_that_cannot_be_written_is_a_warning(tmp_path, trained, env)
   assert "eval_validation_step2.json" in r.stderr
 
 
+@pytest.mark.slow
 def test_analyze_result_that_cannot_be_written_is_a_warning(tmp_path, trained, env):
   ctx = context(tmp_path, trained, "")
   copy_workdir(ctx)
@@ -486,6 +490,7 @@ ENVIRONMENT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,run,expected", ENVIRONMENT, ids=[c[0] for c in ENVIRONMENT])
 def test_environment_error_is_one_line(name, run, expected):
   err = io.StringIO()

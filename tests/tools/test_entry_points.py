@@ -11,6 +11,11 @@ import sys
 import pytest
 from helpers import ROOT
 
+# Slow (every test runs the tools in processes):
+# `make test-fast` (pytest -m 'not slow') leaves this file out.
+pytestmark = pytest.mark.slow
+
+
 TIMEOUT = 600
 
 # The default config made tiny on the command line: it is found by name.

@@ -43,6 +43,7 @@ def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
   assert cli.resolve_config("default") == "default"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--config=enwik8", "--config.model.num_layerz=2"], "cannot apply --config.model.num_layerz"),
     (["--config", "gpu1:recall", "--config.batch_sizee=2"], "cannot apply --config.batch_sizee"),
@@ -120,6 +121,7 @@ def cache_entries(path) -> set[str]:
   return set(os.listdir(path)) if os.path.isdir(path) else set()
 
 
+@pytest.mark.slow
 def test_a_warm_run_compiles_nothing(tmp_path):
   config = tmp_path / "tiny.py"
   config.write_text(textwrap.dedent(f"""
@@ -230,6 +232,7 @@ config, trained = compressive.load(WORKDIR)             # a trained model back
 """
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, trained, tmp_path):
   exe, site = installed
   code = README_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""

@@ -152,6 +152,7 @@ def test_a_compression_that_cannot_be_had_is_one_line(plugin, name, message):
   assert '\n' not in str(e.value)
 
 
+@pytest.mark.slow
 def test_an_outside_compression_trains_and_restores_by_its_string(plugin, tmp_path):
   name = f'{plugin}:LastSlot'
   workdir = str(tmp_path / 'wd')
@@ -253,6 +254,7 @@ def test_run_time_knobs_and_a_config_of_before_resume(tmp_path):
     checkpoint.check_resume_config(str(tmp_path), tiny_experiment(**{'model.norm': 'post'}))
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_a_resume_with_scanned_layers_before_training(tmp_path):
   from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'wd')

@@ -73,6 +73,7 @@ def orbax_alone(step_dir):
   return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
+@pytest.mark.slow
 def test_flipped_bytes_are_named_never_restored(trained, tmp_path):
   # Eight bytes XORed at five places of the data, one place per copy. Most
   # such damage decodes without complaint (the compressed data files carry no
@@ -96,6 +97,7 @@ def test_flipped_bytes_are_named_never_restored(trained, tmp_path):
   assert silent >= 1
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_it(
     workdir, trained, tmp_path):
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
@@ -115,6 +117,7 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_a_missing_step_is_named_with_the_saved_ones(workdir):
   with pytest.raises(ckpt_lib.MissingStepError,
                      match=r"no checkpoint of step 5 in .*; saved steps are \[2, 4, 6\]") as info:
@@ -122,6 +125,7 @@ def test_a_missing_step_is_named_with_the_saved_ones(workdir):
   assert "restore_intact" not in str(info.value) and "damaged" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkpoint(workdir):
   # config.json says d_model 16 (as if the checkpoints had been copied into
   # another run's workdir): the resume check passes, the shapes do not.
@@ -137,6 +141,7 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
   assert tree_digest(workdir / "checkpoints") == before  # nothing skipped, deleted or trained
 
 
+@pytest.mark.slow
 def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
   for step in (2, 4, 6):
     for root, _, files in os.walk(workdir / "checkpoints" / str(step) / "state"):
@@ -149,6 +154,7 @@ def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
   assert not os.path.exists(workdir / "checkpoints" / "8")
 
 
+@pytest.mark.slow
 def test_a_reader_that_loses_a_race_with_rotation_reads_the_newest(workdir, monkeypatch):
   # While the reader restores step 6, a trainer rotates it away (keeping 4
   # in this simulation): the reader retries with the newest step that exists.
@@ -166,6 +172,7 @@ def test_a_reader_that_loses_a_race_with_rotation_reads_the_newest(workdir, monk
   assert calls == [6, 4]
 
 
+@pytest.mark.slow
 def test_a_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path, monkeypatch):
   # Step 4's checkpoint is saved with a NaN in its state (as a silent
   # overflow would leave it); the NaN loss at step 5 must name step 2.
@@ -198,7 +205,6 @@ def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
   assert c["sums"]["x"][0] == a["sums"]["x"][0] and c["sums"]["x"][1] != a["sums"]["x"][1]
   assert ckpt_lib.fingerprint({"x": x.at[0, 0].set(np.inf)})["nonfinite"] == ["x"]
   assert json.loads(json.dumps(a)) == a  # stored as JSON beside the arrays
-
 
 
 def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_path):

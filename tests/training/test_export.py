@@ -19,6 +19,10 @@ from compressive.errors import CheckpointError
 from helpers import ROOT, tiny_experiment
 
 
+# Slow (every test runs export.py in a process, on a model trained end to end):
+# `make test-fast` (pytest -m 'not slow') leaves this file out.
+pytestmark = pytest.mark.slow
+
 
 def run_export(*args, cwd):
   return subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), *args], cwd=cwd,

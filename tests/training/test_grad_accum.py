@@ -109,6 +109,7 @@ def test_micro_batches_take_rows_from_every_data_shard():
   np.testing.assert_array_equal(np.asarray(back), y)
 
 
+@pytest.mark.slow
 def test_resume_with_accumulation_is_bit_identical(tmp_path):
   config = tiny_experiment(**{"grad_accum_steps": 2, "num_train_steps": 6,
                               "checkpoint_every_steps": 3, "eval_every_steps": 0,
@@ -121,7 +122,7 @@ def test_resume_with_accumulation_is_bit_identical(tmp_path):
   assert assert_resumed_like_straight(straight, resumed, straddling_step=4) == [2, 4, 6]
 
 
-
+@pytest.mark.slow
 def test_a_run_resumes_with_another_grad_accum_steps(tmp_path):
   # grad_accum_steps changes no shape and (without dropout, whose masks
   # depend on the micro-batches) not the maths: a run checkpointed with 2
@@ -196,6 +197,7 @@ print("WORST", worst, rel)
 """
 
 
+@pytest.mark.slow
 def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   # Two fake CPU devices (the flag works only before JAX starts: a child
   # process): each micro-batch's rows split over both devices, and the memory

@@ -60,6 +60,7 @@ def trained(tmp_path_factory):
   return result, wd
 
 
+@pytest.mark.slow
 def test_training_runs_without_tensorflow(trained):
   result, wd = trained
   assert result.returncode == 0, result.stderr[-4000:]
@@ -84,6 +85,7 @@ def _accumulator(path):
   return acc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["train", "eval"])
 def test_event_files_hold_the_jsonl_scalars(workdir, name):
   rows = read_jsonl(str(workdir / f"metrics_{name}.jsonl"))
@@ -119,6 +121,7 @@ def _hparams(group):
   return {k: getattr(v, v.WhichOneof("kind")) for k, v in group.hparams.items()}
 
 
+@pytest.mark.slow
 def test_training_writes_the_config_as_hparams(workdir):
   groups = _hparams_plugin_session_groups(workdir / "tensorboard")
   assert [g.name for g in groups] == ["train"]

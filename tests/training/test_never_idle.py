@@ -91,6 +91,7 @@ class StepWatch:
     monkeypatch.setattr(train_step, "make_train_step", patched)
 
 
+@pytest.mark.slow
 def test_the_next_step_is_dispatched_while_the_last_one_computes(tmp_path, monkeypatch):
   # Each step computes about a second longer than the host needs between
   # two dispatches, so only waiting would find it done.
@@ -101,6 +102,7 @@ def test_the_next_step_is_dispatched_while_the_last_one_computes(tmp_path, monke
   assert [s for s in ordinary if watch.ready_at_next_dispatch[s]] == []
 
 
+@pytest.mark.slow
 def test_an_ordinary_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
   # Every read of a device array's value (np.asarray, bool, float,
   # jax.device_get: all go through ArrayImpl._value) and every wait
@@ -179,6 +181,7 @@ def test_the_prefetcher_runs_ahead_and_reports_what_was_consumed():
   assert not [t for t in threading.enumerate() if "prefetch" in t.name]
 
 
+@pytest.mark.slow
 def test_a_run_resumed_from_a_prefetched_stop_equals_one_without_prefetching(tmp_path):
   straight = tmp_path / "straight"
   train_lib.train_and_evaluate(config(prefetch_steps=0), str(straight))
@@ -192,6 +195,7 @@ def test_a_run_resumed_from_a_prefetched_stop_equals_one_without_prefetching(tmp
   assert reader.all_steps() == [5, 6, 12]
 
 
+@pytest.mark.slow
 def test_an_error_in_the_prefetcher_reaches_the_loop_and_leaves_no_thread(tmp_path, monkeypatch):
   # The tokens of a document fail to load when the prefetch thread reaches
   # it after step 7's save, as a book whose disk went away would.

@@ -26,7 +26,6 @@ from compressive.training.metrics import read_jsonl
 from helpers import ROOT, assert_same_params, tiny_experiment, write_config_file
 
 
-
 def config(**overrides):
   values = {"num_train_steps": 6, "checkpoint_every_steps": 2, "eval_every_steps": 0,
             "log_every_steps": 1}
@@ -50,6 +49,7 @@ def half_trained(tmp_path, **overrides):
 # -- 1. Readers never mistake rotation for damage. ------------------------------------
 
 
+@pytest.mark.slow
 def test_a_step_deleted_while_it_is_read_is_not_called_damaged(tmp_path, monkeypatch):
   # The trainer's rotation deletes a step's files one by one: the reader's
   # first read fails as on damage (an item not found) while the folder is
@@ -71,6 +71,7 @@ def test_a_step_deleted_while_it_is_read_is_not_called_damaged(tmp_path, monkeyp
   assert step == 2 and victim["done"]  # the newest step left, not an error
 
 
+@pytest.mark.slow
 def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
   cfg = write_config_file(tmp_path / "rotate.py", {
       "num_train_steps": 400, "checkpoint_every_steps": 1, "keep_checkpoints": 1,
@@ -106,6 +107,7 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
 # -- 2. Every byte a resume depends on is verified. ----------------------------------
 
 
+@pytest.mark.slow
 def test_an_edited_data_position_is_damage(tmp_path):
   workdir = half_trained(tmp_path)
   path = workdir / "checkpoints" / "4" / "data" / "metadata"
@@ -116,6 +118,7 @@ def test_an_edited_data_position_is_damage(tmp_path):
     train_lib.train_and_evaluate(config(), str(workdir))
 
 
+@pytest.mark.slow
 def test_an_edited_config_is_named_by_every_reader(tmp_path):
   # A longer memory than trained: the same parameters, another model's
   # numbers (as the paper's own evaluation settings say: config.eval is the
@@ -133,6 +136,7 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
   assert r.stderr.strip().splitlines()[-1].startswith("error: the model config differs")
 
 
+@pytest.mark.slow
 def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
   from helpers import generated_texts
   texts = tmp_path / "texts"
@@ -152,6 +156,7 @@ def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
     compressive.load(str(workdir))
 
 
+@pytest.mark.slow
 def test_a_changed_corpus_is_named_on_resume_and_can_be_accepted(tmp_path):
   texts = tmp_path / "texts"
   texts.mkdir()
@@ -166,6 +171,7 @@ def test_a_changed_corpus_is_named_on_resume_and_can_be_accepted(tmp_path):
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
 
 
+@pytest.mark.slow
 def test_an_edited_export_is_refused(tmp_path, straight):
   out = tmp_path / "export"
   export_lib.export(str(straight), str(out))
@@ -184,6 +190,7 @@ def test_an_edited_export_is_refused(tmp_path, straight):
 # -- 3. Side files never block a resume. ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_metrics_line_cut_short_does_not_block_the_resume(tmp_path, straight):
   workdir = half_trained(tmp_path)
   with open(workdir / "metrics_train.jsonl", "a") as f:
@@ -193,6 +200,7 @@ def test_a_metrics_line_cut_short_does_not_block_the_resume(tmp_path, straight):
   assert_same_params(workdir, straight)
 
 
+@pytest.mark.slow
 def test_a_damaged_config_json_is_set_aside_and_the_run_resumes(tmp_path, straight):
   workdir = half_trained(tmp_path)
   (workdir / "config.json").write_text('{"model": {"d_model": 3')
@@ -217,6 +225,7 @@ def test_a_refused_metrics_write_leaves_whole_lines(tmp_path, monkeypatch):
 # -- 4. --restore_intact is idempotent. -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_restore_intact_stops_the_same_way(tmp_path):
   workdir = half_trained(tmp_path)
   for step in (2, 4):  # every step damaged
@@ -233,6 +242,7 @@ def test_a_second_restore_intact_stops_the_same_way(tmp_path):
 # -- The tools clean up after themselves. ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_export_killed_mid_write_is_cleaned_up_by_the_next(tmp_path, straight):
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()  # a pid that no longer runs
@@ -264,6 +274,7 @@ print("went on", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_experiment_runner_reaches_its_child(tmp_path):
   saved = tmp_path / "saved"
   p = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=dict(os.environ,

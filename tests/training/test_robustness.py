@@ -67,6 +67,7 @@ def wait_for_step(proc, step, timeout=300):
   raise AssertionError(f"no log line for step {step}")
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, reference, tmp_path):
   workdir = tmp_path / "wd"
   p = train(config_file, workdir)
@@ -82,6 +83,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, refere
   assert_same_params(workdir, reference)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_path):
   # Ten runs killed at random moments (during start-up, steps or saves),
   # two at a time; each is resumed to the end and must match the reference.
@@ -101,6 +103,7 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
     assert_same_params(wd, reference)
 
 
+@pytest.mark.slow
 def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference, tmp_path):
   # Eight steps' batches made ahead when the run is killed: the checkpoints
   # hold the position after the batches the steps consumed.
@@ -148,6 +151,7 @@ documents.TokenDocuments._load_tokens = failing
 """
 
 
+@pytest.mark.slow
 def test_an_error_in_the_prefetch_thread_is_one_line_and_the_save_finishes(tmp_path):
   cfg = write_config_file(tmp_path / "failing.py",
                           {"num_train_steps": 60, "checkpoint_every_steps": 2,
@@ -164,6 +168,7 @@ def test_an_error_in_the_prefetch_thread_is_one_line_and_the_save_finishes(tmp_p
     compressive.load(str(tmp_path / "wd"), step)  # finished whole, checksums and all
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):
   config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0})
   inject_nan_at(monkeypatch, 5)
@@ -188,6 +193,7 @@ def test_a_non_finite_loss_is_one_line_and_exit_code_1(capsys):
                                      "intact checkpoint is step 4 in wd\n")
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 9, "checkpoint_every_steps": 3,
                               "eval_every_steps": 0})
@@ -206,6 +212,7 @@ def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
   assert_same_params(broken, straight)
 
 
+@pytest.mark.slow
 def test_resuming_with_other_shapes_names_the_fields(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 3})
   train_lib.train_and_evaluate(config, str(tmp_path))
@@ -216,6 +223,7 @@ def test_resuming_with_other_shapes_names_the_fields(tmp_path):
   assert ckpt_lib.load_config(str(tmp_path)).model.d_model == 32  # the saved config is kept
 
 
+@pytest.mark.slow
 def test_evaluation_never_modifies_checkpoints(reference):
   before = tree_digest(reference / "checkpoints")
   r = subprocess.run([sys.executable, "eval.py", f"--workdir={reference}", "--split=validation",
@@ -229,6 +237,7 @@ def test_evaluation_never_modifies_checkpoints(reference):
 # -- One trainer per workdir. ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference, tmp_path):
   workdir = tmp_path / "wd"
   first = train(config_file, workdir)
@@ -247,6 +256,7 @@ def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference,
   assert_same_params(workdir, reference)
 
 
+@pytest.mark.slow
 def test_the_lock_is_held_in_process_and_released_after(tmp_path):
   from compressive.training.lock import WorkdirBusyError, WorkdirLock
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0})
@@ -277,6 +287,7 @@ eval_lib.evaluate = failing_evaluate
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reason", ["book 7 of the train split cannot be read"])
 def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason):
   cfg = write_config_file(
@@ -327,6 +338,7 @@ else:  # the second signal arrives while a checkpoint save starts
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where,lines", [
     ("gc", ["the collection finished", "the next poll raised it"]),
     ("deferred", ["the deferred stretch finished", "its end raised it"])])
@@ -340,6 +352,7 @@ def test_a_second_signal_is_neither_lost_nor_let_into_a_save(where, lines):
   assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once_with_one_line_and_a_whole_checkpoint(
     config_file, reference, tmp_path):
   workdir = tmp_path / "wd"
@@ -377,10 +390,9 @@ def small_disk(tmp_path, request):
   subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
-
-
 # 1200k holds about one checkpoint: the second save fails. 16k fills up at
 # the first metrics write, before any checkpoint.
+@pytest.mark.slow
 @pytest.mark.parametrize("small_disk,saves", [("1200k", 1), ("16k", 0)], indirect=["small_disk"])
 def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, saves, tmp_path):
   cfg = write_config_file(tmp_path / "disk_cfg.py", {
@@ -401,6 +413,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, sav
     compressive.load(str(workdir), step)
 
 
+@pytest.mark.slow
 def test_a_read_only_workdir_is_one_line(small_disk, tmp_path, config_file):
   workdir = small_disk / "wd"
   workdir.mkdir()
@@ -413,6 +426,7 @@ def test_a_read_only_workdir_is_one_line(small_disk, tmp_path, config_file):
   assert last.startswith("error: ") and "Read-only file system" in last, last
 
 
+@pytest.mark.slow
 def test_a_bad_file_deep_in_a_text_split_stops_before_anything_compiles(tmp_path):
   # Forty good books and one that is not UTF-8, far from the first rows: it
   # used to be found when a row reached it, at step 9 or later.

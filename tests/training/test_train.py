@@ -11,6 +11,10 @@ from compressive.training.metrics import read_jsonl
 from helpers import assert_resumed_like_straight, tiny_experiment
 
 
+# Slow (every test trains end to end with train_and_evaluate):
+# `make test-fast` (pytest -m 'not slow') leaves this file out.
+pytestmark = pytest.mark.slow
+
 
 def test_resume_is_bit_identical(tmp_path):
   config = tiny_experiment(**{"model.dropout_rate": 0.1})

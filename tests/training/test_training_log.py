@@ -17,7 +17,6 @@ from compressive.training.metrics import MetricWriter, read_jsonl
 from helpers import ROOT, tiny_experiment, write_config_file
 
 
-
 def run(*args, timeout=600):
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
                         timeout=timeout)
@@ -34,6 +33,7 @@ class RecordingWriter(MetricWriter):
     RecordingWriter.hparams.append(dict(flat))
 
 
+@pytest.mark.slow
 def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, caplog, monkeypatch):
   monkeypatch.setattr(train_lib, "MetricWriter", RecordingWriter)
   RecordingWriter.hparams = []
@@ -68,6 +68,7 @@ def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, cap
   assert all(isinstance(v, (bool, int, float, str)) for v in flat.values())
 
 
+@pytest.mark.slow
 def test_evaluation_time_is_logged(tmp_path, caplog):
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 1,
                               "checkpoint_every_steps": 0, "eval.max_segments": 2})
@@ -79,6 +80,7 @@ def test_evaluation_time_is_logged(tmp_path, caplog):
   assert len(total) == 1 and "evaluation" in total[0] and "(2)" in total[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warmup,warned", [(4, True), (9, True), (3, False)])
 def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warned):
   config = tiny_experiment(**{"num_train_steps": 4, "optimizer.warmup_steps": warmup})
@@ -91,6 +93,7 @@ def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warne
     assert "warmup_steps" in (tmp_path / "wd" / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_mfu_is_logged_where_the_peak_is_known(tmp_path, caplog, monkeypatch):
   # CPU has no peak: pretend it is a 1 GFLOP/s chip.
   monkeypatch.setattr(flops, "PEAK_TFLOPS", (("cpu", (1e-3, 1e-3)),) + flops.PEAK_TFLOPS)
@@ -141,6 +144,7 @@ def trained(config_file, tmp_path_factory):
   return workdir, r
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_a_trace(trained):
   workdir, r = trained
   traces = [os.path.join(root, name) for root, _, names in os.walk(workdir / "profile")
@@ -150,6 +154,7 @@ def test_profile_steps_writes_a_trace(trained):
   assert "profiling steps 2-2" in (workdir / "train.log").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["3,1", "0,2", "2", "a,b", "1,2,3"])
 def test_a_bad_profile_steps_is_one_line_and_exit_2(config_file, tmp_path, value):
   r = run("train.py", f"--config={config_file}", f"--workdir={tmp_path / 'wd'}",
@@ -161,6 +166,7 @@ def test_a_bad_profile_steps_is_one_line_and_exit_2(config_file, tmp_path, value
   assert not os.path.exists(tmp_path / "wd")
 
 
+@pytest.mark.slow
 def test_eval_progress_goes_to_stderr_and_the_result_alone_to_stdout(trained):
   workdir, _ = trained
   r = run("eval.py", f"--workdir={workdir}", "--progress_seconds=0", "--max_segments=3")
@@ -173,6 +179,7 @@ def test_eval_progress_goes_to_stderr_and_the_result_alone_to_stdout(trained):
   assert result["split"] == "validation"  # the default, as analyze.py's
 
 
+@pytest.mark.slow
 def test_analyze_and_sample_take_the_mesh_and_memory_flags(trained):
   workdir, _ = trained
   r = run("analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
