@@ -214,6 +214,7 @@ def _model_step(cfg, tokens_per_segment, seed=0):
   return outs
 
 
+@pytest.mark.slow  # the whole model's gradient step, compiled twice per case
 @pytest.mark.parametrize("positions,compression", [
     ("relative", "conv"), ("rope", "conv"), ("rope", "most_used")])
 def test_model_chunked_matches_dense(positions, compression):
@@ -253,6 +254,7 @@ def _large_arrays(compiled, numel: int) -> list[str]:
   return sorted(found)
 
 
+@pytest.mark.slow  # compiles a long segment's step, dense and chunked
 def test_chunked_relative_attention_does_not_materialise_the_scores():
   """Compiled forward + backward of one attention call: no array of the
   chunked step is as large as the [B, H, T, K] scores (the dense one's

@@ -11,6 +11,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 import jax.numpy as jnp
 import ml_collections
+import pytest
 
 import compressive
 from compressive.model.compression import COMPRESSIONS
@@ -83,6 +84,7 @@ def assert_rejects_exactly(validate, bad, named):
     assert not bad, f"accepted an inconsistent config: {bad}"
 
 
+@pytest.mark.slow  # builds and runs a model for every example
 @settings(max_examples=5, deadline=None)
 @given(st.fixed_dictionaries(dict(
     FIELDS,

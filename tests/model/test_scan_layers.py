@@ -19,6 +19,10 @@ from compressive.scale import sharding
 from compressive.model.sampling import Sampler
 from helpers import tiny_model_config
 
+# Every test compiles the deep model's step (forward and gradients) twice or
+# more: the slow tier.
+pytestmark = pytest.mark.slow
+
 # Scan and remat reorder nothing inside a layer, so float32 agreement is at
 # rounding level. Measured on this machine, largest differences over every
 # case below: logits 4.8e-7 (with dropout; 0 without), memory 0, gradients

@@ -83,6 +83,7 @@ def _max_abs(a, b):
                           initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow  # three whole train steps compiled per case
 @pytest.mark.parametrize("accum,recon", [(2, "attention"), (4, "autoencoding")])
 def test_accumulated_step_equals_the_full_batch_step(accum, recon):
   ref = _one_step(1, recon, sgd=True)
