@@ -112,8 +112,8 @@ test-jax010: test
 $(addprefix test-,$(STACKS)): test-%: .venv-%/.installed
 	.venv-$*/bin/python -m pytest -q -n 2 --dist loadfile $(or $(TESTS),$(TESTS_$*))
 
-$(addprefix smoke-,$(STACKS)): smoke-%: .venv-%/.installed
-	.venv-$*/bin/python -m pytest -q -n 2 --dist loadfile $(SMOKE_TESTS)
+$(addprefix smoke-,$(STACKS)): smoke-%:
+	$(MAKE) test-$* TESTS="$(SMOKE_TESTS)"
 
 clean:
 	rm -rf $(VENV) $(AOT_VENV) $(addprefix .venv-,$(STACKS))
