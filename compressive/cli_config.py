@@ -34,12 +34,23 @@ _CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def config_names() -> list[str]:
-  """The names of the shipped configs (configs/NAME.py), sorted."""
+  """The names of the shipped configs (configs/NAME.py defining
+  `get_config`), sorted. A module of configs/ without one (paper.py: what
+  the paper's configs share) is not a config."""
   try:
     files = os.listdir(CONFIG_DIR)
   except OSError:
     return []
-  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
+  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_")
+                and _defines_get_config(os.path.join(CONFIG_DIR, f)))
+
+
+def _defines_get_config(path: str) -> bool:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return "\ndef get_config(" in f.read()
+  except (OSError, UnicodeDecodeError):
+    return False
 
 
 def resolve_config(value: str) -> str:
@@ -50,7 +61,7 @@ def resolve_config(value: str) -> str:
   path, sep, argument = value.partition(":")
   if _CONFIG_NAME.fullmatch(path) and not os.path.isfile(path):
     shipped = os.path.join(CONFIG_DIR, f"{path}.py")
-    if os.path.isfile(shipped):
+    if os.path.isfile(shipped) and _defines_get_config(shipped):
       return shipped + sep + argument
   return value
 

@@ -2,15 +2,42 @@
 the paper-scale models are never materialised here)."""
 
 import importlib
+import math
+import pathlib
 
 from flax import nnx
 import jax
 import pytest
 
 import compressive
+from compressive import cli_config
 from compressive import config as config_lib
+import helpers
 
-CONFIGS = ["default", "enwik8", "enwik8_txl", "pg19", "pg19_txl"]
+# Every config the package ships (configs/*.py defining get_config; a preset
+# taking an experiment gets its default), from the package's own listing, so
+# that a new config is checked here without being listed.
+CONFIGS = cli_config.config_names()
+
+
+def built_shape(model) -> tuple[int, int, int]:
+  """(layers, d_model, vocabulary) of a built (abstract) model, read from its
+  parameters: the blocks listed, or stacked on a leading axis when scanned."""
+  params = nnx.state(model, nnx.Param)
+  vocab, d_model = params["embed"]["embedding"].value.shape
+  blocks = params["blocks"]
+  if "attention" in blocks:  # scanned: one stacked block
+    layers = blocks["attention"]["wq"].value.shape[0]
+  else:
+    layers = len(blocks)
+  return layers, d_model, vocab
+
+
+def test_the_config_list_is_the_folder():
+  files = {p.stem for p in pathlib.Path(helpers.ROOT, "configs").glob("*.py")}
+  assert {"default", "enwik8", "pg19", "gpu8", "tpu_v5e8"} <= set(CONFIGS)
+  # paper.py holds what the paper's configs share; it is no config itself.
+  assert set(CONFIGS) == files - {"__init__", "paper"}
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -18,11 +45,13 @@ def test_config_validates_and_builds(name):
   config = importlib.import_module(f"configs.{name}").get_config()
   # The form of the config: its data (enwik8's file, PG-19's TFDS folder)
   # and its size are this machine's to check when it trains here.
-  cfg = config_lib.check(config, here=False).model
+  # A preset's mesh states its devices (8 for gpu8 and tpu_v5e8; -1: any).
+  shape = tuple(config.mesh.shape)
+  config_lib.check(config, here=False, num_devices=None if -1 in shape else math.prod(shape))
   model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
-  n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  assert n > 0
-  assert cfg.num_layers == config.model.num_layers
+  # What was built is what the file asks for.
+  assert built_shape(model) == (config.model.num_layers, config.model.d_model,
+                                config.model.vocab_size)
 
 
 def test_paper_settings():

@@ -37,7 +37,11 @@ def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
   assert {"default", "enwik8", "gpu8"} <= set(cli.config_names())
   assert cli.resolve_config("default") == os.path.join(cli.CONFIG_DIR, "default.py")
   assert cli.resolve_config("gpu8:pg19") == os.path.join(cli.CONFIG_DIR, "gpu8.py") + ":pg19"
-  for value in ("configs/default.py", "default.py", "nope", "/x/default", "", "gpu8.py:pg19"):
+  # configs/paper.py is what the paper's configs share, with no get_config:
+  # not a name a user can train.
+  assert "paper" not in cli.config_names()
+  for value in ("configs/default.py", "default.py", "nope", "/x/default", "", "gpu8.py:pg19",
+                "paper"):
     assert cli.resolve_config(value) == value
   (tmp_path / "default").write_text("")  # a file of that name here is the file
   assert cli.resolve_config("default") == "default"

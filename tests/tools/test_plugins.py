@@ -6,6 +6,7 @@ totals."""
 
 import inspect
 import json
+import math
 import os
 import re
 import subprocess
@@ -103,12 +104,60 @@ def test_conv_flops_are_those_of_before():
       23381.333333333336, 69632.0, 19968.000000000004)
 
 
-def test_dilated_conv_flops_are_counted_by_hand():
-  d, c, layers = 16, 4, 2
-  # ceil(log2 4) = 2 kernel-2 layers, each two d x d taps at every evicted
-  # slot, 2 flops per multiply-add; a layer evicts as many slots as tokens.
-  per_slot = 2 * 2 * (2 * d * d)
-  assert compression_lib.COMPRESSIONS['dilated_conv'].flops_per_slot(c, d) == per_slot > 0
+def matmul_flops(jaxpr) -> int:
+  """2 FLOPs per multiply-add of every dot_general in a jaxpr and the jaxprs
+  it calls: the matmul count of compressive/scale/flops.py, read from the
+  traced program instead of a formula. Any other contracting primitive
+  (a convolution) fails the count: it would need counting too."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    assert name != "conv_general_dilated", f"{name} is not counted here"
+    if name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[i] for i in contract)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          total += matmul_flops(inner)
+  return total
+
+
+# Every compression the package registers, from its registry (a new one is
+# held to its declared FLOPs without being listed here).
+BUILT_IN = sorted(name for name, cls in compression_lib.COMPRESSIONS.items()
+                  if cls.__module__ == compression_lib.__name__)
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("rate", [2, 3])
+def test_each_compression_declares_the_matmul_flops_it_traces(name, rate):
+  # flops_per_slot against the dot_generals of the compression's own traced
+  # call on [B, N, d] evicted slots, per slot.
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  b, n, d = 2, 4 * rate, 8
+  comp = compression_lib.COMPRESSIONS[name](rate, d, rngs=nnx.Rngs(0))
+  slots, mask, usage = jnp.ones((b, n, d)), jnp.ones((b, n), bool), jnp.ones((b, n))
+  traced = jax.make_jaxpr(lambda s, m, u: comp(s, m, u))(slots, mask, usage).jaxpr
+  assert matmul_flops(traced) == b * n * compression_lib.COMPRESSIONS[name].flops_per_slot(rate, d)
+
+
+def test_the_flops_counter_counts_a_known_product():
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  f = lambda x, w: jax.jit(lambda a: jnp.tanh(a @ w))(x) @ w.T
+  traced = jax.make_jaxpr(f)(jnp.ones((3, 5)), jnp.ones((5, 7))).jaxpr
+  assert matmul_flops(traced) == 2 * 3 * 5 * 7 + 2 * 3 * 7 * 5
+
+
+def test_dilated_conv_flops_reach_the_model_count():
+  # The model-level count adds each layer's compression FLOPs per token.
+  layers, c, d = 2, 4, 16
+  per_slot = compression_lib.COMPRESSIONS['dilated_conv'].flops_per_slot(c, d)
   dilated = flops_lib.flops_per_token(tiny_model('dilated_conv'), 3)
   pooled = flops_lib.flops_per_token(tiny_model('max_pool'), 3)
   assert dilated.forward - pooled.forward == layers * per_slot
