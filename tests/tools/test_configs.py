@@ -6,7 +6,6 @@ import math
 import pathlib
 
 from flax import nnx
-import jax
 import pytest
 
 import compressive
