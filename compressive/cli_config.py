@@ -156,3 +156,42 @@ def unloaded_config(argv: list[str]) -> Optional[str]:
     if value is None and config_argument(argv, name):
       return f"--{name}={config_argument(argv, name)}: get_config() returned None"
   return None
+
+
+def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
+  """One line for an exception absl's parse of argv raised: an unknown or
+  malformed flag, a missing or broken --config file, a bad --config
+  override (ml_collections raises plain exceptions for an unknown field or a
+  wrong type, which would otherwise print a traceback), or an exception
+  raised by a config file's own code; None for anything else (a bug)."""
+  if isinstance(e, flags.Error):
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
+    if required:
+      return f"--{required.group(1)} is required"
+    if "Error whilst parsing config file" in text:  # get_config raised; lines end with why
+      return f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
+    return text
+  if isinstance(e, SyntaxError):  # a config file that is not Python
+    name = next(iter(config_file_flags()), "config")
+    return f"--{name}={config_argument(argv, name)}: {e.msg} (line {e.lineno})"
+  if isinstance(e, OSError):  # the config file could not be loaded (and an override needs it)
+    name = next(iter(config_file_flags()), "config")
+    return load_failure(name, config_argument(argv, name), e.__cause__ or e)
+  if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+    text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
+    override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
+    return f"cannot apply {_culprit(argv, text) or override}: {text}"
+  where = config_file_line(argv, e)
+  return None if where is None else f"{where}: {type(e).__name__}: {e}"
+
+
+def _culprit(argv: list[str], text: str) -> str:
+  """The override whose field the error message names, if one does."""
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      name = arg[len("--config."):].split("=", 1)[0]
+      if name.split(".")[-1] in text:
+        return arg.split("=", 1)[0]
+  return ""
