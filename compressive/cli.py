@@ -31,8 +31,8 @@ from absl import flags
 
 from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
     CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
-    config_names, load_failure, parse_failure, resolve_config, resolve_config_names, unloaded_config,
-    with_default_configs)
+    config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
+    resolve_config, resolve_config_names, unloaded_config, with_default_configs)
 from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -169,13 +169,20 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   found relative to the repository root (the entry points work from any
   directory). A --config given on the command line is relative to the
   current directory, as usual. `flag_values` and `sys_argv` (default absl's
-  FLAGS and sys.argv) are for tests that parse a command line of their own."""
+  FLAGS and sys.argv) are for tests that parse a command line of their own.
+
+  Every override follows one rule, the last value given wins (for tuples
+  too: ml_collections' own tuple flags accumulate), and a data source named
+  `--config.data.source=module:Name` has its section for its own fields'
+  overrides (cli_config.install_override_rules, config_file_parser)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   if default is not None:
     DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
   flag_values = flags.FLAGS if flag_values is None else flag_values
+  install_override_rules()
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
                                            lock_config=True, sys_argv=sys_argv)
+  flag_values[name].parser = config_file_parser(type(flag_values[name].parser), name, sys_argv)
   if default is not None:
     flag_values[name].default_as_str = repr(default)  # for --help
   if required:
