@@ -218,7 +218,7 @@ def config_file_parser(base: type, name: str,
   command line (sys_argv, default sys.argv) names as `module:Name`
   (add_plugin_section), before the overrides are applied."""
 
-  class ConfigFileParser(base):
+  class ConfigFileFlagParser(base):  # its name, as tools read it (config_file_flags)
 
     def parse(self, path):
       config = super().parse(path)
@@ -226,7 +226,7 @@ def config_file_parser(base: type, name: str,
       add_plugin_section(config, command_line_source(argv, name))
       return config
 
-  return ConfigFileParser(name=name, lock_config=True)
+  return ConfigFileFlagParser(name=name, lock_config=True)
 
 
 def config_argument(argv: list[str], name: str) -> str:
