@@ -23,7 +23,6 @@ import contextlib
 import errno
 import math
 import os
-import re
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -32,8 +31,8 @@ from absl import flags
 
 from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
     CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
-    config_names, load_failure, resolve_config, resolve_config_names, unloaded_config,
-    with_default_configs)
+    config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
+    resolve_config, resolve_config_names, unloaded_config, with_default_configs)
 from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -162,21 +161,32 @@ def user_errors() -> Iterator[None]:
 
 def define_config_flag(name: str = "config", default: Optional[str] = None,
                        help_string: str = "Experiment config file.", *,
-                       required: bool = False) -> flags.FlagHolder:
+                       required: bool = False, flag_values: Optional[flags.FlagValues] = None,
+                       sys_argv: Optional[list[str]] = None) -> flags.FlagHolder:
   """--config=FILE with --config.a.b=value overrides (ml_collections), whose
   default file is loaded only while `parse_flags` runs (a mistyped override
   of the default config is then one line, not a traceback at import), and
   found relative to the repository root (the entry points work from any
   directory). A --config given on the command line is relative to the
-  current directory, as usual."""
+  current directory, as usual. `flag_values` and `sys_argv` (default absl's
+  FLAGS and sys.argv) are for tests that parse a command line of their own.
+
+  Every override follows one rule, the last value given wins (for tuples
+  too: ml_collections' own tuple flags accumulate), and a data source named
+  `--config.data.source=module:Name` has its section for its own fields'
+  overrides (cli_config.install_override_rules, config_file_parser)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   if default is not None:
     DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
-  holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  install_override_rules()
+  holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
+                                           lock_config=True, sys_argv=sys_argv)
+  flag_values[name].parser = config_file_parser(type(flag_values[name].parser), name, sys_argv)
   if default is not None:
-    flags.FLAGS[name].default_as_str = repr(default)  # for --help
+    flag_values[name].default_as_str = repr(default)  # for --help
   if required:
-    flags.mark_flag_as_required(name)
+    flags.mark_flag_as_required(name, flag_values=flag_values)
   return holder
 
 
@@ -284,30 +294,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   argv = resolve_config_names(with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    text = lines[0] if lines else type(e).__name__
-    required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
-    if required:
-      text = f"--{required.group(1)} is required"
-    elif "Error whilst parsing config file" in text:  # get_config raised; lines end with why
-      text = f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
-    fail(text)
-  except SyntaxError as e:  # a config file that is not Python
-    name = next(iter(config_file_flags()), "config")
-    fail(f"--{name}={config_argument(argv, name)}: {e.msg} (line {e.lineno})")
-  except OSError as e:  # the config file could not be loaded (and an override needs it)
-    name = next(iter(config_file_flags()), "config")
-    fail(load_failure(name, config_argument(argv, name), e.__cause__ or e))
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
-    override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
-    fail(f"cannot apply {_culprit(argv, text) or override}: {text}")
   except Exception as e:  # pylint: disable=broad-except
-    where = config_file_line(argv, e)
-    if where is None:
-      raise  # not raised by a config file's own code: a bug
-    fail(f"{where}: {type(e).__name__}: {e}")
+    line = parse_failure(argv, e)
+    if line is None:
+      raise  # not the command line's nor a config file's: a bug
+    fail(line)
   unloaded = unloaded_config(argv)
   if unloaded is not None:
     fail(unloaded)
@@ -382,16 +373,6 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
     return ""
   jax.config.update("jax_compilation_cache_dir", path)
   return path
-
-
-def _culprit(argv: list[str], text: str) -> str:
-  """The override whose field the error message names, if one does."""
-  for arg in argv[1:]:
-    if arg.startswith("--config."):
-      name = arg[len("--config."):].split("=", 1)[0]
-      if name.split(".")[-1] in text:
-        return arg.split("=", 1)[0]
-  return ""
 
 
 def check_flag(name: str, ok: Callable[[Any], bool], must: str) -> None:

@@ -1,6 +1,16 @@
 """The --config flags' files, for compressive/cli.py: where a config named
-without its path is found, which default file a --config loads, and one line
-for a config file that cannot be loaded.
+without its path is found, which default file a --config loads, how an
+override is read, and one line for a config file or override that cannot be
+loaded.
+
+One rule for every override (install_override_rules): the last value given
+of a repeated --config.X wins, for tuples, lists, strings, numbers, booleans
+and fields that are None alike. (ml_collections' own tuple flags accumulate:
+`--config.x=(32,) --config.x=(64,)` gave (32, 64).) A data source named
+`module:Name` on the command line (--config.data.source) is imported while
+the config is read, so that its section, data.<name>, is there for its own
+fields' overrides; a source named only by the config file is not imported
+here.
 
 Base layer, beside cli.py (which re-exports the public names): it reads the
 flags but reports nothing itself, so that cli.parse_flags stays the one place
@@ -9,12 +19,16 @@ that prints an error and exits.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from absl import flags
+
+from compressive import plugins
+from compressive.errors import ConfigError
 
 # The folder holding the compressive package: the repository, or
 # site-packages once installed (pyproject.toml installs configs/ beside
@@ -113,7 +127,117 @@ def with_default_configs(argv: list[str]) -> list[str]:
 def config_file_flags() -> list[str]:
   """Names of the --config style flags (ml_collections config files)."""
   return [name for name in flags.FLAGS
-          if type(flags.FLAGS[name].parser).__name__ == "ConfigFileFlagParser"]
+          if any(k.__name__ == "ConfigFileFlagParser" for k in type(flags.FLAGS[name].parser).__mro__)]
+
+
+
+# -- How an override is read. ----------------------------------------------------
+
+
+class _WholeSequence(flags.ArgumentParser):
+  """A tuple's or list's override, read whole: `--config.x=(32,64)`, or one
+  element without brackets (`--config.x=32`). Registered for tuple and list
+  in place of ml_collections' TupleParser, whose flags accumulate: a field
+  read by this parser is an ordinary flag, whose last value wins."""
+
+  def __init__(self, kind: type):
+    super().__init__()
+    self.kind = kind
+
+  def parse(self, argument: Any) -> Any:
+    from ml_collections.config_flags import tuple_parser  # pylint: disable=g-import-not-at-top
+    if isinstance(argument, (tuple, list)):
+      return self.kind(argument)
+    return self.kind(tuple_parser.TupleParser().parse(argument))
+
+  def flag_type(self) -> str:
+    return self.kind.__name__
+
+
+class _Literal(flags.ArgumentParser):
+  """A field that is None: any Python literal (`3`, `(4,)`, `'a'`, `None`;
+  `true` and `false` are booleans), else the text itself, a string."""
+
+  def parse(self, argument: Any) -> Any:
+    if not isinstance(argument, str):
+      return argument
+    try:
+      return ast.literal_eval({"true": "True", "false": "False"}.get(argument, argument))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+      return argument
+
+  def flag_type(self) -> str:
+    return "literal"
+
+
+def install_override_rules() -> None:
+  """The last value of a repeated override wins, whatever the field's type:
+  ml_collections reads tuples (and lists, and None fields, which it cannot
+  override at all) with the parsers above. Process-wide; idempotent."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.register_flag_parser_for_type(tuple, _WholeSequence(tuple))
+  config_flags.register_flag_parser_for_type(list, _WholeSequence(list))
+  config_flags.register_flag_parser_for_type(type(None), _Literal())
+
+
+def _expanded(argv: list[str]) -> list[str]:
+  try:
+    return flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  except flags.Error:
+    return argv  # reported by the parse itself
+
+
+def command_line_source(argv: list[str], name: str = "config") -> Optional[str]:
+  """The last --NAME.data.source=VALUE (or `--NAME.data.source VALUE`) of argv."""
+  value = None
+  for i, a in enumerate(argv[1:], 1):
+    if a == "--":
+      break
+    m = re.match(rf"^-{{1,2}}{re.escape(name)}\.data\.source(=(.*))?$", a)
+    if m:
+      value = m.group(2) if m.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
+  return value
+
+
+def add_plugin_section(config: Any, source: Optional[str]) -> None:
+  """Adds data.<name>, at its defaults, for `source`, a data source named
+  `module:Name` on the command line (imported now), unless the config has
+  it already: its fields can then be overridden. ConfigError (one line) when
+  the source cannot be had."""
+  data = config.get("data") if hasattr(config, "unlocked") else None
+  if not source or ":" not in source or not hasattr(data, "unlocked"):
+    return
+  found = plugins.lookup(
+      "data.source", source, {},
+      lambda s: isinstance(getattr(s, "name", None), str) and callable(getattr(s, "default_config", None)),
+      "a compressive.data.registry.Source")
+  if found.name in data:
+    return
+  try:
+    section = found.default_config()
+  except Exception as e:  # pylint: disable=broad-except  # the plugin's
+    raise ConfigError(f"data.source={source!r}: its default_config() raised "
+                      f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+  with data.unlocked():
+    data[found.name] = section
+
+
+def config_file_parser(base: type, name: str,
+                       sys_argv: Optional[list[str]] = None) -> flags.ArgumentParser:
+  """`base`, ml_collections' parser of a --NAME config file (its
+  ConfigFileFlagParser), that also adds the section of a data source the
+  command line (sys_argv, default sys.argv) names as `module:Name`
+  (add_plugin_section), before the overrides are applied."""
+
+  class ConfigFileFlagParser(base):  # its name, as tools read it (config_file_flags)
+
+    def parse(self, path):
+      config = super().parse(path)
+      argv = _expanded(sys.argv if sys_argv is None else sys_argv)
+      add_plugin_section(config, command_line_source(argv, name))
+      return config
+
+  return ConfigFileFlagParser(name=name, lock_config=True)
 
 
 def config_argument(argv: list[str], name: str) -> str:
@@ -166,4 +290,83 @@ def unloaded_config(argv: list[str]) -> Optional[str]:
       return load_failure(name, config_argument(argv, name), error)
     if value is None and config_argument(argv, name):
       return f"--{name}={config_argument(argv, name)}: get_config() returned None"
+  return None
+
+
+def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
+  """One line for an exception absl's parse of argv raised: an unknown or
+  malformed flag, a missing or broken --config file, a bad --config
+  override (ml_collections raises plain exceptions for an unknown field or a
+  wrong type, which would otherwise print a traceback), or an exception
+  raised by a config file's own code; None for anything else (a bug)."""
+  user = _user_error(e)
+  if user is not None:  # e.g. a plugin the command line names cannot be had
+    return str(user)
+  if isinstance(e, flags.Error):
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
+    if required:
+      return f"--{required.group(1)} is required"
+    if "Error whilst parsing config file" in text:  # get_config raised; lines end with why
+      return f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
+    return text
+  if isinstance(e, SyntaxError):  # a config file that is not Python
+    name = next(iter(config_file_flags()), "config")
+    return f"--{name}={config_argument(argv, name)}: {e.msg} (line {e.lineno})"
+  if isinstance(e, OSError):  # the config file could not be loaded (and an override needs it)
+    name = next(iter(config_file_flags()), "config")
+    return load_failure(name, config_argument(argv, name), e.__cause__ or e)
+  if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+    text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
+    missing = _no_such_field(argv, text) if isinstance(e, (AttributeError, KeyError)) else None
+    if missing is not None:
+      return missing
+    override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
+    return f"cannot apply {_culprit(argv, text) or override}: {text}"
+  where = config_file_line(argv, e)
+  return None if where is None else f"{where}: {type(e).__name__}: {e}"
+
+
+def _culprit(argv: list[str], text: str) -> str:
+  """The override whose field the error message names, if one does."""
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      name = arg[len("--config."):].split("=", 1)[0]
+      if name.split(".")[-1] in text:
+        return arg.split("=", 1)[0]
+  return ""
+
+
+def _user_error(e: Optional[BaseException]) -> Optional[BaseException]:
+  """e or the exception it was raised from or during, if a UserError."""
+  from compressive.errors import UserError  # pylint: disable=g-import-not-at-top
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, UserError):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _no_such_field(argv: list[str], text: str) -> Optional[str]:
+  """'cannot apply --config.a.b.c: the config has no field a.b' when the
+  message of ml_collections' lookup error (text) starts with a field name
+  of an override's path."""
+  key = re.match(r"\W*(\w+)", text)
+  for arg in argv[1:] if key else ():
+    m = re.match(r"^--(?:no)?config\.([\w.]+)", arg)
+    parts = m.group(1).split(".") if m else []
+    if key.group(1) not in parts:
+      continue
+    at = parts.index(key.group(1))
+    line = f"cannot apply --config.{m.group(1)}: the config has no field {'.'.join(parts[:at + 1])}"
+    guess = re.search(r'Did you mean "(\w+)"', text)
+    if guess:
+      line += f" (did you mean {'.'.join(parts[:at] + [guess.group(1)])}?)"
+    if parts[0] == "data" and at == 1 and len(parts) > 2:
+      line += ("; a data source defined outside the package has its section data.<name> once "
+               "the command line names it: --config.data.source=module:Name")
+    return line
   return None

@@ -81,6 +81,25 @@ def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file
   assert not os.path.exists(tmp_path / "wd" / "checkpoints")
 
 
+def test_a_repeated_override_trains_on_its_last_value(tmp_path, tiny_config_file):
+  # One rule for every type: a tuple given twice once trained on both
+  # (its elements joined), while a scalar's last value won.
+  workdir = tmp_path / "wd"
+  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
+          "--config.data.synthetic.num_docs=(99,9,9)", "--config.data.synthetic.num_docs=(16,4,4)",
+          "--config.model.compression=conv", "--config.model.compression=mean_pool",
+          "--config.num_train_steps=50", "--config.num_train_steps=2",
+          "--config.optimizer.learning_rate=0.5", "--config.optimizer.learning_rate=0.001",
+          "--config.model.scan_layers=true", "--noconfig.model.scan_layers",
+          "--config.checkpoint_every_steps=2", "--config.eval.max_segments=1")
+  assert r.returncode == 0, r.stderr[-3000:]
+  saved = json.load(open(workdir / "config.json"))
+  assert saved["data"]["synthetic"]["num_docs"] == [16, 4, 4]
+  assert saved["model"]["compression"] == "mean_pool" and saved["model"]["scan_layers"] is False
+  assert saved["num_train_steps"] == 2 and saved["optimizer"]["learning_rate"] == 0.001
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+
+
 def test_eval_of_a_missing_workdir(tmp_path):
   r = run("eval.py", f"--workdir={tmp_path / 'nothing'}")
   assert r.returncode == 2 and "not a training workdir" in r.stderr
