@@ -26,13 +26,15 @@ work. A process that dies, even by SIGKILL, releases its locks with its file
 descriptors, so a killed run resumes without any clean-up. Readers (eval.py,
 sample.py, analyze.py, compressive.load) take no lock.
 
-On NFS, Linux implements `flock` with the server's byte-range locks (NFSv4,
-or the lock manager of NFSv3), which cannot lock a folder: there only
-train.lock keeps trainers on different hosts apart (deleting it while a run
-trains lets a second one in), and the run says so in a warning. A
-filesystem that supports no locking at all makes `flock` fail with ENOLCK or
-EOPNOTSUPP: training then goes on with a warning that nothing stops a second
-trainer.
+On NFS (not tested here), Linux implements `flock` on files with the
+server's byte-range locks (NFSv4, or the lock manager of NFSv3), so
+train.lock keeps trainers on different hosts apart; a folder's `flock` there
+is the client's own, so the folder locks may keep out only trainers on the
+same host, and deleting train.lock during a run may let a trainer on
+another host in. A filesystem that cannot lock a folder makes the run say
+that only train.lock keeps a second trainer out; one that supports no
+locking at all makes `flock` fail with ENOLCK or EOPNOTSUPP, and training
+then goes on with a warning that nothing stops a second trainer.
 """
 
 from __future__ import annotations
@@ -141,10 +143,11 @@ class WorkdirLock:
                       f"away, or make it a link to a folder)") from None
     if _flock(fd) is False:
       real = os.path.realpath(path)
+      name = path if real == path else f"{path} (which is {real})"
       raise WorkdirBusyError(
-          f"the checkpoints folder {real} (this workdir's {path}) is in use by another trainer "
-          f"({self._holder(fd, None)}); a checkpoints folder belongs to one run: give this "
-          f"run a workdir with checkpoints of its own, or wait for that run to finish")
+          f"{name} is the checkpoints folder of another trainer ({self._holder(fd, None)}); "
+          f"a checkpoints folder belongs to one run: give this run a workdir with "
+          f"checkpoints of its own, or wait for that run to finish")
 
   def _busy(self, fd: int, folder: int) -> str:
     return (f"{self.workdir} is in use by another trainer ({self._holder(fd, folder)}); wait "
