@@ -154,3 +154,31 @@ def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path)
       train_lib.train_and_evaluate(tiny_experiment(), str(second))
   assert os.listdir(first / "checkpoints") == []
   assert sorted(os.listdir(second)) == ["checkpoints", LOCK_FILE]
+
+
+def test_a_lock_file_held_by_an_earlier_trainer_still_keeps_the_workdir(tmp_path):
+  # Trainers of earlier versions lock only train.lock: they keep theirs.
+  import fcntl  # pylint: disable=g-import-not-at-top
+  fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"pid 1 on host elsewhere\n")
+    assert f"pid {os.getpid()} on host" in assert_busy(tmp_path)
+  finally:
+    os.close(fd)
+  assert_free(tmp_path)
+
+
+@pytest.mark.parametrize("make,cause", [
+    (lambda wd: (wd / "checkpoints").write_text("a user's file\n"), "is not a folder"),
+    (lambda wd: os.symlink(wd / "gone", wd / "checkpoints"), "which does not exist")],
+    ids=["file", "dangling-link"])
+def test_checkpoints_that_are_no_folder_are_one_line_and_left_alone(tmp_path, make, cause):
+  from compressive.errors import UserError  # pylint: disable=g-import-not-at-top
+  make(tmp_path)
+  with pytest.raises(UserError, match=cause) as e:
+    held(tmp_path)
+  assert "\n" not in str(e.value) and not isinstance(e.value, WorkdirBusyError)
+  assert os.path.lexists(tmp_path / "checkpoints") and not os.path.exists(tmp_path / "gone")
+  with pytest.raises(UserError, match=cause):  # the same line again, not "busy": no lock kept
+    held(tmp_path)
