@@ -182,3 +182,14 @@ def test_checkpoints_that_are_no_folder_are_one_line_and_left_alone(tmp_path, ma
   assert os.path.lexists(tmp_path / "checkpoints") and not os.path.exists(tmp_path / "gone")
   with pytest.raises(UserError, match=cause):  # the same line again, not "busy": no lock kept
     held(tmp_path)
+
+
+def test_a_running_runs_folders_are_no_other_runs_workdir_or_checkpoints(tmp_path):
+  first, second = tmp_path / "first", tmp_path / "second"
+  os.makedirs(first)
+  os.makedirs(second)
+  os.symlink(first, second / "checkpoints")  # checkpoints into the running run's workdir
+  with WorkdirLock(str(first)):
+    assert_busy(first / "checkpoints")  # its checkpoints folder as a workdir
+    assert_busy(second, match="belongs to one run")
+  assert not os.listdir(first / "checkpoints")
