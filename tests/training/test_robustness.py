@@ -242,6 +242,8 @@ def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference,
   workdir = tmp_path / "wd"
   first = train(config_file, workdir)
   wait_for_step(first, 3)
+  # What people do about a lock they believe stale: the lock is not the file.
+  os.remove(workdir / "train.lock")
   second = train(config_file, workdir, "--config.optimizer.learning_rate=0.1")
   _, err = second.communicate(timeout=300)
   lines = err.strip().splitlines()
@@ -251,6 +253,7 @@ def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference,
   assert "Traceback" not in err
   _, err = first.communicate(timeout=600)
   assert first.returncode == 0, err[-3000:]
+  assert not [n for n in os.listdir(workdir / "checkpoints") if "tmp" in n]
   # The first run's model and config are its own: nothing was overwritten.
   assert ckpt_lib.load_config(str(workdir)).optimizer.learning_rate != 0.1
   assert_same_params(workdir, reference)
@@ -263,7 +266,9 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(WorkdirBusyError, match=r"in use by another trainer \(pid \d+ on host"):
       train_lib.train_and_evaluate(config, str(tmp_path))
-  assert not os.path.exists(tmp_path / "checkpoints")  # nothing read or written
+  # Nothing read or written (checkpoints/ is the holder's: its lock made and holds it).
+  assert sorted(os.listdir(tmp_path)) == ["checkpoints", "train.lock"]
+  assert os.listdir(tmp_path / "checkpoints") == []
   train_lib.train_and_evaluate(config, str(tmp_path))  # free again: trains
   with pytest.raises(ValueError):  # and an exception inside releases it too
     with WorkdirLock(str(tmp_path)):
