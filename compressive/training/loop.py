@@ -170,7 +170,8 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(config, setup.layout, tokenizer)
   identity = ckpt_lib.run_identity(config, tokenizer.identity,
-                                   data_lib.corpus_identity(config.data))
+                                   data_lib.corpus_identity(config.data),
+                                   data_lib.data_identity(config.data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
