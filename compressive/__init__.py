@@ -46,9 +46,8 @@ def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   from compressive import plugins as plugins_lib
   from compressive.training import export as export_lib
   from compressive.training import inference
-  from compressive.data import registry
   plugins_lib.trust(plugins)
-  with plugins_lib.saved_config(), registry.reading():
+  with plugins_lib.saved_config():
     if export_lib.is_export(workdir):
       return export_lib.load_with_step(workdir, step, config=config)
     return inference.load_with_step(workdir, step, config=config)

@@ -27,7 +27,7 @@ import compressive
 from compressive import config as config_lib
 from compressive.evaluation import analysis
 from compressive.training import checkpoint
-from compressive.training import inference
+from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
 from compressive.errors import ConfigError
@@ -122,7 +122,7 @@ def main(argv):
       print(note, file=sys.stderr)
     # The saved config against what the run recorded, then the corpus before
     # the model: a corpus that cannot be read fails before any loading.
-    inference.check_identity(FLAGS.workdir, config, FLAGS.step)
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
     tokenizer = data_lib.get_tokenizer(config.data)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)

@@ -210,12 +210,10 @@ def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool
 def reading_saved_run() -> Iterator[None]:
   """What a tool that reads a workdir or an export runs in: the modules of
   --plugin imported (the user's say-so), and no other import on the saved
-  config's say-so (plugins.saved_config); no data downloaded or prepared
-  (data.registry.reading)."""
+  config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
   from compressive import plugins  # pylint: disable=g-import-not-at-top
-  from compressive.data import registry  # pylint: disable=g-import-not-at-top
   plugins.trust(flags.FLAGS.plugin or ())
-  with plugins.saved_config(), registry.reading():
+  with plugins.saved_config():
     yield
 
 

@@ -36,7 +36,6 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import export as export_lib
-from compressive.training import inference
 from compressive.scale import sharding
 
 FLAGS = flags.FLAGS
@@ -98,7 +97,7 @@ def main(argv):
     # The saved config against what the run recorded (model, data section,
     # tokenizer) before its corpus is read: an edited config.json never
     # chooses what is evaluated.
-    inference.check_identity(FLAGS.workdir, config, FLAGS.step)
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)

@@ -6,8 +6,9 @@ A saved config (a workdir's config.json, an export's) never imports code on
 its own say-so: while one is read (`saved_config()`: compressive.load and
 the tools that read a run), `module:Name` resolves only a module already
 imported, by the user's own code or by `trust` (the tools' --plugin flag,
-compressive.load's `plugins`). A config the user gives (train.py's
---config) imports what it names, as before."""
+compressive.load's `plugins`), and no data source downloads or prepares
+anything. A config the user gives (train.py's --config) imports what it
+names, as before."""
 
 from __future__ import annotations
 
@@ -54,10 +55,16 @@ def lookup(field: str, name: Any, registered: Mapping[str, Any],
 _reading_saved = [0]  # how many saved_config() blocks are open
 
 
+def reading_saved_config() -> bool:
+  """Whether a saved config is being read (within `saved_config`)."""
+  return bool(_reading_saved[0])
+
+
 @contextlib.contextmanager
 def saved_config() -> Iterator[None]:
   """Within it, `lookup` imports no module: a `module:Name` a saved config
-  names resolves only when its module is already imported (`trust`)."""
+  names resolves only when its module is already imported (`trust`); and
+  no data source downloads or prepares anything (data.registry.may_write)."""
   _reading_saved[0] += 1
   try:
     yield

@@ -18,7 +18,7 @@ from absl import flags
 import compressive
 from compressive import config as config_lib
 from compressive.training import checkpoint
-from compressive.training import inference
+from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
 from compressive.errors import ConfigError
@@ -89,7 +89,7 @@ def main(argv):
         mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
-    inference.check_identity(FLAGS.workdir, config, FLAGS.step)  # before any model is built
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)  # before any model is built
     tokenizer = data_lib.get_tokenizer(config.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:

@@ -22,7 +22,6 @@ Nothing here imports a source: the registry is filled by the sources.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Callable, Iterator, Optional
 
@@ -103,23 +102,11 @@ class Source:
 
 _SOURCES: dict[str, Source] = {}
 
-_READING = [0]  # how many reading() blocks are open
-
-
-@contextlib.contextmanager
-def reading() -> Iterator[None]:
-  """Within it, sources only read: nothing is downloaded or prepared
-  (the tools that read a saved run: its config never makes them write)."""
-  _READING[0] += 1
-  try:
-    yield
-  finally:
-    _READING[0] -= 1
-
-
 def may_write() -> bool:
-  """Whether a source may download or prepare its data now (not `reading`)."""
-  return not _READING[0]
+  """Whether a source may download or prepare its data now: not while a
+  saved run is read (plugins.saved_config: compressive.load and the tools
+  that read a run), whose config never chooses where anything is written."""
+  return not plugins.reading_saved_config()
 
 
 def register(source: Source) -> Source:

@@ -112,6 +112,21 @@ def _file_digest(path: str) -> Optional[str]:
     return None
 
 
+def check_identity(path: str, config: ml_collections.ConfigDict,
+                   step: Optional[int] = None) -> None:
+  """RunMismatchError, before any corpus is read or model built, when the
+  config (the saved one, as a reader made it ready) is not the one the
+  export at `path`, or the workdir's checkpoint `step` (default the
+  newest), was saved with: an edited config.json's model or data section,
+  or a tokenizer retrained in place. The load compares the same again."""
+  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  if is_export(path):
+    where, saved = f"export {path}", read_manifest(path).get("identity")
+  else:
+    where, saved = inference.saved_identity(path, step)
+  ckpt_lib.compare_identity(where, saved, inference.reader_identity(config), ())
+
+
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
   """ConfigError unless `output` can receive an export of `workdir`: a new
   folder, or an empty one, with a name the filesystem takes, and not inside
@@ -295,7 +310,25 @@ def load_with_step(
                             inference.reader_identity(config), ())
   mesh = sharding.make_mesh(config)
   graphdef, state_template, abstract_params = train_step.abstract_model(config)
-  shardings = sharding.shardings(mesh, sharding.param_specs(config, state_template))
+  params = _read_params(path, abstract_params,
+                        sharding.shardings(mesh, sharding.param_specs(config, state_template)))
+  got = ckpt_lib.fingerprint(params)
+  recorded = manifest["integrity"].get("sums")
+  recorded = recorded if isinstance(recorded, dict) else {}
+  bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
+  if bad:
+    raise CheckpointError(
+        f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
+        f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again")
+  model = merge_params(graphdef, state_template, params)
+  model.eval()
+  return config, model, manifest["step"]
+
+
+def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
+  """The parameters in the export's params/, onto `shardings`, after their
+  shapes are compared with the config's; CheckpointError (one line) when
+  they cannot be read."""
   where = os.path.join(path, PARAMS_DIR)
   if not os.path.isdir(where):
     raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
@@ -310,19 +343,8 @@ def load_with_step(
                             "export the workdir again") from e
     _check_shapes(path, saved, abstract_params)
     try:
-      params = checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
+      return checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
                             "export the workdir again") from e
-  got = ckpt_lib.fingerprint(params)
-  recorded = manifest["integrity"].get("sums")
-  recorded = recorded if isinstance(recorded, dict) else {}
-  bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
-  if bad:
-    raise CheckpointError(
-        f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
-        f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again")
-  model = merge_params(graphdef, state_template, params)
-  model.eval()
-  return config, model, manifest["step"]

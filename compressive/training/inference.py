@@ -77,35 +77,21 @@ def reader_identity(config: ml_collections.ConfigDict) -> dict:
                                data=data_lib.data_identity(config.data))
 
 
-def saved_identity(path: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
-  """(what it names, the identity recorded) of the export at `path`, or of
-  a workdir's checkpoint `step` (default the newest); the identity is None
-  when none can be read now (the restore then finds why)."""
-  from compressive.training import export as export_lib  # pylint: disable=g-import-not-at-top
-  if export_lib.is_export(path):
-    return f"export {path}", export_lib.read_manifest(path).get("identity")
+def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
+  """(what it names, the identity recorded) of a workdir's checkpoint `step`
+  (default the newest); the identity is None when none can be read now
+  (missing, rotated away, damaged: the restore then says why)."""
   try:
-    checkpointer = ckpt_lib.Checkpointer(path, read_only=True)
+    checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
     try:
       step = checkpointer.latest_step() if step is None else step
       saved = checkpointer.record(step) if step is not None else None
     finally:
       checkpointer.close()
-  except Exception:  # pylint: disable=broad-except  # missing, rotated, damaged: the load says
-    return path, None
+  except Exception:  # pylint: disable=broad-except
+    return workdir, None
   identity = saved.get("identity") if isinstance(saved, dict) else None
   return f"checkpoint {checkpointer.step_dir(step)}", identity if isinstance(identity, dict) else None
-
-
-def check_identity(path: str, config: ml_collections.ConfigDict,
-                   step: Optional[int] = None) -> None:
-  """RunMismatchError, before any corpus is read or model built, when the
-  config (the saved one, as a reader made it ready) is not the one the
-  export or checkpoint `step` of `path` was saved with: an edited
-  config.json's model or data section, or a tokenizer retrained in place.
-  The restore compares the same again, with the arrays."""
-  where, saved = saved_identity(path, step)
-  ckpt_lib.compare_identity(where, saved, reader_identity(config), ())
 
 
 def _tokenizer_identity(data_config: ml_collections.ConfigDict) -> Optional[str]:

@@ -86,9 +86,9 @@ def train_and_evaluate(
     profile_steps: (START, END): a JAX profiler trace of steps START..END
       (inclusive) into WORKDIR/profile (TensorBoard's profile tab, or
       Perfetto); steps this run does not make are not traced.
-    accept_changed_corpus: resume even if the corpus's digest differs from
-      the one the checkpoint was saved with (a warning instead of
-      RunMismatchError).
+    accept_changed_corpus: resume even if the corpus's digest or the data
+      config's generating fields differ from those the checkpoint was saved
+      with (a warning instead of RunMismatchError).
 
   Raises:
     NonFiniteError: a loss or gradient was not finite; nothing of that step

@@ -19,11 +19,11 @@ import pytest
 
 import compressive
 from compressive import data as data_lib
+from compressive import plugins
 from compressive.data import registry
 from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
-from compressive.training import inference
 from compressive.training import loop as train_lib
 from helpers import ROOT, generated_texts, tiny_experiment, untrained_workdir
 
@@ -97,7 +97,7 @@ def test_an_export_refuses_a_tokenizer_retrained_in_place(spm_run, tmp_path):
         compressive.load(path)
       # The tools compare it before any corpus is read or model built.
       with pytest.raises(ckpt_lib.RunMismatchError, match="^the tokenizer differs"):
-        inference.check_identity(path, ckpt_lib.load_config(path))
+        export_lib.check_identity(path, ckpt_lib.load_config(path))
   finally:
     model.write_bytes(original)
 
@@ -273,7 +273,7 @@ def test_a_reader_never_downloads(tmp_path):
   from compressive.data import books  # pylint: disable=g-import-not-at-top
   cache = tmp_path / "chosen"
   calls = []
-  with registry.reading():
+  with plugins.saved_config():
     with pytest.raises(DataError, match="never downloads"):
       books.fetch(books.ARCHIVES[0], str(cache), download=calls.append)
   assert not calls and not cache.exists()
