@@ -24,23 +24,30 @@ __all__ = [
 ]
 
 
-def load(workdir: str, step=None, *, config=None):
+def load(workdir: str, step=None, *, config=None, plugins=()):
   """(config, model) of a training workdir's latest (or given) checkpoint, or
   of an export (export.py: parameters only) made from one.
 
   The parameters are restored onto the saved config's mesh, or, if that
   does not fit this machine, data parallel over all its devices; `config`
-  replaces the saved one (e.g. to choose the mesh).
+  replaces the saved one (e.g. to choose the mesh). What was saved is
+  verified (checksums, finite values) and so is the run's identity (the
+  model and data config, the tokenizer). A saved config naming a plugin as
+  `module:Name` never imports its module: import it first, or name it in
+  `plugins` (modules to import, as the tools' --plugin flag).
   """
-  config, model, _ = load_with_step(workdir, step, config=config)
+  config, model, _ = load_with_step(workdir, step, config=config, plugins=plugins)
   return config, model
 
 
-def load_with_step(workdir: str, step=None, *, config=None):
+def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   """(config, model, step): `load`, and the step whose parameters it holds."""
   # pylint: disable=g-import-not-at-top
+  from compressive import plugins as plugins_lib
   from compressive.training import export as export_lib
   from compressive.training import inference
-  if export_lib.is_export(workdir):
-    return export_lib.load_with_step(workdir, step, config=config)
-  return inference.load_with_step(workdir, step, config=config)
+  plugins_lib.trust(plugins)
+  with plugins_lib.saved_config():
+    if export_lib.is_export(workdir):
+      return export_lib.load_with_step(workdir, step, config=config)
+    return inference.load_with_step(workdir, step, config=config)

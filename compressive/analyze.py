@@ -27,6 +27,7 @@ import compressive
 from compressive import config as config_lib
 from compressive.evaluation import analysis
 from compressive.training import checkpoint
+from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
 from compressive.errors import ConfigError
@@ -107,7 +108,7 @@ def validate_flags() -> None:
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
-  with cli.user_errors():
+  with cli.user_errors(), cli.reading_saved_run():
     validate_flags()
     logging.getLogger("compressive").setLevel(logging.INFO)  # progress lines on stderr
     config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
@@ -119,7 +120,9 @@ def main(argv):
     _, note = config_lib.check_saved(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
-    # The corpus before the model: a corpus that cannot be read fails before any loading.
+    # The saved config against what the run recorded, then the corpus before
+    # the model: a corpus that cannot be read fails before any loading.
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
     tokenizer = data_lib.get_tokenizer(config.data)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
     config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)

@@ -203,12 +203,28 @@ def _caller() -> str:
 
 
 def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True) -> None:
-  """--workdir (required) and, with `step`, --step: the checkpoint to read."""
+  """--workdir (required) and, with `step` (the tools that read a run),
+  --step (the checkpoint to read) and --plugin (see `reading_saved_run`)."""
   module = _caller()
   flags.DEFINE_string("workdir", None, help_string, module_name=module)
   if step:
     flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.", module_name=module)
+    flags.DEFINE_multi_string(
+        "plugin", [], "A module to import before the run is read, whose compression or data "
+        "source the saved config names as module:Name (a saved config never imports code "
+        "itself); repeat for several.", module_name=module)
   flags.mark_flag_as_required("workdir")
+
+
+@contextlib.contextmanager
+def reading_saved_run() -> Iterator[None]:
+  """What a tool that reads a workdir or an export runs in: the modules of
+  --plugin imported (the user's say-so), and no other import on the saved
+  config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
+  from compressive import plugins  # pylint: disable=g-import-not-at-top
+  plugins.trust(flags.FLAGS.plugin or ())
+  with plugins.saved_config():
+    yield
 
 
 # (train.py's help, the other tools' help) of each multi-host flag.

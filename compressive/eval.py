@@ -78,7 +78,7 @@ def check_step() -> None:
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
-  with cli.user_errors():
+  with cli.user_errors(), cli.reading_saved_run():
     validate_flags()
     sharding.initialize_distributed(
         auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
@@ -94,6 +94,10 @@ def main(argv):
     if note:
       print(note, file=sys.stderr)
     check_step()
+    # The saved config against what the run recorded (model, data section,
+    # tokenizer) before its corpus is read: an edited config.json never
+    # chooses what is evaluated.
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)

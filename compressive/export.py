@@ -25,7 +25,7 @@ flags.mark_flag_as_required("output")
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
-  with cli.user_errors():
+  with cli.user_errors(), cli.reading_saved_run():
     cli.check_flag("step", cli.at_least(0), ">= 0")
     # Cheap checks first: a mistaken --output is found before any restore.
     export_lib.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")

@@ -18,6 +18,7 @@ from absl import flags
 import compressive
 from compressive import config as config_lib
 from compressive.training import checkpoint
+from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
 from compressive.errors import ConfigError
@@ -78,7 +79,7 @@ def read_prompt() -> str:
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
-  with cli.user_errors():
+  with cli.user_errors(), cli.reading_saved_run():
     validate_flags()
     prompt = read_prompt()
     config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
@@ -88,6 +89,7 @@ def main(argv):
         mesh_shape=FLAGS.mesh_shape)
     if note:
       print(note, file=sys.stderr)
+    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)  # before any model is built
     tokenizer = data_lib.get_tokenizer(config.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:

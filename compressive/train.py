@@ -33,8 +33,10 @@ flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
 flags.DEFINE_bool("accept_changed_corpus", False,
-                  "Resume even though the training corpus (a text_files folder) changed since "
-                  "the checkpoint was saved; without it, that stops the run with one line.")
+                  "Resume even though the training corpus (a text_files folder's files, or "
+                  "the data section's generating fields, e.g. data.synthetic.seed) changed "
+                  "since the checkpoint was saved; without it, that stops the run with one "
+                  "line.")
 flags.DEFINE_string("profile_steps", "",
                     "START,END: a JAX profiler trace of steps START to END (inclusive) into "
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")

@@ -80,6 +80,7 @@ from compressive.data.iterator import SegmentIterator
 from compressive.data.registry import SPLITS
 from compressive.data.sources import check_documents
 from compressive.data.sources import corpus_identity
+from compressive.data.sources import data_identity
 from compressive.data.sources import get_documents
 from compressive.data.sources import iter_texts
 from compressive.data.tokenizers import ByteTokenizer
@@ -100,6 +101,7 @@ __all__ = [
     'Tokenizer',
     'check_documents',
     'corpus_identity',
+    'data_identity',
     'default_data_config',
     'epoch_permutation',
     'get_documents',

@@ -307,6 +307,11 @@ def fetch(archive: Archive, cache_dir: str,
           f'{path} has sha256 {digest}, expected {archive.sha256}; delete it '
           'to download it again')
     return data
+  if not registry.may_write():
+    raise DataError(
+        f'{path} is not in the books cache, and a tool that reads a saved run never downloads '
+        f'(its config chose the folder): fetch the corpus by training on this machine, or place '
+        f'{archive.filename} there (sha256 {archive.sha256}; urls {", ".join(archive.urls)})')
   # The cache must be writable before anything is downloaded.
   try:
     os.makedirs(folder, exist_ok=True)
@@ -413,4 +418,4 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # nothing more to find.
 registry.register(registry.Source(
     name='books', default_config=default_config, validate=validate,
-    get_documents=get_documents))
+    get_documents=get_documents, location_fields=('cache_dir',)))

@@ -122,4 +122,5 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 registry.register(registry.Source(
     name='enwik8', default_config=default_config, validate=validate,
     get_documents=get_documents,
-    check_documents=registry.checks_every_document(get_documents)))
+    check_documents=registry.checks_every_document(get_documents),
+    location_fields=('path',)))

@@ -147,6 +147,11 @@ def get_builder(data_config: ml_collections.ConfigDict
   builder = _local_builder_class(raw_dir)(
       data_dir=c.data_dir, file_format='array_record')
   if not builder.is_prepared():
+    if not registry.may_write():
+      raise DataError(
+          f'pg19 is not prepared in data.pg19.data_dir={c.data_dir!r}, and a tool that reads a '
+          'saved run never prepares it (its config chose the folder): prepare it by training '
+          'on this machine, or give the folder where it is prepared')
     builder.download_and_prepare(file_format='array_record')
   return builder
 
@@ -189,4 +194,5 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # nothing to check up front short of reading the 11 GB train split.
 registry.register(registry.Source(
     name='pg19', default_config=default_config, validate=validate,
-    get_documents=get_documents, official_words=OFFICIAL_WORDS.get))
+    get_documents=get_documents, official_words=OFFICIAL_WORDS.get,
+    location_fields=('data_dir', 'raw_dir')))

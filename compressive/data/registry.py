@@ -71,9 +71,17 @@ class Source:
       of the split, e.g. to train a tokenizer on. None: those of
       get_documents' TextDocuments in a seeded order (sources.iter_texts).
     identity: (data_config) -> a short string that changes when the corpus
-      does (text_files: its files' names and sizes), recorded with every
-      checkpoint and compared on resume. None: the source's data cannot
-      change under the same config (pinned archives, generated data).
+      does under the same config (text_files: its files' names and sizes),
+      recorded with every checkpoint and compared on resume. None: the
+      source's data cannot change under the same config (pinned archives,
+      generated data). A plugin source reading files that may change gives
+      this hook.
+    location_fields: the fields of the section that only say where the data
+      is (a path, a cache folder): every other field of the section is a
+      generating field, recorded with every checkpoint and export and
+      compared by every resume and reader (`sources.data_identity`), so
+      another data.synthetic.seed is another run's data, while a corpus
+      moved to another folder is the same.
     official_words: (split) -> the split's published word total, by which
       its word-level perplexity is normalised, or None (then the words
       counted in its texts are). A source that has this hook gets
@@ -88,10 +96,17 @@ class Source:
   iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
                                 Iterator[str]]] = None
   identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None
+  location_fields: tuple[str, ...] = ()
   official_words: Optional[Callable[[str], Optional[int]]] = None
 
 
 _SOURCES: dict[str, Source] = {}
+
+def may_write() -> bool:
+  """Whether a source may download or prepare its data now: not while a
+  saved run is read (plugins.saved_config: compressive.load and the tools
+  that read a run), whose config never chooses where anything is written."""
+  return not plugins.reading_saved_config()
 
 
 def register(source: Source) -> Source:

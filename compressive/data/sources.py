@@ -7,6 +7,7 @@ Each dispatches through the registry (registry.py) to the source named by
 
 from __future__ import annotations
 
+import json
 from typing import Iterator
 
 import ml_collections
@@ -93,3 +94,18 @@ def corpus_identity(data_config: ml_collections.ConfigDict) -> str | None:
   source = registry.get(data_config.source)
   registry.section(data_config, source.name)
   return None if source.identity is None else source.identity(data_config)
+
+
+def data_identity(data_config: ml_collections.ConfigDict) -> dict:
+  """What the data config says the corpus is: {"source": data.source,
+  <section>: its generating fields} (the section without the source's
+  location_fields, registry.Source). Recorded with every checkpoint and
+  export and compared by every resume and reader, for every source, plugin
+  sources included: a changed data.synthetic or data.recall section is
+  other documents."""
+  source = registry.get(data_config.source)
+  section = registry.section(data_config, source.name)
+  fields = json.loads(section.to_json()) if hasattr(section, 'to_json') else dict(section)
+  for name in source.location_fields:
+    fields.pop(name, None)
+  return {'source': data_config.source, source.name: fields}

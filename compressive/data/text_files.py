@@ -266,4 +266,5 @@ def identity(data_config: ml_collections.ConfigDict) -> str:
 
 registry.register(registry.Source(
     name='text_files', default_config=default_config, validate=validate,
-    get_documents=get_documents, check_documents=check_documents, identity=identity))
+    get_documents=get_documents, check_documents=check_documents, identity=identity,
+    location_fields=('path',)))

@@ -27,8 +27,8 @@ from compressive.training import integrity, interrupts, orbax_errors, trees
 from compressive.errors import CheckpointError, ConfigError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
-    RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, fingerprint, json_digest,
-    run_identity)
+    RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, compare_identity, fingerprint,
+    json_digest, run_identity)
 from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
 from compressive.training.trees import abstract  # pylint: disable=unused-import
 
@@ -185,6 +185,11 @@ class Checkpointer:
       memory = trees.with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
+  def record(self, step: int) -> Any:
+    """The integrity record of `step`, as stored (nothing verified)."""
+    return self._manager.restore(
+        step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
+
   def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
     """(integrity record, restored items, items asked for) of `step`, as
     stored: nothing verified yet."""
@@ -192,11 +197,11 @@ class Checkpointer:
     # The integrity record first: it also names the memory fields saved. A
     # checkpoint of an older version may lack a field the memory has since
     # gained (e.g. `visits`), which then starts empty, as in a fresh memory.
-    record = self._manager.restore(
-        step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
+    record = self.record(step)
     if abstract_memory is not None:
-      saved = {name.split("/")[1] for name in record.get("sums", {})
-               if name.startswith("memory/")}
+      sums = record.get("sums") if isinstance(record, dict) else None
+      saved = {name.split("/")[1] for name in (sums if isinstance(sums, dict) else {})
+               if isinstance(name, str) and name.startswith("memory/")}
       wanted = {k: v for k, v in trees.nonempty_fields(abstract_memory).items() if k in saved}
       if wanted:
         items["memory"] = ocp.args.StandardRestore(wanted)
@@ -327,9 +332,19 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config saved in a workdir or an export; one line naming what is
+  wrong when `workdir` is not a folder holding a readable config.json."""
   path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.lexists(workdir):
+    raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an "
+                            "export")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{workdir} is a file, not a folder: give a training workdir or "
+                            "an export (the folder)")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
+  if not os.path.isfile(path):
+    raise CheckpointError(f"{path} is not a file: restore the run's config.json")
   try:
     with open(path, encoding="utf-8") as f:
       values = json.load(f)

@@ -5,13 +5,22 @@ An export is a folder holding
   config.json   the training run's config, as the workdir holds it;
   params/       the model's parameters (Orbax StandardCheckpointer): no
                 optimizer state, no memory, no data position;
-  export.json   {"format": "compressive-params", "version": 1, "step": N,
-                 "source": the workdir, "integrity": checksums of params/}.
+  export.json   {"format": "compressive-params", "version": 2, "step": N,
+                 "source": the workdir, "integrity": checksums of params/,
+                 "identity": the run's identity as its checkpoint recorded
+                 it (the model config, the tokenizer's digest, the data
+                 config's generating fields, the corpus's digest),
+                 "config_sha256": config.json's digest, "sha256": this
+                 record's own digest}.
 
 It is written into a temporary folder beside its destination and renamed into
 place when complete, so a folder named as the output is either a whole export
 or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
-checksums are verified on every load, like a checkpoint's.
+checksums are verified on every load, like a checkpoint's, and the identity
+is compared as a checkpoint's is: a SentencePiece model retrained in place
+since the export, or another model or data config, is refused by every
+reader. A version 2 export.json lacking any of its fields is damaged, never
+read as version 1's.
 """
 
 from __future__ import annotations
@@ -33,7 +42,11 @@ from compressive.scale import sharding
 from compressive.errors import CheckpointError, ConfigError
 
 FORMAT = "compressive-params"
-VERSION = 1
+VERSION = 2
+# The fields every export.json of a version holds (version 1: before the
+# identity and the digests).
+REQUIRED = {1: ("step", "integrity"),
+            2: ("step", "integrity", "identity", "config_sha256", "sha256")}
 EXPORT_FILE = "export.json"
 PARAMS_DIR = "params"
 
@@ -54,11 +67,24 @@ def read_manifest(path: str) -> dict[str, Any]:
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
     raise CheckpointError(f"{name} is not a compressive export (format {FORMAT!r})")
   version = manifest.get("version")
-  if not isinstance(version, int) or version > VERSION:
+  if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
     raise CheckpointError(f"{name} is export format version {version}; this version of "
                           f"compressive reads version {VERSION} and older")
+  missing = [k for k in REQUIRED.get(version, REQUIRED[VERSION]) if k not in manifest]
+  if version >= 2 and isinstance(manifest.get("identity"), dict):
+    missing += [f"identity.{p}" for p in ckpt_lib.integrity.IDENTITY_PARTS
+                if p not in manifest["identity"]]
+  elif version >= 2 and "identity" in manifest:
+    missing.append("identity (a mapping)")
+  if missing:
+    raise CheckpointError(f"{name} is damaged: it lacks {', '.join(missing)} (every export of "
+                          f"version {version} holds it); export the workdir again")
   if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("integrity"), dict):
     raise CheckpointError(f"{name} is damaged: no step or checksums; export the workdir again")
+  config_path = os.path.join(path, ckpt_lib.CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise CheckpointError(f"export {path} is damaged: its {ckpt_lib.CONFIG_FILE} is missing or "
+                          "not a file; export the workdir again")
   # Exports written since the digests were added: the manifest itself and
   # the config beside it must be as written (an edit is refused, by name).
   digest = manifest.get("sha256")
@@ -84,6 +110,21 @@ def _file_digest(path: str) -> Optional[str]:
       return hashlib.sha256(f.read()).hexdigest()
   except FileNotFoundError:
     return None
+
+
+def check_identity(path: str, config: ml_collections.ConfigDict,
+                   step: Optional[int] = None) -> None:
+  """RunMismatchError, before any corpus is read or model built, when the
+  config (the saved one, as a reader made it ready) is not the one the
+  export at `path`, or the workdir's checkpoint `step` (default the
+  newest), was saved with: an edited config.json's model or data section,
+  or a tokenizer retrained in place. The load compares the same again."""
+  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  if is_export(path):
+    where, saved = f"export {path}", read_manifest(path).get("identity")
+  else:
+    where, saved = inference.saved_identity(path, step)
+  ckpt_lib.compare_identity(where, saved, inference.reader_identity(config), ())
 
 
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
@@ -128,6 +169,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
                           "training workdir")
   config = ckpt_lib.load_config(workdir)  # as saved: loading may refit its mesh
   _, model, step = inference.load_with_step(workdir, step)
+  identity = _identity_of(workdir, step, config)
   params = nnx.to_pure_dict(nnx.state(model))
   integrity = ckpt_lib.fingerprint(params)
   output = os.path.abspath(output)
@@ -147,6 +189,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
       ckpt_lib.save_config(partial, config)
       manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
                   "source": os.path.abspath(workdir), "integrity": integrity,
+                  "identity": identity,
                   "config_sha256": _file_digest(os.path.join(partial, ckpt_lib.CONFIG_FILE))}
       manifest["sha256"] = _manifest_digest(manifest)
       with open(os.path.join(partial, EXPORT_FILE), "w", encoding="utf-8") as f:
@@ -159,6 +202,18 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
 
 
 PARTIAL_PREFIX = ".compressive-export-partial-"
+
+
+def _identity_of(workdir: str, step: int, config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The identity to record in the export of `workdir`'s checkpoint `step`:
+  the one the checkpoint recorded (just verified against this config), each
+  part it left unknown taken from the config and the tokenizer here."""
+  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  _, saved = inference.saved_identity(workdir, step)
+  here = inference.reader_identity(config)
+  saved = saved or {}
+  return {part: saved.get(part) if saved.get(part) is not None else here.get(part)
+          for part in ckpt_lib.integrity.IDENTITY_PARTS}
 
 
 def _name_max(folder: str) -> int:
@@ -205,13 +260,17 @@ def _write_errors(output: str):
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  return {sharding.path_str(p): tuple(int(n) for n in x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(
-              tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))}
+  """{path: shape} of the arrays (or their metadata) in `tree`; ValueError
+  for a leaf that is none (metadata Orbax could not read)."""
+  leaves = jax.tree_util.tree_leaves_with_path(
+      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
+  if not leaves or any(not hasattr(x, "shape") for _, x in leaves):
+    raise ValueError(f"no parameters' shapes in {PARAMS_DIR}/")
+  return {sharding.path_str(p): tuple(int(n) for n in x.shape) for p, x in leaves}
 
 
-def _check_shapes(path: str, saved: Any, wanted: Any) -> None:
-  saved, wanted = _shapes(saved), _shapes(wanted)
+def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> None:
+  wanted = _shapes(wanted)
   if saved == wanted:
     return
   diffs = [f"{n} {saved[n]} -> {wanted[n]}" for n in wanted if n in saved and saved[n] != wanted[n]]
@@ -237,6 +296,7 @@ def load_with_step(
   saved mesh does not fit this machine."""
   from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
   from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference  # pylint: disable=g-import-not-at-top
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
     raise ckpt_lib.MissingStepError(
@@ -244,27 +304,17 @@ def load_with_step(
   if config is None:
     config = ckpt_lib.load_config(path)
     sharding.fit_mesh_to_devices(config)
+  # The run's identity, as a checkpoint's is compared: another tokenizer
+  # (a SentencePiece model retrained in place), model or data config.
+  ckpt_lib.compare_identity(f"export {path}", manifest.get("identity"),
+                            inference.reader_identity(config), ())
   mesh = sharding.make_mesh(config)
   graphdef, state_template, abstract_params = train_step.abstract_model(config)
-  shardings = sharding.shardings(mesh, sharding.param_specs(config, state_template))
-  where = os.path.join(path, PARAMS_DIR)
-  with ocp.StandardCheckpointer() as checkpointer:
-    try:
-      saved = checkpointer.metadata(where)
-    except Exception as e:  # Orbax raises many kinds on missing or bad files
-      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
-                            "export the workdir again") from e
-    _check_shapes(path, getattr(saved, "item_metadata", None) or getattr(saved, "tree", saved),
-                  abstract_params)
-    try:
-      params = checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
-    except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
-                            "export the workdir again") from e
+  params = _read_params(path, abstract_params,
+                        sharding.shardings(mesh, sharding.param_specs(config, state_template)))
   got = ckpt_lib.fingerprint(params)
-  recorded = manifest["integrity"].get("sums", {})
+  recorded = manifest["integrity"].get("sums")
+  recorded = recorded if isinstance(recorded, dict) else {}
   bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
   if bad:
     raise CheckpointError(
@@ -273,3 +323,28 @@ def load_with_step(
   model = merge_params(graphdef, state_template, params)
   model.eval()
   return config, model, manifest["step"]
+
+
+def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
+  """The parameters in the export's params/, onto `shardings`, after their
+  shapes are compared with the config's; CheckpointError (one line) when
+  they cannot be read."""
+  where = os.path.join(path, PARAMS_DIR)
+  if not os.path.isdir(where):
+    raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
+                          "export the workdir again")
+  with ocp.StandardCheckpointer() as checkpointer:
+    try:
+      saved = checkpointer.metadata(where)
+      saved = _shapes(getattr(saved, "item_metadata", None) or getattr(saved, "tree", saved))
+    except Exception as e:  # Orbax raises many kinds on missing or bad files
+      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+                            "export the workdir again") from e
+    _check_shapes(path, saved, abstract_params)
+    try:
+      return checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+                            "export the workdir again") from e

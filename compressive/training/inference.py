@@ -56,8 +56,8 @@ def load_with_step(
   tx = train_step.make_optimizer(config, abstract_params)
   abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
   shardings = sharding.shardings(mesh, sharding.state_specs(config, state_template, abstract_state))
+  identity = reader_identity(config)
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
-  identity = ckpt_lib.run_identity(config, _tokenizer_identity(config.data))
   try:
     step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings),
                                   identity)
@@ -66,6 +66,32 @@ def load_with_step(
   model = merge_params(graphdef, state_template, state.params)
   model.eval()
   return config, model, step
+
+
+def reader_identity(config: ml_collections.ConfigDict) -> dict:
+  """The identity a reader compares with the one a checkpoint or export
+  recorded: the model config, the tokenizer (when it can be built here) and
+  the data config's generating fields. Not the corpus's content: a reader
+  measures the corpus as it is."""
+  return ckpt_lib.run_identity(config, _tokenizer_identity(config.data),
+                               data=data_lib.data_identity(config.data))
+
+
+def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
+  """(what it names, the identity recorded) of a workdir's checkpoint `step`
+  (default the newest); the identity is None when none can be read now
+  (missing, rotated away, damaged: the restore then says why)."""
+  try:
+    checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
+    try:
+      step = checkpointer.latest_step() if step is None else step
+      saved = checkpointer.record(step) if step is not None else None
+    finally:
+      checkpointer.close()
+  except Exception:  # pylint: disable=broad-except
+    return workdir, None
+  identity = saved.get("identity") if isinstance(saved, dict) else None
+  return f"checkpoint {checkpointer.step_dir(step)}", identity if isinstance(identity, dict) else None
 
 
 def _tokenizer_identity(data_config: ml_collections.ConfigDict) -> Optional[str]:

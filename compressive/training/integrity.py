@@ -6,7 +6,8 @@ integer sums are exact in any order, so the fingerprint is the same on any
 mesh), which arrays are not finite, a digest of the data position, and the
 run's identity (the model config, the tokenizer, the corpus). Every restore
 recomputes and compares them (`verify`), so flipped bytes, truncated files,
-NaNs and another run's checkpoint are named instead of restored.
+NaNs and another run's checkpoint are named instead of restored. Records
+name their version (`RECORD_VERSION`); a field missing from one is damage.
 """
 
 from __future__ import annotations
@@ -39,19 +40,28 @@ def json_digest(value: Any) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# The integrity record's format. Version 2 records name their version and
+# hold every field below; a field missing from one is damage. Records that
+# name no version were written before (the third pass): they hold sums,
+# nonfinite and data_sha256 (which arrived with the identity), and a record
+# without any of those is damage too, never read as an older format.
+RECORD_VERSION = 2
+IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
+
+
 def run_identity(config: ml_collections.ConfigDict, tokenizer_identity: Optional[str] = None,
-                 corpus: Optional[str] = None) -> dict[str, Any]:
+                 corpus: Optional[str] = None,
+                 data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
   """What a checkpoint's numbers mean beyond their shapes: the model config
   (a post-norm model read as pre-norm has the same shapes), the tokenizer
-  (a SentencePiece model retrained in place keeps its vocabulary size) and,
-  for training, the corpus's digest (a folder whose files changed). Parts
-  left None are neither recorded nor compared."""
-  identity: dict[str, Any] = {"model": json.loads(config.model.to_json())}
-  if tokenizer_identity is not None:
-    identity["tokenizer"] = tokenizer_identity
-  if corpus is not None:
-    identity["corpus"] = corpus
-  return identity
+  (a SentencePiece model retrained in place keeps its vocabulary size), the
+  data config's generating fields (`data`: data.source and its section
+  without the fields that only say where the files are, so another
+  data.synthetic.seed is another corpus) and, for training, the corpus's
+  content digest (`corpus`: a folder whose files changed). Every part is
+  present; one left None is recorded as unknown and not compared."""
+  return {"model": json.loads(config.model.to_json()), "tokenizer": tokenizer_identity,
+          "data": data, "corpus": corpus}
 
 
 # How the model runs, not what it computes: these may change between the
@@ -60,37 +70,61 @@ RUNTIME_MODEL_FIELDS = frozenset(
     ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
      "scan_layers"))
 
-_WHAT = {"model": "the model config", "tokenizer": "the tokenizer", "corpus": "the training corpus"}
+_WHAT = {"model": "the model config", "tokenizer": "the tokenizer",
+         "data": "the data config", "corpus": "the training corpus"}
 _FIX = {
     "model": "config.json was edited, or the workdir holds another run's config: restore the "
              "run's config.json",
     "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
                  "the model the run was trained with",
+    "data": "the data section is not the run's (config.json edited, or another --config): "
+            "restore the run's data config, or, resuming, pass --accept_changed_corpus to go "
+            "on training on other data deliberately",
     "corpus": "files were added, removed or changed since: restore the corpus, or pass "
               "--accept_changed_corpus to go on training on it deliberately",
 }
 
 
+def _flat(value: Any, prefix: str) -> dict[str, Any]:
+  """A nested JSON dict as {"a.b": leaf}."""
+  if not isinstance(value, dict):
+    return {prefix: value}
+  out: dict[str, Any] = {}
+  for k, v in value.items():
+    out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+  return out
+
+
+def _differences(part: str, a: Any, b: Any) -> Optional[str]:
+  """What differs between the saved `a` and current `b` of a part, or None
+  when nothing that matters does (the model's run-time knobs)."""
+  if part in ("model", "data") and isinstance(a, dict) and isinstance(b, dict):
+    prefix = "model" if part == "model" else "data"
+    fa, fb = _flat(a, prefix), _flat(b, prefix)
+    fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k) and not (
+        part == "model" and k.split(".", 1)[1] in RUNTIME_MODEL_FIELDS))
+    if not fields:
+      return None
+    return "; ".join(f"{k} {fa.get(k)!r} -> {fb.get(k)!r}" for k in fields[:4])
+  return f"{a} -> {b}"
+
+
 def compare_identity(where: str, saved: Optional[dict[str, Any]],
                      current: Optional[dict[str, Any]], accept: tuple[str, ...]) -> None:
   """RunMismatchError naming what differs between the saved and the current
-  identity (parts missing on either side are not compared: checkpoints of
-  older versions record none)."""
+  identity. `where` names what was saved ("checkpoint DIR/6", "export DIR").
+  A part unknown on either side (None, or absent from a record of before
+  the record's version) is not compared."""
   if not saved or not current:
     return
-  for part in ("model", "tokenizer", "corpus"):
-    if part not in saved or part not in current or saved[part] == current[part]:
+  for part in IDENTITY_PARTS:
+    a, b = saved.get(part), current.get(part)
+    if a is None or b is None or a == b:
       continue
-    if part == "model":
-      a, b = saved["model"], current["model"]
-      fields = sorted(k for k in set(a) | set(b)
-                      if a.get(k) != b.get(k) and k not in RUNTIME_MODEL_FIELDS)
-      if not fields:
-        continue
-      what = "; ".join(f"model.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in fields[:4])
-    else:
-      what = f"{saved[part]} -> {current[part]}"
-    message = (f"{_WHAT[part]} differs from the one checkpoint {where} was saved with "
+    what = _differences(part, a, b)
+    if what is None:
+      continue
+    message = (f"{_WHAT[part]} differs from the one {where} was saved with "
                f"({what}): {_FIX[part]}")
     if part in accept:
       logging.getLogger("compressive").warning("%s (accepted)", message.split(": ")[0])
@@ -99,22 +133,62 @@ def compare_identity(where: str, saved: Optional[dict[str, Any]],
 
 def record(state: Any, memory: Any, data_json: Any,
            identity: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-  """The integrity record of a save: the fingerprint of `state` and of the
-  stored `memory` fields, the digest of the data position `data_json`, and
-  `identity` (`run_identity`), which restores compare."""
-  result = fingerprint({"state": state, "memory": memory or {}})
+  """The integrity record of a save: its version, the fingerprint of
+  `state` and of the stored `memory` fields, the digest of the data
+  position `data_json`, and `identity` (`run_identity`; None: unknown),
+  which restores compare."""
+  result = {"version": RECORD_VERSION}
+  result.update(fingerprint({"state": state, "memory": memory or {}}))
   result["data_sha256"] = json_digest(data_json)
-  if identity is not None:
-    result["identity"] = identity
+  result["identity"] = identity
   return result
+
+
+def check_record(where: str, saved: Any, advice: str) -> None:
+  """DamagedCheckpointError unless the integrity record `saved` holds every
+  field of its version (a missing field is damage, never an older format);
+  CheckpointError for a version this code does not know."""
+  if not isinstance(saved, dict):
+    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record holds "
+                                 f"no fields; {advice}")
+  version = saved.get("version")
+  if version is None:
+    required = ("sums", "nonfinite", "data_sha256")
+  elif isinstance(version, int) and not isinstance(version, bool) and 2 <= version <= RECORD_VERSION:
+    required = ("sums", "nonfinite", "data_sha256", "identity")
+  elif isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+    raise CheckpointError(f"checkpoint {where} was written by a newer version of compressive "
+                          f"(integrity record version {version}; this one reads "
+                          f"{RECORD_VERSION} and older): update compressive to read it")
+  else:
+    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
+                                 f"version is {version!r}; {advice}")
+  missing = [k for k in required if k not in saved]
+  if version is None and isinstance(saved.get("identity"), dict) and "data" in saved["identity"]:
+    missing.append("version")  # identities record the data config since version 2
+  if "sums" in saved and not isinstance(saved["sums"], dict):
+    missing.append("sums (a mapping)")
+  identity = saved.get("identity")
+  if version is not None and "identity" in saved:
+    if identity is not None and not isinstance(identity, dict):
+      missing.append("identity")
+    elif identity is not None:
+      missing += [f"identity.{p}" for p in IDENTITY_PARTS if p not in identity]
+  if missing:
+    raise DamagedCheckpointError(
+        f"checkpoint {where} is damaged: its integrity record lacks {', '.join(missing)} "
+        f"(a record of {'version ' + str(version) if version else 'before version 2'} always "
+        f"holds it); {advice}")
 
 
 def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,
            identity: Optional[dict[str, Any]], accept: tuple[str, ...], advice: str) -> None:
   """DamagedCheckpointError if what was read from checkpoint `where` differs
-  from its integrity record `saved` (checksums, non-finite values, the data
-  position); RunMismatchError if it was saved by another run than `identity`
-  (parts named in `accept` only warn). `advice`: what the error suggests."""
+  from its integrity record `saved` (a field missing, checksums, non-finite
+  values, the data position); RunMismatchError if it was saved by another
+  run than `identity` (parts named in `accept` only warn). `advice`: what
+  the error suggests."""
+  check_record(where, saved, advice)
   got = fingerprint({"state": restored["state"],
                      "memory": restored.get("memory") or {}} if with_memory
                     else {"state": restored["state"]})
@@ -129,12 +203,11 @@ def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,
     raise DamagedCheckpointError(
         f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
         f"{advice}")
-  saved_digest = saved.get("data_sha256")
-  if saved_digest is not None and json_digest(restored["data"]) != saved_digest:
+  if json_digest(restored["data"]) != saved["data_sha256"]:
     raise DamagedCheckpointError(
         f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
         f"saved with it; {advice}")
-  compare_identity(where, saved.get("identity"), identity, accept)
+  compare_identity(f"checkpoint {where}", saved.get("identity"), identity, accept)
 
 
 def path_name(path) -> str:

@@ -86,9 +86,9 @@ def train_and_evaluate(
     profile_steps: (START, END): a JAX profiler trace of steps START..END
       (inclusive) into WORKDIR/profile (TensorBoard's profile tab, or
       Perfetto); steps this run does not make are not traced.
-    accept_changed_corpus: resume even if the corpus's digest differs from
-      the one the checkpoint was saved with (a warning instead of
-      RunMismatchError).
+    accept_changed_corpus: resume even if the corpus's digest or the data
+      config's generating fields differ from those the checkpoint was saved
+      with (a warning instead of RunMismatchError).
 
   Raises:
     NonFiniteError: a loss or gradient was not finite; nothing of that step
@@ -170,7 +170,8 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(config, setup.layout, tokenizer)
   identity = ckpt_lib.run_identity(config, tokenizer.identity,
-                                   data_lib.corpus_identity(config.data))
+                                   data_lib.corpus_identity(config.data),
+                                   data_lib.data_identity(config.data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,

@@ -51,7 +51,7 @@ def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
     if aside:
       raise CheckpointError(_nothing_restores(checkpointer, aside))
     return 0, None
-  accept = ("corpus",) if accept_changed_corpus else ()
+  accept = ("corpus", "data") if accept_changed_corpus else ()
   skipped = []
   for step in reversed(steps):
     try:

@@ -218,8 +218,12 @@ def test_an_outside_compression_trains_and_restores_by_its_string(plugin, tmp_pa
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert json.load(open(os.path.join(workdir, 'config.json')))['model']['compression'] == name
-  sys.modules.pop(plugin, None)  # the restore imports it again, by the saved string
-  _, model = compressive.load(workdir)
+  sys.modules.pop(plugin, None)
+  # A saved config never imports code itself: the user names the module.
+  with pytest.raises(ConfigError, match=rf"module '{plugin}' is not imported.*--plugin={plugin}"):
+    compressive.load(workdir)
+  assert plugin not in sys.modules
+  _, model = compressive.load(workdir, plugins=[plugin])
   assert type(model.blocks[0].compressor.fn).__name__ == 'LastSlot'
   assert plugin in sys.modules
 
