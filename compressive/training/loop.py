@@ -6,7 +6,8 @@ module runs them: it validates the config, restores the newest checkpoint
 exactly the batches and memories it would have; restore.py), steps, logs
 metrics (runlog.py), checkpoints, estimates the evaluation loss every
 `eval_every_steps` (eval_lib.evaluate), and stops on a non-finite loss
-without saving it.
+without saving it (or on non-finite parameters, which Checkpointer.save
+refuses to write).
 
 Multi-process runs: each process reads only its own batch rows and
 contributes them to a global batch; the processes exchange their iterator
@@ -91,7 +92,8 @@ def train_and_evaluate(
       RunMismatchError).
 
   Raises:
-    NonFiniteError: a loss or gradient was not finite; nothing of that step
+    NonFiniteError: a loss or gradient was not finite, or (found at a save)
+      the parameters, optimizer state or memory were; nothing of that step
       is checkpointed, so the last good checkpoint stays the newest.
 
   Process 0 appends the "compressive" logger's lines to WORKDIR/train.log
@@ -229,7 +231,13 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
       if saving:
-        _save(run, step, state, memory, batches.get_state())
+        try:
+          _save(run, step, state, memory, batches.get_state())
+        except ckpt_lib.NonFiniteStateError as e:  # finite loss, non-finite parameters
+          del state, memory
+          raise restore_lib.non_finite_error(step, step, run.checkpointer,
+                                             run.setup.restore_targets(), run.workdir,
+                                             arrays=e.names) from None
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
