@@ -95,13 +95,14 @@ def plot_recall(result, path):
 
 def validate_flags() -> None:
   """The flags' own ranges, before anything is read."""
-  cli.check_flag("buckets", cli.at_least(1), ">= 1")
-  cli.check_flag("bucket_tokens", cli.at_least(1), ">= 1")
-  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  cli.check_int_flag("buckets", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_int_flag("bucket_tokens", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
   for name in ("memory_length", "compressed_memory_length"):
-    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
-  cli.check_flag("step", cli.at_least(0), ">= 0")
-  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
+    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
+  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
+  cli.check_number_flag("progress_seconds", "[0, inf)", dtype="float64",
+                        must="a finite number >= 0")
 
 
 def main(argv):

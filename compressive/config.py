@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from typing import Mapping, Optional, Sequence, Union
 
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from compressive import data as data_lib
+from compressive import values
 from compressive.errors import ConfigError, MeshError
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
@@ -74,10 +74,6 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
 def validate_training_config(config: ml_collections.ConfigDict) -> None:
   """The training and optimizer fields, each against its meaningful range."""
   for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
@@ -95,26 +91,15 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
         f"num_train_steps x segments_per_step = {config.num_train_steps} x "
         f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
         "32-bit integer: make it below 2**31")
-  if not _is_int(config.get("seed")):
-    raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
+  # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
+  # dropout's key is seed + 1.
+  values.integer("seed", config.get("seed"), "[0, 2**32 - 1)")
   opt = config.optimizer
   if opt.name not in ("adam", "adamw"):
     raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
-  ranges = {  # field: (test, what it must be)
-      "learning_rate": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "final_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1] (a fraction of the peak)"),
-      "b1": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "b2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "eps": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-      "grad_clip_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
-  }
-  for name, (ok, must) in ranges.items():
-    value = opt.get(name)
-    if not _is_number(value) or not ok(value):
-      raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
-  if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
-    raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
+  _check_optimizer_values(opt)
+  values.integer("optimizer.warmup_steps", opt.get("warmup_steps"), "[0, 2**31)",
+                 must="an integer >= 0, below 2**31")
   accum = grad_accum_steps(config)
   if not _is_int(accum) or accum < 1:
     raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
@@ -122,6 +107,31 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
                       f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
                       "grad_accum_steps rows")
+
+
+# Each optimizer value's range, checked on its float32 (the optimizer's dtype).
+OPTIMIZER_RANGES = {  # field: (interval, what it must be)
+    "learning_rate": ("(0, inf)", "a finite number > 0"),
+    "final_lr_fraction": ("[0, 1]", "in [0, 1] (a fraction of the peak)"),
+    "b1": ("[0, 1)", "in [0, 1)"),
+    "b2": ("[0, 1)", "in [0, 1)"),
+    "eps": ("(0, inf)", "a finite number > 0"),
+    "weight_decay": ("[0, inf)", "a finite number >= 0"),
+    "grad_clip_norm": ("(0, inf]", "> 0 (inf: no clipping)"),
+}
+
+
+def _check_optimizer_values(opt: ml_collections.ConfigDict) -> None:
+  """The optimizer's numbers as float32 holds them, and the products the
+  update computes from them (the decayed rate, the decay term's rate)."""
+  held = {name: values.number(f"optimizer.{name}", opt.get(name), interval, must=must)
+          for name, (interval, must) in OPTIMIZER_RANGES.items()}
+  for other, what in (("final_lr_fraction", "the final learning rate"),
+                      ("weight_decay", "the weight decay's rate")):
+    if held[other]:
+      product = float(f"{held['learning_rate'] * held[other]:.6g}")
+      values.number(f"optimizer.learning_rate x optimizer.{other}", product, "(0, inf)",
+                    must=f"a finite number > 0 ({what})")
 
 
 def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
@@ -151,6 +161,7 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   validate_eval_config(config, cfg)
+  values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
@@ -274,9 +285,11 @@ def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
 def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
   for name in SIZE_FIELDS:
     value = config.eval.get(name)
-    if value is not None and value < -1:
-      raise ConfigError(
-          f"eval.{name}={value}: use -1 for the training run's size, or a size >= 0")
+    if value is not None:
+      values.integer(f"eval.{name}", value, "[-1, 2**31)",
+                     must="-1 (the training run's size) or a size >= 0, below 2**31")
+  values.integer("eval.max_segments", config.eval.get("max_segments"), "[-2**31, 2**31)",
+                 must="an integer below 2**31 (<= 0: the whole split)")
   sizes = eval_sizes(config)
   check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
                      sizes["batch_size"], prefix="eval")

@@ -144,14 +144,10 @@ class Checkpointer:
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
     record = integrity.record(state, stored, data_json, identity)
-    if record["nonfinite"]:
-      # The record's own finiteness flags (computed with its checksums, read
-      # in its one transfer): nothing non-finite is ever written, so a
-      # checkpoint that verifies is one a run can continue from.
-      names = record["nonfinite"]
-      raise NonFiniteStateError(
-          f"step {step} was not saved: {len(names)} array(s) of its state are not finite "
-          f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})", names)
+    if record["nonfinite"]:  # the record's own flags, read with its checksums: nothing
+      names = record["nonfinite"]  # non-finite is ever written (no reader calls it damage)
+      raise NonFiniteStateError(f"step {step} was not saved: {len(names)} array(s) of its "
+                                f"state are not finite ({', '.join(names[:3])})", names)
     items[INTEGRITY] = ocp.args.JsonSave(record)
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
