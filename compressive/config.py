@@ -141,16 +141,22 @@ def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
 
 
 def check(config: ml_collections.ConfigDict, *, training: bool = True,
-          num_devices: Optional[int] = None, here: Optional[bool] = None) -> Experiment:
+          num_devices: Optional[int] = None, here: Optional[bool] = None,
+          capacity: Optional[tuple[int, str]] = None) -> Experiment:
   """Checks the experiment config before anything is built; ConfigError.
 
   `training=False` (evaluating, analysing or sampling a trained config on
   this machine's mesh) skips what only training's step needs: the
-  micro-batches of grad_accum_steps splitting along the mesh and the memory
-  estimate. `num_devices`: the mesh's devices, default every device of this
+  micro-batches of grad_accum_steps splitting along the mesh, and training's
+  part of the memory estimate (evaluation's sizes are estimated either way).
+  `num_devices`: the mesh's devices, default every device of this
   run (aot.py passes a target's). `here`: whether the config is to run on
   this machine, so that its data config (paths, the tokenizer's model) and
   its size are checked against it; default: when `num_devices` is not given.
+  `capacity`: (bytes per device, what they are) to estimate the size
+  against instead of this machine's (aot.py passes a target's). The
+  estimate comes before the model is built, so a size of any kind (layers
+  too) is refused in a moment, never after minutes of building.
   """
   here = num_devices is None if here is None else here
   cfg = ModelConfig.from_config(config.model)
@@ -170,16 +176,17 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
     raise ConfigError(
         "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
         f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
+  accum = grad_accum_steps(config)
+  if here or capacity is not None:
+    _check_fits(config, cfg, accum, training, capacity or _capacity_per_device(),
+                num_devices or jax.device_count())
   graphdef, abstract_state = abstract_model(cfg, config.seed)
   shape = sharding.validate(config, abstract_state, num_devices)
-  accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
   value = config.get("prefetch_steps")
   if training and (not _is_int(value) or not 0 <= value <= 64):
     raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
                       "batches made ahead in a background thread; 0: none)")
-  if training and here:
-    _check_fits(config, cfg, accum)
   if training and accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(
         f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
@@ -212,15 +219,20 @@ def _capacity_per_device() -> tuple[int, str]:
   return ram // jax.local_device_count(), "this host's RAM per local device"
 
 
+def _parameter_count(cfg: ModelConfig) -> int:
+  return cfg.vocab_size * cfg.d_model + cfg.num_layers * (
+      4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
+
+
 def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
-                               accum: int) -> int:
+                               accum: int, num_devices: Optional[int] = None) -> int:
   """Bytes training needs at the least, per device, from shapes alone: the
   parameters with their gradients and Adam's two moments (float32), the
   memory, one step's batch, the residual stream every layer keeps for the
   backward pass, and one layer's attention scores, each split over every
   device (a lower bound: what the compiled step holds is more)."""
   d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
-  params = cfg.vocab_size * d + layers * (4 * d * d + 2 * d * cfg.d_ff)
+  params = _parameter_count(cfg)
   b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
   rows = b // max(accum, 1)
   keys = cfg.compressed_memory_length + cfg.memory_length + t
@@ -230,14 +242,34 @@ def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConf
            + 3 * s * b * t * 4
            + layers * rows * t * d * itemsize
            + rows * cfg.num_heads * queries * keys * 4)
-  return total // jax.device_count()
+  return total // (num_devices or jax.device_count())
 
 
-def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int) -> None:
-  """ConfigError, before anything is allocated, when training cannot fit
-  this machine's devices by `training_bytes_lower_bound`."""
-  need = training_bytes_lower_bound(config, cfg, accum)
-  have, what = _capacity_per_device()
+def evaluation_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
+                                 num_devices: Optional[int] = None) -> int:
+  """Bytes evaluation at the config's evaluation sizes (eval_sizes: eval.*,
+  or eval.py's --memory_length ...) needs at the least, per device: the
+  float32 parameters, every layer's memory and compressed memory, one
+  segment's residual stream and one layer's attention scores."""
+  sizes = eval_sizes(config)
+  b, t = sizes["batch_size"], sizes["segment_length"]
+  slots = sizes["memory_length"] + sizes["compressed_memory_length"]
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  queries = min(cfg.attention_chunk_size or t, t)
+  total = (4 * _parameter_count(cfg)
+           + cfg.num_layers * b * slots * cfg.d_model * itemsize
+           + 2 * b * t * cfg.d_model * itemsize
+           + b * cfg.num_heads * queries * (slots + t) * 4)
+  return total // (num_devices or jax.device_count())
+
+
+def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int, training: bool,
+                capacity: tuple[int, str], num_devices: int) -> None:
+  """ConfigError, before anything is built or allocated, when training (with
+  `training`) or evaluation at the evaluation sizes cannot fit `capacity`
+  (bytes per device, what) by the lower bounds above."""
+  have, what = capacity
+  need = training_bytes_lower_bound(config, cfg, accum, num_devices) if training else 0
   if need > have:
     raise ConfigError(
         f"training this config needs at least {need / 2**30:,.1f} GiB per device "
@@ -245,6 +277,18 @@ def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int)
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
         f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
         "or use more devices")
+  need = evaluation_bytes_lower_bound(config, cfg, num_devices)
+  if training:  # the in-loop estimate runs beside the optimizer state
+    need += 12 * _parameter_count(cfg) // num_devices
+  if need > have:
+    sizes = eval_sizes(config)
+    raise ConfigError(
+        f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
+        f"(parameters, {sizes['memory_length']} + {sizes['compressed_memory_length']} memory "
+        f"slots x {cfg.num_layers} layers x {sizes['batch_size']} rows, activations), "
+        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
+        "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
+        " a tool's --memory_length ...) or the model's sizes")
 
 
 def profile_steps(value) -> Optional[tuple[int, int]]:

@@ -89,7 +89,9 @@ def run(config, target_name: str, step: str) -> int:
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
   devices = target.devices()
-  experiment = config_lib.check(config, training=step == "train", num_devices=len(devices))
+  memory = (target.device_memory_bytes, f"{target.name}'s memory per device")  # estimated
+  experiment = config_lib.check(config, training=step == "train", num_devices=len(devices),
+                                capacity=memory)  # before the model is built
   mesh = sharding.make_mesh(config, devices)
   what = f"the {step} step for {target.name}"
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "

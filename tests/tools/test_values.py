@@ -192,3 +192,36 @@ def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
   with pytest.raises(ConfigError, match=re.escape(expected)):
     sharding.initialize_distributed(coordinator_address=address, num_processes=processes,
                                     process_id=process)
+
+
+# -- Sizes of every kind go through the memory estimate, before anything is built. --
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("model.num_layers", 2**31 - 1, "training this config needs at least"),
+    ("model.vocab_size", 2**31 - 1, "training this config needs at least"),
+    ("eval.memory_length", 10**9, "evaluating this config needs at least"),
+    ("eval.batch_size", 2**30, "evaluating this config needs at least"),
+])
+def test_every_size_is_estimated_before_the_model_is_built(field, value, expected, monkeypatch):
+  def never(*args):
+    raise AssertionError("the model was built before the estimate")
+  monkeypatch.setattr(config_lib, "abstract_model", never)
+  with pytest.raises(ConfigError, match=expected):
+    config_lib.check(tiny_experiment(**{field: value}))
+
+
+def test_evaluation_sizes_are_estimated_for_the_tools_too():
+  # eval.py, analyze.py and sample.py check a saved config with check_saved
+  # (training=False), their memory flags set as the evaluation sizes.
+  with pytest.raises(ConfigError, match="evaluating this config needs at least .* memory slots"):
+    config_lib.check_saved(tiny_experiment(), sizes={"memory_length": 2**31 - 1})
+
+
+def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch):
+  # aot.py passes its target's memory: a model far too large for it is
+  # refused in a moment, not after minutes of building 20,000 layers.
+  monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
+  with pytest.raises(ConfigError, match=r"needs at least .* of cpu's memory"):
+    config_lib.check(tiny_experiment(**{"model.num_layers": 20000, "model.d_model": 256}),
+                     num_devices=1, capacity=(2**30, "cpu's memory"))
