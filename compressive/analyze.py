@@ -29,6 +29,7 @@ from compressive.evaluation import analysis
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
+from compressive import values
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -151,12 +152,14 @@ def run(model, documents, config):
 
 def save(result, plot, suffix: str) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
+  # NaN (a bucket no token reached, a diverged model) is JSON's null.
+  result = values.finite_or_null(result)
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
-  print(json.dumps(result), flush=True)
+  print(json.dumps(result, allow_nan=False), flush=True)
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
   try:
     with open(stem + ".json", "w") as f:
-      json.dump(result, f, indent=2)
+      json.dump(result, f, indent=2, allow_nan=False)
     plot(result, stem + ".png")
   except OSError as e:
     cli.warn(f"the result is printed but not saved: cannot write {e.filename or stem}: "

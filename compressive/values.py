@@ -163,3 +163,30 @@ def config_floats(config: Any) -> None:
   own range): a field nobody listed is still checked as the device sees it."""
   for name, value in float_fields(config):
     number(name, value, "[-inf, inf]", must="a number that float32 holds")
+
+
+# -- Results as valid JSON. ---------------------------------------------------------
+
+
+def non_finite(value: Any, prefix: str = "") -> list[str]:
+  """The names (dotted, [i] for items) of the NaN or infinite floats in a
+  result of dicts, lists and numbers."""
+  if isinstance(value, dict):
+    return [n for k, v in value.items() for n in non_finite(v, f"{prefix}{k}.")]
+  if isinstance(value, (list, tuple)):
+    return [n for i, v in enumerate(value) for n in non_finite(v, f"{prefix.rstrip('.')}[{i}].")]
+  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+    return [f"{prefix.rstrip('.')}={value}"]
+  return []
+
+
+def finite_or_null(value: Any) -> Any:
+  """The result with each NaN or infinite float as None (JSON's null): what
+  JSON can hold, since NaN and Infinity are not JSON."""
+  if isinstance(value, dict):
+    return {k: finite_or_null(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [finite_or_null(v) for v in value]
+  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+    return None
+  return value

@@ -123,7 +123,7 @@ def run(config, target_name: str, step: str) -> int:
       compile_seconds=seconds, device_memory_bytes=target.device_memory_bytes,
       peak_flops_per_device=None if target.platform == "cpu"
       else flops.peak_flops(devices[0].device_kind, "bfloat16"), experiment=experiment)
-  print(json.dumps(result.as_dict()))
+  print(json.dumps(result.as_dict(), allow_nan=False))
   if result.fits is False:
     total, have = result.per_device["total"], result.device_memory_bytes
     cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "

@@ -5,6 +5,7 @@ rounding onto the end of its range), an integer in the range its use allows
 flag of every tool, by one mechanism (compressive/values.py)."""
 
 import ast
+import json
 import math
 import pathlib
 import re
@@ -225,3 +226,41 @@ def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch)
   with pytest.raises(ConfigError, match=r"needs at least .* of cpu's memory"):
     config_lib.check(tiny_experiment(**{"model.num_layers": 20000, "model.d_model": 256}),
                      num_devices=1, capacity=(2**30, "cpu's memory"))
+
+
+# -- Results written as JSON are valid JSON: never NaN. -----------------------------
+
+
+def strict_json(text):
+  def refuse(constant):
+    raise AssertionError(f"{constant} is not JSON")
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_results_are_named_or_written_as_null():
+  result = {"loss": float("nan"), "bits": [1.0, float("inf")], "split": "test", "n": 3}
+  assert values.non_finite(result) == ["loss=nan", "bits[1]=inf"]
+  assert values.finite_or_null(result) == {"loss": None, "bits": [1.0, None], "split": "test",
+                                          "n": 3}
+  strict_json(json.dumps(values.finite_or_null(result), allow_nan=False))
+
+
+def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):
+  from compressive.training.metrics import MetricWriter
+  writer = MetricWriter(str(tmp_path), "eval")
+  writer.write(6, {"loss": float("nan"), "bits_per_token": 1.5})
+  writer.close()
+  lines = (tmp_path / "metrics_eval.jsonl").read_text().splitlines()
+  assert [strict_json(line) for line in lines] == [{"step": 6, "loss": None,
+                                                    "bits_per_token": 1.5}]
+
+
+def test_the_tools_write_json_that_refuses_nan():
+  # eval.py reports a non-finite result as one line (NonFiniteError, exit 1)
+  # before it writes anything; analyze.py writes NaN as null; each json.dump
+  # of a result refuses NaN.
+  for tool in ("eval", "analyze"):
+    source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
+    dumps = re.findall(r"json\.dumps?\((.*)\)", source)
+    assert dumps and all("allow_nan=False" in d for d in dumps), dumps
+  assert "values.non_finite(result)" in (pathlib.Path(ROOT) / "compressive" / "eval.py").read_text()
