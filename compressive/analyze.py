@@ -30,6 +30,7 @@ from compressive.training import checkpoint
 from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
+from compressive import values
 from compressive.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -96,13 +97,14 @@ def plot_recall(result, path):
 
 def validate_flags() -> None:
   """The flags' own ranges, before anything is read."""
-  cli.check_flag("buckets", cli.at_least(1), ">= 1")
-  cli.check_flag("bucket_tokens", cli.at_least(1), ">= 1")
-  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
+  cli.check_int_flag("buckets", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_int_flag("bucket_tokens", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
   for name in ("memory_length", "compressed_memory_length"):
-    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
-  cli.check_flag("step", cli.at_least(0), ">= 0")
-  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
+    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
+  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
+  cli.check_number_flag("progress_seconds", "[0, inf)", dtype="float64",
+                        must="a finite number >= 0")
 
 
 def main(argv):
@@ -153,12 +155,14 @@ def run(model, documents, config):
 
 def save(result, plot, suffix: str) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
+  # NaN (a bucket no token reached, a diverged model) is JSON's null.
+  result = values.finite_or_null(result)
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
-  print(json.dumps(result), flush=True)
+  print(json.dumps(result, allow_nan=False), flush=True)
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
   try:
     with open(stem + ".json", "w") as f:
-      json.dump(result, f, indent=2)
+      json.dump(result, f, indent=2, allow_nan=False)
     plot(result, stem + ".png")
   except OSError as e:
     cli.warn(f"the result is printed but not saved: cannot write {e.filename or stem}: "

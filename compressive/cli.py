@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import sys
 from typing import Any, Callable, Iterator, Optional
@@ -33,6 +32,7 @@ from compressive.cli_config import (  # pylint: disable=unused-import  (re-expor
     CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
     resolve_config, resolve_config_names, unloaded_config, with_default_configs)
+from compressive import values
 from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -405,10 +405,42 @@ def check_flag(name: str, ok: Callable[[Any], bool], must: str) -> None:
     raise ConfigError(f"--{name}={shown} must be {must}")
 
 
-def at_least(minimum: int, *also: int) -> Callable[[Any], bool]:
-  """A check_flag test: value >= minimum, or one of `also` (e.g. -1)."""
-  return lambda v: v >= minimum or v in also
+def _flag_value_error(name: str, e: ConfigError, value: Any) -> ConfigError:
+  """A values.* error about `name` said of the flag: `--name=VALUE ...`."""
+  text = str(e)
+  prefix = f"{name}={value!r}"
+  rest = text[len(prefix):] if text.startswith(prefix) else f": {text}"
+  return ConfigError(f"--{name}={value}{rest}")
 
 
-def finite_at_least(minimum: float) -> Callable[[Any], bool]:
-  return lambda v: math.isfinite(v) and v >= minimum
+def check_number_flag(name: str, interval: str, *, dtype: str = "float32",
+                      must: str = "") -> None:
+  """ConfigError `--name=VALUE ...` unless the float flag is unset or, as
+  `dtype` holds it (float32: what the device computes with; float64 for a
+  value only the host uses), a number in `interval` (values.number: no NaN,
+  no overflow to inf, no underflow to 0, no rounding onto an open end)."""
+  value = flags.FLAGS[name].value
+  if value is None:
+    return
+  try:
+    values.number(name, value, interval, dtype=dtype, must=must)
+  except ConfigError as e:
+    raise _flag_value_error(name, e, value) from None
+
+
+def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
+                   must: str = "") -> None:
+  """ConfigError `--name=VALUE ...` unless the integer flag is unset, one of
+  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
+  value = flags.FLAGS[name].value
+  if value is None or value in also:
+    return
+  try:
+    values.integer(name, value, interval, must=must)
+  except ConfigError as e:
+    raise _flag_value_error(name, e, value) from None
+
+
+# The memory flags' range: evaluation sizes (-1: the training run's), checked
+# here as numbers and by config.check_saved against the memory estimate.
+SIZE_FLAG_MUST = ">= 0 (or -1: the training run's), below 2**31"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from typing import Mapping, Optional, Sequence, Union
 
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from compressive import data as data_lib
+from compressive import values
 from compressive.errors import ConfigError, MeshError
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
@@ -74,10 +74,6 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
 def validate_training_config(config: ml_collections.ConfigDict) -> None:
   """The training and optimizer fields, each against its meaningful range."""
   for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
@@ -95,26 +91,15 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
         f"num_train_steps x segments_per_step = {config.num_train_steps} x "
         f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
         "32-bit integer: make it below 2**31")
-  if not _is_int(config.get("seed")):
-    raise ConfigError(f"seed={config.get('seed')!r} must be an integer")
+  # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
+  # dropout's key is seed + 1.
+  values.integer("seed", config.get("seed"), "[0, 2**32 - 1)")
   opt = config.optimizer
   if opt.name not in ("adam", "adamw"):
     raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
-  ranges = {  # field: (test, what it must be)
-      "learning_rate": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "final_lr_fraction": (lambda v: 0 <= v <= 1, "in [0, 1] (a fraction of the peak)"),
-      "b1": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "b2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-      "eps": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-      "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-      "grad_clip_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
-  }
-  for name, (ok, must) in ranges.items():
-    value = opt.get(name)
-    if not _is_number(value) or not ok(value):
-      raise ConfigError(f"optimizer.{name}={value!r} must be {must}")
-  if not _is_int(opt.get("warmup_steps")) or opt.warmup_steps < 0:
-    raise ConfigError(f"optimizer.warmup_steps={opt.get('warmup_steps')!r} must be an integer >= 0")
+  _check_optimizer_values(opt)
+  values.integer("optimizer.warmup_steps", opt.get("warmup_steps"), "[0, 2**31)",
+                 must="an integer >= 0, below 2**31")
   accum = grad_accum_steps(config)
   if not _is_int(accum) or accum < 1:
     raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
@@ -124,6 +109,31 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
                       "grad_accum_steps rows")
 
 
+# Each optimizer value's range, checked on its float32 (the optimizer's dtype).
+OPTIMIZER_RANGES = {  # field: (interval, what it must be)
+    "learning_rate": ("(0, inf)", "a finite number > 0"),
+    "final_lr_fraction": ("[0, 1]", "in [0, 1] (a fraction of the peak)"),
+    "b1": ("[0, 1)", "in [0, 1)"),
+    "b2": ("[0, 1)", "in [0, 1)"),
+    "eps": ("(0, inf)", "a finite number > 0"),
+    "weight_decay": ("[0, inf)", "a finite number >= 0"),
+    "grad_clip_norm": ("(0, inf]", "> 0 (inf: no clipping)"),
+}
+
+
+def _check_optimizer_values(opt: ml_collections.ConfigDict) -> None:
+  """The optimizer's numbers as float32 holds them, and the products the
+  update computes from them (the decayed rate, the decay term's rate)."""
+  held = {name: values.number(f"optimizer.{name}", opt.get(name), interval, must=must)
+          for name, (interval, must) in OPTIMIZER_RANGES.items()}
+  for other, what in (("final_lr_fraction", "the final learning rate"),
+                      ("weight_decay", "the weight decay's rate")):
+    if held[other]:
+      product = float(f"{held['learning_rate'] * held[other]:.6g}")
+      values.number(f"optimizer.learning_rate x optimizer.{other}", product, "(0, inf)",
+                    must=f"a finite number > 0 ({what})")
+
+
 def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
   """config.grad_accum_steps (None when a config lacks it: validation then
   names the field)."""
@@ -131,16 +141,22 @@ def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
 
 
 def check(config: ml_collections.ConfigDict, *, training: bool = True,
-          num_devices: Optional[int] = None, here: Optional[bool] = None) -> Experiment:
+          num_devices: Optional[int] = None, here: Optional[bool] = None,
+          capacity: Optional[tuple[int, str]] = None) -> Experiment:
   """Checks the experiment config before anything is built; ConfigError.
 
   `training=False` (evaluating, analysing or sampling a trained config on
   this machine's mesh) skips what only training's step needs: the
-  micro-batches of grad_accum_steps splitting along the mesh and the memory
-  estimate. `num_devices`: the mesh's devices, default every device of this
+  micro-batches of grad_accum_steps splitting along the mesh, and training's
+  part of the memory estimate (evaluation's sizes are estimated either way).
+  `num_devices`: the mesh's devices, default every device of this
   run (aot.py passes a target's). `here`: whether the config is to run on
   this machine, so that its data config (paths, the tokenizer's model) and
   its size are checked against it; default: when `num_devices` is not given.
+  `capacity`: (bytes per device, what they are) to estimate the size
+  against instead of this machine's (aot.py passes a target's). The
+  estimate comes before the model is built, so a size of any kind (layers
+  too) is refused in a moment, never after minutes of building.
   """
   here = num_devices is None if here is None else here
   cfg = ModelConfig.from_config(config.model)
@@ -151,6 +167,7 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   validate_eval_config(config, cfg)
+  values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
@@ -159,16 +176,17 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
     raise ConfigError(
         "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
         f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
+  accum = grad_accum_steps(config)
+  if here or capacity is not None:
+    _check_fits(config, cfg, accum, training, capacity or _capacity_per_device(),
+                num_devices or jax.device_count())
   graphdef, abstract_state = abstract_model(cfg, config.seed)
   shape = sharding.validate(config, abstract_state, num_devices)
-  accum = grad_accum_steps(config)
   dp = sharding.data_parallel_size(config, shape)
   value = config.get("prefetch_steps")
   if training and (not _is_int(value) or not 0 <= value <= 64):
     raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
                       "batches made ahead in a background thread; 0: none)")
-  if training and here:
-    _check_fits(config, cfg, accum)
   if training and accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(
         f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
@@ -201,15 +219,20 @@ def _capacity_per_device() -> tuple[int, str]:
   return ram // jax.local_device_count(), "this host's RAM per local device"
 
 
+def _parameter_count(cfg: ModelConfig) -> int:
+  return cfg.vocab_size * cfg.d_model + cfg.num_layers * (
+      4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
+
+
 def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
-                               accum: int) -> int:
+                               accum: int, num_devices: Optional[int] = None) -> int:
   """Bytes training needs at the least, per device, from shapes alone: the
   parameters with their gradients and Adam's two moments (float32), the
   memory, one step's batch, the residual stream every layer keeps for the
   backward pass, and one layer's attention scores, each split over every
   device (a lower bound: what the compiled step holds is more)."""
   d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
-  params = cfg.vocab_size * d + layers * (4 * d * d + 2 * d * cfg.d_ff)
+  params = _parameter_count(cfg)
   b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
   rows = b // max(accum, 1)
   keys = cfg.compressed_memory_length + cfg.memory_length + t
@@ -219,14 +242,34 @@ def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConf
            + 3 * s * b * t * 4
            + layers * rows * t * d * itemsize
            + rows * cfg.num_heads * queries * keys * 4)
-  return total // jax.device_count()
+  return total // (num_devices or jax.device_count())
 
 
-def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int) -> None:
-  """ConfigError, before anything is allocated, when training cannot fit
-  this machine's devices by `training_bytes_lower_bound`."""
-  need = training_bytes_lower_bound(config, cfg, accum)
-  have, what = _capacity_per_device()
+def evaluation_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
+                                 num_devices: Optional[int] = None) -> int:
+  """Bytes evaluation at the config's evaluation sizes (eval_sizes: eval.*,
+  or eval.py's --memory_length ...) needs at the least, per device: the
+  float32 parameters, every layer's memory and compressed memory, one
+  segment's residual stream and one layer's attention scores."""
+  sizes = eval_sizes(config)
+  b, t = sizes["batch_size"], sizes["segment_length"]
+  slots = sizes["memory_length"] + sizes["compressed_memory_length"]
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  queries = min(cfg.attention_chunk_size or t, t)
+  total = (4 * _parameter_count(cfg)
+           + cfg.num_layers * b * slots * cfg.d_model * itemsize
+           + 2 * b * t * cfg.d_model * itemsize
+           + b * cfg.num_heads * queries * (slots + t) * 4)
+  return total // (num_devices or jax.device_count())
+
+
+def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int, training: bool,
+                capacity: tuple[int, str], num_devices: int) -> None:
+  """ConfigError, before anything is built or allocated, when training (with
+  `training`) or evaluation at the evaluation sizes cannot fit `capacity`
+  (bytes per device, what) by the lower bounds above."""
+  have, what = capacity
+  need = training_bytes_lower_bound(config, cfg, accum, num_devices) if training else 0
   if need > have:
     raise ConfigError(
         f"training this config needs at least {need / 2**30:,.1f} GiB per device "
@@ -234,6 +277,18 @@ def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int)
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
         f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
         "or use more devices")
+  need = evaluation_bytes_lower_bound(config, cfg, num_devices)
+  if training:  # the in-loop estimate runs beside the optimizer state
+    need += 12 * _parameter_count(cfg) // num_devices
+  if need > have:
+    sizes = eval_sizes(config)
+    raise ConfigError(
+        f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
+        f"(parameters, {sizes['memory_length']} + {sizes['compressed_memory_length']} memory "
+        f"slots x {cfg.num_layers} layers x {sizes['batch_size']} rows, activations), "
+        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
+        "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
+        " a tool's --memory_length ...) or the model's sizes")
 
 
 def profile_steps(value) -> Optional[tuple[int, int]]:
@@ -274,9 +329,11 @@ def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
 def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
   for name in SIZE_FIELDS:
     value = config.eval.get(name)
-    if value is not None and value < -1:
-      raise ConfigError(
-          f"eval.{name}={value}: use -1 for the training run's size, or a size >= 0")
+    if value is not None:
+      values.integer(f"eval.{name}", value, "[-1, 2**31)",
+                     must="-1 (the training run's size) or a size >= 0, below 2**31")
+  values.integer("eval.max_segments", config.eval.get("max_segments"), "[-2**31, 2**31)",
+                 must="an integer below 2**31 (<= 0: the whole split)")
   sizes = eval_sizes(config)
   check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
                      sizes["batch_size"], prefix="eval")

@@ -30,7 +30,8 @@ import jax
 
 import compressive
 from compressive import config as config_lib
-from compressive.errors import CheckpointError
+from compressive import values
+from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint
 from compressive import cli
 from compressive import data as data_lib
@@ -51,12 +52,14 @@ cli.define_multihost_flags(refer_to_train=True)
 def validate_flags() -> None:
   """The flags' own ranges, before anything is read."""
   for name in ("batch_size", "segment_length"):
-    cli.check_flag(name, cli.at_least(1, -1), ">= 1 (or -1: the training run's)")
+    cli.check_int_flag(name, "[1, 2**31)", also=(-1,),
+                       must=">= 1 (or -1: the training run's), below 2**31")
   for name in ("memory_length", "compressed_memory_length"):
-    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
-  cli.check_flag("max_segments", cli.at_least(1), ">= 1")
-  cli.check_flag("step", cli.at_least(0), ">= 0")
-  cli.check_flag("progress_seconds", cli.finite_at_least(0.0), "a finite number >= 0")
+    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
+  cli.check_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
+  cli.check_number_flag("progress_seconds", "[0, inf)", dtype="float64",
+                        must="a finite number >= 0")
 
 
 def check_step() -> None:
@@ -107,16 +110,22 @@ def main(argv):
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
+    bad = values.non_finite(result)
+    if bad:  # never NaN in a result: JSON cannot hold it, and it is no figure
+      raise NonFiniteError(
+          f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "
+          "are finite but too large to evaluate (a run diverging); nothing is written. "
+          "Evaluate an earlier step with --step")
   result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
   if jax.process_index():
     return
   # The result first: a workdir that cannot be written (read-only, full) loses nothing.
-  print(json.dumps(result), flush=True)
+  print(json.dumps(result, allow_nan=False), flush=True)
   path = os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json")
   tmp = f"{path}.tmp{os.getpid()}"
   try:
     with open(tmp, "w") as f:
-      json.dump(result, f, indent=2)
+      json.dump(result, f, indent=2, allow_nan=False)
     os.replace(tmp, path)
   except OSError as e:
     cli.warn(f"the result is printed but not saved: cannot write {path}: "

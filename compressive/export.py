@@ -26,7 +26,7 @@ def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   with cli.user_errors(), cli.reading_saved_run():
-    cli.check_flag("step", cli.at_least(0), ">= 0")
+    cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
     # Cheap checks first: a mistaken --output is found before any restore.
     export_lib.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
     step = export_lib.export(FLAGS.workdir, FLAGS.output, FLAGS.step)

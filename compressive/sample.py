@@ -40,13 +40,14 @@ def validate_flags() -> None:
   """The flags' own ranges, before any model is loaded."""
   if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
     raise ConfigError("give exactly one of --prompt or --prompt_file")
-  cli.check_flag("num_tokens", cli.at_least(1), ">= 1")
-  cli.check_flag("temperature", cli.finite_at_least(0.0), "a finite number >= 0 (0: greedy)")
-  cli.check_flag("top_k", cli.at_least(0), ">= 0 (0: all tokens)")
-  cli.check_flag("top_p", lambda p: 0.0 < p <= 1.0, "in (0, 1] (1: off)")
-  cli.check_flag("step", cli.at_least(0), ">= 0")
+  cli.check_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
+  cli.check_number_flag("temperature", "[0, inf)", must="a finite number >= 0 (0: greedy)")
+  cli.check_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), below 2**31")
+  cli.check_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
+  cli.check_int_flag("seed", "[0, 2**32)", must="an integer in [0, 2**32) (the PRNG key's 32 bits)")
+  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
   for name in ("memory_length", "compressed_memory_length"):
-    cli.check_flag(name, cli.at_least(0, -1), ">= 0 (or -1: the training run's)")
+    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
 
 
 def read_prompt() -> str:

@@ -76,6 +76,14 @@ def main(argv):
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))
 
 
+def _check(config, step: str, target, num_devices: int) -> config_lib.Experiment:
+  """The config for `target`, its size estimated against the target's memory
+  before the model is built (a config far too large is refused at once)."""
+  return config_lib.check(config, training=step == "train", num_devices=num_devices,
+                          capacity=(target.device_memory_bytes,
+                                    f"{target.name}'s memory per device"))
+
+
 def run(config, target_name: str, step: str) -> int:
   from compressive.scale import targets  # pylint: disable=g-import-not-at-top
   if target_name == "list":
@@ -89,7 +97,7 @@ def run(config, target_name: str, step: str) -> int:
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
   devices = target.devices()
-  experiment = config_lib.check(config, training=step == "train", num_devices=len(devices))
+  experiment = _check(config, step, target, len(devices))
   mesh = sharding.make_mesh(config, devices)
   what = f"the {step} step for {target.name}"
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
@@ -115,7 +123,7 @@ def run(config, target_name: str, step: str) -> int:
       compile_seconds=seconds, device_memory_bytes=target.device_memory_bytes,
       peak_flops_per_device=None if target.platform == "cpu"
       else flops.peak_flops(devices[0].device_kind, "bfloat16"), experiment=experiment)
-  print(json.dumps(result.as_dict()))
+  print(json.dumps(result.as_dict(), allow_nan=False))
   if result.fits is False:
     total, have = result.per_device["total"], result.device_memory_bytes
     cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 
 import ml_collections
 
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -395,8 +396,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate(data_config: ml_collections.ConfigDict) -> None:
   c = data_config.books
-  if not 0.0 < c.heldout_fraction < 0.5:
-    raise ConfigError(f'data.books.heldout_fraction={c.heldout_fraction} must be in (0, 0.5)')
+  values.number('data.books.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
 
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
 
@@ -71,6 +72,12 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
   if c.tokenizer not in TOKENIZERS:
     raise ConfigError(
         f"data.tokenizer={c.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
+  # SentencePiece's fields, used by train_tokenizer.py: its seed is a uint32,
+  # the coverage a float32.
+  values.number('data.spm_character_coverage', c.spm_character_coverage, '(0, 1]')
+  values.integer('data.spm_train_seed', c.spm_train_seed, '[0, 2**32)')
+  values.integer('data.cache_tokens', c.cache_tokens, '[0, 2**63)',
+                 must='an integer >= 0 (tokens kept in memory)')
   registry.section(c, source.name)
   source.validate(c)
   if c.tokenizer == 'sentencepiece' and need_tokenizer_model:

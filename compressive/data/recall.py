@@ -144,6 +144,8 @@ def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
   for name in ("doc_length", "facts"):
     if not _is_int(c.get(name)) or c.get(name) < 1:
       raise error(f"data.recall.{name}={c.get(name)!r} must be a positive integer")
+  if not _is_int(c.get("seed")) or not 0 <= c.seed < 2**63:  # NumPy's SeedSequence's range
+    raise error(f"data.recall.seed={c.get('seed')!r} must be an integer in [0, 2**63)")
   num_docs = tuple(c.num_docs)
   if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
     raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -49,6 +50,8 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
                       f'[1, data.synthetic.max_length={c.max_length}]')
   if c.kind == 'copy' and c.period < 1:
     raise ConfigError(f'data.synthetic.period={c.period} must be >= 1')
+  # NumPy's SeedSequence takes integers >= 0.
+  values.integer('data.synthetic.seed', c.seed, '[0, 2**63)')
 
 
 def make_documents(num_docs: int, min_length: int, max_length: int,

@@ -25,6 +25,7 @@ import os
 
 import ml_collections
 
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -51,9 +52,7 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
   c = data_config.text_files
   if not os.path.isdir(c.path or ''):
     raise ConfigError(f'data.text_files.path={c.path!r} is not a directory of .txt files')
-  if not 0.0 < c.heldout_fraction < 0.5:
-    raise ConfigError(
-        f'data.text_files.heldout_fraction={c.heldout_fraction} must be in (0, 0.5)')
+  values.number('data.text_files.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
   if c.text_errors not in TEXT_ERRORS:
     raise ConfigError(
         f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from compressive import values
 from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
 from compressive.model.losses import RECONSTRUCTION_LOSSES
 
@@ -114,8 +115,7 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         f"model.positions='rope' rotates channel pairs, so the head width must be even: "
         f"model.d_model / model.num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}")
-  if not isinstance(cfg.dropout_rate, (int, float)) or not 0.0 <= cfg.dropout_rate < 1.0:
-    raise ConfigError(f"model.dropout_rate={cfg.dropout_rate!r} must be in [0, 1)")
+  values.number("model.dropout_rate", cfg.dropout_rate, "[0, 1)")  # as float32 holds it
   if cfg.dtype not in DTYPES:
     raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
   if not isinstance(cfg.scan_layers, bool):

@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from compressive import values
 from compressive.errors import ConfigError, MeshError
 
 # The logical axes the model's parameters use, and where the default config
@@ -389,6 +390,20 @@ def validate(config: ml_collections.ConfigDict, state: nnx.State,
 # -- Multi-host. ----------------------------------------------------------------
 
 
+def check_distributed_values(coordinator_address: str, num_processes: int,
+                             process_id: int) -> None:
+  """ConfigError naming the value unless coordinator_address is HOST:PORT
+  (port in [1, 65535]), num_processes >= 1 and process_id in [0,
+  num_processes): before JAX waits for processes that cannot come."""
+  host, _, port = str(coordinator_address).rpartition(":")
+  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise ConfigError(f"coordinator_address={coordinator_address!r} must be HOST:PORT with a "
+                      "port in [1, 65535]")
+  values.integer("num_processes", num_processes, "[1, 2**31)", must="an integer >= 1")
+  values.integer("process_id", process_id, f"[0, {num_processes})",
+                 must=f"an integer in [0, num_processes={num_processes})")
+
+
 def initialize_distributed(
     *,
     auto: bool = False,
@@ -409,6 +424,7 @@ def initialize_distributed(
       raise ConfigError(
           "give all of coordinator_address, num_processes and process_id, or none "
           "(then multihost auto-detects the cluster)")
+    check_distributed_values(coordinator_address, num_processes, process_id)
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)
     return True

@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from compressive.training import integrity, interrupts, orbax_errors, trees
-from compressive.errors import CheckpointError, ConfigError
+from compressive.errors import CheckpointError, ConfigError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
     RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, compare_identity, fingerprint,
@@ -87,6 +87,15 @@ class CheckpointWriteError(CheckpointError):
   """The disk refused a save: full, read-only or not ours to write."""
 
 
+class NonFiniteStateError(NonFiniteError):
+  """A save refused: the state or memory to be written holds NaN or inf
+  (`names`: the arrays, as the integrity record names them)."""
+
+  def __init__(self, message: str, names: list[str]):
+    super().__init__(message)
+    self.names = names
+
+
 class Checkpointer:
   """Saves and restores (train state, memory, data position) by step.
 
@@ -134,7 +143,12 @@ class Checkpointer:
     stored = trees.nonempty_fields(memory)
     if stored:  # a segment-local model has no memory to store
       items["memory"] = ocp.args.StandardSave(stored)
-    items[INTEGRITY] = ocp.args.JsonSave(integrity.record(state, stored, data_json, identity))
+    record = integrity.record(state, stored, data_json, identity)
+    if record["nonfinite"]:  # the record's own flags, read with its checksums: nothing
+      names = record["nonfinite"]  # non-finite is ever written (no reader calls it damage)
+      raise NonFiniteStateError(f"step {step} was not saved: {len(names)} array(s) of its "
+                                f"state are not finite ({', '.join(names[:3])})", names)
+    items[INTEGRITY] = ocp.args.JsonSave(record)
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
     with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here

@@ -6,7 +6,8 @@ module runs them: it validates the config, restores the newest checkpoint
 exactly the batches and memories it would have; restore.py), steps, logs
 metrics (runlog.py), checkpoints, estimates the evaluation loss every
 `eval_every_steps` (eval_lib.evaluate), and stops on a non-finite loss
-without saving it.
+without saving it (or on non-finite parameters, which Checkpointer.save
+refuses to write).
 
 Multi-process runs: each process reads only its own batch rows and
 contributes them to a global batch; the processes exchange their iterator
@@ -91,7 +92,8 @@ def train_and_evaluate(
       with (a warning instead of RunMismatchError).
 
   Raises:
-    NonFiniteError: a loss or gradient was not finite; nothing of that step
+    NonFiniteError: a loss or gradient was not finite, or (found at a save)
+      the parameters, optimizer state or memory were; nothing of that step
       is checkpointed, so the last good checkpoint stays the newest.
 
   Process 0 appends the "compressive" logger's lines to WORKDIR/train.log
@@ -229,8 +231,11 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
                                            run.setup.restore_targets(), run.workdir)
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
-      if saving:
-        _save(run, step, state, memory, batches.get_state())
+      refused = _save(run, step, state, memory, batches.get_state()) if saving else None
+      if refused:  # a finite loss, but non-finite parameters: not saved
+        del state, memory
+        raise restore_lib.non_finite_error(step, step, run.checkpointer,
+                                           run.setup.restore_targets(), run.workdir, refused)
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
@@ -261,13 +266,17 @@ def _save_due(config, step: int, end: int, stopping: bool) -> bool:
   return stopping or step == end or bool(every and step % every == 0)
 
 
-def _save(run: _Run, step: int, state, memory, data_state) -> None:
+def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]]:
   """Checkpoints the step with `data_state`, the position after the batches
   consumed (not those prefetched), and the run's identity; training waits
-  only until the save is under way."""
+  only until the save is under way. The names of the non-finite arrays
+  when the save was refused for them (Checkpointer.save), else None."""
   t_save = time.time()
-  run.checkpointer.save(step, state, memory,
-                        setup_lib.global_data_state(data_state, run.train_iter), run.identity)
+  try:
+    run.checkpointer.save(step, state, memory,
+                          setup_lib.global_data_state(data_state, run.train_iter), run.identity)
+  except ckpt_lib.NonFiniteStateError as e:
+    return e.names
   took = run.clock.exclude("save", t_save)
   _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
             "in the background)", step, took)

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import time
 from typing import Any, Mapping
@@ -85,7 +86,8 @@ class MetricWriter:
       return
     from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
     scalars = {k: float(v) for k, v in scalars.items()}
-    append_line(self.jsonl, json.dumps({"step": int(step), **scalars}))
+    record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in scalars.items()}}
+    append_line(self.jsonl, json.dumps(record, allow_nan=False))  # NaN is null: valid JSON
     with _naming(self.logdir):
       for k, v in scalars.items():
         self._write_summary(tbx_summary.scalar(k, v), int(step))

@@ -79,15 +79,24 @@ def _nothing_restores(checkpointer, skipped: list) -> str:
 
 
 def non_finite_error(bad: int, step: int, checkpointer: ckpt_lib.Checkpointer,
-                     targets: tuple[Any, Any], workdir: str) -> NonFiniteError:
+                     targets: tuple[Any, Any], workdir: str,
+                     arrays: Optional[list[str]] = None) -> NonFiniteError:
   """The error that stops a run at a non-finite loss or gradient of step
-  `bad`, found after step `step` was dispatched. No step from `bad` on is
-  saved; it names the newest checkpoint that actually restores as intact
-  and finite, not merely the newest saved."""
+  `bad`, found after step `step` was dispatched, or (`arrays`: their names)
+  at a save of step `bad` whose state held non-finite arrays while its loss
+  and gradient were finite (Checkpointer.save refused it). No step from
+  `bad` on is saved; it names the newest checkpoint that actually restores
+  as intact and finite, not merely the newest saved."""
   good = newest_good_step(checkpointer, targets)
   where = (f"the newest intact checkpoint is step {good}" if good is not None
            else "no intact checkpoint is saved")
   later = f" (found after step {step}; none from step {bad} on was saved)" if step > bad else ""
+  if arrays:
+    shown = ", ".join(arrays[:3]) + (", ..." if len(arrays) > 3 else "")
+    return NonFiniteError(
+        f"non-finite parameters or optimizer state at step {bad} ({shown}), though its loss "
+        f"and gradient were finite: not saved; {where} in {workdir}. Lower "
+        "optimizer.learning_rate or optimizer.weight_decay, or check the config's values")
   return NonFiniteError(
       f"non-finite loss or gradient at step {bad}; {where} in {workdir}{later}. Lower "
       "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")

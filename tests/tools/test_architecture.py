@@ -27,8 +27,8 @@ TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compres
 
 # Bottom to top. A module may import its own layer and the ones before it.
 LAYERS = (
-    ("base", ("compressive.errors", "compressive.cli", "compressive.cli_config",
-              "compressive.plugins")),
+    ("base", ("compressive.errors", "compressive.values", "compressive.cli",
+              "compressive.cli_config", "compressive.plugins")),
     ("model", ("compressive.model",)),
     ("data", ("compressive.data",)),
     ("scale", ("compressive.scale",)),

@@ -179,6 +179,14 @@ BOOKS = ["--config.data.source=books", "--config.data.books.cache_dir={empty}"]
 
 CASES = [
     # train.py: flags, the config file and its overrides.
+    Case("train: a learning rate float32 overflows", "train.py",
+         [CFG, "--workdir={tmp}/new", "--config.optimizer.learning_rate=1e39"],
+         "optimizer.learning_rate=1e+39 overflows to inf in float32"),
+    Case("train: an evaluation memory no machine holds", "train.py",
+         [CFG, "--workdir={tmp}/new", "--config.eval.memory_length=1000000000"],
+         "evaluating this config needs at least"),
+    Case("eval: a memory flag no machine holds", "eval.py",
+         ["--workdir={wd}", "--memory_length=2147483647"], "evaluating this config needs at least"),
     Case("train: mistyped override of the default config", "train.py",
          ["--workdir={tmp}/wd", "--config.model.compresion_rate=4"], "compresion_rate"),
     Case("train: missing config file", "train.py",

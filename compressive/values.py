@@ -1,0 +1,192 @@
+"""Values checked as the program will use them: one rule for every number a
+user can type, a config field or a tool's flag.
+
+A float the device computes with is a float32: a value that is finite in
+Python may overflow to inf there (1e39), underflow to 0 (1e-300) or round
+onto the edge of its range (b2 = 0.9999999999 becomes 1.0). `number` checks
+a value as that dtype holds it, against its range written as an interval
+("[0, 1)", "(0, inf]"), and returns it; `config_floats` applies the dtype
+rule to every float field of a config, so that a new field is checked
+without being listed anywhere. An integer is checked by `integer` against
+its interval too (e.g. a seed against the 32 bits a PRNG key holds).
+
+Every failure is a ConfigError whose one line names the field (or flag),
+the value as typed, what the dtype made of it, and the range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+
+from compressive.errors import ConfigError
+
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,]+?)\s*,\s*([^\]\)]+?)\s*([\])])\s*$")
+
+
+_POWER = re.compile(r"^(-?)2\*\*(\d+)(?:-(\d+))?$")
+
+
+def _exact_bound(text: str):
+  """A bound of an interval, exactly: an int for an integer or (-)2**N (- K),
+  else a float (+-inf too)."""
+  text = text.replace(" ", "")
+  power = _POWER.match(text)
+  if power:
+    sign, exponent, less = power.groups()
+    return (-1 if sign else 1) * 2 ** int(exponent) - int(less or 0)
+  return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+
+
+def _bound(text: str) -> float:
+  return float(_exact_bound(text))
+
+
+def parse_interval(interval: str) -> tuple[float, bool, float, bool]:
+  """"[0, 1)" -> (0.0, True, 1.0, False): (low, low included, high, high
+  included); "inf" and "-inf" as bounds, "2**31" or "2**32 - 2" as powers
+  of two (less an integer)."""
+  match = _INTERVAL.match(interval)
+  if not match:
+    raise ValueError(f"not an interval: {interval!r}")
+  left, low, high, right = match.groups()
+  return _bound(low), left == "[", _bound(high), right == "]"
+
+
+def in_interval(value: float, interval: str) -> bool:
+  low, low_in, high, high_in = parse_interval(interval)
+  above = value >= low if low_in else value > low
+  below = value <= high if high_in else value < high
+  return above and below
+
+
+def as_dtype(value: float, dtype: str) -> float:
+  """`value` as `dtype` ("float32", "bfloat16" or "float64") holds it."""
+  if dtype == "float64":
+    return float(value)
+  import ml_dtypes  # pylint: disable=g-import-not-at-top  (JAX's own dependency)
+  np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+  with warnings.catch_warnings(), np.errstate(over="ignore", under="ignore"):
+    warnings.simplefilter("ignore")
+    return float(np.asarray(value, np.float64).astype(np_dtype))
+
+
+def _smallest_normal(dtype: str) -> float:
+  if dtype == "float64":
+    return float(np.finfo(np.float64).tiny)
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).tiny)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+      value, (bool, np.bool_))
+
+
+def number(name: str, value: Any, interval: str = "(-inf, inf)", *, dtype: str = "float32",
+           must: str = "") -> float:
+  """`value` as `dtype` holds it, checked: a number (not NaN), which the
+  dtype neither overflows to inf nor underflows to 0 (or a subnormal, which
+  accelerators flush to 0), and whose dtype value lies in `interval`.
+  ConfigError `NAME=VALUE ...` otherwise; `must` replaces the interval in
+  the message (e.g. "a finite number > 0")."""
+  must = must or f"a number in {interval}"
+  if not _is_number(value) or math.isnan(value):
+    raise ConfigError(f"{name}={value!r} must be {must}")
+  held = as_dtype(value, dtype)
+  if math.isinf(held) and not math.isinf(value):
+    raise ConfigError(
+        f"{name}={value!r} overflows to {held} in {dtype} (the dtype it has on the device; "
+        f"its largest is {_largest(dtype):.4g}): it must be {must}")
+  if value != 0 and abs(held) < _smallest_normal(dtype):
+    what = "0" if held == 0 else f"the subnormal {held:.3g}, which accelerators flush to 0,"
+    raise ConfigError(
+        f"{name}={value!r} underflows to {what} in {dtype} (the dtype it has on the device; "
+        f"its smallest normal number is {_smallest_normal(dtype):.4g}): it must be {must}")
+  if not in_interval(held, interval):
+    rounded = f" (it is {held!r} in {dtype}, the dtype it has on the device)" if (
+        held != value) else ""
+    raise ConfigError(f"{name}={value!r}{rounded} must be {must}")
+  return held
+
+
+def _largest(dtype: str) -> float:
+  if dtype == "float64":
+    return float(np.finfo(np.float64).max)
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).max)
+
+
+def integer(name: str, value: Any, interval: str, *, must: str = "") -> int:
+  """`value`, an integer (not a bool) in `interval`; ConfigError otherwise."""
+  must = must or f"an integer in {interval}"
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise ConfigError(f"{name}={value!r} must be {must}")
+  low, low_in, high, high_in = parse_interval(interval)
+  # Compared as integers (a float bound of 2**63 would round a neighbour onto it).
+  low_ok = math.isinf(low) or (value >= _int_bound(interval, 0) if low_in
+                               else value > _int_bound(interval, 0))
+  high_ok = math.isinf(high) or (value <= _int_bound(interval, 1) if high_in
+                                 else value < _int_bound(interval, 1))
+  if not (low_ok and high_ok):
+    raise ConfigError(f"{name}={value!r} must be {must}")
+  return int(value)
+
+
+def _int_bound(interval: str, which: int):
+  """The low (0) or high (1) bound of `interval` exactly (an int when it is one)."""
+  return _exact_bound(_INTERVAL.match(interval).group(2 + which))
+
+
+def float_fields(config: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+  """(dotted name, value) of every float leaf of a ConfigDict or mapping,
+  inside tuples too (name[i])."""
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      yield from float_fields(value, name + ".")
+    elif isinstance(value, (tuple, list)):
+      for i, item in enumerate(value):
+        if isinstance(item, (float, np.floating)):
+          yield f"{name}[{i}]", item
+    elif isinstance(value, (float, np.floating)):
+      yield name, value
+
+
+def config_floats(config: Any) -> None:
+  """Every float field of the config as a float32 holds it (`number`: not
+  NaN, no overflow, no underflow; an inf typed as inf is left to the field's
+  own range): a field nobody listed is still checked as the device sees it."""
+  for name, value in float_fields(config):
+    number(name, value, "[-inf, inf]", must="a number that float32 holds")
+
+
+# -- Results as valid JSON. ---------------------------------------------------------
+
+
+def non_finite(value: Any, prefix: str = "") -> list[str]:
+  """The names (dotted, [i] for items) of the NaN or infinite floats in a
+  result of dicts, lists and numbers."""
+  if isinstance(value, dict):
+    return [n for k, v in value.items() for n in non_finite(v, f"{prefix}{k}.")]
+  if isinstance(value, (list, tuple)):
+    return [n for i, v in enumerate(value) for n in non_finite(v, f"{prefix.rstrip('.')}[{i}].")]
+  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+    return [f"{prefix.rstrip('.')}={value}"]
+  return []
+
+
+def finite_or_null(value: Any) -> Any:
+  """The result with each NaN or infinite float as None (JSON's null): what
+  JSON can hold, since NaN and Infinity are not JSON."""
+  if isinstance(value, dict):
+    return {k: finite_or_null(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [finite_or_null(v) for v in value]
+  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+    return None
+  return value

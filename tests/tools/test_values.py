@@ -1,0 +1,266 @@
+"""Every value a user can type is checked as the program will use it: a float
+in the dtype it has on the device (float32: overflow to inf, underflow to 0,
+rounding onto the end of its range), an integer in the range its use allows
+(a seed in the PRNG key's 32 bits), for every config field and every numeric
+flag of every tool, by one mechanism (compressive/values.py)."""
+
+import ast
+import json
+import math
+import pathlib
+import re
+
+from absl import flags
+import pytest
+
+from compressive import cli
+from compressive import config as config_lib
+from compressive import values
+from compressive.errors import ConfigError
+from compressive.scale import sharding
+from helpers import ROOT, tiny_experiment
+
+FLOAT_FIELDS = [name for name, _ in values.float_fields(tiny_experiment())]
+
+
+def refused(config, field):
+  with pytest.raises(ConfigError) as raised:
+    config_lib.check(config)
+  message = str(raised.value)
+  assert message.startswith(f"{field}=") and "\n" not in message, message
+  return message
+
+
+def test_the_float_fields_are_found_in_every_section():
+  assert {"optimizer.learning_rate", "optimizer.eps", "optimizer.b2", "model.dropout_rate",
+          "data.books.heldout_fraction", "data.text_files.heldout_fraction",
+          "data.spm_character_coverage"} <= set(FLOAT_FIELDS)
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("bad, what", [(1e39, "overflows to inf in float32"),
+                                       (1e-300, "underflows to 0 in float32"),
+                                       (-1e-41, "underflows to the subnormal"),
+                                       (float("nan"), "must be")])
+def test_every_float_field_is_checked_as_float32(field, bad, what):
+  # Every float field of the config, found by walking it: a field added
+  # later is checked without being listed anywhere.
+  assert what in refused(tiny_experiment(**{field: bad}), field)
+
+
+def test_a_float_field_nobody_listed_is_checked_too():
+  config = tiny_experiment()
+  config.new_scale = 1e39
+  assert "overflows to inf in float32" in refused(config, "new_scale")
+  config.new_scale = 3.0e38  # float32 holds it
+  config_lib.check(config)
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("optimizer.learning_rate", 1e39, "overflows to inf in float32"),
+    ("optimizer.weight_decay", 1e39, "overflows to inf in float32"),
+    ("optimizer.eps", 1e-300, "underflows to 0 in float32"),
+    ("optimizer.eps", 1e-40, "underflows to the subnormal"),
+    ("optimizer.b2", 0.9999999999, "(it is 1.0 in float32, the dtype it has on the device) "
+                                   "must be in [0, 1)"),
+    ("optimizer.b1", 0.99999999999, "(it is 1.0 in float32"),
+    ("model.dropout_rate", 0.99999999999, "(it is 1.0 in float32"),
+    ("optimizer.learning_rate", 0.0, "must be a finite number > 0"),
+    ("optimizer.grad_clip_norm", -math.inf, "must be > 0 (inf: no clipping)"),
+])
+def test_values_the_device_would_change_are_refused_naming_the_field(field, value, expected):
+  assert expected in refused(tiny_experiment(**{field: value}), field)
+
+
+def test_the_products_the_optimizer_computes_are_checked_too():
+  message = refused(tiny_experiment(**{"optimizer.learning_rate": 1e20,
+                                       "optimizer.weight_decay": 1e20}),
+                    "optimizer.learning_rate x optimizer.weight_decay")
+  assert "overflows to inf in float32" in message
+  message = refused(tiny_experiment(**{"optimizer.learning_rate": 1e-30,
+                                       "optimizer.final_lr_fraction": 1e-10}),
+                    "optimizer.learning_rate x optimizer.final_lr_fraction")
+  assert "underflows" in message
+
+
+def test_values_float32_holds_and_infinite_clipping_are_accepted():
+  config_lib.check(tiny_experiment(**{"optimizer.grad_clip_norm": math.inf,
+                                      "optimizer.eps": 1e-37, "optimizer.b2": 0.9999999}))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("seed", -1), ("seed", 2**32 - 1), ("seed", 2**32), ("seed", 2**64), ("seed", True),
+    ("data.synthetic.seed", -1), ("data.recall.seed", -1), ("data.spm_train_seed", 2**32),
+    ("data.cache_tokens", -1), ("optimizer.warmup_steps", 2**31), ("eval.max_segments", 2**31),
+    ("eval.memory_length", 2**31), ("eval.batch_size", -2),
+])
+def test_integers_are_checked_against_the_range_their_use_allows(field, value):
+  config = tiny_experiment()
+  config.data.recall.seed = 0
+  if field == "data.recall.seed":
+    config.data.source, config.data.tokenizer = "recall", "bytes"
+  target = config
+  *path, last = field.split(".")
+  for p in path:
+    target = target[p]
+  target[last] = value
+  message = refused(config, field)
+  assert "must be" in message
+
+
+def test_the_largest_seed_whose_dropout_key_still_fits_is_accepted():
+  config_lib.check(tiny_experiment(seed=2**32 - 2))
+
+
+# -- Flags. ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def flag():
+  """Defines a float flag and an integer flag for one test."""
+  flags.DEFINE_float("h31_float", None, "test")
+  flags.DEFINE_integer("h31_int", None, "test")
+  flags.FLAGS.mark_as_parsed()
+  yield flags.FLAGS
+  for name in ("h31_float", "h31_int"):
+    delattr(flags.FLAGS, name)
+
+
+@pytest.mark.parametrize("value, interval, expected", [
+    (1e39, "[0, inf)", "--h31_float=1e+39 overflows to inf in float32"),
+    (1e-300, "(0, 1]", "--h31_float=1e-300 underflows to 0 in float32"),
+    (0.99999999999, "(0, 1)", "--h31_float=0.99999999999 (it is 1.0 in float32"),
+    (float("nan"), "[0, inf)", "--h31_float=nan must be a number in [0, inf)"),
+    (-0.5, "[0, inf)", "--h31_float=-0.5 must be a number in [0, inf)"),
+])
+def test_a_float_flag_is_checked_as_float32(flag, value, interval, expected):
+  flag.h31_float = value
+  with pytest.raises(ConfigError) as raised:
+    cli.check_number_flag("h31_float", interval)
+  assert str(raised.value).startswith(expected), str(raised.value)
+
+
+def test_an_integer_flag_is_checked_against_its_range(flag):
+  flag.h31_int = 2**31
+  with pytest.raises(ConfigError, match=r"^--h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)"):
+    cli.check_int_flag("h31_int", "[-1, 2**31)")
+  flag.h31_int = -1
+  cli.check_int_flag("h31_int", "[0, 2**31)", also=(-1,))
+  flag.h31_float = 1e300
+  cli.check_number_flag("h31_float", "[0, inf)", dtype="float64")  # a host-only value
+
+
+TOOLS = ("eval", "sample", "analyze", "export", "train", "aot/__main__", "train_tokenizer")
+# Numeric flags that cli.define_*_flags adds to a tool, by the function's name.
+SHARED = {"define_memory_flags": ("memory_length", "compressed_memory_length"),
+          "define_split_flags": ("max_segments", "progress_seconds"),
+          "define_workdir_flags": ("step",)}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_numeric_flag_of_every_tool_is_checked(tool):
+  # Read from the source: each integer or float flag a tool defines (itself
+  # or through cli.define_*_flags) is named in its validate_flags (the
+  # multi-host ones are checked by sharding.initialize_distributed).
+  source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
+  numeric = set(re.findall(r'flags\.DEFINE_(?:integer|float)\(\s*"(\w+)"', source))
+  for function, names in SHARED.items():
+    if f"cli.{function}(" in source and not (function == "define_workdir_flags"
+                                               and "step=False" in source):
+      numeric |= set(names)
+  if not numeric:
+    return
+  tree = ast.parse(source)
+  validate = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                  and n.name == "validate_flags") if "def validate_flags" in source else None
+  checked = set()
+  for node in ast.walk(validate or tree):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      checked.add(node.value)
+  assert "check_int_flag" in source or "check_number_flag" in source
+  assert numeric <= checked, numeric - checked
+
+
+@pytest.mark.parametrize("address, processes, process, expected", [
+    ("localhost", 2, 0, "coordinator_address='localhost' must be HOST:PORT"),
+    ("localhost:99999", 2, 0, "with a port in [1, 65535]"),
+    ("localhost:1234", 0, 0, "num_processes=0 must be an integer >= 1"),
+    ("localhost:1234", 2, 2, "process_id=2 must be an integer in [0, num_processes=2)"),
+    ("localhost:1234", 2, -1, "process_id=-1 must be"),
+])
+def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
+    address, processes, process, expected):
+  with pytest.raises(ConfigError, match=re.escape(expected)):
+    sharding.initialize_distributed(coordinator_address=address, num_processes=processes,
+                                    process_id=process)
+
+
+# -- Sizes of every kind go through the memory estimate, before anything is built. --
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("model.num_layers", 2**31 - 1, "training this config needs at least"),
+    ("model.vocab_size", 2**31 - 1, "training this config needs at least"),
+    ("eval.memory_length", 10**9, "evaluating this config needs at least"),
+    ("eval.batch_size", 2**30, "evaluating this config needs at least"),
+])
+def test_every_size_is_estimated_before_the_model_is_built(field, value, expected, monkeypatch):
+  def never(*args):
+    raise AssertionError("the model was built before the estimate")
+  monkeypatch.setattr(config_lib, "abstract_model", never)
+  with pytest.raises(ConfigError, match=expected):
+    config_lib.check(tiny_experiment(**{field: value}))
+
+
+def test_evaluation_sizes_are_estimated_for_the_tools_too():
+  # eval.py, analyze.py and sample.py check a saved config with check_saved
+  # (training=False), their memory flags set as the evaluation sizes.
+  with pytest.raises(ConfigError, match="evaluating this config needs at least .* memory slots"):
+    config_lib.check_saved(tiny_experiment(), sizes={"memory_length": 2**31 - 1})
+
+
+def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch):
+  # aot.py passes its target's memory: a model far too large for it is
+  # refused in a moment, not after minutes of building 20,000 layers.
+  monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
+  with pytest.raises(ConfigError, match=r"needs at least .* of cpu's memory"):
+    config_lib.check(tiny_experiment(**{"model.num_layers": 20000, "model.d_model": 256}),
+                     num_devices=1, capacity=(2**30, "cpu's memory"))
+
+
+# -- Results written as JSON are valid JSON: never NaN. -----------------------------
+
+
+def strict_json(text):
+  def refuse(constant):
+    raise AssertionError(f"{constant} is not JSON")
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_results_are_named_or_written_as_null():
+  result = {"loss": float("nan"), "bits": [1.0, float("inf")], "split": "test", "n": 3}
+  assert values.non_finite(result) == ["loss=nan", "bits[1]=inf"]
+  assert values.finite_or_null(result) == {"loss": None, "bits": [1.0, None], "split": "test",
+                                          "n": 3}
+  strict_json(json.dumps(values.finite_or_null(result), allow_nan=False))
+
+
+def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):
+  from compressive.training.metrics import MetricWriter
+  writer = MetricWriter(str(tmp_path), "eval")
+  writer.write(6, {"loss": float("nan"), "bits_per_token": 1.5})
+  writer.close()
+  lines = (tmp_path / "metrics_eval.jsonl").read_text().splitlines()
+  assert [strict_json(line) for line in lines] == [{"step": 6, "loss": None,
+                                                    "bits_per_token": 1.5}]
+
+
+def test_the_tools_write_json_that_refuses_nan():
+  # eval.py reports a non-finite result as one line (NonFiniteError, exit 1)
+  # before it writes anything; analyze.py writes NaN as null; each json.dump
+  # of a result refuses NaN.
+  for tool in ("eval", "analyze"):
+    source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
+    dumps = re.findall(r"json\.dumps?\((.*)\)", source)
+    assert dumps and all("allow_nan=False" in d for d in dumps), dumps
+  assert "values.non_finite(result)" in (pathlib.Path(ROOT) / "compressive" / "eval.py").read_text()

@@ -1,0 +1,76 @@
+"""Nothing non-finite is ever saved: a save checks the parameters, optimizer
+state and memory it writes (the integrity record's own finiteness flags), not
+only the step's loss and gradient norm, so a bad config is reported as one,
+never as a damaged checkpoint later."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compressive.errors import NonFiniteError
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from helpers import tiny_experiment
+
+
+def _data_state():
+  return {"position": np.zeros((2,), np.int64)}
+
+
+@pytest.mark.parametrize("where, bad", [("state", np.inf), ("state", np.nan), ("memory", -np.inf)])
+def test_a_save_of_non_finite_arrays_is_refused_and_writes_nothing(tmp_path, bad, where):
+  good = {"w": jnp.ones((3, 4), jnp.float32), "count": jnp.int32(1)}
+  poisoned = {"w": jnp.ones((3, 4), jnp.float32).at[1, 2].set(bad), "count": jnp.int32(1)}
+  checkpointer = ckpt_lib.Checkpointer(str(tmp_path))
+  checkpointer.save(1, good, {"m": jnp.zeros((2, 2))}, _data_state())
+  checkpointer.wait()
+  state, memory = (poisoned, {"m": jnp.zeros((2, 2))}) if where == "state" else (
+      good, {"m": jnp.zeros((2, 2)).at[0, 0].set(bad)})
+  with pytest.raises(NonFiniteError, match=r"step 2 was not saved: 1 array\(s\) .*not finite \("
+                     + where) as raised:
+    checkpointer.save(2, state, memory, _data_state())
+  assert isinstance(raised.value, ckpt_lib.NonFiniteStateError)
+  checkpointer.close()
+  assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps() == [1]
+  assert not [n for n in os.listdir(tmp_path / "checkpoints") if "tmp" in n]
+
+
+def _parameters_turn_infinite_at(monkeypatch, bad_step):
+  """The real train step, whose returned parameters are inf at `bad_step`
+  while its loss and gradient (computed before the update) are finite:
+  what an overflowing learning rate or weight decay does."""
+  make = train_step.make_train_step
+
+  def patched(*args, **kwargs):
+    step_fn = make(*args, **kwargs)
+    calls = {"n": 0}
+
+    def wrapped(state, memory, batch):
+      calls["n"] += 1
+      state, memory, metrics = step_fn(state, memory, batch)
+      if calls["n"] == bad_step:
+        state = state.replace(params=jax.tree.map(lambda p: p * jnp.inf, state.params))
+      return state, memory, metrics
+    return wrapped
+
+  monkeypatch.setattr(train_step, "make_train_step", patched)
+
+
+@pytest.mark.slow
+def test_finite_loss_with_non_finite_parameters_stops_at_the_save_and_keeps_the_last(
+    tmp_path, monkeypatch):
+  config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0,
+                              "log_every_steps": 100, "num_train_steps": 6})
+  _parameters_turn_infinite_at(monkeypatch, 4)
+  with pytest.raises(NonFiniteError) as raised:
+    train_lib.train_and_evaluate(config, str(tmp_path))
+  message = str(raised.value)
+  assert message.startswith("non-finite parameters or optimizer state at step 4 (state/params/")
+  assert "though its loss and gradient were finite: not saved; the newest intact checkpoint is " \
+         "step 2" in message and "optimizer.learning_rate" in message
+  assert "\n" not in message
+  assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps() == [2]
