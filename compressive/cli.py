@@ -391,20 +391,6 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
   return path
 
 
-def check_flag(name: str, ok: Callable[[Any], bool], must: str) -> None:
-  """ConfigError `--name=value must be ...` unless the flag is unset or ok(value)."""
-  value = flags.FLAGS[name].value
-  if value is None:
-    return
-  try:
-    good = bool(ok(value))
-  except (TypeError, ValueError):
-    good = False
-  if not good:
-    shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-    raise ConfigError(f"--{name}={shown} must be {must}")
-
-
 def _flag_value_error(name: str, e: ConfigError, value: Any) -> ConfigError:
   """A values.* error about `name` said of the flag: `--name=VALUE ...`."""
   text = str(e)
