@@ -254,8 +254,10 @@ CASES = [
     Case("eval: workdir without checkpoints", "eval.py", ["--workdir={wd}"],
          "no checkpoint in", setup=lambda ctx: (
              copy_workdir(ctx), shutil.rmtree(os.path.join(ctx["wd"], "checkpoints")))),
-    Case("eval: corpus file that is not UTF-8", "eval.py",
-         ["--workdir={wd}", "--split=train"], "invalid UTF-8 at byte 3",
+    # An edited data section is refused before any corpus is read (a text
+    # file's bad UTF-8 is the data layer's: tests/tools/test_bad_inputs.py).
+    Case("eval: config.json's data section edited", "eval.py",
+         ["--workdir={wd}", "--split=train"], "the data config differs from the one checkpoint",
          setup=text_workdir({"train/a.txt": b"ok \xff\xfe bad", "train/b.txt": b"fine " * 9,
                              "validation/c.txt": b"fine " * 9, "test/d.txt": b"fine " * 9})),
     Case("eval: positional argument", "eval.py", ["--workdir={wd}", "now"],
@@ -301,7 +303,7 @@ CASES = [
     Case("analyze: recall on a model not trained on recall", "analyze.py",
          ["--workdir={wd}", "--analysis=recall"], "--analysis=recall needs"),
     Case("analyze: workdir is a file", "analyze.py", ["--workdir={file}"],
-         "is not a training workdir"),
+         "is a file, not a folder"),
     # Found at start-up, before anything compiles (the third pass).
     Case("train: no synthetic documents at all", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.data.synthetic.num_docs=()"],
