@@ -175,7 +175,6 @@ def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
   with no_waiting(600):
     train_lib.train_and_evaluate(config, str(wd))
   assert ckpt_lib.Checkpointer(str(wd), read_only=True).all_steps() == [2, 4]
-  assert "resumed from step 2" in (wd / "train.log").read_text()
   assert [r["step"] for r in metrics.read_jsonl(str(wd / "metrics_train.jsonl"))] == [3, 4]
   for name in ("metrics_train.jsonl", "metrics_eval.jsonl", "train.log", "config.json",
                os.path.join("tensorboard", "train")):
