@@ -3,6 +3,20 @@ tool as `python -m compressive.train` from anywhere. The tool, its flags and
 its --help are compressive/train.py."""
 
 import runpy
+import signal
+
+
+def _held(signum, frame):
+  """Holds a SIGTERM or SIGINT that comes while the tool imports (JAX takes a
+  second): compressive/training/interrupts.py takes them over and reports
+  them in one line, where SIGTERM's default would kill the run unheard."""
+  del frame
+  _held.signals.append(signum)
+
+
+_held.signals = []
 
 if __name__ == "__main__":
+  for _signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_signum, _held)
   runpy.run_module("compressive.train", run_name="__main__")

@@ -16,12 +16,17 @@ config, metrics and logs; checkpoints are written by all together.
 
 import logging
 
+from compressive.training import interrupts
+
+if __name__ == "__main__":  # the tool, not an import: before JAX's imports, a signal is heard
+  interrupts.hold_early_signals()
+
+# pylint: disable=wrong-import-position
 from absl import flags
 import jax
 
 from compressive import cli
 from compressive import config as config_lib
-from compressive.training import interrupts
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 
@@ -60,6 +65,7 @@ def setup_logging() -> None:
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   try:
+    interrupts.release_early_signals()
     train(FLAGS.config, FLAGS.workdir)
   except KeyboardInterrupt:
     # Ctrl-C before training started, or a second signal during it: stopped

@@ -42,18 +42,20 @@ ablation   the default model with each compression function (attention-
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import app
 from absl import flags
 
 from compressive import cli
 from compressive.errors import ConfigError
+from compressive.training.sidefiles import naming
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -105,11 +107,37 @@ class _Child:
                "on from where the runs stopped", code=130)
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_this_process() -> Optional[Callable[[], None]]:
+  """A child's preexec_fn: the child gets SIGTERM when this runner dies,
+  however it dies (`kill -9` included; Linux's PR_SET_PDEATHSIG), so
+  train.py saves its step and exits instead of training on alone. None
+  where prctl is not there (then only the signals `_Child` forwards reach
+  the child)."""
+  if not sys.platform.startswith("linux"):
+    return None
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  runner = os.getpid()
+
+  def in_the_child() -> None:
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != runner:  # the runner died before that took effect
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  return in_the_child
+
+
 def _run(args: list[str]) -> str:
   _Child.stop_if_signalled()
   cmd = [sys.executable] + args
   print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-  _Child.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  _Child.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                    preexec_fn=_dies_with_this_process())
   if _Child.signalled is not None:  # it came while the child was being started
     _Child.process.send_signal(_Child.signalled)
   try:
@@ -418,7 +446,7 @@ def books_reach(out: str) -> dict:
 
 def _write_json(path: str, obj) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
+  with naming(path + ".tmp"), open(path + ".tmp", "w") as f:  # a full disk names the file
     json.dump(obj, f, indent=2)
     f.write("\n")
   os.replace(path + ".tmp", path)
@@ -475,8 +503,7 @@ def main(argv):
     result = {"ct_vs_txl": ct_vs_txl, "recall_study": recall_study,
               "books_reach": books_reach, "ablation": ablation,
               "positions": positions}[FLAGS.experiment](out)
-    with open(os.path.join(out, "results.json"), "w") as f:
-      json.dump(result, f, indent=2)
+    _write_json(os.path.join(out, "results.json"), result)
   print(json.dumps(result))
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from compressive.errors import DataError
+from compressive.errors import DataError, UserError
 from compressive.data import tokenizers
 from compressive.data.registry import SPLITS
 
@@ -52,15 +52,43 @@ class Documents(abc.ABC):
     """UTF-8 bytes of the original text of document i."""
 
   def tokens(self, i: int) -> np.ndarray:
-    """Token ids of document i, int32 [L_i] with L_i >= 2."""
+    """Token ids of document i, int32 [L_i] with L_i >= 2.
+
+    A Documents class defined outside this package (a plugin source's) is
+    held to the contract: its `_load_tokens` gives a 1-D integer numpy array
+    of token ids in [0, 2**31), and an error it raises is a DataError
+    naming it (a built-in one's is a bug and keeps its traceback)."""
     self._check_index(i)
-    ids = self._load_tokens(i)
+    if type(self).__module__.startswith('compressive.'):
+      ids = self._load_tokens(i)
+    else:
+      try:
+        ids = self._load_tokens(i)
+      except (UserError, OSError):
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        raise DataError(f'{type(self).__module__}.{type(self).__name__}._load_tokens({i}) of '
+                        f"{self.description} raised {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:300]}") from e
+      self._check_ids(i, ids)
     if len(ids) < 2:
       raise DataError(
           f'Document {self.name(i)!r} (index {i} of {self.description}) has '
           f'{len(ids)} token(s); a document needs at least 2 tokens to give '
           'one prediction. Remove or merge it.')
     return ids
+
+  def _check_ids(self, i: int, ids) -> None:
+    """DataError unless `ids` is a 1-D integer array of token ids in [0, 2**31)."""
+    ok = (isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer))
+    if ok and ids.size:
+      ok = int(ids.min()) >= 0 and int(ids.max()) < 2**31
+    if not ok:
+      what = (f'{ids.dtype}{list(ids.shape)}' if isinstance(ids, np.ndarray)
+              else type(ids).__name__)
+      raise DataError(
+          f'document {i} of {self.description} ({type(self).__name__}) gives {what} as its '
+          'tokens; a Documents gives a 1-D integer numpy array of token ids in [0, 2**31)')
 
   def num_tokens(self, i: int) -> int:
     """len(tokens(i)); sources that know it without tokenizing override."""
@@ -241,6 +269,8 @@ class TokenDocuments(Documents):
 
   def __init__(self, docs: Sequence[np.ndarray], description: str):
     super().__init__(description)
+    for i, d in enumerate(docs):  # a plugin source builds these: held to the contract
+      self._check_ids(i, np.asarray(d) if isinstance(d, (list, tuple)) else d)
     self._docs = [np.asarray(d, dtype=np.int32) for d in docs]
 
   def __len__(self) -> int:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from compressive import plugins
+from compressive.errors import ConfigError
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.layers import dense, param
@@ -201,7 +202,7 @@ class Compressor(nnx.Module):
   def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
                rngs: nnx.Rngs, param_dtype=jnp.float32):
     self.fn = resolve(kind)(rate, d_model, rngs=rngs, param_dtype=param_dtype)
-    self.rate = rate
+    self.kind, self.rate = kind, rate
     # A parameter-free f_c (pooling, most-used) has nothing for a loss to train.
     self.loss = reconstruction_loss if nnx.state(self.fn, nnx.Param) else "none"
     if self.loss == "autoencoding":
@@ -224,7 +225,7 @@ class Compressor(nnx.Module):
     The loss is 0, and not computed, without `with_loss` (evaluation,
     generation) or when f_c has no parameters.
     """
-    comp, comp_mask = self.fn(ev.slots, ev.mask, ev.usage)
+    comp, comp_mask = self._compress(ev)
     comp = comp.astype(ev.slots.dtype)
     new_memory = memory_lib.push_compressed(
         layer_memory, jax.lax.stop_gradient(comp), comp_mask, attention.keys_values)
@@ -237,6 +238,35 @@ class Compressor(nnx.Module):
       approx = attention.content_attention(q, k_new, v_new, comp_mask)
       return new_memory, losses.attention_reconstruction_loss(target, approx, ev.mask)
     return new_memory, losses.autoencoding_loss(self.decode, ev.slots, ev.mask, comp)
+
+  def _compress(self, ev: memory_lib.Eviction) -> tuple[jax.Array, jax.Array]:
+    """f_c of the eviction, held to the contract at trace time (shapes and
+    dtypes are known then): ([B, N/c, d] floating slots, [B, N/c] bool
+    mask). A compression defined outside this package that breaks it, or
+    raises, is one ConfigError naming it; a built-in one's error is a bug
+    and keeps its traceback."""
+    b, n, d = ev.slots.shape
+    want = f"([{b}, {n // self.rate}, {d}] floating slots, [{b}, {n // self.rate}] bool mask)"
+    where = f"model.compression={self.kind!r} ({type(self.fn).__module__}.{type(self.fn).__name__})"
+    plugin = not type(self.fn).__module__.startswith("compressive.")
+    try:
+      out = self.fn(ev.slots, ev.mask, ev.usage)
+    except Exception as e:  # pylint: disable=broad-except
+      if not plugin:
+        raise
+      raise ConfigError(f"{where} raised {type(e).__name__} on [{b}, {n}, {d}] slots: "
+                        f"{' '.join(str(e).split())[:300]}") from e
+    if not (isinstance(out, tuple) and len(out) == 2
+            and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in out)):
+      got = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+      raise ConfigError(f"{where} returned a {got}; a compression returns a tuple {want}")
+    comp, mask = out
+    if (tuple(comp.shape) != (b, n // self.rate, d) or tuple(mask.shape) != (b, n // self.rate)
+        or not jnp.issubdtype(comp.dtype, jnp.floating) or mask.dtype != jnp.bool_):
+      raise ConfigError(
+          f"{where} returned ({comp.dtype}{list(comp.shape)}, {mask.dtype}{list(mask.shape)}) "
+          f"for [{b}, {n}, {d}] slots at rate {self.rate}; a compression returns {want}")
+    return comp, mask
 
   def decode(self, compressed: jax.Array) -> jax.Array:
     """g: [B, N / c, d] -> [B, N, d] (auto-encoding loss only)."""

@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import integrity, interrupts, orbax_errors, trees
+from compressive.training import integrity, interrupts, orbax_errors, sidefiles, trees
 from compressive.errors import CheckpointError, ConfigError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
@@ -337,17 +337,28 @@ class Checkpointer:
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
+  write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, CONFIG_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(tmp, path)
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with sidefiles.naming(tmp):
+      fd = sidefiles.open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(config.to_json(indent=2))
+    os.replace(tmp, path)
+  finally:
+    if sidefiles.kind(tmp) == "file":
+      os.remove(tmp)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The config saved in a workdir or an export; one line naming what is
-  wrong when `workdir` is not a folder holding a readable config.json."""
+  wrong when `workdir` is not a folder holding a readable config.json.
+  CheckpointError when it cannot be read as a config: damaged, or not a
+  regular file (a folder, a link, a FIFO: sidefiles.NotAFileError), or
+  beyond sidefiles.CONFIG_BYTES."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.lexists(workdir):
     raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an "
@@ -355,13 +366,12 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{workdir} is a file, not a folder: give a training workdir or "
                             "an export (the folder)")
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   if not os.path.isfile(path):
     raise CheckpointError(f"{path} is not a file: restore the run's config.json")
   try:
-    with open(path, encoding="utf-8") as f:
-      values = json.load(f)
+    values = json.loads(sidefiles.read_text(path, sidefiles.CONFIG_BYTES))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{path} is damaged ({e}); restore it from a copy, or write it "
                           "again with the run's config") from None
@@ -438,12 +448,13 @@ def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None
   """ConfigError naming the fields that differ from the run being resumed.
 
   A config.json that cannot be read (a crash or a full disk while it was
-  written by an older version, or an edit) is set aside as
+  written by an older version, an edit, or more than
+  sidefiles.CONFIG_BYTES) is set aside as
   config.json.damaged with a warning: the checkpoints, which record the
   model config they were saved with, decide whether the run resumes, and
   the trainer writes config.json again."""
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     return
   try:
     saved = load_config(workdir)

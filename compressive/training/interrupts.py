@@ -17,6 +17,13 @@ KeyboardInterrupt may land anywhere:
 
 `StopAgreement` (the training loop): whether to stop after a step, the same
 answer in every process; `agree`: any process's flag, in every process.
+
+`hold_early_signals` / `release_early_signals` (train.py): a SIGTERM or
+SIGINT that comes while the tool still imports (JAX takes a second) is held
+instead of killing the process unheard (SIGTERM's default) or printing an
+import's traceback (SIGINT's); once the tool's main() runs, a held or later
+signal is a KeyboardInterrupt, which main() reports in one line, until
+`SignalStop` takes over.
 """
 
 from __future__ import annotations
@@ -62,6 +69,49 @@ def preemption_service() -> bool:
   (`multihost_utils.reached_preemption_sync_point`)."""
   import jax  # pylint: disable=g-import-not-at-top
   return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+
+
+def _hold(signum, frame) -> None:
+  del frame
+  _hold.signals.append(signum)
+
+
+_hold.signals = []
+EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _adopt_holders() -> None:
+  """Takes over the signals a holder installed by the script held (a
+  function with a `signals` list: the repository's train.py installs one
+  before anything of the package, and JAX, is imported)."""
+  holders = {id(h): h for h in map(signal.getsignal, EARLY_SIGNALS)
+             if h is not _hold and isinstance(getattr(h, "signals", None), list)}
+  for holder in holders.values():
+    _hold.signals.extend(holder.signals)
+    holder.signals.clear()
+
+
+def hold_early_signals() -> None:
+  """Holds SIGTERM and SIGINT until `release_early_signals`."""
+  _adopt_holders()
+  for signum in EARLY_SIGNALS:
+    signal.signal(signum, _hold)
+
+
+def _raise_interrupt(signum, frame) -> None:
+  del signum, frame
+  interrupt(KeyboardInterrupt())
+
+
+def release_early_signals() -> None:
+  """From now on SIGTERM and SIGINT raise KeyboardInterrupt (until
+  `SignalStop` takes over); raises it at once if one was held."""
+  _adopt_holders()
+  for signum in EARLY_SIGNALS:
+    signal.signal(signum, _raise_interrupt)
+  if _hold.signals:
+    _hold.signals.clear()
+    raise KeyboardInterrupt
 
 
 class StopAgreement:

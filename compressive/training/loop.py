@@ -34,6 +34,7 @@ from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import interrupts
 from compressive.training import lock as workdir_lock
+from compressive.training import sidefiles
 from compressive.training import restore as restore_lib
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
@@ -111,6 +112,8 @@ def train_and_evaluate(
   lock = workdir_lock.lock_workdir(workdir, is_main)
   log_file = None
   try:
+    if is_main:  # a folder, link or FIFO in a side file's place never blocks a resume
+      sidefiles.prepare(workdir)
     log_file = runlog.add_log_file(workdir) if is_main else None
     checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
     try:

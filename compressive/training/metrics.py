@@ -8,7 +8,6 @@ TensorFlow: training never imports TensorFlow.
 from __future__ import annotations
 
 import itertools
-import contextlib
 import errno
 import json
 import logging
@@ -16,6 +15,9 @@ import math
 import os
 import time
 from typing import Any, Mapping
+
+from compressive.training import sidefiles
+from compressive.training.sidefiles import naming as _naming
 
 _log = logging.getLogger("compressive")
 _writer_ids = itertools.count()
@@ -122,24 +124,12 @@ class MetricWriter:
       self._tb_writer = None
 
 
-@contextlib.contextmanager
-def _naming(path: str):
-  """A failed write (a full disk) names the file: Python's own error for a
-  write or flush does not."""
-  try:
-    yield
-  except OSError as e:
-    if e.filename is not None or e.errno is None:
-      raise
-    raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
-
-
 def append_line(path: str, line: str) -> None:
   """Appends `line` and a newline whole, or not at all: a write the disk
   refuses part way is cut back off, so the file stays whole lines."""
   data = (line + "\n").encode("utf-8")
   with _naming(path):
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = sidefiles.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
       size = os.fstat(fd).st_size
       try:
@@ -156,40 +146,85 @@ def append_line(path: str, line: str) -> None:
       os.close(fd)
 
 
+def _record(line: str):
+  """The record a metrics line holds, or None (a line a write cut short)."""
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError:
+    return None
+  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+def _warn_torn(path: str, torn: list[int]) -> None:
+  if torn:
+    _log.warning("%s: line(s) %s are not whole records (a write cut short); left out",
+                 path, ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""))
+
+
 def read_jsonl(path: str) -> list[dict]:
   """The records of a JSON-lines metrics file. A line that is not a whole
   record (a write cut short by a crash or a full disk, before append_line
   guarded against it) is left out with a warning: a side file never stops
-  a run or a tool."""
-  if not os.path.exists(path):
+  a run or a tool. Only a regular file is read (sidefiles.NotAFileError
+  for anything else in its place, or one beyond sidefiles.METRICS_BYTES)."""
+  if not os.path.lexists(path):
     return []
   records, torn = [], []
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with sidefiles.lines(path, sidefiles.METRICS_BYTES) as f:
     for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        record = None
-      if isinstance(record, dict) and isinstance(record.get("step"), int):
-        records.append(record)
-      else:
-        torn.append(number)
-  if torn:
-    _log.warning("%s: line(s) %s are not whole records (a write cut short); left out",
-                 path, ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""))
+      if line.strip():
+        record = _record(line)
+        if record is None:
+          torn.append(number)
+        else:
+          records.append(record)
+  _warn_torn(path, torn)
   return records
 
 
 def rewrite_jsonl(path: str, records: list[dict]) -> None:
   """Replaces the file's records at once (a temporary file renamed over it),
   so that a crash leaves the old file or the new one, never half of each."""
+  _replace_lines(path, (json.dumps(r) + "\n" for r in records))
+
+
+def _replace_lines(path: str, lines) -> None:
   tmp = f"{path}.tmp{os.getpid()}"
   try:
-    with _naming(tmp), open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    with _naming(tmp):
+      fd = sidefiles.open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(lines)
     os.replace(tmp, path)
   finally:
-    if os.path.exists(tmp):
+    if sidefiles.kind(tmp) == "file":
       os.remove(tmp)
+
+
+def truncate_jsonl(path: str, step: int) -> None:
+  """Drops the records after `step` (and any line a crash cut short),
+  replacing the file at once; streamed, so a long run's file is never held
+  in memory. A metrics file too large to read (sidefiles.METRICS_BYTES) is
+  set aside with a warning, and the run starts a new one."""
+  if sidefiles.kind(path) is None:
+    return
+  try:
+    with sidefiles.lines(path, sidefiles.METRICS_BYTES) as f:
+      torn = []
+
+      def kept():
+        for number, line in enumerate(f, start=1):
+          if line.strip():
+            record = _record(line)
+            if record is None:
+              torn.append(number)
+            elif record["step"] <= step:
+              yield json.dumps(record) + "\n"
+
+      _replace_lines(path, kept())
+  except sidefiles.NotAFileError as e:
+    if e.path != path:
+      raise
+    sidefiles.set_aside(path, e.what)
+    return
+  _warn_torn(path, torn)

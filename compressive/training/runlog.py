@@ -26,7 +26,8 @@ from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
-from compressive.training.metrics import MetricWriter, read_jsonl, rewrite_jsonl
+from compressive.training import sidefiles
+from compressive.training.metrics import MetricWriter, truncate_jsonl
 
 _log = logging.getLogger("compressive")
 
@@ -35,15 +36,23 @@ LOG_FILE = "train.log"
 
 
 class LogFile(logging.FileHandler):
-  """WORKDIR/train.log: appends the logger's lines. A write that fails (a
-  full disk) stops the file with one warning instead of printing logging's
-  traceback for every line; the console keeps the log."""
+  """WORKDIR/train.log: appends the logger's lines. Opened only as a regular
+  file (sidefiles.open_regular: never a link followed, never a FIFO waited
+  on). A write that fails (a full disk) stops the file with one warning
+  naming it instead of printing logging's traceback for every line; the
+  console keeps the log, and closing the file never raises."""
+
+  def _open(self):
+    fd = sidefiles.open_regular(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
   def handleError(self, record):
+    self._failed_with(sys.exc_info()[1])
+
+  def _failed_with(self, e) -> None:
     if getattr(self, "_failed", False):
       return
     self._failed = True
-    e = sys.exc_info()[1]
     why = getattr(e, "strerror", None) or str(e) or type(e).__name__
     print(f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
           file=sys.stderr)
@@ -51,6 +60,15 @@ class LogFile(logging.FileHandler):
   def emit(self, record):
     if not getattr(self, "_failed", False):
       super().emit(record)
+
+  def close(self):
+    # The stream's buffer may still hold lines the disk refused: its flush
+    # on close fails again, an OSError that names no file.
+    try:
+      super().close()
+    except OSError as e:
+      self._failed_with(e)
+      self.stream = None
 
 
 def add_log_file(workdir: str) -> Optional[logging.Handler]:
@@ -275,8 +293,7 @@ class MetricLog:
 def truncate_metrics(path: str, step: int) -> None:
   """Drops log records written after the checkpoint a run resumes from (and
   any line a crash cut short), replacing the file at once."""
-  if os.path.exists(path):
-    rewrite_jsonl(path, [r for r in read_jsonl(path) if r["step"] <= step])
+  truncate_jsonl(path, step)
 
 
 def warn_of_endless_warmup(config) -> None:

@@ -496,6 +496,61 @@ def test_a_source_registered_from_a_test_file(toy_source):
     data.get_documents(without, 'train', tok)
 
 
+class _PluginDocs(data.Documents):
+  """A plugin's own Documents class, whose tokens are whatever `make` gives."""
+
+  def __init__(self, make):
+    super().__init__('bad/train')
+    self.make = make
+
+  def __len__(self):
+    return 1
+
+  def name(self, i):
+    return 'the one'
+
+  def _load_tokens(self, i):
+    return self.make()
+
+  num_words = num_bytes = lambda self, i: 1
+
+
+def _boom():
+  raise KeyError('no such shard')
+
+
+@pytest.mark.parametrize('gives,said', [
+    (lambda: [np.arange(5)], "its get_documents returned a list; a source returns a "
+                             "compressive.data.Documents"),
+    (lambda: _boom(), "its get_documents raised KeyError: 'no such shard'"),
+    (lambda: data.TokenDocuments([np.linspace(0, 1, 5)], 'bad/train'),
+     r'document 0 of bad/train \(TokenDocuments\) gives float64\[5\] as its tokens'),
+    (lambda: data.TokenDocuments([np.ones((2, 3), np.int32)], 'bad/train'), r'gives int32\[2, 3\]'),
+    (lambda: data.TokenDocuments([np.array([1, -4, 2])], 'bad/train'), r'gives int64\[3\]'),
+    (lambda: _PluginDocs(lambda: [1, 2, 3]), r'\(_PluginDocs\) gives list as its tokens'),
+    (lambda: _PluginDocs(_boom), r'_PluginDocs._load_tokens\(0\) of bad/train raised KeyError'),
+])
+def test_a_plugin_source_is_held_to_its_contract(gives, said):
+  def default_config():
+    c = ml_collections.ConfigDict()
+    c.length = 5
+    return c
+
+  def get_documents(data_config, split, tokenizer):
+    return gives()
+
+  registry.register(registry.Source(
+      name='toy', default_config=default_config, get_documents=get_documents,
+      check_documents=registry.checks_every_document(get_documents)))
+  try:
+    c = config(source='toy')
+    with pytest.raises(DataError, match=said) as e:
+      data.check_documents(c, 'train', data.ByteTokenizer())  # what training does at start-up
+  finally:
+    registry.unregister('toy')
+  assert '\n' not in str(e.value)
+
+
 def test_unregistered_source_leaves_no_section():
   assert 'toy' not in registry.names()
   assert 'toy' not in data.default_data_config()

@@ -2,7 +2,10 @@
 compression, and the framework builds, shards, trains and restores it with no
 other change."""
 
+import re
+
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from compressive.training import loop as train_lib
 from compressive.model.compression import COMPRESSIONS, Compression, register
 from compressive.model.config import ModelConfig
 from compressive.model.layers import param
-from helpers import tiny_experiment
+from helpers import make_model, tiny_experiment, tiny_model_config
 
 
 class ScaledLast(Compression):
@@ -66,3 +69,59 @@ def test_a_name_is_registered_once():
 
   with pytest.raises(ValueError, match="'max_pool' is already registered"):
     register(Other)
+
+
+# -- A compression is held to its contract when the model is traced. --------------
+
+
+class Uncompressed(Compression):
+  """Returns every slot: [B, N, d] where [B, N/c, d] is due."""
+  name = "test_uncompressed"
+
+  def __call__(self, slots, mask, usage):
+    return slots, mask
+
+
+class Raising(Compression):
+  name = "test_raising"
+
+  def __call__(self, slots, mask, usage):
+    raise ValueError("my own bug")
+
+
+class AsList(Compression):
+  name = "test_as_list"
+
+  def __call__(self, slots, mask, usage):
+    return [self.groups(slots).mean(2), self.groups(mask).any(-1)]
+
+
+class FloatMask(Compression):
+  name = "test_float_mask"
+
+  def __call__(self, slots, mask, usage):
+    return self.groups(slots).mean(2), self.groups(mask).any(-1).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("cls,said", [
+    (Uncompressed, r"returned \(float32\[2, 4, 16\], bool\[2, 4\]\) for \[2, 4, 16\] slots at "
+                   r"rate 2; a compression returns \(\[2, 2, 16\] floating slots, \[2, 2\] bool mask\)"),
+    (Raising, r"raised ValueError on \[2, 4, 16\] slots: my own bug"),
+    (AsList, r"returned a list of 2; a compression returns a tuple"),
+    (FloatMask, r"returned \(float32\[2, 2, 16\], float32\[2, 2\]\)"),
+])
+def test_a_compression_that_breaks_its_contract_is_one_line_naming_it(cls, said):
+  register(cls)
+  try:
+    cfg = ModelConfig.from_config(tiny_model_config(compression=cls.name))
+    model = make_model(cfg)
+    tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
+    memory = compressive.init_memory(cfg, 2)
+    with pytest.raises(compressive.ConfigError) as e:
+      jax.eval_shape(lambda t, m: model(t, m, None), tokens, memory)  # traced, not run
+  finally:
+    del COMPRESSIONS[cls.name]
+  message = str(e.value)
+  assert message.startswith(f"model.compression='{cls.name}' ({__name__}.{cls.__name__}) "), message
+  assert "\n" not in message
+  assert re.search(said, message), message

@@ -288,3 +288,49 @@ def test_a_signal_to_the_experiment_runner_reaches_its_child(tmp_path):
   assert saved.read_text() == "saved"  # the child got the signal and saved
   assert p.returncode == 130 and "went on" not in out
   assert err.strip().splitlines()[-1].startswith("error: stopped by SIGTERM"), err
+
+
+@pytest.mark.slow
+def test_kill_9_to_the_experiment_runner_stops_its_child(tmp_path):
+  # The runner cannot forward a SIGKILL: its child learns of its death from
+  # the kernel (PR_SET_PDEATHSIG) as a SIGTERM, and saves as on preemption.
+  saved = tmp_path / "saved"
+  p = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=dict(os.environ,
+                       SAVED=str(saved), PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  for line in p.stderr:
+    if line.strip() == "ready":
+      break
+  p.kill()
+  p.wait()
+  deadline = time.time() + 30
+  while not saved.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  assert saved.exists() and saved.read_text() == "saved"  # the child did not sleep on alone
+
+
+def caught(pid, signum) -> bool:
+  """Whether process `pid` has a handler of its own for `signum` (Linux)."""
+  with open(f"/proc/{pid}/status") as f:
+    mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+  return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_train_pys_first_second_is_one_line(tmp_path, signum):
+  p = subprocess.Popen([sys.executable, "train.py", f"--workdir={tmp_path / 'wd'}"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  # Once the script catches the signal (its first lines), while JAX is
+  # still being imported: /proc tells when.
+  deadline = time.time() + 30
+  while time.time() < deadline and not caught(p.pid, signal.SIGTERM):  # SIGINT's is next
+    time.sleep(0.005)
+  time.sleep(0.02)
+  p.send_signal(signum)
+  out, err = p.communicate(timeout=120)
+  assert p.returncode == 130, (p.returncode, err[-2000:])
+  assert "Traceback" not in err
+  assert err.strip().splitlines()[-1].startswith("error: stopped at once by a signal"), err
