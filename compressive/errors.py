@@ -2,6 +2,10 @@
 `error: ...` and exit with code 2, before any expensive work where possible.
 Anything else is a bug and keeps its traceback."""
 
+import contextlib
+import os
+from typing import Iterator
+
 
 class UserError(Exception):
   """Base: a message naming the cause and what would fix it."""
@@ -31,3 +35,15 @@ class NonFiniteError(RuntimeError):
 
 
 EXIT_USER_ERROR = 2
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+  """A failed write (a full disk) names the file: Python's own error for a
+  write, flush or close of an open file does not."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None or e.errno is None:
+      raise
+    raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e

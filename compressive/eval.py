@@ -110,16 +110,26 @@ def main(argv):
     config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
     result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
-    bad = values.non_finite(result)
-    if bad:  # never NaN in a result: JSON cannot hold it, and it is no figure
-      raise NonFiniteError(
-          f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "
-          "are finite but too large to evaluate (a run diverging); nothing is written. "
-          "Evaluate an earlier step with --step")
+    check_finite(result, step)
   result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
-  if jax.process_index():
-    return
-  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
+  if jax.process_index() == 0:
+    report(result, step)
+
+
+def check_finite(result: dict, step: int) -> None:
+  """NonFiniteError (one line, exit 1) for a non-finite figure: never NaN in
+  a result, since JSON cannot hold it and it is no figure."""
+  bad = values.non_finite(result)
+  if bad:
+    raise NonFiniteError(
+        f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "
+        "are finite but too large to evaluate (a run diverging); nothing is written. "
+        "Evaluate an earlier step with --step")
+
+
+def report(result: dict, step: int) -> None:
+  """Prints the result's JSON line, then saves it in the workdir. The result
+  first: a workdir that cannot be written (read-only, full) loses nothing."""
   print(json.dumps(result, allow_nan=False), flush=True)
   path = os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json")
   tmp = f"{path}.tmp{os.getpid()}"

@@ -42,20 +42,21 @@ ablation   the default model with each compression function (attention-
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import subprocess
 import sys
-from typing import Callable, Optional
 
 from absl import app
 from absl import flags
 
 from compressive import cli
 from compressive.errors import ConfigError
-from compressive.training.sidefiles import naming
+
+if __package__:  # imported as experiments.run (the tests)
+  from experiments.children import Child, evaluate, run_tool, train, write_json
+else:  # run as a script: its own folder is on sys.path
+  from children import Child, evaluate, run_tool, train, write_json  # pylint: disable=import-error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -81,117 +82,6 @@ ABLATION = [  # (name, compression, reconstruction loss)
     ("most_used", "most_used", "attention"),
     ("conv_autoencoding", "conv", "autoencoding"),
 ]
-
-
-class _Child:
-  """The one tool this runner has running: a SIGTERM or SIGINT to the runner
-  is passed on to it (train.py then saves its step and exits), and the
-  runner stops once it has, instead of leaving it to train on alone. A
-  signal that comes while no child runs, or while one is being started,
-  is kept and acted on at once after."""
-  process: subprocess.Popen | None = None
-  signalled: int | None = None
-
-  @classmethod
-  def forward(cls, signum, frame) -> None:
-    del frame
-    cls.signalled = signum
-    if cls.process is not None and cls.process.poll() is None:
-      cls.process.send_signal(signum)
-
-  @classmethod
-  def stop_if_signalled(cls, code: Optional[int] = None, what: str = "") -> None:
-    if cls.signalled is not None:
-      ran = f" while {what} ran (it exited with {code})" if what else " between runs"
-      cli.fail(f"stopped by {signal.Signals(cls.signalled).name}{ran}; the same command goes "
-               "on from where the runs stopped", code=130)
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _dies_with_this_process() -> Optional[Callable[[], None]]:
-  """A child's preexec_fn: the child gets SIGTERM when this runner dies,
-  however it dies (`kill -9` included; Linux's PR_SET_PDEATHSIG), so
-  train.py saves its step and exits instead of training on alone. None
-  where prctl is not there (then only the signals `_Child` forwards reach
-  the child)."""
-  if not sys.platform.startswith("linux"):
-    return None
-  try:
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-  except (OSError, AttributeError):
-    return None
-  runner = os.getpid()
-
-  def in_the_child() -> None:
-    prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != runner:  # the runner died before that took effect
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  return in_the_child
-
-
-def _run(args: list[str]) -> str:
-  _Child.stop_if_signalled()
-  cmd = [sys.executable] + args
-  print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-  _Child.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                    preexec_fn=_dies_with_this_process())
-  if _Child.signalled is not None:  # it came while the child was being started
-    _Child.process.send_signal(_Child.signalled)
-  try:
-    stdout, _ = _Child.process.communicate()
-  finally:
-    code, _Child.process = _Child.process.wait(), None
-  _Child.stop_if_signalled(code, args[0])
-  if code < 0:
-    cli.fail(f"{args[0]} was killed by {signal.Signals(-code).name}", code=1)
-  if code:  # the tool printed its own error line
-    sys.exit(code)
-  return stdout
-
-
-def train(workdir: str, config: str, *overrides: str) -> dict:
-  """Trains (or finishes) a run; returns its training summary."""
-  saved = os.path.join(workdir, "config.json")
-  done = os.path.exists(saved) and os.path.isdir(os.path.join(
-      workdir, "checkpoints", str(json.load(open(saved))["num_train_steps"])))
-  if not done:  # (train.py would resume and stop, after building the data: minutes here)
-    _run(["train.py", f"--config={config}", f"--workdir={workdir}", *overrides])
-  return train_summary(workdir)
-
-
-def train_summary(workdir: str) -> dict:
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics_train.jsonl"))]
-  seconds, tokens = 0.0, 0
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = json.load(f)
-  per_step = config["batch_size"] * config["segments_per_step"] * config["model"]["segment_length"]
-  prev = 0
-  curve = []
-  for r in rows:
-    n = (r["step"] - prev) * per_step
-    seconds += n / r["tokens_per_second"]
-    tokens += n
-    prev = r["step"]
-    curve.append((r["step"], seconds, r["bits_per_byte"]))
-  return {"steps": prev, "train_seconds": seconds, "train_tokens": tokens,
-          "tokens_per_second": tokens / seconds, "curve": curve}
-
-
-def evaluate(workdir: str, split: str = "test", max_segments: int | None = None) -> dict:
-  tag = f"_first{max_segments}" if max_segments else ""
-  cached = os.path.join(workdir, f"result_{split}{tag}.json")
-  if os.path.exists(cached):
-    return json.load(open(cached))
-  args = ["eval.py", f"--workdir={workdir}", f"--split={split}"]
-  if max_segments:
-    args.append(f"--max_segments={max_segments}")
-  result = json.loads(_run(args).strip().splitlines()[-1])
-  with open(cached, "w") as f:
-    json.dump(result, f, indent=2)
-  return result
 
 
 def _plot_curves(runs: dict, path: str) -> None:
@@ -236,7 +126,7 @@ def recall_analysis(workdir: str, flags_: list[str] | tuple[str, ...] = ()) -> d
   cached = f"{workdir}/analysis_recall_test{suffix}.json"
   if os.path.exists(cached):
     return json.load(open(cached))
-  return json.loads(_run(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
+  return json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
                           "--split=test", *flags_]).strip().splitlines()[-1])
 
 
@@ -384,13 +274,13 @@ def recall_study(out: str) -> dict:
     # Read again just before writing: settings may run as concurrent commands.
     study = load()
     study["settings"][name] = r
-    _write_json(path, study)  # after each setting: an interrupted study keeps what it measured
+    write_json(path, study)  # after each setting: an interrupted study keeps what it measured
   study = load()
   best = max(study["settings"], key=lambda n: (
       study["settings"][n]["ct"]["whole_answer_accuracy_beyond_txl_reach"] or 0.0,
       study["settings"][n]["ct"]["answer_byte_accuracy_beyond_txl_reach"] or 0.0))
   study["best"] = best
-  _write_json(path, study)
+  write_json(path, study)
   plot_recall_study(best, study["settings"][best],
                     os.path.join(ROOT, "docs", "figures", "recall_study.png"))
   print(study_table(study), file=sys.stderr)
@@ -409,9 +299,9 @@ def loss_past(workdir: str, reach: int) -> dict:
   if os.path.exists(cached):
     r = json.load(open(cached))
   else:
-    r = json.loads(_run(["analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
+    r = json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
                          "--split=test", f"--bucket_tokens={reach}"]).strip().splitlines()[-1])
-    _write_json(cached, r)
+    write_json(cached, r)
   mean = lambda ks: sum(r["bits"][k] * r["tokens"][k] for k in ks) / sum(r["tokens"][k] for k in ks)
   past = [k for k, start in enumerate(r["start"]) if start >= reach]
   return {"bits_per_byte": mean(range(len(r["start"]))),
@@ -440,16 +330,8 @@ def books_reach(out: str) -> dict:
   for name, s in runs.items():
     result[name] = {k: s[k] for k in ("steps", "train_seconds", "tokens_per_second")}
     result[name].update(loss_past(f"{out}/{name}", reach))
-  _write_json(os.path.join(ROOT, FLAGS.results_dir, "books_reach.json"), result)
+  write_json(os.path.join(ROOT, FLAGS.results_dir, "books_reach.json"), result)
   return result
-
-
-def _write_json(path: str, obj) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with naming(path + ".tmp"), open(path + ".tmp", "w") as f:  # a full disk names the file
-    json.dump(obj, f, indent=2)
-    f.write("\n")
-  os.replace(path + ".tmp", path)
 
 
 def ablation(out: str) -> dict:
@@ -494,8 +376,8 @@ def validate_flags() -> None:
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
-  signal.signal(signal.SIGTERM, _Child.forward)
-  signal.signal(signal.SIGINT, _Child.forward)
+  signal.signal(signal.SIGTERM, Child.forward)
+  signal.signal(signal.SIGINT, Child.forward)
   with cli.user_errors():
     validate_flags()
     out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
@@ -503,7 +385,7 @@ def main(argv):
     result = {"ct_vs_txl": ct_vs_txl, "recall_study": recall_study,
               "books_reach": books_reach, "ablation": ablation,
               "positions": positions}[FLAGS.experiment](out)
-    _write_json(os.path.join(out, "results.json"), result)
+    write_json(os.path.join(out, "results.json"), result)
   print(json.dumps(result))
 
 

@@ -136,8 +136,7 @@ def untrained_workdir(workdir, config=None, step=1):
   tokenizer = data_lib.get_tokenizer(config.data)
   identity = ckpt_lib.run_identity(config, tokenizer.identity,
                                    data_lib.corpus_identity(config.data),
-                                   *([data_lib.data_identity(config.data)]
-                                     if hasattr(data_lib, "data_identity") else []))
+                                   data_lib.data_identity(config.data))
   checkpointer = ckpt_lib.Checkpointer(str(workdir))
   checkpointer.save(step, state, memory, {"position": np.zeros(config.batch_size, np.int64)},
                     identity)

@@ -12,28 +12,25 @@ so that `compressive.load(workdir)` can rebuild the model.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
-import logging
 import os
 import time
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import integrity, interrupts, orbax_errors, sidefiles, trees
-from compressive.errors import CheckpointError, ConfigError, NonFiniteError
+from compressive.training import integrity, interrupts, orbax_errors, trees
+from compressive.errors import CheckpointError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
     RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, compare_identity, fingerprint,
     json_digest, run_identity)
 from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
 from compressive.training.trees import abstract  # pylint: disable=unused-import
+from compressive.training.runconfig import (  # pylint: disable=unused-import
+    CONFIG_FILE, check_resume_config, load_config, save_config)
 
 CHECKPOINT_DIR = "checkpoints"
-CONFIG_FILE = "config.json"
 
 
 def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):
@@ -334,140 +331,3 @@ class Checkpointer:
       raise CheckpointWriteError(
           f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
           f"saved before are intact (steps {saved or 'none'})") from e
-
-
-def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
-  write the disk refuses names the file."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    with sidefiles.naming(tmp):
-      fd = sidefiles.open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-      with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(config.to_json(indent=2))
-    os.replace(tmp, path)
-  finally:
-    if sidefiles.kind(tmp) == "file":
-      os.remove(tmp)
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config saved in a workdir or an export; one line naming what is
-  wrong when `workdir` is not a folder holding a readable config.json.
-  CheckpointError when it cannot be read as a config: damaged, or not a
-  regular file (a folder, a link, a FIFO: sidefiles.NotAFileError), or
-  beyond sidefiles.CONFIG_BYTES."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.lexists(workdir):
-    raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an "
-                            "export")
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"{workdir} is a file, not a folder: give a training workdir or "
-                            "an export (the folder)")
-  if not os.path.lexists(path):
-    raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
-  if not os.path.isfile(path):
-    raise CheckpointError(f"{path} is not a file: restore the run's config.json")
-  try:
-    values = json.loads(sidefiles.read_text(path, sidefiles.CONFIG_BYTES))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise CheckpointError(f"{path} is damaged ({e}); restore it from a copy, or write it "
-                          "again with the run's config") from None
-  if not isinstance(values, dict):
-    raise CheckpointError(f"{path} is damaged: it holds no config")
-  return ml_collections.ConfigDict(_tuples(values))
-
-
-def _tuples(value):
-  """JSON turns tuples into lists; configs use tuples for fixed-size fields."""
-  if isinstance(value, dict):
-    return {k: _tuples(v) for k, v in value.items()}
-  if isinstance(value, list):
-    return tuple(_tuples(v) for v in value)
-  return value
-
-
-# Config fields outside the model that fix the shapes of what a checkpoint
-# holds besides the parameters (optimizer state, memory rows, data position):
-# resuming with other values cannot work, and is reported by name. The model
-# fields are derived (`_model_diffs`): every one but the run-time knobs, and
-# those knobs that change the parameter tree.
-RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
-
-
-def _get(config, dotted: str):
-  value = config
-  for part in dotted.split("."):
-    value = value.get(part) if hasattr(value, "get") else None
-  return value
-
-
-def _model_fields(model_config) -> dict[str, Any]:
-  """Every model field, those a config left out at their defaults (a
-  config.json written before a field existed ran with its default)."""
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  try:
-    return dataclasses.asdict(ModelConfig.from_config(model_config))
-  except ConfigError:  # an older or edited config: compare what it says
-    return dict(model_config.to_dict()) if hasattr(model_config, "to_dict") else {}
-
-
-def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-  """{parameter path: shape} of the model `fields` build (abstract: nothing
-  is allocated)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
-  model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
-  return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
-          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-
-
-def _model_diffs(saved, current) -> list[str]:
-  """The model fields that differ and fix what a checkpoint holds: every one
-  but the run-time knobs (RUNTIME_MODEL_FIELDS), and a knob whose change
-  alone gives the saved model another parameter tree (e.g. scan_layers
-  stacks the layers)."""
-  a, b = _model_fields(saved), _model_fields(current)
-  differ = [k for k in a if k in b and a[k] != b[k]]
-  names = [k for k in differ if k not in RUNTIME_MODEL_FIELDS]
-  knobs = [k for k in differ if k in RUNTIME_MODEL_FIELDS]
-  if knobs and not names:
-    try:
-      tree = _parameter_shapes(a)
-      if _parameter_shapes(b) != tree:
-        names = [k for k in knobs if _parameter_shapes({**a, k: b[k]}) != tree] or knobs
-    except (ConfigError, TypeError):  # a config of another version: the knobs may matter
-      names = knobs
-  return [f"model.{k} {a[k]!r} -> {b[k]!r}" for k in differ if k in names]
-
-
-def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """ConfigError naming the fields that differ from the run being resumed.
-
-  A config.json that cannot be read (a crash or a full disk while it was
-  written by an older version, an edit, or more than
-  sidefiles.CONFIG_BYTES) is set aside as
-  config.json.damaged with a warning: the checkpoints, which record the
-  model config they were saved with, decide whether the run resumes, and
-  the trainer writes config.json again."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.lexists(path):
-    return
-  try:
-    saved = load_config(workdir)
-  except CheckpointError as e:
-    aside = path + ".damaged"
-    os.replace(path, aside)
-    logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
-    return
-
-  diffs = _model_diffs(saved.get("model", ml_collections.ConfigDict()), config.model) + [
-      f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
-      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
-  if diffs:
-    raise ConfigError(
-        f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)
-        + ". Use another --workdir, or the same values to resume")

@@ -17,7 +17,7 @@ import time
 from typing import Any, Mapping
 
 from compressive.training import sidefiles
-from compressive.training.sidefiles import naming as _naming
+from compressive.errors import naming as _naming
 
 _log = logging.getLogger("compressive")
 _writer_ids = itertools.count()

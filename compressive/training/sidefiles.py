@@ -143,15 +143,3 @@ def lines(path: str, limit: int) -> Iterator[Iterator[str]]:
     if size > limit:
       raise NotAFileError(path, f"larger than the {limit >> 20} MiB read of it")
     yield f
-
-
-@contextlib.contextmanager
-def naming(path: str) -> Iterator[None]:
-  """A failed write (a full disk) names the file: Python's own error for a
-  write, flush or close of an open file does not."""
-  try:
-    yield
-  except OSError as e:
-    if e.filename is not None or e.errno is None:
-      raise
-    raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e

@@ -263,4 +263,33 @@ def test_the_tools_write_json_that_refuses_nan():
     source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
     dumps = re.findall(r"json\.dumps?\((.*)\)", source)
     assert dumps and all("allow_nan=False" in d for d in dumps), dumps
-  assert "values.non_finite(result)" in (pathlib.Path(ROOT) / "compressive" / "eval.py").read_text()
+
+
+# eval.py as a user runs it, on a run whose evaluation comes out NaN (the
+# evaluation itself replaced, in the child process only: a diverged run's
+# "intact" step evaluated to NaN once).
+NAN_EVAL = """
+import runpy, sys
+from compressive.evaluation import evaluate
+evaluate.evaluate = lambda *a, **k: {"loss": float("nan"), "bits_per_byte": float("inf"),
+                                     "tokens": 8}
+sys.argv[0] = "eval.py"
+runpy.run_module("compressive.eval", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import helpers  # pylint: disable=g-import-not-at-top
+  workdir = helpers.untrained_workdir(tmp_path / "wd")
+  before = sorted(p.name for p in pathlib.Path(workdir).iterdir())
+  r = subprocess.run([sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test",
+                      "--max_segments=1"], capture_output=True, text=True, timeout=300,
+                     cwd=ROOT)
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert lines[-1].startswith("error: ") and "loss=nan" in lines[-1], lines[-3:]
+  assert "NaN" not in r.stdout and r.stdout.strip() == ""
+  assert sorted(p.name for p in pathlib.Path(workdir).iterdir()) == before

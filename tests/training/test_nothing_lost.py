@@ -267,9 +267,9 @@ child = (
     "signal.signal(signal.SIGTERM, stop)\\n"
     "print('ready', file=sys.stderr, flush=True)\\n"
     "time.sleep(60)\\n")
-signal.signal(signal.SIGTERM, run._Child.forward)
+signal.signal(signal.SIGTERM, run.Child.forward)
 with cli.user_errors():
-  run._run(["-c", child, os.environ["SAVED"]])
+  run.run_tool(["-c", child, os.environ["SAVED"]])
 print("went on", flush=True)
 """
 
