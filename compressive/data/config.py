@@ -12,6 +12,8 @@ source's module.
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from compressive import values
@@ -57,6 +59,33 @@ def default_data_config() -> ml_collections.ConfigDict:
   return c
 
 
+def _host_memory() -> int:
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> None:
+  """ConfigError when a size of the data config cannot fit this host's
+  memory, before anything is generated or read: the source's documents by
+  its estimate from its fields (Source.host_bytes), the token cache's
+  bound, and the text SentencePiece's training reads."""
+  from compressive.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  values.integer('data.spm_vocab_size', c.spm_vocab_size, '[1, 2**31)',
+                 must='an integer >= 1 (pieces), below 2**31')
+  values.integer('data.spm_train_max_bytes', c.spm_train_max_bytes, '[1, 2**63)',
+                 must='an integer >= 1 (bytes)')
+  have = _host_memory()
+  sizes = [(f'the documents of data.{source.name} (by their lengths and counts)',
+            source.host_bytes(c) if source.host_bytes else 0),
+           (f'data.cache_tokens={c.cache_tokens} int32 tokens', 4 * c.cache_tokens),
+           (f'data.spm_train_max_bytes={c.spm_train_max_bytes} bytes of text',
+            c.spm_train_max_bytes)]
+  for what, need in sizes:
+    if need > have:
+      raise ConfigError(
+          f'{what} need at least {need / 2**30:,.1f} GiB, {need / have:,.1f} times the '
+          f"{have / 2**30:,.1f} GiB of this host's memory: lower the data config's sizes")
+
+
 def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: bool = True) -> None:
   """Checks names and paths before anything is read; ConfigError naming the field.
 
@@ -80,6 +109,7 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
                  must='an integer >= 0 (tokens kept in memory)')
   registry.section(c, source.name)
   source.validate(c)
+  _check_host_bytes(c, source)
   if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
     if not c.spm_model:
       raise ConfigError(

@@ -30,6 +30,7 @@ import numpy as np
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
 
@@ -54,6 +55,24 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
   if not os.path.isfile(c.path):
     raise ConfigError(
         f'data.enwik8.path={c.path!r} does not exist: give the enwik8 file or enwik8.zip')
+  sizes = tuple(c.split_bytes)
+  if len(sizes) != len(registry.SPLITS):
+    raise ConfigError(f'data.enwik8.split_bytes={sizes} must be {len(registry.SPLITS)} sizes, '
+                      f"bytes of {', '.join(registry.SPLITS)}")
+  for k, split in enumerate(registry.SPLITS):
+    values.integer(f'data.enwik8.split_bytes[{k}]', sizes[k], '[0, 2**63)',
+                   must=f'an integer >= 0 (bytes of {split})')
+  for name in ('train_shards', 'eval_shards'):
+    values.integer(f'data.enwik8.{name}', c[name], '[1, 2**63)',
+                   must='an integer >= 1 (documents of a split)')
+
+
+def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+  """The file's bytes as split_bytes gives them (a zip is read into memory)
+  and every split's document bounds (int64 pairs)."""
+  c = data_config.enwik8
+  shards = c.train_shards + 2 * c.eval_shards
+  return sum(int(s) for s in c.split_bytes) + 16 * shards
 
 
 def load_bytes(path: str) -> np.ndarray:
@@ -123,4 +142,4 @@ registry.register(registry.Source(
     name='enwik8', default_config=default_config, validate=validate,
     get_documents=get_documents,
     check_documents=registry.checks_every_document(get_documents),
-    location_fields=('path',)))
+    location_fields=('path',), host_bytes=host_bytes))

@@ -150,6 +150,12 @@ def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
   if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
     raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
                 f"integers, documents of {', '.join(registry.SPLITS)}")
+  events = 2 + bool(requery)  # a fact, its query (and a first query)
+  if c.facts * events * (_EVENT_LEN + 1) > c.doc_length:
+    raise error(
+        f"data.recall.facts={c.facts} facts of {events} events ({_EVENT_LEN} bytes and a "
+        f"byte apart each) cannot fit data.recall.doc_length={c.doc_length} bytes: at most "
+        f"{c.doc_length // (events * (_EVENT_LEN + 1))}")
   span = max(distances) + (max(requery) if requery else 0) + _EVENT_LEN
   if span > c.doc_length:
     raise error(
@@ -158,6 +164,12 @@ def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
         + (f" after a first query at {max(requery)}" if requery else "")
         + f" plus the query's {_EVENT_LEN} bytes, is {span}; raise doc_length to at least "
         f"{span} or lower data.recall.distances")
+
+
+def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+  """Every document's text and its placement mask, a byte each per byte."""
+  c = data_config.recall
+  return sum(c.num_docs) * 2 * c.doc_length
 
 
 def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
@@ -188,4 +200,4 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
 registry.register(registry.Source(
     name="recall", default_config=default_config, validate=validate,
     get_documents=get_documents,
-    check_documents=registry.checks_every_document(get_documents)))
+    check_documents=registry.checks_every_document(get_documents), host_bytes=host_bytes))

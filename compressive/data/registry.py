@@ -82,6 +82,13 @@ class Source:
       compared by every resume and reader (`sources.data_identity`), so
       another data.synthetic.seed is another run's data, while a corpus
       moved to another folder is the same.
+    host_bytes: (data_config) -> the bytes the source's documents of every
+      split take in host memory at the least, from its fields alone (its
+      lengths and counts), computed before anything is generated or read
+      and compared with this host's memory by validate_data_config, so a
+      huge length or count is one line, not a MemoryError or a silent
+      generation. None: nothing is held that its fields size (files whose
+      size the files decide).
     official_words: (split) -> the split's published word total, by which
       its word-level perplexity is normalised, or None (then the words
       counted in its texts are). A source that has this hook gets
@@ -98,6 +105,7 @@ class Source:
   identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None
   location_fields: tuple[str, ...] = ()
   official_words: Optional[Callable[[str], Optional[int]]] = None
+  host_bytes: Optional[Callable[[ml_collections.ConfigDict], int]] = None
 
 
 _SOURCES: dict[str, Source] = {}

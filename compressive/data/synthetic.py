@@ -54,6 +54,14 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
   values.integer('data.synthetic.seed', c.seed, '[0, 2**63)')
 
 
+def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+  """The documents' expected bytes: int32 tokens of the mean length, each
+  document's drawn length (int64), and the int64 block a 'copy' draws."""
+  c = data_config.synthetic
+  block = 8 * c.period if c.kind == 'copy' else 0
+  return sum(c.num_docs) * (4 * (c.min_length + c.max_length) // 2 + 8 + block)
+
+
 def make_documents(num_docs: int, min_length: int, max_length: int,
                    vocab_size: int, seed: int, kind: str = 'random',
                    period: int = 64) -> list[np.ndarray]:
@@ -101,4 +109,4 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 registry.register(registry.Source(
     name='synthetic', default_config=default_config, validate=validate,
     get_documents=get_documents,
-    check_documents=registry.checks_every_document(get_documents)))
+    check_documents=registry.checks_every_document(get_documents), host_bytes=host_bytes))

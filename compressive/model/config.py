@@ -89,6 +89,35 @@ def _int(cfg: ModelConfig, name: str, minimum: int) -> None:
     raise ConfigError(f"model.{name}={value} must be >= {minimum}")
 
 
+# How deep a model may be built, checked before anything is built, as the
+# memory estimate checks its widths: depth costs time that no memory
+# estimate sees. Building a model of L layers (its parameters' initialisers,
+# traced by jit or eval_shape; the same for either form) takes time that
+# grows as L**2: each random draw updates the Rngs' counter, and flax's
+# update asks the traced counter for its sharding, whose error message walks
+# the whole program traced so far. Measured on a loaded 2-core CPU, the check
+# alone (one such build) of a tiny model took 21 s at 64 layers and 332 s at
+# 256; training builds it again and compiles it. An unrolled model (scan_layers=False) also
+# compiles every layer as its own code, a scanned one compiles one layer.
+# The paper's deepest model has 36 layers; the bounds below leave room
+# above it and refuse, in a moment, what would build silently for minutes
+# (num_layers=20000 or 2**31 - 1 on a model small enough to fit the memory).
+MAX_UNROLLED_LAYERS = 64
+MAX_LAYERS = 128
+
+
+def _check_depth(cfg: ModelConfig) -> None:
+  if not cfg.scan_layers and cfg.num_layers > MAX_UNROLLED_LAYERS:
+    raise ConfigError(
+        f"model.num_layers={cfg.num_layers} unrolled layers is more than {MAX_UNROLLED_LAYERS}, "
+        "each compiled as its own code (minutes to build and compile): set "
+        "model.scan_layers=True (one layer compiled, run by lax.scan) for a deeper model")
+  if cfg.num_layers > MAX_LAYERS:
+    raise ConfigError(
+        f"model.num_layers={cfg.num_layers} is more than {MAX_LAYERS} layers, which take "
+        "minutes to build even scanned (the build's time grows as the layers squared)")
+
+
 def validate(cfg: ModelConfig) -> None:
   """Raises ConfigError naming the first inconsistent field."""
   for name in ("vocab_size", "num_layers", "num_heads", "d_model", "d_ff",
@@ -120,6 +149,7 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
   if not isinstance(cfg.scan_layers, bool):
     raise ConfigError(f"model.scan_layers={cfg.scan_layers!r} must be True or False")
+  _check_depth(cfg)
   if cfg.remat not in REMAT_POLICIES:
     raise ConfigError(
         f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")

@@ -9,6 +9,7 @@ import json
 import math
 import pathlib
 import re
+import time
 
 from absl import flags
 import pytest
@@ -17,6 +18,7 @@ from compressive import cli
 from compressive import config as config_lib
 from compressive import values
 from compressive.errors import ConfigError
+from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import sharding
 from helpers import ROOT, tiny_experiment
 
@@ -199,7 +201,7 @@ def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
 
 
 @pytest.mark.parametrize("field, value, expected", [
-    ("model.num_layers", 2**31 - 1, "training this config needs at least"),
+    ("model.d_ff", 2**31 - 1, "training this config needs at least"),
     ("model.vocab_size", 2**31 - 1, "training this config needs at least"),
     ("eval.memory_length", 10**9, "evaluating this config needs at least"),
     ("eval.batch_size", 2**30, "evaluating this config needs at least"),
@@ -221,11 +223,46 @@ def test_evaluation_sizes_are_estimated_for_the_tools_too():
 
 def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch):
   # aot.py passes its target's memory: a model far too large for it is
-  # refused in a moment, not after minutes of building 20,000 layers.
+  # refused in a moment, not after minutes of building it.
   monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
   with pytest.raises(ConfigError, match=r"needs at least .* of cpu's memory"):
-    config_lib.check(tiny_experiment(**{"model.num_layers": 20000, "model.d_model": 256}),
+    config_lib.check(tiny_experiment(**{"model.num_layers": 64, "model.d_model": 4096}),
                      num_devices=1, capacity=(2**30, "cpu's memory"))
+
+
+@pytest.mark.parametrize("layers, scan, expected", [
+    (20000, False, "unrolled layers is more than 64, .* set model.scan_layers=True"),
+    (MAX_UNROLLED_LAYERS + 1, False, "set model.scan_layers=True"),
+    (20000, True, "more than 128 layers, which take minutes to build even scanned"),
+    (2**31 - 1, True, "more than 128 layers"),
+])
+def test_a_model_too_deep_to_build_in_time_is_refused_before_it_is_built(
+    layers, scan, expected, monkeypatch):
+  # A tiny model of 20,000 layers fits any memory, but building it (every
+  # layer's initialisers traced: time growing as the layers squared) and
+  # compiling it unrolled takes minutes to hours: train.py, the tools that
+  # check a saved config (eval.py, sample.py, analyze.py) and aot.py (its
+  # target's devices and memory) refuse it in a moment, as does the model
+  # config every reader builds from a saved or exported config.
+  monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
+  config = lambda: tiny_experiment(**{"model.num_layers": layers, "model.scan_layers": scan})
+  start = time.monotonic()
+  for check in (lambda: config_lib.check(config()),
+                lambda: config_lib.check_saved(config()),
+                lambda: config_lib.check(config(), num_devices=1, capacity=(2**40, "cpu's memory")),
+                lambda: ModelConfig.from_config(config().model)):
+    with pytest.raises(ConfigError, match=expected) as e:
+      check()
+    assert "\n" not in str(e.value)
+  assert time.monotonic() - start < 5
+
+
+def test_the_deepest_allowed_models_pass_the_model_check():
+  # The bounds leave room above the paper's deepest model (36 layers).
+  for layers, scan in ((36, False), (MAX_UNROLLED_LAYERS, False), (MAX_LAYERS, True)):
+    assert ModelConfig.from_config(
+        tiny_experiment(**{"model.num_layers": layers, "model.scan_layers": scan}).model)
+  assert MAX_UNROLLED_LAYERS >= 36
 
 
 # -- Results written as JSON are valid JSON: never NaN. -----------------------------
