@@ -294,3 +294,10 @@ def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
   assert lines[-1].startswith("error: ") and "loss=nan" in lines[-1], lines[-3:]
   assert "NaN" not in r.stdout and r.stdout.strip() == ""
   assert sorted(p.name for p in pathlib.Path(workdir).iterdir()) == before
+
+
+@pytest.mark.parametrize("seconds,shown", [(0, "0:00:00"), (59.9, "0:00:59"), (61, "0:01:01"),
+                                           (3 * 3600 + 125, "3:02:05"), (-5, "0:00:00"),
+                                           (100 * 3600, "100:00:00")])
+def test_a_duration_is_shown_as_hours_minutes_seconds(seconds, shown):
+  assert values.hms(seconds) == shown
