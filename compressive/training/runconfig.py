@@ -45,8 +45,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                             "an export (the folder)")
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
-  if not os.path.isfile(path):
-    raise CheckpointError(f"{path} is not a file: restore the run's config.json")
   try:
     values = json.loads(sidefiles.read_text(path, sidefiles.CONFIG_BYTES))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
