@@ -79,6 +79,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import pg19_books  # noqa: E402
 from compressive import data  # noqa: E402
+from compressive import files  # noqa: E402
 from compressive.data import documents as documents_lib  # noqa: E402
 from compressive.data import prefetch  # noqa: E402
 
@@ -116,10 +117,9 @@ def enwik8_standin(cache_dir: str) -> str:
   corpus = "\n".join(texts).encode("utf-8")
   raw = (corpus * (ENWIK8_BYTES // len(corpus) + 1))[:ENWIK8_BYTES]
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
+  with files.replacing(path, binary=True) as f, zipfile.ZipFile(
+      f, "w", compression=zipfile.ZIP_STORED) as z:
     z.writestr("enwik8", raw)
-  os.replace(tmp, path)
   return path
 
 

@@ -50,6 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from compressive import data  # noqa: E402
+from compressive import files  # noqa: E402
 from compressive.data import books as books_lib  # noqa: E402
 
 # The books: PG-19's train split averages ~400 KB a book.
@@ -112,10 +113,7 @@ def _read_json(path: str) -> Optional[dict]:
 
 
 def _write_json(path: str, value: dict) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=1)
-  os.replace(tmp, path)
+  files.write_text(path, json.dumps(value, indent=1))
 
 
 def _books_complete(folder: str, manifest: Optional[dict], params: dict) -> bool:

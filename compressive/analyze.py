@@ -16,7 +16,6 @@ ETA) goes to stderr every --progress_seconds.
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
-import json
 import logging
 import os
 import sys
@@ -30,6 +29,7 @@ from compressive.training import checkpoint
 from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
+from compressive import files
 from compressive import values
 from compressive.errors import ConfigError
 
@@ -62,7 +62,7 @@ def plot_attention(result, path):
   ax.set_title("Attention by position (oldest left), §5.5")
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")
 
 
 def plot_loss(result, path):
@@ -76,7 +76,7 @@ def plot_loss(result, path):
   ax.set_ylabel("bits per token")
   ax.set_title("Loss by position within documents")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")
 
 
 def plot_recall(result, path):
@@ -92,7 +92,7 @@ def plot_recall(result, path):
   ax.set_ylim(0, 1)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")
 
 
 def validate_flags() -> None:
@@ -157,15 +157,15 @@ def save(result, plot, suffix: str) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = values.finite_or_null(result)
-  # The result first: a workdir that cannot be written (read-only, full) loses nothing.
-  print(json.dumps(result, allow_nan=False), flush=True)
+  # The result first (cli.write_result): a workdir that cannot be written loses nothing.
   stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
+  if not cli.write_result(result, stem + ".json"):
+    return
   try:
-    with open(stem + ".json", "w") as f:
-      json.dump(result, f, indent=2, allow_nan=False)
-    plot(result, stem + ".png")
+    with files.replacing(stem + ".png", binary=True) as f:  # whole or not at all
+      plot(result, f)
   except OSError as e:
-    cli.warn(f"the result is printed but not saved: cannot write {e.filename or stem}: "
+    cli.warn(f"the result is saved but not its figure: cannot write {stem}.png: "
              f"{e.strerror or e}")
     return
   print(f"figure: {stem}.png", file=sys.stderr)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import sys
 from typing import Any, Callable, Iterator, Optional
@@ -32,6 +33,7 @@ from compressive.cli_config import (  # pylint: disable=unused-import  (re-expor
     CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
     resolve_config, resolve_config_names, unloaded_config, with_default_configs)
+from compressive import files
 from compressive import values
 from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
 
@@ -73,6 +75,21 @@ def quiet_libraries() -> None:
 
 def warn(message: str) -> None:
   print(f"warning: {one_line(message)}", file=sys.stderr)
+
+
+def write_result(result: Any, path: str) -> bool:
+  """A tool's result: its JSON line printed on stdout first, then saved at
+  `path` whole (files.write_json), so that a workdir that cannot be written
+  (read-only, full, a folder in the file's place) loses nothing: that is a
+  warning line. Whether it was saved. NaN is refused before anything is
+  printed (values.finite_or_null makes it null)."""
+  print(json.dumps(result, allow_nan=False), flush=True)
+  try:
+    files.write_json(path, result)
+  except OSError as e:
+    warn(f"the result is printed but not saved: cannot write {path}: {e.strerror or e}")
+    return False
+  return True
 
 
 # -- Environment errors. -------------------------------------------------------

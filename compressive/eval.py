@@ -19,8 +19,6 @@ A progress line (segment i/total, tokens per second, ETA) goes to stderr
 every --progress_seconds; stdout holds only the result.
 """
 
-import contextlib
-import json
 import logging
 import os
 import sys
@@ -128,20 +126,9 @@ def check_finite(result: dict, step: int) -> None:
 
 
 def report(result: dict, step: int) -> None:
-  """Prints the result's JSON line, then saves it in the workdir. The result
-  first: a workdir that cannot be written (read-only, full) loses nothing."""
-  print(json.dumps(result, allow_nan=False), flush=True)
-  path = os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json")
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    with open(tmp, "w") as f:
-      json.dump(result, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
-  except OSError as e:
-    cli.warn(f"the result is printed but not saved: cannot write {path}: "
-             f"{e.strerror or e}")
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
+  """Prints the result's JSON line, then saves it in the workdir (cli.
+  write_result: a workdir that cannot be written loses nothing)."""
+  cli.write_result(result, os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json"))
 
 
 if __name__ == "__main__":

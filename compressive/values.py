@@ -165,6 +165,16 @@ def config_floats(config: Any) -> None:
     number(name, value, "[-inf, inf]", must="a number that float32 holds")
 
 
+# -- Durations as the logs show them. -----------------------------------------------
+
+
+def hms(seconds: float) -> str:
+  """A duration as H:MM:SS (whole seconds; a negative one as 0:00:00): the
+  ETAs and totals of evaluation's progress lines and training's log."""
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 # -- Results as valid JSON. ---------------------------------------------------------
 
 

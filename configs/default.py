@@ -8,9 +8,6 @@ minutes on 2 CPU cores. Override any field from the command line, e.g.
 
 import ml_collections
 
-from compressive.data import default_data_config
-from compressive.scale.sharding import default_mesh_config
-
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -62,7 +59,37 @@ def get_config() -> ml_collections.ConfigDict:
   opt.weight_decay = 0.0
   opt.grad_clip_norm = 0.5
 
-  config.data = default_data_config()  # source 'books', tokenizer 'bytes'
+  # The data: public-domain books read as bytes. A config file is plain data
+  # (it imports only ml_collections), so every data source's section is
+  # written out here at its defaults; each field is documented by its source
+  # (compressive/data/<source>.py) and docs/DATA.md, and
+  # tests/tools/test_configs.py holds this section equal to
+  # compressive.data.default_data_config(), locked like it (a mistyped field
+  # is an error).
+  config.data = ml_collections.ConfigDict({
+      "source": "books",
+      "tokenizer": "bytes",
+      "spm_model": "",  # a SentencePiece .model (tokenizer=sentencepiece)
+      # SentencePiece training (train_tokenizer.py): at most spm_train_max_bytes
+      # of the train split.
+      "spm_vocab_size": 32000,
+      "spm_model_type": "unigram",
+      "spm_character_coverage": 0.9999,
+      "spm_train_max_bytes": 100_000_000,
+      "spm_train_seed": 0,
+      "cache_tokens": 1 << 26,  # tokenized documents kept in memory, in tokens
+      # Each source's own fields, in a section named after it.
+      "books": {"cache_dir": "", "heldout_fraction": 0.05},
+      "enwik8": {"path": "", "split_bytes": (90_000_000, 5_000_000, 5_000_000),
+                 "train_shards": 128, "eval_shards": 1},
+      "pg19": {"data_dir": "", "raw_dir": ""},
+      "text_files": {"path": "", "heldout_fraction": 0.05, "text_errors": "strict"},
+      "synthetic": {"kind": "random", "num_docs": (64, 8, 8), "min_length": 2,
+                    "max_length": 2048, "period": 64, "seed": 0},
+      "recall": {"distances": (64, 256, 1024), "requery_distances": (), "doc_length": 4096,
+                 "facts": 8, "num_docs": (64, 8, 8), "seed": 0},
+  })
+  config.data.lock()
 
   ev = config.eval = ml_collections.ConfigDict()
   ev.split = "validation"
@@ -79,5 +106,14 @@ def get_config() -> ml_collections.ConfigDict:
   # parameter's logical axes -> mesh axes): heads, MLP hidden units and the
   # vocabulary on 'tensor', one d-sized dimension on 'fsdp'. See compressive/scale/sharding.py
   # and the presets configs/gpu1.py, gpu8.py, tpu_v5e8.py.
-  config.mesh = default_mesh_config()
+  # Held equal to compressive.scale.sharding.default_mesh_config() by
+  # tests/tools/test_configs.py.
+  mesh = config.mesh = ml_collections.ConfigDict()
+  mesh.axes = ("data", "fsdp", "tensor")
+  mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
+  mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
+  mesh.logical_axis_rules = (  # each parameter's logical axis -> mesh axes (None: replicated)
+      ("embed", "fsdp"), ("embed_out", None), ("heads", "tensor"), ("head_dim", None),
+      ("mlp", "tensor"), ("vocab", "tensor"), ("norm", None), ("window", None),
+      ("conv_layers", None), ("layers", None))
   return config

@@ -13,7 +13,7 @@ import sys
 from typing import Callable, Optional
 
 from compressive import cli
-from compressive.errors import naming
+from compressive import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,14 +124,12 @@ def evaluate(workdir: str, split: str = "test", max_segments: int | None = None)
   if max_segments:
     args.append(f"--max_segments={max_segments}")
   result = json.loads(run_tool(args).strip().splitlines()[-1])
-  with open(cached, "w") as f:
-    json.dump(result, f, indent=2)
+  write_json(cached, result)
   return result
 
 
 def write_json(path: str, obj) -> None:
+  """Replaces `path` with `obj` as JSON whole (files.write_text: a crash
+  leaves the old file, a full disk names the file)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with naming(path + ".tmp"), open(path + ".tmp", "w") as f:  # a full disk names the file
-    json.dump(obj, f, indent=2)
-    f.write("\n")
-  os.replace(path + ".tmp", path)
+  files.write_text(path, json.dumps(obj, indent=2) + "\n")

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 
 import ml_collections
 
+from compressive import files
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
@@ -345,16 +346,9 @@ def fetch(archive: Archive, cache_dir: str,
 def _save(data: bytes, path: str, folder: str) -> None:
   """Writes a verified download to path (in the cache `folder`) atomically:
   the cache never holds part of a file."""
-  tmp = f'{path}.tmp{os.getpid()}'
   try:
-    with open(tmp, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, path)
+    files.write_bytes(path, data)
   except OSError as e:
-    try:
-      os.remove(tmp)
-    except OSError:
-      pass
     raise DataError(_unwritable(folder, e)) from e
 
 

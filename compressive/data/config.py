@@ -1,7 +1,8 @@
 """The data section of an experiment config: every field and its default.
 
-`default_data_config()` is embedded by the experiment configs as
-`config.data`, so that `--config.data.source=enwik8` style overrides are
+`default_data_config()` is what the experiment configs hold as `config.data`
+(configs/default.py writes it out, as plain data, and
+tests/tools/test_configs.py holds the two equal), so that `--config.data.source=enwik8` style overrides are
 checked against this list (a typo is an error, not a new key). It holds the
 fields every source shares at `config.data.<field>`, and one section per
 registered source at `config.data.<source>.<field>` (registry.py), built by

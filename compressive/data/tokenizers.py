@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, Protocol, Sequence
 import ml_collections
 import numpy as np
 
+from compressive import files
 from compressive.errors import DataError
 
 
@@ -238,21 +239,11 @@ def train_sentencepiece(
 
 
 def _write_model(model: bytes, model_path: str) -> None:
-  """Writes `model` to model_path (folders are created) whole or not at all:
-  beside it first, then renamed into place."""
-  folder = os.path.dirname(os.path.abspath(model_path))
-  os.makedirs(folder, exist_ok=True)
-  tmp = model_path + '.tmp'
-  try:
-    with open(tmp, 'wb') as f:
-      f.write(model)
-    os.replace(tmp, model_path)
-  except OSError as e:  # a full disk: no half-written model left behind
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if e.filename is None and e.errno is not None:  # a write or close names no file
-      raise OSError(e.errno, e.strerror or os.strerror(e.errno), tmp) from None
-    raise
+  """Writes `model` to model_path (folders are created) whole or not at all
+  (files.write_bytes: a full disk names the file and leaves nothing half
+  written)."""
+  os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+  files.write_bytes(model_path, model)
 
 
 def _training_error(message: str, vocab_size: int) -> DataError | None:

@@ -45,6 +45,7 @@ from jax.sharding import Mesh
 
 from compressive import config as config_lib
 from compressive import data as data_lib
+from compressive.values import hms
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
@@ -81,11 +82,6 @@ class Progress:
     eta = "?" if self.total is None else hms((self.total - done) / max(rate, 1e-9))
     _log.info("%s: segment %d/%s, %.0f tok/s, ETA %s", self.what, done, total,
               rate * self.tokens, eta)
-
-
-def hms(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 # -- The model in evaluation: its memory cache, its one call, its aux. -----------

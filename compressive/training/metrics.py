@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any, Mapping
 
+from compressive import files
 from compressive.training import sidefiles
 from compressive.errors import naming as _naming
 
@@ -189,16 +190,8 @@ def rewrite_jsonl(path: str, records: list[dict]) -> None:
 
 
 def _replace_lines(path: str, lines) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    with _naming(tmp):
-      fd = sidefiles.open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-      with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
-  finally:
-    if sidefiles.kind(tmp) == "file":
-      os.remove(tmp)
+  with files.replacing(path) as f:
+    f.writelines(lines)
 
 
 def truncate_jsonl(path: str, step: int) -> None:

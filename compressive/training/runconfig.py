@@ -15,7 +15,8 @@ from typing import Any
 
 import ml_collections
 
-from compressive.errors import CheckpointError, ConfigError, naming
+from compressive import files
+from compressive.errors import CheckpointError, ConfigError
 from compressive.training import sidefiles
 from compressive.training.integrity import RUNTIME_MODEL_FIELDS
 
@@ -26,17 +27,7 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
   write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    with naming(tmp):
-      fd = sidefiles.open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-      with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(config.to_json(indent=2))
-    os.replace(tmp, path)
-  finally:
-    if sidefiles.kind(tmp) == "file":
-      os.remove(tmp)
+  files.write_text(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -54,8 +45,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                             "an export (the folder)")
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
-  if not os.path.isfile(path):
-    raise CheckpointError(f"{path} is not a file: restore the run's config.json")
   try:
     values = json.loads(sidefiles.read_text(path, sidefiles.CONFIG_BYTES))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:

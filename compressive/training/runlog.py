@@ -21,13 +21,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from compressive.evaluation import evaluate as eval_lib
+from compressive import values
 from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
 from compressive.training import sidefiles
-from compressive.training.metrics import MetricWriter, truncate_jsonl
+from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value,
+                                          truncate_jsonl)
 
 _log = logging.getLogger("compressive")
 
@@ -84,21 +85,10 @@ def add_log_file(workdir: str) -> Optional[logging.Handler]:
 
 
 def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The config flattened for MetricWriter.write_hparams: dotted keys, values
-  bool / int / float / str (tuples, lists, None and the rest as str)."""
-  flat: dict[str, Any] = {}
-
-  def visit(prefix: str, value):
-    if isinstance(value, (dict, ml_collections.ConfigDict)):
-      for k, v in value.items():
-        visit(f"{prefix}{k}.", v)
-    elif isinstance(value, (bool, int, float, str)):
-      flat[prefix[:-1]] = value
-    else:
-      flat[prefix[:-1]] = str(value)
-
-  visit("", config.to_dict() if hasattr(config, "to_dict") else config)
-  return flat
+  """The config flattened for MetricWriter.write_hparams: dotted keys
+  (metrics.flatten_config, the one flattener), values bool / int / float /
+  str (metrics.hparam_value: tuples, lists, None and the rest as str)."""
+  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
 
 
 class Profiler:
@@ -176,7 +166,7 @@ class Clock:
     total = time.time() - self.start
     _log.info(
         "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
-        "(%d saves), training and the rest %.1f s", first, last, eval_lib.hms(total),
+        "(%d saves), training and the rest %.1f s", first, last, values.hms(total),
         self.spent["eval"], self.times["eval"], self.spent["save"], self.times["save"],
         total - self.spent["eval"] - self.spent["save"])
 
@@ -286,7 +276,7 @@ class MetricLog:
         "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
         step, self.config.num_train_steps, scalars["loss"], self.bits_name,
         scalars[self.bits_name], scalars["reconstruction_loss"], attn,
-        scalars["tokens_per_second"], mfu, eval_lib.hms(eta))
+        scalars["tokens_per_second"], mfu, values.hms(eta))
     clock.restart()
 
 

@@ -1,11 +1,13 @@
 """Every experiment config loads, validates, and builds its model (abstractly:
 the paper-scale models are never materialised here)."""
 
+import ast
 import importlib
 import math
 import pathlib
 
 from flax import nnx
+import ml_collections
 import pytest
 
 import compressive
@@ -75,3 +77,61 @@ def test_baselines_have_equal_attention_span(paper, baseline):
   assert b.model.memory_length == a.model.memory_length + a.model.compressed_memory_length
   assert b.eval.memory_length == a.eval.memory_length + a.eval.compressed_memory_length
   assert b.model.num_layers == a.model.num_layers and b.model.d_model == a.model.d_model
+
+
+# -- The configs are plain data. ------------------------------------------------------
+
+
+def _structure(value, name=""):
+  """Every node of a ConfigDict as (name, what it is): its class, lock and
+  type safety and fields in order, or a leaf's type and repr; equal
+  structures are the same config, bit for bit."""
+  if isinstance(value, ml_collections.ConfigDict):
+    yield name, (type(value).__name__, value.is_locked, value.is_type_safe, tuple(value._fields))
+    for key, child in value._fields.items():  # pylint: disable=protected-access
+      yield from _structure(child, f"{name}.{key}")
+  else:
+    yield name, (type(value).__name__, repr(value))
+
+
+@pytest.mark.parametrize("section,library", [
+    ("data", "compressive.data:default_data_config"),
+    ("mesh", "compressive.scale.sharding:default_mesh_config"),
+])
+def test_the_default_config_writes_out_the_library_defaults(section, library):
+  # configs/default.py writes these sections out (a config imports only
+  # ml_collections): they stay the library's defaults, field for field, type
+  # for type, locked as they are, so the default experiment cannot drift.
+  from configs import default  # pylint: disable=g-import-not-at-top
+  module, function = library.split(":")
+  expected = getattr(importlib.import_module(module), function)()
+  assert list(_structure(default.get_config()[section])) == list(_structure(expected))
+  assert default.get_config()[section].to_dict() == expected.to_dict()
+
+
+def test_the_structure_sees_a_changed_type_order_and_lock():
+  c = ml_collections.ConfigDict({"a": 1, "b": {"c": (1, 2)}})
+  same = list(_structure(c))
+  for changed in ({"a": 1.0, "b": {"c": (1, 2)}}, {"a": 1, "b": {"c": [1, 2]}},
+                  {"b": {"c": (1, 2)}, "a": 1}):
+    assert list(_structure(ml_collections.ConfigDict(changed))) != same
+  c.lock()
+  assert list(_structure(c)) != same
+
+
+def test_config_files_import_only_ml_collections():
+  # big_vision's habit: a config file is data. It may build on another
+  # config (configs.*, or importlib for a preset's experiment), never on the
+  # library, whose import would run before any flag is read.
+  wrong = []
+  for path in sorted(pathlib.Path(helpers.ROOT, "configs").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        names = [node.module or ""] if not node.level else ["configs"]
+      else:
+        continue
+      wrong += [f"{path.name} imports {n}" for n in names
+                if n.split(".")[0] not in ("ml_collections", "configs", "importlib")]
+  assert wrong == []

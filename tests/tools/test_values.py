@@ -292,14 +292,15 @@ def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):
                                                     "bits_per_token": 1.5}]
 
 
-def test_the_tools_write_json_that_refuses_nan():
+def test_the_tools_write_results_only_through_the_one_writer_that_refuses_nan():
   # eval.py reports a non-finite result as one line (NonFiniteError, exit 1)
-  # before it writes anything; analyze.py writes NaN as null; each json.dump
-  # of a result refuses NaN.
+  # before it writes anything; analyze.py writes NaN as null; each result is
+  # printed and saved by cli.write_result, which refuses NaN
+  # (tests/tools/test_files.py): no tool dumps JSON into a file of its own.
   for tool in ("eval", "analyze"):
     source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
-    dumps = re.findall(r"json\.dumps?\((.*)\)", source)
-    assert dumps and all("allow_nan=False" in d for d in dumps), dumps
+    assert "cli.write_result(" in source, tool
+    assert not re.findall(r"json\.dump\(|open\([^)]*[\"']w", source), tool
 
 
 # eval.py as a user runs it, on a run whose evaluation comes out NaN (the
@@ -330,3 +331,10 @@ def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
   assert lines[-1].startswith("error: ") and "loss=nan" in lines[-1], lines[-3:]
   assert "NaN" not in r.stdout and r.stdout.strip() == ""
   assert sorted(p.name for p in pathlib.Path(workdir).iterdir()) == before
+
+
+@pytest.mark.parametrize("seconds,shown", [(0, "0:00:00"), (59.9, "0:00:59"), (61, "0:01:01"),
+                                           (3 * 3600 + 125, "3:02:05"), (-5, "0:00:00"),
+                                           (100 * 3600, "100:00:00")])
+def test_a_duration_is_shown_as_hours_minutes_seconds(seconds, shown):
+  assert values.hms(seconds) == shown

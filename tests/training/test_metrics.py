@@ -168,3 +168,14 @@ def test_disabled_writer_writes_nothing(tmp_path):
   w.write_hparams({"a": 1})
   w.close()
   assert os.listdir(tmp_path) == []
+
+
+def test_the_run_log_flattens_the_config_as_the_metric_writer_does():
+  # One flattener (metrics.flatten_config) for the hparams a run logs and the
+  # ones MetricWriter writes: a numpy scalar, a tuple and None come out the
+  # same either way (the run log's own copy turned np.float32(0.5) into "0.5").
+  from compressive.training import runlog  # pylint: disable=g-import-not-at-top
+  c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,
+                                 "e": {}, "f": True})
+  assert runlog.hyperparameters(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
+  assert runlog.hyperparameters(c) == {k: hparam_value(v) for k, v in flatten_config(c).items()}

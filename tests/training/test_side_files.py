@@ -17,6 +17,7 @@ import pytest
 
 import compressive
 from compressive import cli
+from compressive import files
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
@@ -208,8 +209,14 @@ def test_a_full_disk_under_train_log_is_one_warning_naming_it(tmp_path, capsys):
 
 
 def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
-  full = os.open("/dev/full", os.O_WRONLY)
-  monkeypatch.setattr(sidefiles, "open_regular", lambda path, flags, mode=0o644: full)
+  create = files._create_beside  # pylint: disable=protected-access
+
+  def on_a_full_disk(path, mode):  # the temporary file made, its writes going to /dev/full
+    tmp, fd = create(path, mode)
+    os.close(fd)
+    return tmp, os.open("/dev/full", os.O_WRONLY)
+
+  monkeypatch.setattr(files, "_create_beside", on_a_full_disk)
   with pytest.raises(OSError) as e:
     ckpt_lib.save_config(str(tmp_path), tiny_experiment())
   message = cli.describe_os_error(e.value)
