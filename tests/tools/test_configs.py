@@ -25,10 +25,10 @@ def built_shape(model) -> tuple[int, int, int]:
   """(layers, d_model, vocabulary) of a built (abstract) model, read from its
   parameters: the blocks listed, or stacked on a leading axis when scanned."""
   params = nnx.state(model, nnx.Param)
-  vocab, d_model = params["embed"]["embedding"].value.shape
+  vocab, d_model = params["embed"]["embedding"].get_value().shape
   blocks = params["blocks"]
   if "attention" in blocks:  # scanned: one stacked block
-    layers = blocks["attention"]["wq"].value.shape[0]
+    layers = blocks["attention"]["wq"].get_value().shape[0]
   else:
     layers = len(blocks)
   return layers, d_model, vocab
