@@ -204,11 +204,13 @@ def _caller() -> str:
 
 def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True) -> None:
   """--workdir (required) and, with `step` (the tools that read a run),
-  --step (the checkpoint to read) and --plugin (see `reading_saved_run`)."""
+  --step (the checkpoint to read: >= 0, checked as it is parsed) and
+  --plugin (see `reading_saved_run`)."""
   module = _caller()
   flags.DEFINE_string("workdir", None, help_string, module_name=module)
   if step:
     flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.", module_name=module)
+    validate_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
     flags.DEFINE_multi_string(
         "plugin", [], "A module to import before the run is read, whose compression or data "
         "source the saved config names as module:Name (a saved config never imports code "
@@ -256,10 +258,17 @@ def define_multihost_flags(*, refer_to_train: bool = False) -> None:
   flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
 
 
+# The memory flags' range: evaluation sizes (-1: the training run's), checked
+# here as numbers and by config.check_saved against the memory estimate.
+SIZE_FLAG_MUST = ">= 0 (or -1: the training run's), below 2**31"
+
+
 def define_memory_flags(compressed_help: str = "") -> None:
   """--memory_length, --compressed_memory_length (the evaluation memory
-  sizes, overriding the saved config's eval section) and --mesh_shape;
-  `compressed_help` ends --compressed_memory_length's help (default '.')."""
+  sizes, overriding the saved config's eval section; their range checked as
+  they are parsed, the memory estimate by config.check_saved) and
+  --mesh_shape; `compressed_help` ends --compressed_memory_length's help
+  (default '.')."""
   module = _caller()
   flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).",
                        module_name=module)
@@ -270,12 +279,14 @@ def define_memory_flags(compressed_help: str = "") -> None:
       "mesh_shape", None, "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the "
       "rest); default the saved config's mesh.shape if it fits this machine, else -1,1,...",
       module_name=module)
+  for name in ("memory_length", "compressed_memory_length"):
+    validate_int_flag(name, "[0, 2**31)", also=(-1,), must=SIZE_FLAG_MUST)
 
 
 def define_split_flags(split_help: str, max_segments_help: str) -> None:
   """--split, --max_segments and --progress_seconds (with the tool's own help
   for the first two): what to stream through a model, and how often to say
-  how far it is."""
+  how far it is; the numbers' ranges checked as they are parsed."""
   module = _caller()
   # One default split for eval.py and analyze.py: validation. The test split
   # is for the final numbers a run reports, asked for by name (README's `make
@@ -287,6 +298,9 @@ def define_split_flags(split_help: str, max_segments_help: str) -> None:
   flags.DEFINE_float("progress_seconds", 10.0,
                      "Seconds between progress lines on stderr (0: every segment).",
                      module_name=module)
+  validate_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
+  validate_number_flag("progress_seconds", "[0, inf)", dtype="float64",
+                       must="a finite number >= 0")
 
 
 def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
@@ -405,7 +419,33 @@ def check_number_flag(name: str, interval: str, *, dtype: str = "float32",
   `dtype` holds it (float32: what the device computes with; float64 for a
   value only the host uses), a number in `interval` (values.number: no NaN,
   no overflow to inf, no underflow to 0, no rounding onto an open end)."""
-  value = flags.FLAGS[name].value
+  _check_number(name, flags.FLAGS[name].value, interval, dtype, must)
+
+
+def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
+                   must: str = "") -> None:
+  """ConfigError `--name=VALUE ...` unless the integer flag is unset, one of
+  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
+  _check_int(name, flags.FLAGS[name].value, interval, also, must)
+
+
+def validate_number_flag(name: str, interval: str, *, dtype: str = "float32",
+                         must: str = "") -> None:
+  """Makes check_number_flag's check the float flag's own (an absl
+  validator): run as the command line is parsed, so that a value out of
+  range is one line (`parse_flags`) before the tool starts, and whenever
+  the flag is set. Called where the flag is defined."""
+  _register(name, lambda value: _check_number(name, value, interval, dtype, must))
+
+
+def validate_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
+                      must: str = "") -> None:
+  """Makes check_int_flag's check the integer flag's own, as
+  validate_number_flag does."""
+  _register(name, lambda value: _check_int(name, value, interval, also, must))
+
+
+def _check_number(name: str, value: Any, interval: str, dtype: str, must: str) -> None:
   if value is None:
     return
   try:
@@ -414,11 +454,7 @@ def check_number_flag(name: str, interval: str, *, dtype: str = "float32",
     raise _flag_value_error(name, e, value) from None
 
 
-def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
-                   must: str = "") -> None:
-  """ConfigError `--name=VALUE ...` unless the integer flag is unset, one of
-  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
-  value = flags.FLAGS[name].value
+def _check_int(name: str, value: Any, interval: str, also: tuple[int, ...], must: str) -> None:
   if value is None or value in also:
     return
   try:
@@ -427,6 +463,16 @@ def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
     raise _flag_value_error(name, e, value) from None
 
 
-# The memory flags' range: evaluation sizes (-1: the training run's), checked
-# here as numbers and by config.check_saved against the memory estimate.
-SIZE_FLAG_MUST = ">= 0 (or -1: the training run's), below 2**31"
+def _register(name: str, check: Callable[[Any], None]) -> None:
+  """`check` (raising ConfigError) as flag `name`'s absl validator; its
+  message is the error's line (cli_config.parse_failure drops absl's
+  `flag --name=VALUE: ` before it)."""
+
+  def checker(value: Any) -> bool:
+    try:
+      check(value)
+    except ConfigError as e:
+      raise flags.ValidationError(str(e)) from None
+    return True
+
+  flags.register_validator(name, checker)
