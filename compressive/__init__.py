@@ -44,10 +44,8 @@ def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   """(config, model, step): `load`, and the step whose parameters it holds."""
   # pylint: disable=g-import-not-at-top
   from compressive import plugins as plugins_lib
-  from compressive.training import export as export_lib
-  from compressive.training import inference
+  from compressive.training import opening
   plugins_lib.trust(plugins)
   with plugins_lib.saved_config():
-    if export_lib.is_export(workdir):
-      return export_lib.load_with_step(workdir, step, config=config)
-    return inference.load_with_step(workdir, step, config=config)
+    run = opening.open_run(workdir, step, config=config)
+  return run.config, run.model, run.step

@@ -16,20 +16,16 @@ ETA) goes to stderr every --progress_seconds.
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
-import logging
 import os
 import sys
 
 from absl import flags
 
-import compressive
-from compressive import config as config_lib
 from compressive.evaluation import analysis
-from compressive.training import checkpoint
-from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
 from compressive import files
+from compressive import reading
 from compressive import values
 from compressive.errors import ConfigError
 
@@ -42,6 +38,8 @@ cli.define_split_flags("Split.", "Stop after this many segments per row.")
 cli.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
+for _name in ("buckets", "bucket_tokens"):
+  cli.validate_int_flag(_name, "[1, 2**31)", must=">= 1, below 2**31")
 
 
 def plot_attention(result, path):
@@ -95,41 +93,25 @@ def plot_recall(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
-def validate_flags() -> None:
-  """The flags' own ranges, before anything is read."""
-  cli.check_int_flag("buckets", "[1, 2**31)", must=">= 1, below 2**31")
-  cli.check_int_flag("bucket_tokens", "[1, 2**31)", must=">= 1, below 2**31")
-  cli.check_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
-  for name in ("memory_length", "compressed_memory_length"):
-    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
-  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
-  cli.check_number_flag("progress_seconds", "[0, inf)", dtype="float64",
-                        must="a finite number >= 0")
-
-
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
-  cli.quiet_libraries()
-  with cli.user_errors(), cli.reading_saved_run():
-    validate_flags()
-    logging.getLogger("compressive").setLevel(logging.INFO)  # progress lines on stderr
-    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
-    if FLAGS.analysis == "recall" and config.data.source != "recall":
-      raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
-                        f"{FLAGS.workdir} was trained on data.source={config.data.source}")
-    sizes = {name: FLAGS[name].value for name in ("memory_length", "compressed_memory_length")}
+  with reading.tool(progress=True):
+    experiment = reading.saved_experiment(check=check_recall)
+    sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
-    _, note = config_lib.check_saved(config, sizes=sizes, mesh_shape=FLAGS.mesh_shape)
-    if note:
-      print(note, file=sys.stderr)
-    # The saved config against what the run recorded, then the corpus before
-    # the model: a corpus that cannot be read fails before any loading.
-    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
+    # The corpus before the model: a corpus that cannot be read fails before any loading.
+    config = experiment.config
     tokenizer = data_lib.get_tokenizer(config.data)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
-    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
-    result, plot = run(model, documents, config)
+    result, plot = run(reading.open_run(experiment).model, documents, config)
   save(result, plot, suffix)
+
+
+def check_recall(config) -> None:
+  """ConfigError for --analysis=recall of a run not trained on recall data."""
+  if FLAGS.analysis == "recall" and config.data.source != "recall":
+    raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
+                      f"{FLAGS.workdir} was trained on data.source={config.data.source}")
 
 
 def run(model, documents, config):

@@ -5,7 +5,7 @@ checkpoint) or the environment's (a full disk, a read-only or unwritable
 folder, a workdir that is a file) is printed as one line `error: ...` with
 exit code 2 and no traceback; anything else is a bug and keeps its
 traceback. The library never reads flags: this module only turns its
-exceptions into exits, and checks the flags' own ranges.
+exceptions into exits (the flags' own ranges are checked as they are parsed).
 
 Every entry point parses its flags with `parse_flags` and runs all its work
 inside `with user_errors():`. `parse_flags` also finds a config named without
@@ -13,7 +13,8 @@ its path (`--config=enwik8`: configs/enwik8.py of this installation) and turns
 on JAX's persistent compilation cache (`--compilation_cache`, default
 ~/.cache/compressive/jax), so that a rerun loads its compiled programs.
 The flags several entry points share (--workdir, --step, the multi-host,
-memory and split flags) are defined here, once each (define_*_flags); the
+memory and split flags) are defined once each, with the checks of their
+values, by compressive/cli_flags.py (define_*_flags, re-exported here); the
 --config files are handled by compressive/cli_config.py.
 """
 
@@ -34,8 +35,11 @@ from compressive.cli_config import (  # pylint: disable=unused-import  (re-expor
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
     resolve_config, resolve_config_names, unloaded_config, with_default_configs)
 from compressive import files
-from compressive import values
-from compressive.errors import ConfigError, EXIT_USER_ERROR, NonFiniteError, UserError
+from compressive.cli_flags import (  # pylint: disable=unused-import  (re-exported)
+    SIZE_FLAG_MUST, check_int_flag, check_number_flag, define_memory_flags,
+    define_multihost_flags, define_split_flags, define_workdir_flags, reading_saved_run,
+    validate_int_flag, validate_number_flag)
+from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -207,105 +211,6 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   return holder
 
 
-# The flags several entry points share, each defined once here. They belong to
-# the entry point that asks for them (absl's module_name), so that its --help
-# lists them as before.
-
-
-def _caller() -> str:
-  """The module calling a define_*_flags below, as absl names it (the
-  script's path for __main__)."""
-  name = sys._getframe(2).f_globals["__name__"]  # pylint: disable=protected-access
-  return sys.argv[0] if name == "__main__" else name
-
-
-def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True) -> None:
-  """--workdir (required) and, with `step` (the tools that read a run),
-  --step (the checkpoint to read) and --plugin (see `reading_saved_run`)."""
-  module = _caller()
-  flags.DEFINE_string("workdir", None, help_string, module_name=module)
-  if step:
-    flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.", module_name=module)
-    flags.DEFINE_multi_string(
-        "plugin", [], "A module to import before the run is read, whose compression or data "
-        "source the saved config names as module:Name (a saved config never imports code "
-        "itself); repeat for several.", module_name=module)
-  flags.mark_flag_as_required("workdir")
-
-
-@contextlib.contextmanager
-def reading_saved_run() -> Iterator[None]:
-  """What a tool that reads a workdir or an export runs in: the modules of
-  --plugin imported (the user's say-so), and no other import on the saved
-  config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
-  from compressive import plugins  # pylint: disable=g-import-not-at-top
-  plugins.trust(flags.FLAGS.plugin or ())
-  with plugins.saved_config():
-    yield
-
-
-# (train.py's help, the other tools' help) of each multi-host flag.
-_MULTIHOST_HELP = {
-    "multihost": ("Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
-                  "SLURM, Open MPI); run the same command on every host.",
-                  "Join JAX's distributed runtime, detecting the cluster (as train.py)."),
-    "coordinator_address": ("HOST:PORT of process 0, for clusters JAX does not detect (or "
-                            "localhost); with --num_processes and --process_id.",
-                            "HOST:PORT of process 0 (as train.py)."),
-    "num_processes": ("Processes in the run (with --coordinator_address).",
-                      "Processes in the run (as train.py)."),
-    "process_id": ("This process, 0 .. num_processes - 1 (with --coordinator_address).",
-                   "This process (as train.py)."),
-}
-
-
-def define_multihost_flags(*, refer_to_train: bool = False) -> None:
-  """--multihost, --coordinator_address, --num_processes, --process_id: how
-  the processes of a multi-host run find each other (sharding.
-  initialize_distributed). train.py's help says how; with `refer_to_train`,
-  a tool's help refers to it."""
-  module = _caller()
-  helps = {name: pair[refer_to_train] for name, pair in _MULTIHOST_HELP.items()}
-  flags.DEFINE_bool("multihost", False, helps["multihost"], module_name=module)
-  flags.DEFINE_string("coordinator_address", None, helps["coordinator_address"],
-                      module_name=module)
-  flags.DEFINE_integer("num_processes", None, helps["num_processes"], module_name=module)
-  flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
-
-
-def define_memory_flags(compressed_help: str = "") -> None:
-  """--memory_length, --compressed_memory_length (the evaluation memory
-  sizes, overriding the saved config's eval section) and --mesh_shape;
-  `compressed_help` ends --compressed_memory_length's help (default '.')."""
-  module = _caller()
-  flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).",
-                       module_name=module)
-  flags.DEFINE_integer("compressed_memory_length", None,
-                       "Compressed memory slots (eval.compressed_memory_length)" +
-                       (compressed_help or "."), module_name=module)
-  flags.DEFINE_list(
-      "mesh_shape", None, "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the "
-      "rest); default the saved config's mesh.shape if it fits this machine, else -1,1,...",
-      module_name=module)
-
-
-def define_split_flags(split_help: str, max_segments_help: str) -> None:
-  """--split, --max_segments and --progress_seconds (with the tool's own help
-  for the first two): what to stream through a model, and how often to say
-  how far it is."""
-  module = _caller()
-  # One default split for eval.py and analyze.py: validation. The test split
-  # is for the final numbers a run reports, asked for by name (README's `make
-  # experiment` runs eval.py --split=test); a default that reads it invites
-  # choosing runs by their test score.
-  flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], split_help,
-                    module_name=module)
-  flags.DEFINE_integer("max_segments", None, max_segments_help, module_name=module)
-  flags.DEFINE_float("progress_seconds", 10.0,
-                     "Seconds between progress lines on stderr (0: every segment).",
-                     module_name=module)
-
-
 def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   """Runs a tool: absl's app.run(main) with parse_flags. A tool is a module
   of this package (compressive/train.py, ...), started as `python -m
@@ -406,44 +311,3 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
     return ""
   jax.config.update("jax_compilation_cache_dir", path)
   return path
-
-
-def _flag_value_error(name: str, e: ConfigError, value: Any) -> ConfigError:
-  """A values.* error about `name` said of the flag: `--name=VALUE ...`."""
-  text = str(e)
-  prefix = f"{name}={value!r}"
-  rest = text[len(prefix):] if text.startswith(prefix) else f": {text}"
-  return ConfigError(f"--{name}={value}{rest}")
-
-
-def check_number_flag(name: str, interval: str, *, dtype: str = "float32",
-                      must: str = "") -> None:
-  """ConfigError `--name=VALUE ...` unless the float flag is unset or, as
-  `dtype` holds it (float32: what the device computes with; float64 for a
-  value only the host uses), a number in `interval` (values.number: no NaN,
-  no overflow to inf, no underflow to 0, no rounding onto an open end)."""
-  value = flags.FLAGS[name].value
-  if value is None:
-    return
-  try:
-    values.number(name, value, interval, dtype=dtype, must=must)
-  except ConfigError as e:
-    raise _flag_value_error(name, e, value) from None
-
-
-def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
-                   must: str = "") -> None:
-  """ConfigError `--name=VALUE ...` unless the integer flag is unset, one of
-  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
-  value = flags.FLAGS[name].value
-  if value is None or value in also:
-    return
-  try:
-    values.integer(name, value, interval, must=must)
-  except ConfigError as e:
-    raise _flag_value_error(name, e, value) from None
-
-
-# The memory flags' range: evaluation sizes (-1: the training run's), checked
-# here as numbers and by config.check_saved against the memory estimate.
-SIZE_FLAG_MUST = ">= 0 (or -1: the training run's), below 2**31"

@@ -308,6 +308,11 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
     if required:
       return f"--{required.group(1)} is required"
+    # A flag's own check (cli.validate_int_flag ...): its line, which names
+    # the flag and its value, without absl's `flag --name=VALUE: ` before it.
+    checked = re.match(r"flag --(\w+)=.*?: (--\1=.*)$", text)
+    if checked:
+      return checked.group(2)
     if "Error whilst parsing config file" in text:  # get_config raised; lines end with why
       return f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
     return text

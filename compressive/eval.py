@@ -19,23 +19,18 @@ A progress line (segment i/total, tokens per second, ETA) goes to stderr
 every --progress_seconds; stdout holds only the result.
 """
 
-import logging
 import os
-import sys
 
 from absl import flags
 import jax
 
-import compressive
-from compressive import config as config_lib
-from compressive import values
-from compressive.errors import CheckpointError, NonFiniteError
-from compressive.training import checkpoint
 from compressive import cli
+from compressive import config as config_lib
 from compressive import data as data_lib
+from compressive import reading
+from compressive import values
+from compressive.errors import NonFiniteError
 from compressive.evaluation import evaluate as eval_lib
-from compressive.training import export as export_lib
-from compressive.scale import sharding
 
 FLAGS = flags.FLAGS
 cli.define_workdir_flags()
@@ -43,70 +38,26 @@ cli.define_split_flags("Split to evaluate.",
                        "Stop after this many segments per row (a quick estimate).")
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
+for _name in ("batch_size", "segment_length"):
+  cli.validate_int_flag(_name, "[1, 2**31)", also=(-1,),
+                        must=">= 1 (or -1: the training run's), below 2**31")
 cli.define_memory_flags()
 cli.define_multihost_flags(refer_to_train=True)
 
 
-def validate_flags() -> None:
-  """The flags' own ranges, before anything is read."""
-  for name in ("batch_size", "segment_length"):
-    cli.check_int_flag(name, "[1, 2**31)", also=(-1,),
-                       must=">= 1 (or -1: the training run's), below 2**31")
-  for name in ("memory_length", "compressed_memory_length"):
-    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
-  cli.check_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
-  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
-  cli.check_number_flag("progress_seconds", "[0, inf)", dtype="float64",
-                        must="a finite number >= 0")
-
-
-def check_step() -> None:
-  """CheckpointError, before any loading, when the workdir has no checkpoint
-  to evaluate (an export holds one step, checked when it is loaded)."""
-  if export_lib.is_export(FLAGS.workdir):
-    return
-  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
-  saved = checkpointer.all_steps()
-  checkpointer.close()
-  step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
-  if step is None:
-    raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
-  if step not in saved:
-    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
-                          f"saved steps are {', '.join(map(str, saved))}")
-
-
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
-  cli.quiet_libraries()
-  with cli.user_errors(), cli.reading_saved_run():
-    validate_flags()
-    sharding.initialize_distributed(
-        auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
-        num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
-    # Progress lines on stderr, from process 0 only.
-    logging.getLogger("compressive").setLevel(
-        logging.INFO if jax.process_index() == 0 else logging.WARNING)
-    config = checkpoint.load_config(FLAGS.workdir)
-    config.eval.split = FLAGS.split
-    experiment, note = config_lib.check_saved(
-        config, sizes={name: FLAGS[name].value for name in config_lib.SIZE_FIELDS},
-        mesh_shape=FLAGS.mesh_shape)
-    if note:
-      print(note, file=sys.stderr)
-    check_step()
-    # The saved config against what the run recorded (model, data section,
-    # tokenizer) before its corpus is read: an edited config.json never
-    # chooses what is evaluated.
-    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
+  with reading.tool(progress=True):
+    experiment = reading.saved_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,
+                                          step_must_exist=True)
+    config = experiment.config
     tokenizer = data_lib.get_tokenizer(config.data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(config.data, FLAGS.split, tokenizer)
     documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
-    # The newest step when none is given: a trainer may rotate it away
-    # meanwhile, and load() then reads the newest one that exists.
-    config, model, step = compressive.load_with_step(FLAGS.workdir, FLAGS.step, config=config)
-    result = eval_lib.evaluate(model, documents, config, max_segments=FLAGS.max_segments,
+    run = reading.open_run(experiment)
+    step = run.step
+    result = eval_lib.evaluate(run.model, documents, config, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
     check_finite(result, step)
   result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}

@@ -14,6 +14,7 @@ import os
 from absl import flags
 
 from compressive import cli
+from compressive import reading
 from compressive.training import export as export_lib
 
 FLAGS = flags.FLAGS
@@ -24,9 +25,7 @@ flags.mark_flag_as_required("output")
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
-  cli.quiet_libraries()
-  with cli.user_errors(), cli.reading_saved_run():
-    cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
+  with reading.tool():
     # Cheap checks first: a mistaken --output is found before any restore.
     export_lib.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
     step = export_lib.export(FLAGS.workdir, FLAGS.output, FLAGS.step)

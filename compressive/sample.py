@@ -15,12 +15,9 @@ import sys
 
 from absl import flags
 
-import compressive
-from compressive import config as config_lib
-from compressive.training import checkpoint
-from compressive.training import export as export_lib
 from compressive import cli
 from compressive import data as data_lib
+from compressive import reading
 from compressive.errors import ConfigError
 from compressive.model.sampling import Sampler, TextStream
 
@@ -29,25 +26,24 @@ cli.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
+cli.validate_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
 flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
+cli.validate_number_flag("temperature", "[0, inf)", must="a finite number >= 0 (0: greedy)")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
+cli.validate_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), below 2**31")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
+cli.validate_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
+cli.validate_int_flag("seed", "[0, 2**32)",
+                      must="an integer in [0, 2**32) (the PRNG key's 32 bits)")
 cli.define_memory_flags()
 
 
 def validate_flags() -> None:
-  """The flags' own ranges, before any model is loaded."""
+  """What the flags' own checks (their ranges, as they are parsed) cannot
+  see: which prompt flag is given."""
   if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
     raise ConfigError("give exactly one of --prompt or --prompt_file")
-  cli.check_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
-  cli.check_number_flag("temperature", "[0, inf)", must="a finite number >= 0 (0: greedy)")
-  cli.check_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), below 2**31")
-  cli.check_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
-  cli.check_int_flag("seed", "[0, 2**32)", must="an integer in [0, 2**32) (the PRNG key's 32 bits)")
-  cli.check_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
-  for name in ("memory_length", "compressed_memory_length"):
-    cli.check_int_flag(name, "[0, 2**31)", also=(-1,), must=cli.SIZE_FLAG_MUST)
 
 
 def read_prompt() -> str:
@@ -79,23 +75,14 @@ def read_prompt() -> str:
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
-  cli.quiet_libraries()
-  with cli.user_errors(), cli.reading_saved_run():
-    validate_flags()
+  with reading.tool(validate_flags):
     prompt = read_prompt()
-    config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
-    experiment, note = config_lib.check_saved(
-        config, sizes={name: FLAGS[name].value
-                       for name in ("memory_length", "compressed_memory_length")},
-        mesh_shape=FLAGS.mesh_shape)
-    if note:
-      print(note, file=sys.stderr)
-    export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)  # before any model is built
-    tokenizer = data_lib.get_tokenizer(config.data)
+    experiment = reading.saved_experiment()  # before any model is built
+    tokenizer = data_lib.get_tokenizer(experiment.config.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
-    config, model = compressive.load(FLAGS.workdir, FLAGS.step, config=config)
+    model = reading.open_run(experiment).model
     sizes = experiment.eval_sizes
     sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
                       compressed_memory_length=sizes["compressed_memory_length"])

@@ -168,7 +168,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
                           "training workdir")
   config = ckpt_lib.load_config(workdir)  # as saved: loading may refit its mesh
-  _, model, step = inference.load_with_step(workdir, step)
+  model, step = inference.open_workdir(workdir, inference.saved_experiment(workdir), step)
   identity = _identity_of(workdir, step, config)
   params = nnx.to_pure_dict(nnx.state(model))
   integrity = ckpt_lib.fingerprint(params)
@@ -286,32 +286,31 @@ def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> 
       f"({'; '.join(parts)}): use the export's own config (config.json)")
 
 
-def load_with_step(
-    path: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
-):
-  """(config, model, step) of the export at `path`, as inference.load_with_step
-  gives them for a workdir: `step`, if given, must be the exported one;
-  `config` replaces the saved one (its model must match); the parameters are
-  restored onto the config's mesh, or data parallel over all devices if the
-  saved mesh does not fit this machine."""
-  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
-  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+def manifest_of_step(path: str, step: Optional[int] = None) -> dict[str, Any]:
+  """The export's manifest (read_manifest); MissingStepError unless `step`
+  is None or the exported step."""
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
     raise ckpt_lib.MissingStepError(
         f"{path} is an export of step {manifest['step']} only, not of step {step}")
-  if config is None:
-    config = ckpt_lib.load_config(path)
-    sharding.fit_mesh_to_devices(config)
+  return manifest
+
+
+def open_export(path: str, experiment, step: Optional[int] = None) -> tuple[Any, int]:
+  """(model, step) of the export at `path`, its parameters restored onto
+  the run's setup (setup.build_setup: the experiment's shapes on its mesh)
+  and verified: the step (`step`, if given, must be the exported one), the
+  run's identity, the shapes and the checksums."""
+  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference
+  from compressive.training import setup as setup_lib
+  manifest = manifest_of_step(path, step)
   # The run's identity, as a checkpoint's is compared: another tokenizer
   # (a SentencePiece model retrained in place), model or data config.
   ckpt_lib.compare_identity(f"export {path}", manifest.get("identity"),
-                            inference.reader_identity(config), ())
-  mesh = sharding.make_mesh(config)
-  graphdef, state_template, abstract_params = train_step.abstract_model(config)
-  params = _read_params(path, abstract_params,
-                        sharding.shardings(mesh, sharding.param_specs(config, state_template)))
+                            inference.reader_identity(experiment.config), ())
+  setup = setup_lib.build_setup(experiment)
+  params = _read_params(path, setup.abstract_state.params, setup.layout.state.params)
   got = ckpt_lib.fingerprint(params)
   recorded = manifest["integrity"].get("sums")
   recorded = recorded if isinstance(recorded, dict) else {}
@@ -320,9 +319,7 @@ def load_with_step(
     raise CheckpointError(
         f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
         f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again")
-  model = merge_params(graphdef, state_template, params)
-  model.eval()
-  return config, model, manifest["step"]
+  return inference.model_of(setup, params), manifest["step"]
 
 
 def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:

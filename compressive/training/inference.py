@@ -1,4 +1,5 @@
-"""Model loading for inference: a training workdir's checkpoint as a model.
+"""Model loading for inference: a training workdir's checkpoint as a model
+(compressive/training/opening.py opens a workdir or an export with it).
 
 Evaluation, analysis, sampling and export read a workdir that a trainer may
 still be writing: they take no lock and only read. A checkpoint holds the
@@ -16,56 +17,52 @@ from typing import Optional
 import jax
 import ml_collections
 
+from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
 from compressive.scale import sharding
-from compressive.training import step as train_step
+from compressive.training import setup as setup_lib
 from compressive.errors import UserError
 from compressive.model.transformer import CompressiveTransformer, merge_params
 
 _log = logging.getLogger("compressive")
 
 
-def load(
-    workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
-) -> tuple[ml_collections.ConfigDict, CompressiveTransformer]:
-  """(config, model) of a training workdir's latest (or given) checkpoint;
-  see `load_with_step`."""
-  config, model, _ = load_with_step(workdir, step, config=config)
-  return config, model
-
-
-def load_with_step(
-    workdir: str, step: Optional[int] = None, *, config: Optional[ml_collections.ConfigDict] = None
-) -> tuple[ml_collections.ConfigDict, CompressiveTransformer, int]:
-  """(config, model, step) of a training workdir's latest (or given) checkpoint.
-
-  `config` replaces the workdir's saved config (e.g. with other eval sizes,
-  or another `mesh.shape` for this machine's devices); its model must match
-  the checkpoint. The parameters are restored onto the config's mesh,
-  whatever mesh wrote them; a saved config whose mesh does not fit this
-  machine is loaded data parallel over all its devices instead.
-  """
+def saved_experiment(path: str, config: Optional[ml_collections.ConfigDict] = None
+                     ) -> config_lib.Experiment:
+  """The Experiment a run (workdir or export) at `path` is opened as:
+  `config` (default its saved config, refitted to this machine's devices
+  when its mesh does not fit them), checked as a config read here, not
+  trained (config.check with training=False; neither its data nor its size
+  against this machine: reading parameters needs neither)."""
   if config is None:
-    config = ckpt_lib.load_config(workdir)
+    config = ckpt_lib.load_config(path)
     if sharding.fit_mesh_to_devices(config):
       _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
                 jax.device_count(), config.mesh.shape)
-  mesh = sharding.make_mesh(config)
-  graphdef, state_template, abstract_params = train_step.abstract_model(config)
-  tx = train_step.make_optimizer(config, abstract_params)
-  abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
-  shardings = sharding.shardings(mesh, sharding.state_specs(config, state_template, abstract_state))
-  identity = reader_identity(config)
+  return config_lib.check(config, training=False, here=False, num_devices=jax.device_count())
+
+
+def open_workdir(workdir: str, experiment: config_lib.Experiment, step: Optional[int] = None
+                 ) -> tuple[CompressiveTransformer, int]:
+  """(model, step) of `workdir`'s checkpoint `step` (default the newest),
+  restored onto the run's setup (setup.build_setup: the experiment's
+  shapes on its mesh) and verified (checksums, finite values, identity)."""
+  setup = setup_lib.build_setup(experiment)
+  identity = reader_identity(experiment.config)
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
   try:
-    step, state = _restore_newest(checkpointer, step, ckpt_lib.abstract(abstract_state, shardings),
-                                  identity)
+    step, state = _restore_newest(checkpointer, step, setup.restore_targets()[0], identity)
   finally:
     checkpointer.close()
-  model = merge_params(graphdef, state_template, state.params)
+  return model_of(setup, state.params), step
+
+
+def model_of(setup: setup_lib.Setup, params) -> CompressiveTransformer:
+  """The model of a run's setup with `params`, in evaluation mode."""
+  model = merge_params(setup.graphdef, setup.state_template, params)
   model.eval()
-  return config, model, step
+  return model
 
 
 def reader_identity(config: ml_collections.ConfigDict) -> dict:

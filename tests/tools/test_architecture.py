@@ -28,7 +28,8 @@ TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compres
 # Bottom to top. A module may import its own layer and the ones before it.
 LAYERS = (
     ("base", ("compressive.errors", "compressive.values", "compressive.files",
-              "compressive.cli", "compressive.cli_config", "compressive.plugins")),
+              "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
+              "compressive.plugins")),
     ("model", ("compressive.model",)),
     ("data", ("compressive.data",)),
     ("scale", ("compressive.scale",)),
@@ -37,7 +38,9 @@ LAYERS = (
     ("training", ("compressive.training",)),
     ("planning", ("compressive.aot",)),
     ("api", ("compressive",)),  # the package's __init__: the public names
-    ("tools", TOOLS),  # python -m compressive.train, ...: the command-line tools
+    # python -m compressive.train, ...: the command-line tools, and what the
+    # tools that read a trained run share (compressive/reading.py)
+    ("tools", TOOLS + ("compressive.reading",)),
 )
 MAX_FUNCTION_LINES = 45
 MAX_MODULE_LINES = 450

@@ -17,7 +17,7 @@ from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive import cli
 from compressive import data as data_lib
-from compressive.training import inference
+import compressive
 from compressive.training import loop as train_lib
 from helpers import tiny_experiment
 
@@ -78,7 +78,7 @@ def resume_with(**fields):
 def load_step(step):
   def run(tmp):
     train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
-    inference.load(str(tmp / "wd"), step)
+    compressive.load(str(tmp / "wd"), step)
   return run
 
 
@@ -106,7 +106,7 @@ def _flip(tmp, step=1):
 def damaged_newest(tmp):
   _one_step(tmp)
   _flip(tmp)
-  inference.load(str(tmp / "wd"))
+  compressive.load(str(tmp / "wd"))
 
 
 def stale_config(tmp):
@@ -126,7 +126,7 @@ def nothing_intact(tmp):
 def damaged_config(tmp):
   _one_step(tmp)
   (tmp / "wd" / "config.json").write_text('{"model": {"d_model": 3')
-  inference.load(str(tmp / "wd"))
+  compressive.load(str(tmp / "wd"))
 
 
 CASES = [
@@ -190,7 +190,7 @@ CASES = [
     # Checkpoints.
     ("resume with another width", resume_with(**{"model.d_model": 16}), "model.d_model 32 -> 16"),
     ("resume with another batch", resume_with(batch_size=2), "batch_size 4 -> 2"),
-    ("no checkpoint to load", lambda tmp: inference.load(str(tmp)), "config.json not found"),
+    ("no checkpoint to load", lambda tmp: compressive.load(str(tmp)), "config.json not found"),
     ("checkpoint step that does not exist", load_step(7), "no checkpoint of step 7"),
     ("a second trainer on the workdir", second_trainer, "in use by another trainer (pid"),
     ("flipped bytes in the newest checkpoint", damaged_newest, "checkpoints/1 is damaged"),

@@ -4,11 +4,12 @@ rounding onto the end of its range), an integer in the range its use allows
 (a seed in the PRNG key's 32 bits), for every config field and every numeric
 flag of every tool, by one mechanism (compressive/values.py)."""
 
-import ast
+import importlib
 import json
 import math
 import pathlib
 import re
+import sys
 import time
 
 from absl import flags
@@ -152,35 +153,63 @@ def test_an_integer_flag_is_checked_against_its_range(flag):
   cli.check_number_flag("h31_float", "[0, inf)", dtype="float64")  # a host-only value
 
 
-TOOLS = ("eval", "sample", "analyze", "export", "train", "aot/__main__", "train_tokenizer")
-# Numeric flags that cli.define_*_flags adds to a tool, by the function's name.
-SHARED = {"define_memory_flags": ("memory_length", "compressed_memory_length"),
-          "define_split_flags": ("max_segments", "progress_seconds"),
-          "define_workdir_flags": ("step",)}
+TOOLS = ("eval", "sample", "analyze", "export", "train", "aot.__main__", "train_tokenizer")
+# Numeric flags whose values depend on each other, checked together by
+# sharding.initialize_distributed (the test below) when a tool joins the
+# multi-host runtime (reading.tool, train.py).
+CHECKED_TOGETHER = {"num_processes", "process_id"}
+
+
+@pytest.fixture
+def tool_flags():
+  """Imports a tool module (defining its flags, as it does when it runs) and
+  returns the flags it defined; afterwards removes them and the module, so
+  that every tool defines its flags afresh and no other test sees them."""
+  imported = []
+
+  def define(tool):
+    name = f"compressive.{tool}"
+    assert name not in sys.modules, f"{name} was imported before: its flags are defined"
+    before = set(flags.FLAGS)
+    imported.append((name, before))
+    importlib.import_module(name)
+    return {flag: flags.FLAGS[flag] for flag in set(flags.FLAGS) - before}
+
+  defaults = dict(cli.DEFAULT_CONFIGS)
+  yield define
+  for name, before in imported:
+    for flag in set(flags.FLAGS) - before:
+      delattr(flags.FLAGS, flag)
+    sys.modules.pop(name, None)
+  cli.DEFAULT_CONFIGS.clear()
+  cli.DEFAULT_CONFIGS.update(defaults)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_every_numeric_flag_of_every_tool_is_checked(tool):
-  # Read from the source: each integer or float flag a tool defines (itself
-  # or through cli.define_*_flags) is named in its validate_flags (the
-  # multi-host ones are checked by sharding.initialize_distributed).
-  source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
-  numeric = set(re.findall(r'flags\.DEFINE_(?:integer|float)\(\s*"(\w+)"', source))
-  for function, names in SHARED.items():
-    if f"cli.{function}(" in source and not (function == "define_workdir_flags"
-                                               and "step=False" in source):
-      numeric |= set(names)
-  if not numeric:
-    return
-  tree = ast.parse(source)
-  validate = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
-                  and n.name == "validate_flags") if "def validate_flags" in source else None
-  checked = set()
-  for node in ast.walk(validate or tree):
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-      checked.add(node.value)
-  assert "check_int_flag" in source or "check_number_flag" in source
-  assert numeric <= checked, numeric - checked
+def test_every_numeric_flag_of_every_tool_checks_its_own_value(tool, tool_flags):
+  # Each integer or float flag a tool defines (itself, or through the flag
+  # groups of cli.define_*_flags) carries its check, registered where it is
+  # defined (cli.validate_int_flag, cli.validate_number_flag): absl runs it
+  # as the command line is parsed. A value beyond every range is refused,
+  # naming the flag, so the check is a real one.
+  numeric = {name: flag for name, flag in tool_flags(tool).items()
+             if isinstance(flag.parser, (flags.IntegerParser, flags.FloatParser))}
+  unchecked = {name for name, flag in numeric.items() if not flag.validators} - CHECKED_TOGETHER
+  assert not unchecked, f"{tool}: numeric flags without a check: {sorted(unchecked)}"
+  for name, flag in numeric.items():
+    if name in CHECKED_TOGETHER:
+      continue
+    bad = 2**40 if isinstance(flag.parser, flags.IntegerParser) else math.nan
+    with pytest.raises(flags.IllegalFlagValueError, match=re.escape(f": --{name}={bad}")):
+      setattr(flags.FLAGS, name, bad)
+
+
+def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
+  # absl reports a failed validator as `flag --name=VALUE: MESSAGE`; the
+  # entry points print the message alone (the table of user messages in
+  # test_entry_point_errors.py runs the tools).
+  error = flags.IllegalFlagValueError("flag --step=-1: --step=-1 must be >= 0, below 2**31")
+  assert cli.parse_failure(["eval.py", "--step=-1"], error) == "--step=-1 must be >= 0, below 2**31"
 
 
 @pytest.mark.parametrize("address, processes, process, expected", [

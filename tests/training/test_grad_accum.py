@@ -163,9 +163,7 @@ sys.path[:0] = [{root!r}, {tests!r}, {here!r}]
 import conftest  # noqa: F401  (matmul precision)
 import jax, numpy as np
 from compressive import config as config_lib
-from compressive.model import memory as memory_lib
-from compressive.scale import sharding
-from compressive.training import loop as train_lib, step as train_step
+from compressive.training import setup as setup_lib, step as train_step
 from helpers import tiny_experiment
 from test_grad_accum import _batches
 
@@ -175,16 +173,12 @@ for accum in (1, 2):
   config = tiny_experiment(**{{"grad_accum_steps": accum, "batch_size": 8,
                               "optimizer.eps": 1e-6}})
   config.mesh.shape = (2, 1, 1)
-  config_lib.check(config)
-  mesh = sharding.make_mesh(config)
-  graphdef, template, abstract = train_step.abstract_model(config)
-  tx = train_step.make_optimizer(config, abstract)
-  astate = train_step.abstract_train_state(config, abstract, tx)
-  amemory = jax.eval_shape(lambda: memory_lib.init_memory(config.model, 8))
-  layout = train_step.make_layout(config, mesh, template, astate, amemory)
+  setup = setup_lib.build_setup(config_lib.check(config))
+  tx, layout = setup.tx, setup.layout
   state = train_step.init_train_state(config, tx, layout)
   memory = train_step.init_sharded_memory(config, 8, layout)
-  step = train_step.make_train_step(graphdef, template, tx, False, layout, grad_accum_steps=accum)
+  step = train_step.make_train_step(setup.graphdef, setup.state_template, tx, False, layout,
+                                    grad_accum_steps=accum)
   for batch in _batches(config, 2):
     batch = {{k: jax.device_put(v, layout.batch[k]) for k, v in batch.items()}}
     state, memory, metrics = step(state, memory, batch)

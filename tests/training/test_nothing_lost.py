@@ -19,7 +19,6 @@ import compressive
 from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
 from compressive.training import export as export_lib
-from compressive.training import inference
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl
@@ -67,7 +66,7 @@ def test_a_step_deleted_while_it_is_read_is_not_called_damaged(tmp_path, monkeyp
     return real(self, step, *args, **kwargs)
 
   monkeypatch.setattr(ocp.CheckpointManager, "restore", racing)
-  _, _, step = inference.load_with_step(str(workdir))
+  _, _, step = compressive.load_with_step(str(workdir))
   assert step == 2 and victim["done"]  # the newest step left, not an error
 
 

@@ -1,0 +1,118 @@
+"""What the tools that read a trained run share (eval.py, sample.py,
+analyze.py, export.py): one preamble, the saved config made ready, and the
+run opened.
+
+    with reading.tool(progress=True):
+      experiment = reading.saved_experiment(split=FLAGS.split)
+      ...  # the tool's own checks, its corpus
+      run = reading.open_run(experiment)
+
+`tool` is the preamble: the libraries quiet, a user's mistake one line and
+exit code 2 (cli.user_errors), --plugin imported and nothing else imported
+on the saved config's say-so (cli.reading_saved_run), the tool's own flag
+checks (each flag group checks its own ranges as it is parsed), the
+multi-host runtime joined where the tool has its flags, and progress lines
+on stderr. `saved_experiment` reads the workdir's (or export's) config.json,
+applies the memory and mesh flags, checks it (config.check_saved) and
+compares it with what the run recorded, all before any corpus is read or
+model built. `open_run` restores the run onto that experiment
+(compressive/training/opening.py), building nothing twice.
+
+A tools-layer module (it reads the training layer); compressive/cli.py,
+below every layer, holds what every entry point shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Callable, Iterator, Optional, Sequence
+
+from absl import flags
+import jax
+import ml_collections
+
+from compressive import cli
+from compressive import config as config_lib
+from compressive.errors import CheckpointError
+from compressive.scale import sharding
+from compressive.training import checkpoint
+from compressive.training import export as export_lib
+from compressive.training import opening
+
+FLAGS = flags.FLAGS
+
+MEMORY_FLAGS = ("memory_length", "compressed_memory_length")
+
+
+@contextlib.contextmanager
+def tool(validate: Optional[Callable[[], None]] = None, *,
+         progress: bool = False) -> Iterator[None]:
+  """Runs a reading tool's work (the body): see the module's docstring.
+  `validate`: the tool's own checks of its flags beyond their ranges (run
+  first); `progress`: progress lines (logging INFO) on stderr, from process
+  0 only. What the tool prints after the body (its result) runs outside it."""
+  cli.quiet_libraries()
+  with cli.user_errors(), cli.reading_saved_run():
+    if validate is not None:
+      validate()
+    if "multihost" in FLAGS:  # the tool has the multi-host flags (cli.define_multihost_flags)
+      sharding.initialize_distributed(
+          auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
+          num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+    if progress:
+      logging.getLogger("compressive").setLevel(
+          logging.INFO if jax.process_index() == 0 else logging.WARNING)
+    yield
+
+
+def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
+                     step_must_exist: bool = False,
+                     check: Optional[Callable[[ml_collections.ConfigDict], None]] = None
+                     ) -> config_lib.Experiment:
+  """The saved config of --workdir (a workdir or an export) made ready and
+  checked (config.check_saved): the evaluation sizes of the flags `sizes`
+  (config.SIZE_FIELDS) and --mesh_shape applied, `split` set as eval.split;
+  a note on stderr when the saved mesh is replaced. `check(config)`, the
+  tool's own check of the saved config, runs first; with
+  `step_must_exist`, a workdir without the checkpoint to read is refused
+  (CheckpointError) before anything is loaded. Last, the config is compared
+  with the identity the run recorded (model, data section, tokenizer): an
+  edited config.json never chooses what is read."""
+  config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+  if check is not None:
+    check(config)
+  if split is not None:
+    config.eval.split = split
+  experiment, note = config_lib.check_saved(
+      config, sizes={name: FLAGS[name].value for name in sizes}, mesh_shape=FLAGS.mesh_shape)
+  if note:
+    print(note, file=sys.stderr)
+  if step_must_exist:
+    _check_step()
+  export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
+  return experiment
+
+
+def open_run(experiment: config_lib.Experiment) -> opening.OpenRun:
+  """--workdir's checkpoint --step (default the newest: a trainer may rotate
+  it away meanwhile, and the newest that exists is read), opened as
+  `experiment` (saved_experiment's)."""
+  return opening.open_run(FLAGS.workdir, FLAGS.step, config=experiment)
+
+
+def _check_step() -> None:
+  """CheckpointError, before any loading, when the workdir has no checkpoint
+  to read (an export holds one step, checked when it is loaded)."""
+  if export_lib.is_export(FLAGS.workdir):
+    return
+  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+  saved = checkpointer.all_steps()
+  checkpointer.close()
+  step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)
+  if step is None:
+    raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
+  if step not in saved:
+    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+                          f"saved steps are {', '.join(map(str, saved))}")

@@ -1,0 +1,58 @@
+"""One way to open a trained run: a training workdir's checkpoint, or an
+export of one (export.py), as a model in evaluation mode.
+
+Every reader opens a run here: `compressive.load`, eval.py, sample.py,
+analyze.py, and export.py (through inference.open_workdir). The run is
+opened as an Experiment (the tools pass the one config.check_saved made
+ready; a library caller's config, or the saved one, is checked here as a
+config read on this machine), whose setup (setup.build_setup: the train
+state's shapes on the mesh, no arrays) the checkpoint or the export is
+restored onto. The abstract model is built once, by that check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import ml_collections
+
+from compressive import config as config_lib
+from compressive.model.transformer import CompressiveTransformer
+from compressive.training import export as export_lib
+from compressive.training import inference
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpenRun:
+  """A trained run, opened: the experiment it was opened as, its model with
+  the step's parameters, and the step."""
+  experiment: config_lib.Experiment
+  model: CompressiveTransformer
+  step: int
+
+  @property
+  def config(self) -> ml_collections.ConfigDict:
+    return self.experiment.config
+
+
+def open_run(path: str, step: Optional[int] = None, *,
+             config: Union[None, ml_collections.ConfigDict, config_lib.Experiment] = None
+             ) -> OpenRun:
+  """The run at `path` (a training workdir or an export), at its checkpoint
+  `step` (default the newest; an export holds one), as an OpenRun.
+
+  `config`: the Experiment to open it as (a tool's, from
+  config.check_saved), or a config replacing the saved one (its model must
+  match), or None for the saved one (refitted to this machine's devices when
+  its mesh does not fit them). What is read is verified: checksums, finite
+  values, the run's identity (model, data config, tokenizer).
+  """
+  is_export = export_lib.is_export(path)
+  if is_export:  # a damaged export, or one of another step, is named before the rest
+    export_lib.manifest_of_step(path, step)
+  experiment = (config if isinstance(config, config_lib.Experiment)
+                else inference.saved_experiment(path, config))
+  opener = export_lib.open_export if is_export else inference.open_workdir
+  model, step = opener(path, experiment, step)
+  return OpenRun(experiment=experiment, model=model, step=step)
