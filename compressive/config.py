@@ -27,7 +27,7 @@ import ml_collections
 
 from compressive import data as data_lib
 from compressive import values
-from compressive.errors import ConfigError, MeshError
+from compressive.errors import ConfigError, DoesNotFitError, MeshError
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
 from compressive.model.transformer import CompressiveTransformer
@@ -271,24 +271,24 @@ def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int,
   have, what = capacity
   need = training_bytes_lower_bound(config, cfg, accum, num_devices) if training else 0
   if need > have:
-    raise ConfigError(
+    raise DoesNotFitError(
         f"training this config needs at least {need / 2**30:,.1f} GiB per device "
         f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
         f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
-        "or use more devices")
+        "or use more devices", need, have)
   need = evaluation_bytes_lower_bound(config, cfg, num_devices)
   if training:  # the in-loop estimate runs beside the optimizer state
     need += 12 * _parameter_count(cfg) // num_devices
   if need > have:
     sizes = eval_sizes(config)
-    raise ConfigError(
+    raise DoesNotFitError(
         f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
         f"(parameters, {sizes['memory_length']} + {sizes['compressed_memory_length']} memory "
         f"slots x {cfg.num_layers} layers x {sizes['batch_size']} rows, activations), "
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
         "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
-        " a tool's --memory_length ...) or the model's sizes")
+        " a tool's --memory_length ...) or the model's sizes", need, have)
 
 
 def profile_steps(value) -> Optional[tuple[int, int]]:

@@ -20,6 +20,17 @@ class MeshError(ConfigError):
   its axes (a tool reading a saved config adds how to choose another)."""
 
 
+class DoesNotFitError(ConfigError):
+  """A config whose lower-bound size estimate exceeds a device's memory
+  (config.check): `need` and `have` bytes per device. train.py refuses it
+  as a bad config (exit 2); aot.py reports it as a target the step does not
+  fit (exit 1), as it reports a compiled step that does not fit."""
+
+  def __init__(self, message: str, need: int, have: int):
+    super().__init__(message)
+    self.need, self.have = need, have
+
+
 class DataError(UserError, ValueError):
   """A corpus, file or document that cannot be read as asked; names it."""
 

@@ -33,6 +33,7 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+from compressive.errors import DoesNotFitError
 
 # Before JAX starts a backend: compile on this host's CPU client; the TPU and
 # GPU compilers are reached through their topologies
@@ -97,9 +98,13 @@ def run(config, target_name: str, step: str) -> int:
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
   devices = target.devices()
-  experiment = _check(config, step, target, len(devices))
-  mesh = sharding.make_mesh(config, devices)
   what = f"the {step} step for {target.name}"
+  try:
+    experiment = _check(config, step, target, len(devices))
+  except DoesNotFitError as e:  # by the shapes alone: a result about the target, as below
+    cli.fail(f"{what} does not fit: {e} ({(e.need - e.have) / aot_lib.GIB:.2f} GiB over, "
+             "estimated before compiling)", code=1)
+  mesh = sharding.make_mesh(config, devices)
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
        f"mesh {dict(mesh.shape)}")
   start = time.perf_counter()

@@ -19,7 +19,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
 from compressive.errors import CheckpointError
-from helpers import inject_nan_at, tiny_experiment, tree_digest
+from helpers import tiny_experiment, tree_digest
 
 
 def config(**overrides):
@@ -173,9 +173,12 @@ def test_a_reader_that_loses_a_race_with_rotation_reads_the_newest(workdir, monk
 
 
 @pytest.mark.slow
-def test_a_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path, monkeypatch):
-  # Step 4's checkpoint is saved with a NaN in its state (as a silent
-  # overflow would leave it); the NaN loss at step 5 must name step 2.
+def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(tmp_path,
+                                                                              monkeypatch):
+  # Step 4's state holds a NaN (as a silent overflow would leave it) while
+  # its loss is finite: the save refuses it, and the stop names step 2, the
+  # newest checkpoint that verifies (a NaN-holding step 4 was once saved, and
+  # every reader then called it damaged).
   real = ckpt_lib.Checkpointer.save
 
   def poisoned(self, step, state, *rest):
@@ -185,9 +188,10 @@ def test_a_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path, monkeypa
     return real(self, step, state, *rest)
 
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", poisoned)
-  inject_nan_at(monkeypatch, 5)
-  with pytest.raises(train_lib.NonFiniteError, match="at step 5; the newest intact checkpoint is step 2"):
+  with pytest.raises(train_lib.NonFiniteError,
+                     match="at step 4 .* not saved; the newest intact checkpoint is step 2"):
     train_lib.train_and_evaluate(config(), str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
 
 
 def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
