@@ -79,10 +79,15 @@ def main(argv):
 
 def _check(config, step: str, target, num_devices: int) -> config_lib.Experiment:
   """The config for `target`, its size estimated against the target's memory
-  before the model is built (a config far too large is refused at once)."""
-  return config_lib.check(config, training=step == "train", num_devices=num_devices,
-                          capacity=(target.device_memory_bytes,
-                                    f"{target.name}'s memory per device"))
+  before the model is built: a config whose shapes alone exceed it does not
+  fit, said at once (exit 1, as for a compiled step that does not fit)."""
+  try:
+    return config_lib.check(config, training=step == "train", num_devices=num_devices,
+                            capacity=(target.device_memory_bytes,
+                                      f"{target.name}'s memory per device"))
+  except DoesNotFitError as e:
+    cli.fail(f"the {step} step for {target.name} does not fit: {e} "
+             f"({(e.need - e.have) / 2**30:.2f} GiB over, estimated before compiling)", code=1)
 
 
 def run(config, target_name: str, step: str) -> int:
@@ -99,11 +104,7 @@ def run(config, target_name: str, step: str) -> int:
   from compressive.scale import flops, sharding
   devices = target.devices()
   what = f"the {step} step for {target.name}"
-  try:
-    experiment = _check(config, step, target, len(devices))
-  except DoesNotFitError as e:  # by the shapes alone: a result about the target, as below
-    cli.fail(f"{what} does not fit: {e} ({(e.need - e.have) / aot_lib.GIB:.2f} GiB over, "
-             "estimated before compiling)", code=1)
+  experiment = _check(config, step, target, len(devices))
   mesh = sharding.make_mesh(config, devices)
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
        f"mesh {dict(mesh.shape)}")

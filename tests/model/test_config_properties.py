@@ -11,6 +11,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
 import compressive
@@ -107,8 +108,11 @@ def test_accepted_configs_build_and_run(values):
 
 # -- Training and optimizer fields. ---------------------------------------------------
 
+# With float32's edges: overflow (1e39), underflow to 0 and to a subnormal,
+# and a value that rounds onto 1.0.
 NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3),
-                    st.sampled_from((0.0, 1.0, 0.5, 1e-9)))
+                    st.sampled_from((0.0, 1.0, 0.5, 1e-9, 1e39, -1e39, 1e-300, 1e-41,
+                                     0.9999999999, 3.4e38)))
 TRAINING_FIELDS = dict(
     batch_size=st.integers(-1, 3), num_train_steps=st.integers(-1, 3),
     segments_per_step=st.integers(-1, 3), log_every_steps=st.integers(-1, 3),
@@ -135,10 +139,32 @@ def expected_training_problems(v, o):
       "weight_decay": lambda x: x >= 0 and x != math.inf,
       "grad_clip_norm": lambda x: x > 0,
   }
-  bad |= {f"optimizer.{k}" for k, ok in inside.items() if math.isnan(o[k]) or not ok(o[k])}
+  held = {k: float32_held(o[k]) for k in inside}  # None: NaN, overflow or underflow
+  bad |= {f"optimizer.{k}" for k, ok in inside.items() if held[k] is None or not ok(held[k])}
+  # The products the update computes, in float32 too (when both are good).
+  for other in ("final_lr_fraction", "weight_decay"):
+    if {"optimizer.learning_rate", f"optimizer.{other}"} & bad or not held[other]:
+      continue
+    product = float32_held(float(f"{held['learning_rate'] * held[other]:.6g}"))
+    if product is None or not 0 < product < math.inf:
+      bad.add(f"optimizer.learning_rate x optimizer.{other}")
   if o["warmup_steps"] < 0:
     bad.add("optimizer.warmup_steps")
   return bad
+
+
+def float32_held(x: float):
+  """x as float32 holds it on the device; None when that is not x: NaN, a
+  finite x that overflows to inf, or a nonzero x that underflows to 0 or a
+  subnormal (accelerators flush those to 0)."""
+  if math.isnan(x):
+    return None
+  with np.errstate(over="ignore", under="ignore"):
+    held = float(np.float32(x))
+  if (math.isinf(held) and not math.isinf(x)) or (
+      x != 0 and abs(held) < np.finfo(np.float32).tiny):
+    return None
+  return held
 
 
 @settings(max_examples=400, deadline=None)
