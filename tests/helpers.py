@@ -217,10 +217,15 @@ def tree_digest(path):
   return h.hexdigest()
 
 
-def inject_nan_at(monkeypatch, bad_step):
-  """Makes the real train step see NaN parameters at `bad_step`."""
+def inject_nan_at(monkeypatch, bad_step, *, value=float("nan"), after=False):
+  """Makes the real train step see parameters times `value` (NaN) at
+  `bad_step`; with `after`, the step computes on good parameters (its loss
+  and gradient finite) and returns them times `value`: what an overflowing
+  learning rate or weight decay does."""
   from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
   make = train_step.make_train_step
+  poison = lambda state: state.replace(
+      params=jax.tree.map(lambda p: p * np.float32(value), state.params))
 
   def patched(*args, **kwargs):
     step_fn = make(*args, **kwargs)
@@ -228,9 +233,11 @@ def inject_nan_at(monkeypatch, bad_step):
 
     def wrapped(state, memory, batch):
       calls["n"] += 1
-      if calls["n"] == bad_step:
-        state = state.replace(params=jax.tree.map(lambda p: p * np.float32("nan"), state.params))
-      return step_fn(state, memory, batch)
+      bad = calls["n"] == bad_step
+      if bad and not after:
+        state = poison(state)
+      state, memory, metrics = step_fn(state, memory, batch)
+      return (poison(state) if bad and after else state), memory, metrics
     return wrapped
 
   monkeypatch.setattr(train_step, "make_train_step", patched)

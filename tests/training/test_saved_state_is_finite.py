@@ -5,7 +5,6 @@ never as a damaged checkpoint later."""
 
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,8 +12,7 @@ import pytest
 from compressive.errors import NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
-from compressive.training import step as train_step
-from helpers import tiny_experiment
+from helpers import inject_nan_at, tiny_experiment
 
 
 def _data_state():
@@ -39,33 +37,13 @@ def test_a_save_of_non_finite_arrays_is_refused_and_writes_nothing(tmp_path, bad
   assert not [n for n in os.listdir(tmp_path / "checkpoints") if "tmp" in n]
 
 
-def _parameters_turn_infinite_at(monkeypatch, bad_step):
-  """The real train step, whose returned parameters are inf at `bad_step`
-  while its loss and gradient (computed before the update) are finite:
-  what an overflowing learning rate or weight decay does."""
-  make = train_step.make_train_step
-
-  def patched(*args, **kwargs):
-    step_fn = make(*args, **kwargs)
-    calls = {"n": 0}
-
-    def wrapped(state, memory, batch):
-      calls["n"] += 1
-      state, memory, metrics = step_fn(state, memory, batch)
-      if calls["n"] == bad_step:
-        state = state.replace(params=jax.tree.map(lambda p: p * jnp.inf, state.params))
-      return state, memory, metrics
-    return wrapped
-
-  monkeypatch.setattr(train_step, "make_train_step", patched)
-
-
 @pytest.mark.slow
 def test_finite_loss_with_non_finite_parameters_stops_at_the_save_and_keeps_the_last(
     tmp_path, monkeypatch):
   config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0,
                               "log_every_steps": 100, "num_train_steps": 6})
-  _parameters_turn_infinite_at(monkeypatch, 4)
+  # Its loss and gradient finite, its returned parameters inf.
+  inject_nan_at(monkeypatch, 4, value=float("inf"), after=True)
   with pytest.raises(NonFiniteError) as raised:
     train_lib.train_and_evaluate(config, str(tmp_path))
   message = str(raised.value)
