@@ -273,15 +273,21 @@ print("went on", flush=True)
 """
 
 
-@pytest.mark.slow
-def test_a_signal_to_the_experiment_runner_reaches_its_child(tmp_path):
-  saved = tmp_path / "saved"
+def start_runner(saved):
+  """RUNNER started, once its child has said it is ready."""
   p = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=dict(os.environ,
                        SAVED=str(saved), PYTHONPATH=ROOT), stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
   for line in p.stderr:
     if line.strip() == "ready":  # the child's own line, not the command the runner echoes
       break
+  return p
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_experiment_runner_reaches_its_child(tmp_path):
+  saved = tmp_path / "saved"
+  p = start_runner(saved)
   p.send_signal(signal.SIGTERM)
   out, err = p.communicate(timeout=60)
   assert saved.read_text() == "saved"  # the child got the signal and saved
@@ -294,12 +300,7 @@ def test_kill_9_to_the_experiment_runner_stops_its_child(tmp_path):
   # The runner cannot forward a SIGKILL: its child learns of its death from
   # the kernel (PR_SET_PDEATHSIG) as a SIGTERM, and saves as on preemption.
   saved = tmp_path / "saved"
-  p = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=dict(os.environ,
-                       SAVED=str(saved), PYTHONPATH=ROOT), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-  for line in p.stderr:
-    if line.strip() == "ready":
-      break
+  p = start_runner(saved)
   p.kill()
   p.wait()
   deadline = time.time() + 30
