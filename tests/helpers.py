@@ -260,3 +260,18 @@ def generated_texts(n, seed=0):
       lines.append(' '.join(rng.choice(WORDS, size=k)))
     texts.append('\n'.join(lines))
   return texts
+
+
+def sentencepiece_run_fields(folder) -> dict:
+  """Overrides for a run on a SentencePiece tokenizer: 12 generated books in
+  FOLDER/texts, and a 320-piece model trained at FOLDER/m.model."""
+  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
+  texts = folder / "texts"
+  texts.mkdir()
+  for i, text in enumerate(generated_texts(12)):
+    (texts / f"book{i}.txt").write_text(text)
+  model = folder / "m.model"
+  data_lib.train_sentencepiece(generated_texts(30), 320, str(model))
+  return {"data.source": "text_files", "data.text_files.path": str(texts),
+          "data.tokenizer": "sentencepiece", "data.spm_model": str(model),
+          "model.vocab_size": 320}

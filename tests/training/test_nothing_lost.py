@@ -137,16 +137,10 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
 
 @pytest.mark.slow
 def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
-  from helpers import generated_texts
-  texts = tmp_path / "texts"
-  texts.mkdir()
-  for i, text in enumerate(generated_texts(12)):
-    (texts / f"book{i}.txt").write_text(text)
+  from helpers import generated_texts, sentencepiece_run_fields
+  fields = sentencepiece_run_fields(tmp_path)
   model = tmp_path / "m.model"
-  data_lib.train_sentencepiece(generated_texts(30), 320, str(model))
-  workdir = half_trained(tmp_path, **{
-      "data.source": "text_files", "data.text_files.path": str(texts),
-      "data.tokenizer": "sentencepiece", "data.spm_model": str(model), "model.vocab_size": 320})
+  workdir = half_trained(tmp_path, **fields)
   compressive.load(str(workdir))
   # Retrained in place on other texts: a vocabulary of the same size whose
   # ids mean other pieces.

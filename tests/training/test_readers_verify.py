@@ -25,7 +25,8 @@ from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
-from helpers import ROOT, generated_texts, tiny_experiment, untrained_workdir
+from helpers import (ROOT, generated_texts, sentencepiece_run_fields, tiny_experiment,
+                     untrained_workdir)
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +71,9 @@ def spm_run(tmp_path_factory):
   """(workdir, its export, the SentencePiece model's path) of a run on a
   SentencePiece tokenizer."""
   tmp = tmp_path_factory.mktemp("spm")
-  texts = tmp / "texts"
-  texts.mkdir()
-  for i, text in enumerate(generated_texts(12)):
-    (texts / f"book{i}.txt").write_text(text)
+  fields = sentencepiece_run_fields(tmp)
   model = tmp / "m.model"
-  data_lib.train_sentencepiece(generated_texts(30), 320, str(model))
-  config = tiny_experiment(**{
-      "data.source": "text_files", "data.text_files.path": str(texts),
-      "data.tokenizer": "sentencepiece", "data.spm_model": str(model), "model.vocab_size": 320})
+  config = tiny_experiment(**fields)
   workdir = untrained_workdir(tmp / "wd", config)
   out = str(tmp / "out")
   export_lib.export(workdir, out)
