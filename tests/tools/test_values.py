@@ -9,6 +9,7 @@ import json
 import math
 import pathlib
 import re
+import subprocess
 import sys
 import time
 
@@ -21,7 +22,7 @@ from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import sharding
-from helpers import ROOT, tiny_experiment
+from helpers import ROOT, tiny_experiment, untrained_workdir
 
 FLOAT_FIELDS = [name for name, _ in values.float_fields(tiny_experiment())]
 
@@ -347,10 +348,7 @@ runpy.run_module("compressive.eval", run_name="__main__")
 
 @pytest.mark.slow
 def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  import helpers  # pylint: disable=g-import-not-at-top
-  workdir = helpers.untrained_workdir(tmp_path / "wd")
+  workdir = untrained_workdir(tmp_path / "wd")
   before = sorted(p.name for p in pathlib.Path(workdir).iterdir())
   r = subprocess.run([sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test",
                       "--max_segments=1"], capture_output=True, text=True, timeout=300,
