@@ -73,10 +73,10 @@ class TrainBench:
 
   def __init__(self, config: ml_collections.ConfigDict, seed: int = 0):
     self.config = config
-    config_lib.check(config)
-    graphdef, template, params = train_step.build_model(config)
-    self.tx = train_step.make_optimizer(config, params)
-    self.state = train_step.create_train_state(config, params, self.tx)
+    experiment = config_lib.check(config)
+    graphdef, template, params = train_step.build_model(experiment.model, experiment.train.seed)
+    self.tx = train_step.make_optimizer(experiment.train, params)
+    self.state = train_step.create_train_state(experiment.train, params, self.tx)
     self.num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
     self.memory = memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype))
@@ -116,7 +116,7 @@ class EvalBench:
                cache_keys_values: bool = True):
     self.config = config
     if model is None:
-      graphdef, template, params = train_step.build_model(config)
+      graphdef, template, params = train_step.build_model(config.model, config.seed)
       from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
       model = merge_params(graphdef, template, params)
     self.model = model

@@ -126,7 +126,7 @@ def measure_stream() -> dict:
   d.synthetic.num_docs = (1, 1, 1)
   d.synthetic.min_length = d.synthetic.max_length = counts[-1] + config.model.segment_length + 1
   documents = data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
-  graphdef, template, params = train_step.build_model(config)
+  graphdef, template, params = train_step.build_model(config.model, config.seed)
   model = merge_params(graphdef, template, params)
   t = config.model.segment_length
   points = []

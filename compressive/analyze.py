@@ -100,10 +100,9 @@ def main(argv):
     sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
     # The corpus before the model: a corpus that cannot be read fails before any loading.
-    config = experiment.config
-    tokenizer = data_lib.get_tokenizer(config.data)
-    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
-    result, plot = run(reading.open_run(experiment).model, documents, config)
+    tokenizer = data_lib.get_tokenizer(experiment.data)
+    documents = data_lib.get_documents(experiment.data, FLAGS.split, tokenizer)
+    result, plot = run(reading.open_run(experiment).model, documents, experiment)
   save(result, plot, suffix)
 
 
@@ -114,12 +113,12 @@ def check_recall(config) -> None:
                       f"{FLAGS.workdir} was trained on data.source={config.data.source}")
 
 
-def run(model, documents, config):
-  """(the result of --analysis, the function that plots it)."""
+def run(model, documents, experiment):
+  """(the result of --analysis of the checked `experiment`, the function that plots it)."""
   every = FLAGS.progress_seconds
   if FLAGS.analysis == "attention":
     try:
-      result = analysis.attention_by_bucket(model, documents, config, buckets=FLAGS.buckets,
+      result = analysis.attention_by_bucket(model, documents, experiment, buckets=FLAGS.buckets,
                                             max_segments=FLAGS.max_segments,
                                             progress_every_s=every)
     except ValueError as e:  # the split's documents are too short to fill the memories
@@ -128,9 +127,9 @@ def run(model, documents, config):
       raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
     return result, plot_attention
   if FLAGS.analysis == "recall":
-    return analysis.recall_accuracy(model, documents, config, max_segments=FLAGS.max_segments,
+    return analysis.recall_accuracy(model, documents, experiment, max_segments=FLAGS.max_segments,
                                     progress_every_s=every), plot_recall
-  return analysis.loss_by_position(model, documents, config, bucket_tokens=FLAGS.bucket_tokens,
+  return analysis.loss_by_position(model, documents, experiment, bucket_tokens=FLAGS.bucket_tokens,
                                    max_segments=FLAGS.max_segments,
                                    progress_every_s=every), plot_loss
 

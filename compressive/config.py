@@ -1,12 +1,14 @@
 """The experiment config, checked once, at the entry point.
 
 Configs are ml_collections ConfigDicts (configs/*.py). `check` reads one
-field group after another (model, training, evaluation, data, mesh, and the
-size of the run against this machine) and raises ConfigError naming the
-first bad field, before anything is built, compiled or read. It returns an
-`Experiment`: the checked config with its typed, frozen parts (the
-`ModelConfig`, the mesh shape, the evaluation sizes), which the training and
-evaluation layers take as they are, without parsing the config again.
+field group after another (model, training, evaluation, data, mesh, the
+tokenizer against the vocabulary, and the size of the run against this
+machine) and raises ConfigError naming the first bad field, before anything
+is built, compiled or read. It returns an `Experiment`
+(compressive/experiment.py): the checked config with its typed, frozen
+groups (`ModelConfig`, `TrainConfig`, `EvalConfig`, `MeshConfig`), which the
+training and evaluation layers take as they are, without parsing the config
+again.
 
 This module sits above the model, data and scale layers (it asks each of
 them about its own fields: the model's registries, the data sources, the
@@ -15,7 +17,6 @@ mesh rules) and below training and evaluation.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Mapping, Optional, Sequence, Union
@@ -28,40 +29,24 @@ import ml_collections
 from compressive import data as data_lib
 from compressive import values
 from compressive.errors import ConfigError, DoesNotFitError, MeshError
+# Re-exported: check's result and its groups.
+from compressive.experiment import (  # pylint: disable=unused-import
+    EvalConfig, Experiment, OptimizerConfig, TrainConfig)
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
 from compressive.model.transformer import CompressiveTransformer
 from compressive.scale import sharding
+from compressive.scale.sharding import MeshConfig
 
 _log = logging.getLogger("compressive")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Experiment:
-  """A checked experiment config: `check`'s result.
-
-  Attributes:
-    config: the ConfigDict as checked (the source of the run's other fields,
-      and what a workdir's config.json records).
-    model: the model's typed config; the model, its memory, the shardings
-      and the FLOP counts are built from it.
-    mesh_shape: devices along each of mesh.axes, -1 resolved.
-    grad_accum_steps: micro-batches per step.
-    eval_sizes: evaluation's batch, segment and memory sizes (`eval_sizes`).
-    graphdef, abstract_state: the model's structure and its parameters'
-      shapes and logical axes (`abstract_model`), built once here; the
-      shardings are read from them.
-  """
-  config: ml_collections.ConfigDict
-  model: ModelConfig
-  mesh_shape: tuple[int, ...]
-  grad_accum_steps: int
-  eval_sizes: Mapping[str, int]
-  graphdef: nnx.GraphDef
-  abstract_state: nnx.State
+# What the library's entry functions take: a checked Experiment, or a config
+# to check (a library caller's).
+ConfigOrExperiment = Union[ml_collections.ConfigDict, Experiment]
 
 
-def experiment_of(config: Union[ml_collections.ConfigDict, Experiment], **check_args) -> Experiment:
+def experiment_of(config: ConfigOrExperiment, **check_args) -> Experiment:
   """`config` as an Experiment: checked now when it is a ConfigDict (a
   library caller's), as it is when an entry point already checked it."""
   return config if isinstance(config, Experiment) else check(config, **check_args)
@@ -164,8 +149,7 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   validate_training_config(config)
   if here:
     data_lib.validate_data_config(config.data)
-  if config.data.tokenizer == "bytes" and cfg.vocab_size < 256:
-    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
+  _check_vocabulary(config.data, cfg, here)
   validate_eval_config(config, cfg)
   values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
@@ -181,20 +165,73 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
     _check_fits(config, cfg, accum, training, capacity or _capacity_per_device(),
                 num_devices or jax.device_count())
   graphdef, abstract_state = abstract_model(cfg, config.seed)
-  shape = sharding.validate(config, abstract_state, num_devices)
-  dp = sharding.data_parallel_size(config, shape)
+  mesh = MeshConfig.from_config(config.mesh)
+  shape = sharding.validate(mesh, abstract_state, batch_size=config.batch_size, model=cfg,
+                            num_devices=num_devices)
+  if training:
+    _check_training_split(config, accum, mesh, sharding.data_parallel_size(mesh, shape))
+  sizes = eval_sizes(config)
+  return Experiment(
+      config=config, model=cfg, train=TrainConfig.from_config(config),
+      eval=EvalConfig(**sizes, split=config.eval.split, max_segments=config.eval.max_segments),
+      mesh=mesh, mesh_shape=tuple(shape), graphdef=graphdef, abstract_state=abstract_state)
+
+
+def _check_training_split(config, accum: int, mesh: MeshConfig, dp: int) -> None:
+  """What only training's step needs: the prefetch depth, and each
+  micro-batch's rows splitting along the data axes."""
   value = config.get("prefetch_steps")
-  if training and (not _is_int(value) or not 0 <= value <= 64):
+  if not _is_int(value) or not 0 <= value <= 64:
     raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
                       "batches made ahead in a background thread; 0: none)")
-  if training and accum > 1 and (config.batch_size // accum) % dp:
+  if accum > 1 and (config.batch_size // accum) % dp:
     raise ConfigError(
         f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
         f"{config.batch_size // accum} rows per micro-batch is not divisible by {dp}, the "
-        f"devices along mesh.data_axes={tuple(sharding.mesh_config(config).data_axes)}; "
+        f"devices along mesh.data_axes={mesh.data_axes}; "
         "lower grad_accum_steps or raise batch_size")
-  return Experiment(config=config, model=cfg, mesh_shape=tuple(shape), grad_accum_steps=accum,
-                    eval_sizes=eval_sizes(config), graphdef=graphdef, abstract_state=abstract_state)
+
+
+def _check_vocabulary(data_config, cfg: ModelConfig, here: bool) -> None:
+  """The tokenizer's vocabulary fits model.vocab_size: bytes' 256 anywhere;
+  another tokenizer's (a SentencePiece model's file) where it is read,
+  `here`."""
+  if data_config.tokenizer == "bytes" and cfg.vocab_size < 256:
+    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
+  if here:
+    vocab = data_lib.get_tokenizer(data_config).vocab_size
+    if vocab > cfg.vocab_size:
+      raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+                        f"vocabulary ({vocab})")
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """`config.mesh` of every experiment unless it says otherwise (configs/default.py
+  writes it out; tests/tools/test_configs.py holds the two equal)."""
+  mesh = ml_collections.ConfigDict()
+  mesh.axes = ("data", "fsdp", "tensor")
+  mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
+  mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
+  mesh.logical_axis_rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
+  return mesh
+
+
+def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:
+  """For a saved config read on another machine: if its `mesh.shape` does
+  not fit this machine's devices, replace it by every device on the first
+  axis (data parallel; parameters whole on each device). Returns whether it
+  changed the config. Training never does this: there a misfit is an error.
+  """
+  try:
+    sharding.mesh_shape(config, num_devices)
+    return False
+  except ConfigError:
+    if "mesh" not in config:
+      raise
+    axes = tuple(config.mesh.axes)
+    config.mesh.shape = (-1,) + (1,) * (len(axes) - 1)
+    sharding.mesh_shape(config, num_devices)  # still a misfit: the error is about mesh.axes etc.
+    return True
 
 
 def abstract_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
@@ -370,7 +407,7 @@ def check_saved(config: ml_collections.ConfigDict, *,
       config.mesh.shape = tuple(int(n) for n in mesh_shape)
     except ValueError:
       raise ConfigError(f"--mesh_shape={','.join(map(str, mesh_shape))} must be integers") from None
-  elif sharding.fit_mesh_to_devices(config):
+  elif fit_mesh_to_devices(config):
     note = (f"note: the training mesh does not fit the {jax.device_count()} devices here; "
             f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)")
   try:

@@ -50,17 +50,17 @@ def main(argv):
   with reading.tool(progress=True):
     experiment = reading.saved_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,
                                           step_must_exist=True)
-    config = experiment.config
-    tokenizer = data_lib.get_tokenizer(config.data)
+    data = experiment.data
+    tokenizer = data_lib.get_tokenizer(data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
-    data_lib.check_documents(config.data, FLAGS.split, tokenizer)
-    documents = data_lib.get_documents(config.data, FLAGS.split, tokenizer)
+    data_lib.check_documents(data, FLAGS.split, tokenizer)
+    documents = data_lib.get_documents(data, FLAGS.split, tokenizer)
     run = reading.open_run(experiment)
     step = run.step
-    result = eval_lib.evaluate(run.model, documents, config, max_segments=FLAGS.max_segments,
+    result = eval_lib.evaluate(run.model, documents, experiment, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
     check_finite(result, step)
-  result = {"split": FLAGS.split, "step": step, **experiment.eval_sizes, **result}
+  result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
   if jax.process_index() == 0:
     report(result, step)
 

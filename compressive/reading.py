@@ -31,7 +31,6 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from absl import flags
 import jax
-import ml_collections
 
 from compressive import cli
 from compressive import config as config_lib
@@ -69,7 +68,7 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
 
 def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
                      step_must_exist: bool = False,
-                     check: Optional[Callable[[ml_collections.ConfigDict], None]] = None
+                     check: Optional[Callable[[checkpoint.SavedConfig], None]] = None
                      ) -> config_lib.Experiment:
   """The saved config of --workdir (a workdir or an export) made ready and
   checked (config.check_saved): the evaluation sizes of the flags `sizes`

@@ -78,14 +78,14 @@ def main(argv):
   with reading.tool(validate_flags):
     prompt = read_prompt()
     experiment = reading.saved_experiment()  # before any model is built
-    tokenizer = data_lib.get_tokenizer(experiment.config.data)
+    tokenizer = data_lib.get_tokenizer(experiment.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
     model = reading.open_run(experiment).model
-    sizes = experiment.eval_sizes
-    sampler = Sampler(model, batch_size=1, memory_length=sizes["memory_length"],
-                      compressed_memory_length=sizes["compressed_memory_length"])
+    sizes = experiment.eval
+    sampler = Sampler(model, batch_size=1, memory_length=sizes.memory_length,
+                      compressed_memory_length=sizes.compressed_memory_length)
     stream = TextStream(tokenizer)
     try:
       sys.stdout.write(prompt)

@@ -130,9 +130,10 @@ def untrained_workdir(workdir, config=None, step=1):
   from compressive.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
   from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
   config = tiny_experiment() if config is None else config
-  setup = setup_lib.build_setup(config_lib.check(config))
-  state = train_step.init_train_state(config, setup.tx, setup.layout)
-  memory = train_step.init_sharded_memory(config, config.batch_size, setup.layout)
+  experiment = config_lib.check(config)
+  setup = setup_lib.build_setup(experiment)
+  state = train_step.init_train_state(experiment, setup.tx, setup.layout)
+  memory = train_step.init_sharded_memory(experiment.model, config.batch_size, setup.layout)
   tokenizer = data_lib.get_tokenizer(config.data)
   identity = ckpt_lib.run_identity(config, tokenizer.identity,
                                    data_lib.corpus_identity(config.data),

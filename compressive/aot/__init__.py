@@ -23,7 +23,6 @@ from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from compressive import config as config_lib
 from compressive.evaluation import evaluate as eval_lib
@@ -45,13 +44,13 @@ def _abstract(tree, shardings):
 def lower_train_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowered:
   """The checked experiment's train step on `mesh` (training's own), lowered
   from shapes."""
-  config, cfg = experiment.config, experiment.model
+  train, cfg = experiment.train, experiment.model
   setup = setup_lib.build_setup(experiment, mesh)
   layout = setup.layout
   step = train_step.make_train_step(
       setup.graphdef, setup.state_template, setup.tx, cfg.dropout_rate > 0, layout,
-      grad_accum_steps=experiment.grad_accum_steps)
-  s, b, t = config.segments_per_step, config.batch_size, cfg.segment_length
+      grad_accum_steps=train.grad_accum_steps)
+  s, b, t = train.segments_per_step, train.batch_size, cfg.segment_length
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k]) for k, shape, dt in (
       ("inputs", (s, b, t), jnp.int32), ("targets", (s, b, t), jnp.int32),
       ("mask", (s, b, t), jnp.bool_), ("start_of_sequence", (s, b), jnp.bool_))}
@@ -63,17 +62,17 @@ def lower_eval_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lower
   """One segment of streaming evaluation at the config's evaluation sizes
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
-  config = experiment.config
+  mc = experiment.mesh
   graphdef, template, abstract_params = train_step.abstract_model(experiment)
-  b, t, init_memory = eval_lib.stream_shapes(config, mesh)
+  b, t, init_memory = eval_lib.stream_shapes(experiment, mesh)
   abstract_memory = jax.eval_shape(init_memory)
   init, step, param_shardings = eval_lib.stream_functions(
-      graphdef, template, mesh, config, abstract_memory, segment_length=t)
+      graphdef, template, mesh, mc, abstract_memory, segment_length=t)
   params = _abstract(abstract_params, param_shardings)
-  memory = _abstract(abstract_memory, sharding.memory_shardings(mesh, config, abstract_memory))
+  memory = _abstract(abstract_memory, sharding.memory_shardings(mesh, mc, abstract_memory))
   carry = init.eval_shape(params, memory)
-  carry = _abstract(carry, eval_lib.carry_shardings(mesh, config, carry))
-  shardings = eval_lib.segment_shardings(mesh, config)
+  carry = _abstract(carry, eval_lib.carry_shardings(mesh, mc, carry))
+  shardings = eval_lib.segment_shardings(mesh, mc)
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=shardings[k]) for k, shape, dt in (
       ("inputs", (b, t), jnp.int32), ("targets", (b, t), jnp.int32),
       ("mask", (b, t), jnp.bool_), ("start_of_sequence", (b,), jnp.bool_))}
@@ -82,16 +81,16 @@ def lower_eval_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lower
 
 def model_flops(experiment: config_lib.Experiment, step: str) -> float:
   """Our count of the step's model FLOPs (compressive/scale/flops.py), all devices."""
-  config, cfg = experiment.config, experiment.model
+  train, cfg = experiment.train, experiment.model
   if step == "train":
-    per_token = flops_lib.flops_per_token(cfg, config.batch_size).train
-    return per_token * config.segments_per_step * config.batch_size * cfg.segment_length
-  sizes = experiment.eval_sizes
+    per_token = flops_lib.flops_per_token(cfg, train.batch_size).train
+    return per_token * train.segments_per_step * train.batch_size * cfg.segment_length
+  sizes = experiment.eval
   model = dataclasses.replace(
-      cfg, segment_length=sizes["segment_length"], memory_length=sizes["memory_length"],
-      compressed_memory_length=sizes["compressed_memory_length"])
-  per_token = flops_lib.flops_per_token(model, sizes["batch_size"]).evaluate
-  return per_token * sizes["batch_size"] * sizes["segment_length"]
+      cfg, segment_length=sizes.segment_length, memory_length=sizes.memory_length,
+      compressed_memory_length=sizes.compressed_memory_length)
+  per_token = flops_lib.flops_per_token(model, sizes.batch_size).evaluate
+  return per_token * sizes.batch_size * sizes.segment_length
 
 
 def _opcode(line: str) -> Optional[str]:
@@ -211,19 +210,19 @@ def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
 GIB = 1024**3
 
 
-def advice(config: ml_collections.ConfigDict, step: str,
+def advice(experiment: config_lib.Experiment, step: str,
            per_device: Optional[dict[str, int]] = None) -> str:
   """What to change when a step does not fit, from what fills the device
   (per_device None: not known, as when the TPU compiler refuses)."""
-  m = config.model
+  m, train = experiment.model, experiment.train
   if per_device and per_device["arguments"] > per_device["temporaries"]:
     return ("the parameters and optimizer state dominate: shard them (mesh.shape with an "
             "'fsdp' axis, e.g. --config.mesh.shape='(1,8,1)') or use more devices")
   if step == "eval":
     return ("lower eval.batch_size or eval.compressed_memory_length, or set "
             "model.attention_chunk_size (e.g. 128)")
-  hints = [f"lower batch_size (now {config.batch_size}) or raise grad_accum_steps "
-           f"(now {config.grad_accum_steps})"]
+  hints = [f"lower batch_size (now {train.batch_size}) or raise grad_accum_steps "
+           f"(now {train.grad_accum_steps})"]
   if m.remat == "none":
     hints.append("set model.remat=full")
   if not m.attention_chunk_size:

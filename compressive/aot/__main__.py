@@ -105,7 +105,7 @@ def run(config, target_name: str, step: str) -> int:
   devices = target.devices()
   what = f"the {step} step for {target.name}"
   experiment = _check(config, step, target, len(devices))
-  mesh = sharding.make_mesh(config, devices)
+  mesh = sharding.make_mesh(experiment.mesh, devices)
   _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
        f"mesh {dict(mesh.shape)}")
   start = time.perf_counter()
@@ -122,7 +122,7 @@ def run(config, target_name: str, step: str) -> int:
     cli.fail(f"{what} does not fit: the TPU compiler counts {need / aot_lib.GIB:.2f} GiB of "
              f"temporaries per device, {(need - have) / aot_lib.GIB:.2f} GiB over the "
              f"{have / aot_lib.GIB:.2f} GiB there is; "
-             f"{aot_lib.advice(config, step)}", code=1)
+             f"{aot_lib.advice(experiment, step)}", code=1)
   _say(f"compiled in {seconds:.1f} s")
   result = aot_lib.report(
       compiled, target=target.name, step=step, devices=devices, mesh=mesh,
@@ -134,7 +134,7 @@ def run(config, target_name: str, step: str) -> int:
     total, have = result.per_device["total"], result.device_memory_bytes
     cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "
              f"{(total - have) / aot_lib.GIB:.2f} GiB over the {have / aot_lib.GIB:.2f} GiB "
-             f"there is; {aot_lib.advice(config, step, result.per_device)}", code=1)
+             f"there is; {aot_lib.advice(experiment, step, result.per_device)}", code=1)
   return 0
 
 

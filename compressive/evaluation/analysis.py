@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import ml_collections
 import numpy as np
 
 from compressive import config as config_lib
@@ -36,7 +35,7 @@ def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def attention_by_bucket(
-    model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
+    model, documents: data_lib.Documents, experiment: config_lib.ConfigOrExperiment, *,
     buckets: int = 6, max_segments: Optional[int] = None, progress_every_s: float = 10.0,
 ) -> dict:
   """Average attention weight per position bucket, per layer (§5.5 figure).
@@ -44,10 +43,10 @@ def attention_by_bucket(
   Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
   "rows": rows counted}. Within a bank, buckets run oldest to newest.
   """
-  sizes = config_lib.eval_sizes(config)
-  c_len, m_len = sizes["compressed_memory_length"], sizes["memory_length"]
+  experiment = config_lib.experiment_of(experiment, training=False)
+  c_len, m_len = experiment.eval.compressed_memory_length, experiment.eval.memory_length
   total, rows = None, 0
-  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
                                  collect_attention=True, progress_every_s=progress_every_s,
                                  what="attention"):
     full = np.asarray(segment.memory_valid).all(-1)  # [B]
@@ -69,7 +68,7 @@ def attention_by_bucket(
 
 
 def loss_by_position(
-    model, documents: data_lib.Documents, config: ml_collections.ConfigDict, *,
+    model, documents: data_lib.Documents, experiment: config_lib.ConfigOrExperiment, *,
     bucket_tokens: int = 1024, max_segments: Optional[int] = None,
     progress_every_s: float = 10.0,
 ) -> dict:
@@ -78,10 +77,11 @@ def loss_by_position(
   Bucket edges are bucket_tokens * 2**k; returns their start positions, mean
   nats and token counts.
   """
-  t = config_lib.eval_sizes(config)["segment_length"]
+  experiment = config_lib.experiment_of(experiment, training=False)
+  t = experiment.eval.segment_length
   nats, counts = {}, {}
   row_pos = None
-  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
                                  per_token=True, progress_every_s=progress_every_s,
                                  what="loss_by_position"):
     sos = np.asarray(segment.batch["start_of_sequence"])
@@ -104,7 +104,7 @@ def loss_by_position(
           "tokens": [counts[k] for k in keys]}
 
 
-def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
+def recall_accuracy(model, documents, experiment: config_lib.ConfigOrExperiment, *,
                     max_segments: Optional[int] = None, progress_every_s: float = 10.0) -> dict:
   """Accuracy on the answers of `recall` documents, by fact-to-query distance.
 
@@ -112,12 +112,13 @@ def recall_accuracy(model, documents, config: ml_collections.ConfigDict, *,
   "queries": [...]}: per distance, the share of answer bytes predicted
   (argmax) and of queries with every answer byte right.
   """
-  t = config_lib.eval_sizes(config)["segment_length"]
+  experiment = config_lib.experiment_of(experiment, training=False)
+  t = experiment.eval.segment_length
   docs_seen = row_pos = None  # [B]
   answer_at, num_queries = _answer_positions(documents)
   hits: dict[int, list[int]] = {qid: [] for qid in range(num_queries)}  # -> [correct bytes]
   distance_of = {}
-  for segment in eval_lib.stream(model, documents, config, max_segments=max_segments,
+  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
                                  per_token=True, progress_every_s=progress_every_s,
                                  what="recall"):
     sos = np.asarray(segment.batch["start_of_sequence"])

@@ -1,9 +1,9 @@
 """Evaluation with its own memory: whole documents streamed through the model.
 
 Evaluation never touches the training memory: it builds a fresh memory with
-the sizes in `config.eval` (the paper evaluates with longer memories than it
-trains with, e.g. enwik8 n_cm 1152 -> 3072) and streams every document of a
-split, start to end, through it.
+the sizes of `Experiment.eval` (config.eval, resolved; the paper evaluates
+with longer memories than it trains with, e.g. enwik8 n_cm 1152 -> 3072)
+and streams every document of a split, start to end, through it.
 
 Metrics: `loss` (nats per predicted token), `bits_per_token`, `bits_per_byte`
 (nats / ln 2 over the UTF-8 bytes of the predicted text; for the bytes
@@ -40,7 +40,6 @@ import flax.struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import Mesh
 
 from compressive import config as config_lib
@@ -127,9 +126,9 @@ def _run_model(model, carry: Carry, batch, collect_attention: bool):
   return carry.replace(memory=new_memory), logits, attention
 
 
-def carry_shardings(mesh: Mesh, config: ml_collections.ConfigDict, carry: Carry) -> Carry:
+def carry_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig, carry: Carry) -> Carry:
   """The memory's rows split like the batch; the position keys replicated."""
-  return Carry(sharding.memory_shardings(mesh, config, carry.memory),
+  return Carry(sharding.memory_shardings(mesh, mesh_config, carry.memory),
                None if carry.position_keys is None else sharding.replicated(mesh))
 
 
@@ -160,7 +159,7 @@ class Segment:
 
 
 def make_stream_step(model, mesh: Optional[Mesh] = None,
-                     config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                     mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
                      per_token: bool = False, segment_length: Optional[int] = None):
   """(init, step): init(memory) -> carry (`Carry`), what a stream starts
@@ -168,7 +167,7 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   but the batch. Both jitted; segments have `segment_length` tokens (default
   the model's).
 
-  With a mesh (and the config's partition rules), the parameters are stored
+  With a mesh (and its MeshConfig's partition rules), the parameters are stored
   on it as training stores them and gathered along the data axes to
   compute; the carry's rows are split like the batch (`abstract_memory`
   gives its shapes) and the outputs are replicated.
@@ -176,7 +175,7 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   graphdef, template = nnx.split(model)
   params = nnx.to_pure_dict(template)
   init, step, param_shardings = stream_functions(
-      graphdef, template, mesh, config, abstract_memory, cache_keys_values=cache_keys_values,
+      graphdef, template, mesh, mesh_config, abstract_memory, cache_keys_values=cache_keys_values,
       collect_attention=collect_attention, per_token=per_token, segment_length=segment_length)
   if param_shardings is not None:
     params = jax.device_put(params, param_shardings)
@@ -184,7 +183,7 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
 
 
 def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
-                     config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                     mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
                      per_token: bool = False, segment_length: Optional[int] = None):
   """`make_stream_step`'s jitted functions with the parameters (a pure dict)
@@ -197,13 +196,13 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
   graphdef, template = nnx.split(model)
   t = segment_length or model.config.segment_length
   if mesh is not None:
-    specs = sharding.param_specs(config, template)
+    specs = sharding.param_specs(mesh_config, template)
     param_shardings = sharding.shardings(mesh, specs)
-    gathered = sharding.shardings(mesh, sharding.gathered_specs(config, specs))
+    gathered = sharding.shardings(mesh, sharding.gathered_specs(mesh_config, specs))
     abstract_carry = jax.eval_shape(
         lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
         nnx.to_pure_dict(template), abstract_memory)
-    carries = carry_shardings(mesh, config, abstract_carry)
+    carries = carry_shardings(mesh, mesh_config, abstract_carry)
     out_shardings = (carries, sharding.replicated(mesh))
 
   def merged(params):
@@ -230,11 +229,11 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
 
 
 def make_eval_step(model, mesh: Optional[Mesh] = None,
-                   config: Optional[ml_collections.ConfigDict] = None, abstract_memory=None,
+                   mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
                    *, cache_keys_values: bool = True):
   """(init, step): `make_stream_step`'s, but step(carry, batch) -> (carry,
   nats, count): the loss alone, as the benchmarks time it."""
-  init, step = make_stream_step(model, mesh, config, abstract_memory,
+  init, step = make_stream_step(model, mesh, mesh_config, abstract_memory,
                                 cache_keys_values=cache_keys_values)
 
   def loss_step(carry, batch):
@@ -244,34 +243,34 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
   return init, loss_step
 
 
-def stream_shapes(config: ml_collections.ConfigDict, mesh: Mesh,
+def stream_shapes(experiment: config_lib.Experiment, mesh: Mesh,
                   num_documents: Optional[int] = None):
   """(B, T, init): a stream's rows and segment length at the evaluation
-  sizes, and init() -> its fresh memory. B is the eval batch size, at most
-  `num_documents`, rounded up to a multiple of the data-parallel split (the
-  extra rows are all padding)."""
-  sizes = config_lib.eval_sizes(config)
-  b, t = sizes["batch_size"], sizes["segment_length"]
+  sizes (`experiment.eval`), and init() -> its fresh memory. B is the eval
+  batch size, at most `num_documents`, rounded up to a multiple of the
+  data-parallel split (the extra rows are all padding)."""
+  sizes, cfg = experiment.eval, experiment.model
+  b, t = sizes.batch_size, sizes.segment_length
   if num_documents is not None:
     b = min(b, num_documents)
-  dp = sharding.data_parallel_size(config, mesh)
+  dp = sharding.data_parallel_size(experiment.mesh, mesh)
   b = -(-b // dp) * dp
   init = lambda: memory_lib.init_memory(
-      config.model, b, jnp.dtype(config.model.dtype), memory_length=sizes["memory_length"],
-      compressed_memory_length=sizes["compressed_memory_length"])
+      cfg, b, jnp.dtype(cfg.dtype), memory_length=sizes.memory_length,
+      compressed_memory_length=sizes.compressed_memory_length)
   return b, t, init
 
 
-def segment_shardings(mesh: Mesh, config: ml_collections.ConfigDict) -> dict[str, Any]:
+def segment_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig) -> dict[str, Any]:
   """Where one segment's batch lives: rows along the data axes."""
-  return {k: sharding.rows_sharding(mesh, config, n, 0) for k, n in
+  return {k: sharding.rows_sharding(mesh, mesh_config, n, 0) for k, n in
           (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
 
 
 def stream(
     model,
     documents: data_lib.Documents,
-    config: ml_collections.ConfigDict,
+    experiment: config_lib.ConfigOrExperiment,
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
@@ -285,35 +284,39 @@ def stream(
   arrays waits for it).
 
   Every document runs start to end in one row (global row r reads documents
-  r, r + B, ...; SegmentIterator), with the sizes of `eval_sizes`. B is at
+  r, r + B, ...; SegmentIterator), with the sizes of `experiment.eval`. B is at
   most the number of documents, rounded up to a multiple of the data-parallel
   split (the extra rows are all padding).
 
   Args:
+    experiment: the checked Experiment, or a config to check
+      (config.experiment_of, as a config evaluated here).
     max_segments: stop after this many segments per row (a quick periodic
       estimate during training); None or <= 0 streams the whole split.
-    mesh: where to run; default the config's mesh over all devices. In a
+    mesh: where to run; default the experiment's mesh over all devices. In a
       multi-process run every process calls this, reading its own rows.
     collect_attention: fill Segment.attention_by_key and memory_valid.
     per_token: fill Segment.nll and correct.
     progress_every_s: seconds between progress lines (`Progress`), which
       are labelled `what`.
   """
+  experiment = config_lib.experiment_of(experiment, training=False)
+  mc = experiment.mesh
   model.eval()
-  mesh = sharding.make_mesh(config) if mesh is None else mesh
-  b, t, init = stream_shapes(config, mesh, len(documents))
-  rows = sharding.rows_sharding(mesh, config, 2, 0)  # [B, T]
+  mesh = sharding.make_mesh(mc) if mesh is None else mesh
+  b, t, init = stream_shapes(experiment, mesh, len(documents))
+  rows = sharding.rows_sharding(mesh, mc, 2, 0)  # [B, T]
   row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
-                                seed=config.seed, repeat=False,
+                                seed=experiment.train.seed, repeat=False,
                                 row_start=row_start, num_rows=num_rows)
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
-      model, mesh, config, abstract_memory, collect_attention=collect_attention,
+      model, mesh, mc, abstract_memory, collect_attention=collect_attention,
       per_token=per_token, segment_length=t)
-  memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, config, abstract_memory))()
+  memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, mc, abstract_memory))()
   carry = init_carry(memory)
-  batch_shardings = segment_shardings(mesh, config)
+  batch_shardings = segment_shardings(mesh, mc)
   limited = bool(max_segments and max_segments > 0)
   progress = Progress(what, min(it.num_batches, max_segments) if limited else it.num_batches,
                       b * t, progress_every_s)
@@ -332,7 +335,7 @@ def stream(
 def evaluate(
     model,
     documents: data_lib.Documents,
-    config: ml_collections.ConfigDict,
+    experiment: config_lib.ConfigOrExperiment,
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
@@ -343,13 +346,14 @@ def evaluate(
   arguments these are) with a fresh evaluation memory. In a multi-process
   run every process calls this and gets the same result.
 
-  `split` names the split `documents` hold (default config.eval.split): a
+  `split` names the split `documents` hold (default experiment.eval.split): a
   complete pass over PG-19's validation or test split reports
   `word_perplexity` over the official word total (`word_perplexity_of`).
   """
+  experiment = config_lib.experiment_of(experiment, training=False)
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []  # read every 64 segments: reading waits for the device
-  for segment in stream(model, documents, config, max_segments=max_segments, mesh=mesh,
+  for segment in stream(model, documents, experiment, max_segments=max_segments, mesh=mesh,
                         progress_every_s=progress_every_s):
     pending.append((segment.nats, segment.count))
     segments += 1
@@ -365,14 +369,14 @@ def evaluate(
       "bits_per_token": total_nats / max(total_tokens, 1.0) / losses.LN2,
       "tokens": total_tokens,
   }
-  if config.data.tokenizer == "bytes":
+  if experiment.data.tokenizer == "bytes":
     result["bits_per_byte"] = result["bits_per_token"]
   elif complete:
     num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
     result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-  official_words = data_lib.registry.get(config.data.source).official_words
+  official_words = data_lib.registry.get(experiment.data.source).official_words
   if complete and official_words is not None:
-    split = config.eval.split if split is None else split
+    split = experiment.eval.split if split is None else split
     words = sum(documents.num_words(i) for i in range(len(documents)))
     result.update(word_perplexity_of(
         total_nats, words, split, official_words(split), documents.description))

@@ -1,4 +1,4 @@
-"""Device mesh and partition rules from the config (`config.mesh`).
+"""Device mesh and partition rules from the config's mesh section (`MeshConfig`).
 
 Notation: B batch rows, S segments per step, T segment length, L layers,
 d width, H heads, D head width, V vocabulary.
@@ -23,20 +23,22 @@ The default rules put attention heads and MLP hidden units on 'tensor'
 over ('data', 'fsdp'). Every mesh runs the same program: only the layout
 changes, so losses agree across meshes up to float reduction order.
 
-Everything here takes the config (or a mesh) as an argument; the entry
-points decide about multi-host initialisation and call
-`initialize_distributed` before anything else touches JAX.
+Everything here takes the mesh's `MeshConfig` (an Experiment's `mesh`,
+built once by `config.check`; or anything holding one, or a mesh section, as
+`.mesh`: `mesh_config`) or a built Mesh as an argument; the entry points
+decide about multi-host initialisation and call `initialize_distributed`
+before anything else touches JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
 from flax import nnx
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-import ml_collections
 import numpy as np
 import optax
 
@@ -59,26 +61,47 @@ DEFAULT_LOGICAL_AXIS_RULES = (
 )
 
 
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """`config.mesh` of every experiment unless it says otherwise."""
-  mesh = ml_collections.ConfigDict()
-  mesh.axes = ("data", "fsdp", "tensor")
-  mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
-  mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
-  mesh.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES
-  return mesh
+@dataclasses.dataclass(frozen=True, eq=False)
+class MeshConfig:
+  """The config's mesh section (`config.mesh`), typed and frozen: built once
+  by `config.check` (`Experiment.mesh`), its fields checked against each
+  other by `mesh_shape`.
+
+  Attributes:
+    axes: the mesh axis names.
+    shape: devices along each axis as configured; one -1 means "the rest"
+      (`mesh_shape` resolves it against a device count).
+    data_axes: the axes that split batch rows, and with them the memory.
+    logical_axis_rules: (logical axis, mesh axes) pairs.
+  """
+  axes: tuple
+  shape: tuple
+  data_axes: tuple
+  logical_axis_rules: tuple
+
+  @classmethod
+  def from_config(cls, section: Any) -> "MeshConfig":
+    """From the config's mesh section (anything with these four fields as
+    attributes), read as it is: `mesh_shape` checks it."""
+    return cls(axes=tuple(section.axes), shape=tuple(section.shape),
+               data_axes=tuple(section.data_axes),
+               logical_axis_rules=tuple(section.logical_axis_rules))
 
 
-def mesh_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config.mesh`."""
-  return config.mesh
+def mesh_config(holder: Any) -> MeshConfig:
+  """The MeshConfig of `holder`: a MeshConfig itself, or anything holding
+  one (an Experiment) or a mesh section (a library caller's config) as `.mesh`."""
+  if isinstance(holder, MeshConfig):
+    return holder
+  section = holder.mesh
+  return section if isinstance(section, MeshConfig) else MeshConfig.from_config(section)
 
 
 # -- The mesh. ----------------------------------------------------------------
 
 
-def _check_mesh_fields(mc: ml_collections.ConfigDict) -> None:
-  axes, shape = tuple(mc.axes), tuple(mc.shape)
+def _check_mesh_fields(mc: MeshConfig) -> None:
+  axes, shape = mc.axes, mc.shape
   if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
     raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
   if len(shape) != len(axes):
@@ -100,9 +123,10 @@ def _check_mesh_fields(mc: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}")
 
 
-def mesh_shape(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> tuple[int, ...]:
-  """`mesh.shape` with its -1 resolved; ConfigError if it does not fit."""
-  mc = mesh_config(config)
+def mesh_shape(mesh: Any, num_devices: Optional[int] = None) -> tuple[int, ...]:
+  """`mesh.shape` of a MeshConfig (or what holds one, `mesh_config`) with
+  its -1 resolved; ConfigError if it does not fit."""
+  mc = mesh_config(mesh)
   _check_mesh_fields(mc)
   n = jax.device_count() if num_devices is None else num_devices
   shape = tuple(mc.shape)
@@ -120,34 +144,17 @@ def mesh_shape(config: ml_collections.ConfigDict, num_devices: Optional[int] = N
   return shape
 
 
-def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:
-  """For a saved config read on another machine: if its `mesh.shape` does
-  not fit this machine's devices, replace it by every device on the first
-  axis (data parallel; parameters whole on each device). Returns whether it
-  changed the config. Training never does this: there a misfit is an error.
-  """
-  try:
-    mesh_shape(config, num_devices)
-    return False
-  except ConfigError:
-    if "mesh" not in config:
-      raise
-    axes = tuple(config.mesh.axes)
-    config.mesh.shape = (-1,) + (1,) * (len(axes) - 1)
-    mesh_shape(config, num_devices)  # still a misfit: the error is about mesh.axes etc.
-    return True
-
-
-def make_mesh(config: ml_collections.ConfigDict, devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """The config's device mesh over all devices (of every process).
+def make_mesh(mesh: Any, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """The device mesh of a MeshConfig (`mesh_config`) over all devices (of
+  every process).
 
   Axes are Auto: the program is written for one device and XLA partitions
   it from the input and output shardings (GSPMD), so the model code carries
   no sharding annotations.
   """
   devices = jax.devices() if devices is None else list(devices)
-  shape = mesh_shape(config, len(devices))
-  axes = tuple(mesh_config(config).axes)
+  shape = mesh_shape(mesh, len(devices))
+  axes = mesh_config(mesh).axes
   return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
                        devices=devices)
 
@@ -158,15 +165,17 @@ def _names(entry) -> tuple[str, ...]:
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _axis_sizes(config, shape) -> dict[str, int]:
-  return dict(zip(mesh_config(config).axes, shape))
+def _axis_sizes(mc: MeshConfig, shape) -> dict[str, int]:
+  return dict(zip(mc.axes, shape))
 
 
-def data_parallel_size(config: ml_collections.ConfigDict, mesh: Mesh | Sequence[int]) -> int:
+def data_parallel_size(config: Any, mesh: Mesh | Sequence[int]) -> int:
   """How many ways batch rows are split: the product of the data axes' sizes
-  in `mesh` (a Mesh, or a resolved mesh shape in the order of mesh.axes)."""
-  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else _axis_sizes(config, mesh)
-  return math.prod(sizes[a] for a in mesh_config(config).data_axes)
+  (of `config`'s MeshConfig, `mesh_config`) in `mesh` (a Mesh, or a resolved
+  mesh shape in the order of mesh.axes)."""
+  mc = mesh_config(config)
+  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else _axis_sizes(mc, mesh)
+  return math.prod(sizes[a] for a in mc.data_axes)
 
 
 # -- Partition specs. -----------------------------------------------------------
@@ -194,8 +203,9 @@ def logical_axes(state: nnx.State) -> dict[str, tuple[str, ...]]:
   return table
 
 
-def spec_for_axes(config: ml_collections.ConfigDict, axes: Sequence[str], name: str) -> P:
-  """The PartitionSpec of logical `axes` under config.mesh.logical_axis_rules."""
+def spec_for_axes(config: Any, axes: Sequence[str], name: str) -> P:
+  """The PartitionSpec of logical `axes` under mesh.logical_axis_rules (of
+  `config`'s MeshConfig, `mesh_config`)."""
   rules = dict(mesh_config(config).logical_axis_rules)
   entries = []
   for a in axes:
@@ -211,16 +221,16 @@ def spec_for_axes(config: ml_collections.ConfigDict, axes: Sequence[str], name: 
   return P(*entries) if used else P()  # replicated: one spelling, P()
 
 
-def param_specs(config: ml_collections.ConfigDict, state: nnx.State) -> Any:
+def param_specs(config: Any, state: nnx.State) -> Any:
   """A PartitionSpec for every parameter of the model's (abstract) `state`,
   as a pure dict shaped like `nnx.to_pure_dict(state)` (the params)."""
-  table = logical_axes(state)
+  table, mc = logical_axes(state), mesh_config(config)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: spec_for_axes(config, table[path_str(path)], path_str(path)),
+      lambda path, _: spec_for_axes(mc, table[path_str(path)], path_str(path)),
       nnx.to_pure_dict(state))
 
 
-def state_specs(config: ml_collections.ConfigDict, state: nnx.State, tree: Any) -> Any:
+def state_specs(config: Any, state: nnx.State, tree: Any) -> Any:
   """PartitionSpecs for a tree holding the parameters of `state` and state
   shaped like them (a TrainState: its params, and Adam's mu and nu inside
   the optimizer state).
@@ -246,7 +256,7 @@ def state_specs(config: ml_collections.ConfigDict, state: nnx.State, tree: Any) 
   return jax.tree.map(follow, tree, is_leaf=like_params)
 
 
-def gathered_specs(config: ml_collections.ConfigDict, specs: Any) -> Any:
+def gathered_specs(config: Any, specs: Any) -> Any:
   """The specs with the data axes dropped: how parameters are laid out while
   the step computes with them.
 
@@ -304,14 +314,14 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def rows_sharding(mesh: Mesh, config: ml_collections.ConfigDict, ndim: int, axis: int) -> NamedSharding:
+def rows_sharding(mesh: Mesh, config: Any, ndim: int, axis: int) -> NamedSharding:
   """Rows (dimension `axis` of an ndim array) split along the data axes."""
   spec = [None] * ndim
   spec[axis] = tuple(mesh_config(config).data_axes)
   return NamedSharding(mesh, P(*spec))
 
 
-def memory_shardings(mesh: Mesh, config: ml_collections.ConfigDict, memory: Any) -> Any:
+def memory_shardings(mesh: Mesh, config: Any, memory: Any) -> Any:
   """Every memory field is [L, B, ...]: rows split exactly like the batch."""
   return jax.tree.map(lambda x: rows_sharding(mesh, config, len(x.shape), 1), memory)
 
@@ -345,32 +355,35 @@ def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Seque
 # -- Checks before anything compiles. ---------------------------------------------
 
 
-def validate(config: ml_collections.ConfigDict, state: nnx.State,
+def validate(mesh: Any, state: nnx.State, *, batch_size: int, model: Any,
              num_devices: Optional[int] = None) -> tuple[int, ...]:
   """ConfigError, naming the field, if the mesh does not fit the devices or a
   batch, head, hidden or width size does not divide along its axes.
 
   Args:
-    config: the experiment config.
+    mesh: the MeshConfig (or what holds one, `mesh_config`).
     state: the model's nnx state (an abstract one suffices: shapes and the
       parameters' logical axes).
+    batch_size: training's rows per step.
+    model: the model's config (its num_heads, d_model, d_ff and vocab_size
+      name a size that does not divide).
     num_devices: defaults to jax.device_count() (all processes).
 
   Returns:
     The resolved mesh shape.
   """
-  shape = mesh_shape(config, num_devices)
-  mc = mesh_config(config)
-  sizes = _axis_sizes(config, shape)
+  mc = mesh_config(mesh)
+  shape = mesh_shape(mc, num_devices)
+  sizes = _axis_sizes(mc, shape)
   where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"
-  dp = data_parallel_size(config, shape)
-  if config.batch_size % dp:
+  dp = data_parallel_size(mc, shape)
+  if batch_size % dp:
     raise MeshError(
-        f"batch_size={config.batch_size} is not divisible by {dp}, the devices along "
+        f"batch_size={batch_size} is not divisible by {dp}, the devices along "
         f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
   abstract_params = nnx.to_pure_dict(state)
-  specs = jax.tree.leaves(param_specs(config, state), is_leaf=lambda v: isinstance(v, P))
-  m = config.model
+  specs = jax.tree.leaves(param_specs(mc, state), is_leaf=lambda v: isinstance(v, P))
+  m = model
   fields = {"model.num_heads": m.num_heads, "model.d_model": m.d_model, "model.d_ff": m.d_ff,
             "model.vocab_size": m.vocab_size}
   for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs):

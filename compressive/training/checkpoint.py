@@ -28,7 +28,7 @@ from compressive.training.integrity import (  # pylint: disable=unused-import
 from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
 from compressive.training.trees import abstract  # pylint: disable=unused-import
 from compressive.training.runconfig import (  # pylint: disable=unused-import
-    CONFIG_FILE, check_resume_config, load_config, save_config)
+    CONFIG_FILE, SavedConfig, check_resume_config, load_config, save_config)
 
 CHECKPOINT_DIR = "checkpoints"
 

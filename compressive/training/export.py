@@ -34,7 +34,6 @@ from typing import Any, Optional
 
 from flax import nnx
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 
 from compressive.training import checkpoint as ckpt_lib
@@ -112,7 +111,7 @@ def _file_digest(path: str) -> Optional[str]:
     return None
 
 
-def check_identity(path: str, config: ml_collections.ConfigDict,
+def check_identity(path: str, config: ckpt_lib.SavedConfig,
                    step: Optional[int] = None) -> None:
   """RunMismatchError, before any corpus is read or model built, when the
   config (the saved one, as a reader made it ready) is not the one the
@@ -204,7 +203,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
 PARTIAL_PREFIX = ".compressive-export-partial-"
 
 
-def _identity_of(workdir: str, step: int, config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _identity_of(workdir: str, step: int, config: ckpt_lib.SavedConfig) -> dict[str, Any]:
   """The identity to record in the export of `workdir`'s checkpoint `step`:
   the one the checkpoint recorded (just verified against this config), each
   part it left unknown taken from the config and the tokenizer here."""

@@ -15,12 +15,10 @@ import os
 from typing import Optional
 
 import jax
-import ml_collections
 
 from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
-from compressive.scale import sharding
 from compressive.training import setup as setup_lib
 from compressive.errors import UserError
 from compressive.model.transformer import CompressiveTransformer, merge_params
@@ -28,16 +26,19 @@ from compressive.model.transformer import CompressiveTransformer, merge_params
 _log = logging.getLogger("compressive")
 
 
-def saved_experiment(path: str, config: Optional[ml_collections.ConfigDict] = None
+def saved_experiment(path: str, config: Optional[config_lib.ConfigOrExperiment] = None
                      ) -> config_lib.Experiment:
   """The Experiment a run (workdir or export) at `path` is opened as:
-  `config` (default its saved config, refitted to this machine's devices
-  when its mesh does not fit them), checked as a config read here, not
-  trained (config.check with training=False; neither its data nor its size
-  against this machine: reading parameters needs neither)."""
+  `config` as it is when it is an Experiment (a tool's, config.check_saved's),
+  else that config (default its saved config, refitted to this machine's
+  devices when its mesh does not fit them), checked as a config read here,
+  not trained (config.check with training=False; neither its data nor its
+  size against this machine: reading parameters needs neither)."""
+  if isinstance(config, config_lib.Experiment):
+    return config
   if config is None:
     config = ckpt_lib.load_config(path)
-    if sharding.fit_mesh_to_devices(config):
+    if config_lib.fit_mesh_to_devices(config):
       _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
                 jax.device_count(), config.mesh.shape)
   return config_lib.check(config, training=False, here=False, num_devices=jax.device_count())
@@ -65,9 +66,9 @@ def model_of(setup: setup_lib.Setup, params) -> CompressiveTransformer:
   return model
 
 
-def reader_identity(config: ml_collections.ConfigDict) -> dict:
+def reader_identity(config: ckpt_lib.SavedConfig) -> dict:
   """The identity a reader compares with the one a checkpoint or export
-  recorded: the model config, the tokenizer (when it can be built here) and
+  recorded, from the config as written: the model config, the tokenizer (when it can be built here) and
   the data config's generating fields. Not the corpus's content: a reader
   measures the corpus as it is."""
   return ckpt_lib.run_identity(config, _tokenizer_identity(config.data),
@@ -91,8 +92,8 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
   return f"checkpoint {checkpointer.step_dir(step)}", identity if isinstance(identity, dict) else None
 
 
-def _tokenizer_identity(data_config: ml_collections.ConfigDict) -> Optional[str]:
-  """The run's tokenizer's identity, to compare with the one its checkpoints
+def _tokenizer_identity(data_config) -> Optional[str]:
+  """The identity of the tokenizer of `data_config` (the data section), to compare with the one its checkpoints
   recorded; None when the tokenizer cannot be built here (a SentencePiece
   model not on this machine: the tools that need it say so themselves)."""
   try:

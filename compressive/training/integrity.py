@@ -19,7 +19,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from compressive.errors import CheckpointError
@@ -49,11 +48,12 @@ RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
 
-def run_identity(config: ml_collections.ConfigDict, tokenizer_identity: Optional[str] = None,
+def run_identity(config: Any, tokenizer_identity: Optional[str] = None,
                  corpus: Optional[str] = None,
                  data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
   """What a checkpoint's numbers mean beyond their shapes: the model config
-  (a post-norm model read as pre-norm has the same shapes), the tokenizer
+  as written (`config`: the run's ConfigDict, Experiment.config or
+  config.json's; its model section recorded as JSON) (a post-norm model read as pre-norm has the same shapes), the tokenizer
   (a SentencePiece model retrained in place keeps its vocabulary size), the
   data config's generating fields (`data`: data.source and its section
   without the fields that only say where the files are, so another

@@ -128,9 +128,9 @@ class StopAgreement:
   (`jax_enable_preemption_service=False`) every request waits for that.
   """
 
-  def __init__(self, config, should_stop: Optional[Callable[[], bool]]):
+  def __init__(self, checkpoint_every_steps: int, should_stop: Optional[Callable[[], bool]]):
     import jax  # pylint: disable=g-import-not-at-top
-    self.config, self.should_stop = config, should_stop
+    self.checkpoint_every_steps, self.should_stop = checkpoint_every_steps, should_stop
     self.processes = jax.process_count()
 
   def requested(self, step: int) -> bool:
@@ -140,7 +140,7 @@ class StopAgreement:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     if preemption_service() and multihost_utils.reached_preemption_sync_point(step):
       return True
-    every = self.config.checkpoint_every_steps
+    every = self.checkpoint_every_steps
     if every and step % every == 0:
       return agree(local)
     return False

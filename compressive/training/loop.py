@@ -25,7 +25,6 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
-import ml_collections
 
 from compressive import config as config_lib
 from compressive import data as data_lib
@@ -39,7 +38,6 @@ from compressive.training import restore as restore_lib
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
-from compressive.errors import ConfigError
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 # Re-exported: the error train_and_evaluate raises.
@@ -59,7 +57,7 @@ class _Options:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict | config_lib.Experiment,
+    config: config_lib.ConfigOrExperiment,
     workdir: str,
     *,
     stop_at_step: Optional[int] = None,
@@ -75,8 +73,8 @@ def train_and_evaluate(
   metrics and logs, and all processes write the checkpoints together.
 
   Args:
-    config: the experiment config (configs/*.py), checked (an Experiment:
-      config.check's) or to be checked here.
+    config: the experiment: checked (an Experiment, config.check's), or a
+      config (configs/*.py, a ConfigDict) to be checked here.
     workdir: checkpoints, metrics and TensorBoard logs go here (shared by
       all processes).
     stop_at_step: return after this step (checkpointed) instead of running to
@@ -104,7 +102,6 @@ def train_and_evaluate(
     The last evaluation's metrics (or the last training metrics).
   """
   experiment = config_lib.experiment_of(config)
-  config = experiment.config
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus)
   is_main = jax.process_index() == 0
@@ -115,7 +112,7 @@ def train_and_evaluate(
     if is_main:  # a folder, link or FIFO in a side file's place never blocks a resume
       sidefiles.prepare(workdir)
     log_file = runlog.add_log_file(workdir) if is_main else None
-    checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+    checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=experiment.train.keep_checkpoints)
     try:
       result = _train(experiment, workdir, checkpointer, is_main, options)
     except BaseException:
@@ -143,7 +140,7 @@ def train_and_evaluate(
 class _Run:
   """What a run's steps use besides the state and memory (built by `_train`;
   the clock, metric log and window by `_steps`, once the state is ready)."""
-  config: ml_collections.ConfigDict
+  experiment: config_lib.Experiment
   workdir: str
   checkpointer: ckpt_lib.Checkpointer
   setup: setup_lib.Setup
@@ -164,36 +161,31 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
            options: _Options) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
-  config = experiment.config
+  config, data = experiment.config, experiment.data  # as written: config.json, the identity
   if checkpointer.all_steps():
     ckpt_lib.check_resume_config(workdir, config)
-  tokenizer = data_lib.get_tokenizer(config.data)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(
-        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-        f"vocabulary ({tokenizer.vocab_size})")
+  tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
-  train_iter, eval_docs = setup_lib.train_data(config, setup.layout, tokenizer)
-  identity = ckpt_lib.run_identity(config, tokenizer.identity,
-                                   data_lib.corpus_identity(config.data),
-                                   data_lib.data_identity(config.data))
+  train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
+  identity = ckpt_lib.run_identity(config, tokenizer.identity, data_lib.corpus_identity(data),
+                                   data_lib.data_identity(data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
-  runlog.warn_of_endless_warmup(config)
+  runlog.warn_of_endless_warmup(experiment.train)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
       runlog.Profiler(options.profile_steps, os.path.join(workdir, "profile")) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
       writer.write_hparams(runlog.hyperparameters(config))
-    end = config.num_train_steps
+    end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)
-    run = _Run(config, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
+    run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
                eval_writer, profiler, end)
     return _steps(run, start, restored, is_main, options.should_stop)
 
@@ -202,17 +194,16 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
            should_stop: Optional[Callable[[], bool]]) -> dict[str, float]:
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
-  config = run.config
-  state, memory = restore_lib.start_state(config, run.setup, start, restored, run.train_iter,
-                                         run.writer, is_main, run.workdir)
-  step_fn = _step_fn(config, run.setup, run.train_iter)
-  accum = config_lib.grad_accum_steps(config)
+  train = run.experiment.train
+  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
+                                         run.train_iter, run.writer, is_main, run.workdir)
+  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
   run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
-  run.metric_log = runlog.MetricLog(config, run.writer, run.end, accum)
-  stop = interrupts.StopAgreement(config, should_stop)
+  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
+  stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
   step = start
-  with prefetch.Prefetcher(setup_lib.step_batches(config, run.setup.layout, run.train_iter),
-                           config.prefetch_steps) as batches:
+  with prefetch.Prefetcher(setup_lib.step_batches(train, run.setup.layout, run.train_iter),
+                           train.prefetch_steps) as batches:
     for step in range(start + 1, run.end + 1):
       run.profiler.before(step)  # the wait for the step's input included
       state, memory, metrics = step_fn(state, memory, next(batches))
@@ -222,9 +213,9 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       # An ordinary step ends here, having read nothing from the device:
       # the next one is dispatched while this one computes.
       stopping = stop.requested(step)
-      saving = _save_due(config, step, run.end, stopping)
+      saving = _save_due(train, step, run.end, stopping)
       logging_ = run.metric_log.due(step)
-      evaluating = _eval_due(config, step) and not stopping
+      evaluating = _eval_due(train, step) and not stopping
       if not (saving or logging_ or evaluating):
         continue
       bad = run.window.check()  # nothing non-finite is logged, saved or evaluated
@@ -248,24 +239,25 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   return run.last_eval
 
 
-def _step_fn(config, setup: setup_lib.Setup, train_iter: data_lib.SegmentIterator):
+def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
+             train_iter: data_lib.SegmentIterator):
   """The jitted train step on the run's layout (its mesh and, if any, its
   gradient accumulation logged)."""
   layout = setup.layout
   _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
             dict(layout.mesh.shape), layout.mesh.size, jax.process_count(),
             train_iter.row_start, train_iter.row_start + train_iter.num_rows)
-  accum = config_lib.grad_accum_steps(config)
-  if accum > 1:
-    _log.info("accumulating gradients over %d micro-batches of %d rows", accum,
-              config.batch_size // accum)
+  train = experiment.train
+  if train.grad_accum_steps > 1:
+    _log.info("accumulating gradients over %d micro-batches of %d rows", train.grad_accum_steps,
+              train.micro_batch_rows)
   return train_step.make_train_step(
-      setup.graphdef, setup.state_template, setup.tx, config.model.dropout_rate > 0, layout,
-      grad_accum_steps=accum)
+      setup.graphdef, setup.state_template, setup.tx, experiment.model.dropout_rate > 0, layout,
+      grad_accum_steps=train.grad_accum_steps)
 
 
-def _save_due(config, step: int, end: int, stopping: bool) -> bool:
-  every = config.checkpoint_every_steps
+def _save_due(train: config_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:
+  every = train.checkpoint_every_steps
   return stopping or step == end or bool(every and step % every == 0)
 
 
@@ -285,23 +277,23 @@ def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]
             "in the background)", step, took)
 
 
-def _eval_due(config, step: int) -> bool:
-  every = config.eval_every_steps
-  return bool(every and step % every == 0) or step == config.num_train_steps
+def _eval_due(train: config_lib.TrainConfig, step: int) -> bool:
+  every = train.eval_every_steps
+  return bool(every and step % every == 0) or step == train.num_train_steps
 
 
 def _estimate(run: _Run, state, step: int) -> dict[str, float]:
   """A quick estimate of the evaluation metrics, written to the eval metrics
   (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
   whole splits."""
-  config, setup = run.config, run.setup
+  experiment, setup = run.experiment, run.setup
   t_eval = time.time()
   model = merge_params(setup.graphdef, setup.state_template, state.params)
   result = eval_lib.evaluate(
-      model, run.eval_docs, config, max_segments=config.eval.max_segments,
+      model, run.eval_docs, experiment, max_segments=experiment.eval.max_segments,
       mesh=setup.layout.mesh)
   run.eval_writer.write(step, result)
   took = run.clock.exclude("eval", t_eval)
-  _log.info("eval at step %d on %s: %s  (%.1f s)", step, config.eval.split,
+  _log.info("eval at step %d on %s: %s  (%.1f s)", step, experiment.eval.split,
             "  ".join(f"{k} {v:.4f}" for k, v in result.items()), took)
   return result

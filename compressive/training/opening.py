@@ -13,9 +13,7 @@ restored onto. The abstract model is built once, by that check.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
-
-import ml_collections
+from typing import Optional
 
 from compressive import config as config_lib
 from compressive.model.transformer import CompressiveTransformer
@@ -32,12 +30,14 @@ class OpenRun:
   step: int
 
   @property
-  def config(self) -> ml_collections.ConfigDict:
+  def config(self):
+    """The config as written (Experiment.config: `compressive.load`'s first
+    result, the run's config.json as this machine reads it)."""
     return self.experiment.config
 
 
 def open_run(path: str, step: Optional[int] = None, *,
-             config: Union[None, ml_collections.ConfigDict, config_lib.Experiment] = None
+             config: Optional[config_lib.ConfigOrExperiment] = None
              ) -> OpenRun:
   """The run at `path` (a training workdir or an export), at its checkpoint
   `step` (default the newest; an export holds one), as an OpenRun.
@@ -51,8 +51,7 @@ def open_run(path: str, step: Optional[int] = None, *,
   is_export = export_lib.is_export(path)
   if is_export:  # a damaged export, or one of another step, is named before the rest
     export_lib.manifest_of_step(path, step)
-  experiment = (config if isinstance(config, config_lib.Experiment)
-                else inference.saved_experiment(path, config))
+  experiment = inference.saved_experiment(path, config)
   opener = export_lib.open_export if is_export else inference.open_workdir
   model, step = opener(path, experiment, step)
   return OpenRun(experiment=experiment, model=model, step=step)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import jax
 from jax.experimental import multihost_utils
 
+from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
@@ -116,7 +117,7 @@ def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, An
   return None
 
 
-def start_state(config, setup: setup_lib.Setup, start: int, restored,
+def start_state(experiment: config_lib.Experiment, setup: setup_lib.Setup, start: int, restored,
                 train_iter: data_lib.SegmentIterator, writer: MetricWriter, is_main: bool,
                 workdir: str):
   """(state, memory) to train from: the restored ones, with the data iterator
@@ -131,7 +132,8 @@ def start_state(config, setup: setup_lib.Setup, start: int, restored,
         runlog.truncate_metrics(path, start)
     _log.info("resumed from step %d in %s", start, workdir)
     return state, memory
-  state = train_step.init_train_state(config, setup.tx, setup.layout)
-  memory = train_step.init_sharded_memory(config, config.batch_size, setup.layout)
+  state = train_step.init_train_state(experiment, setup.tx, setup.layout)
+  memory = train_step.init_sharded_memory(experiment.model, experiment.train.batch_size,
+                                          setup.layout)
   _log.info("training from scratch in %s: %d parameters", workdir, setup.num_params)
   return state, memory

@@ -22,15 +22,20 @@ from compressive.training.integrity import RUNTIME_MODEL_FIELDS
 
 CONFIG_FILE = "config.json"
 
+# A config as written: what config.json holds, and what a checkpoint's
+# identity and the logged hyperparameters record (Experiment.config). The
+# code that reads a run's fields reads the Experiment's typed groups instead.
+SavedConfig = ml_collections.ConfigDict
 
-def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+
+def save_config(workdir: str, config: SavedConfig) -> None:
   """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
   write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
   files.write_text(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
+def load_config(workdir: str) -> SavedConfig:
   """The config saved in a workdir or an export; one line naming what is
   wrong when `workdir` is not a folder holding a readable config.json.
   CheckpointError when it cannot be read as a config: damaged, or not a
@@ -119,7 +124,7 @@ def _model_diffs(saved, current) -> list[str]:
   return [f"model.{k} {a[k]!r} -> {b[k]!r}" for k in differ if k in names]
 
 
-def check_resume_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def check_resume_config(workdir: str, config: SavedConfig) -> None:
   """ConfigError naming the fields that differ from the run being resumed.
 
   A config.json that cannot be read (a crash or a full disk while it was

@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from compressive import experiment as experiment_lib
 from compressive import values
 from compressive.model import losses
 from compressive.model.transformer import BANKS
@@ -84,8 +84,9 @@ def add_log_file(workdir: str) -> Optional[logging.Handler]:
   return handler
 
 
-def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The config flattened for MetricWriter.write_hparams: dotted keys
+def hyperparameters(config: Any) -> dict[str, Any]:
+  """The config as written (Experiment.config: every field, as the run's
+  config.json records it) flattened for MetricWriter.write_hparams: dotted keys
   (metrics.flatten_config, the one flattener), values bool / int / float /
   str (metrics.hparam_value: tuples, lists, None and the rest as str)."""
   return {k: hparam_value(v) for k, v in flatten_config(config).items()}
@@ -227,22 +228,21 @@ class MetricLog:
   the train metrics and one log line: loss and bits over every predicted
   token, the other metrics averaged over segments, the learning rate,
   throughput, MFU (where the devices' peak is known: not on CPU) and ETA.
-  `end`: the run's last step (for the ETA); `accum`: its grad_accum_steps
-  (the FLOPs per token are those of one micro-batch's rows)."""
+  `end`: the run's last step (for the ETA). The FLOPs per token are those
+  of one micro-batch's rows (TrainConfig.micro_batch_rows)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, writer: MetricWriter, end: int,
-               accum: int):
-    self.config, self.writer, self.end = config, writer, end
-    self.bits_name = "bits_per_byte" if config.data.tokenizer == "bytes" else "bits_per_token"
-    self.schedule = train_step.learning_rate_schedule(config)
-    b = config.batch_size
-    self.tokens_per_step = config.segments_per_step * b * config.model.segment_length
-    self.train_flops = flops_lib.flops_per_token(config.model, b // accum).train
-    peak = flops_lib.device_peak_flops(config.model.dtype)
+  def __init__(self, experiment: experiment_lib.Experiment, writer: MetricWriter, end: int):
+    self.train, self.writer, self.end = experiment.train, writer, end
+    self.bits_name = "bits_per_byte" if experiment.data.tokenizer == "bytes" else "bits_per_token"
+    self.schedule = train_step.learning_rate_schedule(self.train)
+    self.tokens_per_step = self.train.tokens_per_step
+    self.train_flops = flops_lib.flops_per_token(experiment.model,
+                                                 self.train.micro_batch_rows).train
+    peak = flops_lib.device_peak_flops(experiment.model.dtype)
     self.peak = None if peak is None else peak * jax.device_count()
 
   def due(self, step: int) -> bool:
-    return step % self.config.log_every_steps == 0 or step == self.config.num_train_steps
+    return step % self.train.log_every_steps == 0 or step == self.train.num_train_steps
 
   def write(self, step: int, m: dict[str, np.ndarray], clock: Clock) -> None:
     """One record and log line of the window `m` ({name: [steps, S]}), which
@@ -250,7 +250,7 @@ class MetricLog:
     elapsed = time.time() - clock.since
     steps = clock.steps
     nats, count = float(m["nats"].sum()), max(float(m["tokens"].sum()), 1.0)
-    updates = step * self.config.segments_per_step  # the optimizer's count after this step
+    updates = step * self.train.segments_per_step  # the optimizer's count after this step
     scalars = {
         "loss": nats / count,
         self.bits_name: nats / count / losses.LN2,
@@ -274,7 +274,7 @@ class MetricLog:
     self.writer.write(step, scalars)
     _log.info(
         "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
-        step, self.config.num_train_steps, scalars["loss"], self.bits_name,
+        step, self.train.num_train_steps, scalars["loss"], self.bits_name,
         scalars[self.bits_name], scalars["reconstruction_loss"], attn,
         scalars["tokens_per_second"], mfu, values.hms(eta))
     clock.restart()
@@ -286,10 +286,10 @@ def truncate_metrics(path: str, step: int) -> None:
   truncate_jsonl(path, step)
 
 
-def warn_of_endless_warmup(config) -> None:
+def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:
   """A warmup as long as the run never reaches the peak learning rate."""
-  if config.optimizer.warmup_steps >= config.num_train_steps:
+  if train.optimizer.warmup_steps >= train.num_train_steps:
     _log.warning(
         "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
         "up when the run ends and never reaches optimizer.learning_rate=%g",
-        config.optimizer.warmup_steps, config.num_train_steps, config.optimizer.learning_rate)
+        train.optimizer.warmup_steps, train.num_train_steps, train.optimizer.learning_rate)

@@ -53,42 +53,44 @@ def build_setup(experiment: config_lib.Experiment,
   """Shapes and layout of training on `mesh` (default: the config's mesh over
   this run's devices; aot.py passes a target's), from the checked
   experiment's abstract model. Nothing is allocated."""
-  config, cfg = experiment.config, experiment.model
-  mesh = sharding.make_mesh(config) if mesh is None else mesh
+  train, cfg = experiment.train, experiment.model
+  mesh = sharding.make_mesh(experiment.mesh) if mesh is None else mesh
   graphdef, state_template, abstract_params = train_step.abstract_model(experiment)
-  tx = train_step.make_optimizer(config, abstract_params)
-  abstract_state = train_step.abstract_train_state(config, abstract_params, tx)
+  tx = train_step.make_optimizer(train, abstract_params)
+  abstract_state = train_step.abstract_train_state(train, abstract_params, tx)
   abstract_memory = jax.eval_shape(
-      lambda: memory_lib.init_memory(cfg, config.batch_size, jnp.dtype(cfg.dtype)))
+      lambda: memory_lib.init_memory(cfg, train.batch_size, jnp.dtype(cfg.dtype)))
   return Setup(
       graphdef=graphdef, state_template=state_template, tx=tx, abstract_state=abstract_state,
       abstract_memory=abstract_memory,
-      layout=train_step.make_layout(config, mesh, state_template, abstract_state, abstract_memory),
+      layout=train_step.make_layout(experiment.mesh, mesh, state_template, abstract_state,
+                                    abstract_memory),
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 
-def train_data(config, layout: train_step.Layout, tokenizer):
+def train_data(experiment: config_lib.Experiment, layout: train_step.Layout, tokenizer):
   """(train iterator over this process's batch rows, evaluation documents)."""
-  s, b, t = config.segments_per_step, config.batch_size, config.model.segment_length
+  train, data, split = experiment.train, experiment.data, experiment.eval.split
+  s, b, t = train.segments_per_step, train.batch_size, train.segment_length
   # This process reads only the batch rows its devices hold.
   row_start, num_rows = sharding.local_rows(layout.batch["inputs"], (s, b, t), axis=1)
-  train_docs = data_lib.get_documents(config.data, "train", tokenizer)
+  train_docs = data_lib.get_documents(data, "train", tokenizer)
   train_iter = data_lib.SegmentIterator(
-      train_docs, batch_size=b, segment_length=t, seed=config.seed, repeat=True,
+      train_docs, batch_size=b, segment_length=t, seed=train.seed, repeat=True,
       row_start=row_start, num_rows=num_rows)
-  eval_docs = data_lib.get_documents(config.data, config.eval.split, tokenizer)
+  eval_docs = data_lib.get_documents(data, split, tokenizer)
   # Every document readable, decodable and long enough, before anything
   # compiles (a text_files corpus is otherwise read lazily, row by row).
-  for split in dict.fromkeys(("train", config.eval.split)):
-    data_lib.check_documents(config.data, split, tokenizer)
+  for name in dict.fromkeys(("train", split)):
+    data_lib.check_documents(data, name, tokenizer)
   return train_iter, eval_docs
 
 
-def step_batches(config, layout: train_step.Layout, train_iter: data_lib.SegmentIterator
-                  ) -> prefetch.StepIterator:
+def step_batches(train: config_lib.TrainConfig, layout: train_step.Layout,
+                 train_iter: data_lib.SegmentIterator) -> prefetch.StepIterator:
   """Each step's global batch [S, B, ...], of which this process makes its
   rows and transfers them to the batch sharding (in the prefetch thread)."""
-  s, b = config.segments_per_step, config.batch_size
+  s, b = train.segments_per_step, train.batch_size
 
   def to_device(local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: sharding.global_array(layout.batch[k], v, (s, b) + v.shape[2:])

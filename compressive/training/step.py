@@ -30,10 +30,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
-import ml_collections
 import optax
 
-from compressive import config as config_lib
+from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
@@ -48,43 +47,41 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: dropout key, folded with `step`
 
 
-def build_model(config: ml_collections.ConfigDict, seed: Optional[int] = None):
-  """(graphdef, abstract nnx state, initial params dict) of the config's model."""
-  model = CompressiveTransformer(config.model, rngs=nnx.Rngs(config.seed if seed is None else seed))
+def build_model(model_config, seed: int):
+  """(graphdef, nnx state, initial params dict) of the model of `model_config`
+  (a ModelConfig), its parameters drawn from `seed`."""
+  model = CompressiveTransformer(model_config, rngs=nnx.Rngs(seed))
   graphdef, state = nnx.split(model)
   return graphdef, state, nnx.to_pure_dict(state)
 
 
-def abstract_model(config: ml_collections.ConfigDict | config_lib.Experiment):
+def abstract_model(experiment: experiment_lib.Experiment):
   """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays;
-  a checked Experiment's own, built when it was checked."""
-  if isinstance(config, config_lib.Experiment):
-    graphdef, state = config.graphdef, config.abstract_state
-  else:
-    graphdef, state = config_lib.abstract_model(config.model, config.seed)
+  the checked Experiment's own, built when it was checked."""
+  graphdef, state = experiment.graphdef, experiment.abstract_state
   return graphdef, state, nnx.to_pure_dict(state)
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(train: experiment_lib.TrainConfig) -> optax.Schedule:
   """Linear warmup to the peak, then cosine decay (paper §5), in updates."""
-  s = config.segments_per_step
-  opt = config.optimizer
-  total = max(config.num_train_steps * s, 1)
+  s = train.segments_per_step
+  opt = train.optimizer
+  total = max(train.num_train_steps * s, 1)
   warmup = min(opt.warmup_steps * s, total)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
       decay_steps=max(total, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
 
 
-def make_optimizer(config: ml_collections.ConfigDict, params) -> optax.GradientTransformation:
+def make_optimizer(train: experiment_lib.TrainConfig, params) -> optax.GradientTransformation:
   """Adam(W) with global-norm clipping; the compressor is clipped on its own.
 
   The compression network learns only from the reconstruction loss (§3.2);
   clipping it separately keeps that auxiliary gradient from throttling the
   language model's updates through a shared global norm.
   """
-  opt = config.optimizer
-  schedule = learning_rate_schedule(config)
+  opt = train.optimizer
+  schedule = learning_rate_schedule(train)
 
   def base():
     if opt.name == "adamw":
@@ -99,10 +96,10 @@ def make_optimizer(config: ml_collections.ConfigDict, params) -> optax.GradientT
   return optax.multi_transform({"model": base(), "compressor": base()}, labels)
 
 
-def create_train_state(config, params, tx) -> TrainState:
+def create_train_state(train: experiment_lib.TrainConfig, params, tx) -> TrainState:
   return TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.PRNGKey(config.seed + 1))
+      rng=jax.random.PRNGKey(train.seed + 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +116,12 @@ class Layout:
     return sharding.replicated(self.mesh)
 
 
-def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, state_template: nnx.State,
+def make_layout(config: sharding.MeshConfig, mesh: Mesh, state_template: nnx.State,
                 abstract_state: TrainState, abstract_memory) -> Layout:
-  """Shardings of the train state, memory and batch (shapes suffice), from
-  the parameters' logical axes in the model's (abstract) `state_template`."""
+  """Shardings of the train state, memory and batch (shapes suffice) on
+  `mesh`, built from `config` (the MeshConfig, or what holds one:
+  sharding.mesh_config), from the parameters' logical axes in the model's
+  (abstract) `state_template`."""
   specs = sharding.state_specs(config, state_template, abstract_state)
   state = sharding.shardings(mesh, specs)
   compute = sharding.gathered_specs(config, specs.params)
@@ -132,19 +131,22 @@ def make_layout(config: ml_collections.ConfigDict, mesh: Mesh, state_template: n
                 memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
 
 
-def abstract_train_state(config: ml_collections.ConfigDict, abstract_params, tx) -> TrainState:
-  return jax.eval_shape(lambda p: create_train_state(config, p, tx), abstract_params)
+def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params, tx) -> TrainState:
+  return jax.eval_shape(lambda p: create_train_state(train, p, tx), abstract_params)
 
 
-def init_train_state(config: ml_collections.ConfigDict, tx, layout: Layout) -> TrainState:
+def init_train_state(experiment: experiment_lib.Experiment, tx, layout: Layout) -> TrainState:
   """A fresh train state, each parameter initialised straight into its shards."""
-  return jax.jit(lambda: create_train_state(config, build_model(config)[2], tx),
+  train = experiment.train
+  return jax.jit(lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
                  out_shardings=layout.state)()
 
 
-def init_sharded_memory(config: ml_collections.ConfigDict, batch_size: int, layout: Layout):
-  dtype = jnp.dtype(config.model.dtype)
-  return jax.jit(lambda: memory_lib.init_memory(config.model, batch_size, dtype),
+def init_sharded_memory(model_config, batch_size: int, layout: Layout):
+  """A fresh memory of `batch_size` rows for `model_config` (a ModelConfig),
+  laid out as `layout` says."""
+  dtype = jnp.dtype(model_config.dtype)
+  return jax.jit(lambda: memory_lib.init_memory(model_config, batch_size, dtype),
                  out_shardings=layout.memory)()
 
 

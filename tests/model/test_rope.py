@@ -57,7 +57,8 @@ def test_rope_has_no_position_parameters_and_partitions():
   config.mesh.shape = (1, 2, 2)
   state = nnx.state(nnx.eval_shape(
       lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))))
-  assert sharding.validate(config, state, num_devices=4) == (1, 2, 2)
+  assert sharding.validate(config.mesh, state, batch_size=4, model=config.model,
+                           num_devices=4) == (1, 2, 2)
   att = sharding.param_specs(config, state)["blocks"][0]["attention"]
   P = jax.sharding.PartitionSpec
   assert att["wq"] == P("fsdp", "tensor", None) and att["wo"] == P("tensor", None, "fsdp")

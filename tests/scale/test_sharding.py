@@ -65,7 +65,22 @@ MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
 
 def abstract_state(config):
   """The model's abstract nnx state: shapes and each parameter's logical axes."""
-  return train_step.abstract_model(config)[1]
+  return config_lib.abstract_model(ModelConfig.from_config(config.model), config.seed)[1]
+
+
+def abstract_training(config):
+  """(abstract nnx state, abstract params, abstract train state) of a config,
+  unchecked: its mesh may be another machine's."""
+  state = abstract_state(config)
+  params, train = nnx.to_pure_dict(state), config_lib.TrainConfig.from_config(config)
+  return state, params, train_step.abstract_train_state(
+      train, params, train_step.make_optimizer(train, params))
+
+
+def validate(config, state, num_devices):
+  """sharding.validate of a config's mesh, batch and model."""
+  return sharding.validate(config.mesh, state, batch_size=config.batch_size,
+                           model=config.model, num_devices=num_devices)
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
@@ -92,9 +107,7 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
 
 def test_optimizer_state_follows_its_parameter():
   config = sharding_experiment()
-  _, template, params = train_step.abstract_model(config)
-  tx = train_step.make_optimizer(config, params)
-  state = train_step.abstract_train_state(config, params, tx)
+  template, _, state = abstract_training(config)
   specs = sharding.state_specs(config, template, state)
   P = jax.sharding.PartitionSpec
   assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
@@ -143,7 +156,7 @@ def test_minus_one_takes_the_remaining_devices(shape, resolved):
 def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
   config = sharding_experiment(**overrides)
   with pytest.raises(compressive.ConfigError) as info:
-    sharding.validate(config, abstract_state(config), num_devices=8)
+    validate(config, abstract_state(config), num_devices=8)
   assert message in str(info.value)
   assert "\n" not in str(info.value)
 
@@ -172,7 +185,7 @@ def test_cli_mesh_override_and_its_error(tmp_path):
 def test_presets_fit_their_machines(preset, devices, shape, experiment):
   config = importlib.import_module(f"configs.{preset}").get_config(experiment)
   base = importlib.import_module(f"configs.{experiment}").get_config()
-  assert sharding.validate(config, abstract_state(config), num_devices=devices) == shape
+  assert validate(config, abstract_state(config), num_devices=devices) == shape
   assert config.model.dtype == "bfloat16"
   base.model.dtype = "bfloat16"
   assert config.model == base.model and config.batch_size == base.batch_size
@@ -412,8 +425,7 @@ def step20_checkpoint(workdir):
   config = sharding_experiment()
   b = config.batch_size
   memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
-  params = train_step.abstract_model(config)[2]
-  state = train_step.abstract_train_state(config, params, train_step.make_optimizer(config, params))
+  state = abstract_training(config)[2]
   here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   on_one = lambda tree: ckpt_lib.abstract(tree, jax.tree.map(lambda _: here, tree))
   c = ckpt_lib.Checkpointer(workdir, create=False, read_only=True)
@@ -470,7 +482,7 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   config = sharding_experiment()
   state = abstract_state(config)
   for read in (sharding.logical_axes, lambda s: sharding.param_specs(config, s),
-               lambda s: sharding.validate(config, s, num_devices=1)):
+               lambda s: validate(config, s, num_devices=1)):
     with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
       read(state)
 
@@ -535,8 +547,7 @@ def compare_specs(config, mesh=None):
   """Asserts the new specs (and, on `mesh`, the layout's shardings) equal the
   old functions'; returns how many state leaves it compared."""
   P = jax.sharding.PartitionSpec
-  graphdef, template, params = train_step.abstract_model(config)
-  state = train_step.abstract_train_state(config, params, train_step.make_optimizer(config, params))
+  template, params, state = abstract_training(config)
   is_spec = lambda x: isinstance(x, P)
   old_params, old_state = _old_param_specs(config, params), _old_state_specs(config, params, state)
   assert sharding.param_specs(config, template) == old_params
@@ -556,7 +567,7 @@ def compare_specs(config, mesh=None):
 def test_specs_equal_the_path_matched_ones(case):
   config = spec_cases()[case]
   n = compare_specs(config)
-  params = train_step.abstract_model(config)[2]
+  params = abstract_training(config)[1]
   assert n > 3 * len(jax.tree.leaves(params))  # params, mu and nu, and the counts
 
 

@@ -33,7 +33,7 @@ LAYERS = (
     ("model", ("compressive.model",)),
     ("data", ("compressive.data",)),
     ("scale", ("compressive.scale",)),
-    ("config", ("compressive.config",)),
+    ("config", ("compressive.config", "compressive.experiment")),
     ("evaluation", ("compressive.evaluation",)),  # training evaluates as it goes
     ("training", ("compressive.training",)),
     ("planning", ("compressive.aot",)),
@@ -281,6 +281,73 @@ def test_each_root_script_only_runs_its_tool(script):
   ran = module if module in MODULES and module in TOOLS else f"{module}.__main__"
   assert ast.unparse(call.func) == "runpy.run_module" and ran in TOOLS and ran in MODULES
   assert pathlib.Path(script).stem == module.rpartition(".")[2]
+
+
+# Where ml_collections may be imported: where a config is written,
+# overridden and checked, where config.json is written and read, and the data
+# sources (a package prefix: each source owns its config section's schema,
+# docs/DESIGN.md §Layers of the code). Every other module takes the checked
+# Experiment or its typed, frozen parts (compressive/experiment.py).
+ML_COLLECTIONS_IMPORTERS = {
+    "compressive.cli": "the --config flag (config_flags)",
+    "compressive.cli_config": "config files and their overrides",
+    "compressive.config": "the config checked, the Experiment built from it",
+    "compressive.training.runconfig": "config.json written and read",
+    "compressive.data": "the data sources' own config sections",
+}
+# Mentions of `ConfigDict` in compressive/ (code, types and docstrings): 134
+# before the typed experiment (issue 30). A new one past this ceiling is a
+# raw config reaching somewhere it should take the Experiment; lower the
+# ceiling when mentions go.
+MAX_CONFIGDICT_MENTIONS = 89
+
+
+def _imports_ml_collections(source: str) -> bool:
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import) and any(
+        a.name.split(".")[0] == "ml_collections" for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ml_collections":
+      return True
+  return False
+
+
+def _may_import_ml_collections(module: str) -> bool:
+  return any(module == m or module.startswith(m + ".") for m in ML_COLLECTIONS_IMPORTERS)
+
+
+def _ml_collections_offenders(sources: dict[str, str]) -> list[str]:
+  return [f"{m} imports ml_collections: take the Experiment or its parts "
+          "(compressive/experiment.py), or add it to ML_COLLECTIONS_IMPORTERS with its reason"
+          for m, source in sorted(sources.items())
+          if _imports_ml_collections(source) and not _may_import_ml_collections(m)]
+
+
+def test_only_the_config_boundary_imports_ml_collections():
+  sources = {name: path.read_text() for name, path in MODULES.items()}
+  assert _ml_collections_offenders(sources) == []
+  # Each allowed module (or package) still imports it: the list stays exact.
+  for allowed in ML_COLLECTIONS_IMPORTERS:
+    assert any(_imports_ml_collections(s) for m, s in sources.items()
+               if m == allowed or m.startswith(allowed + ".")), f"{allowed} no longer needs it"
+  # The check itself names an offender, whatever form its import takes.
+  for statement in ("import ml_collections", "from ml_collections import config_dict",
+                    "def f():\n  import ml_collections.config_dict\n"):
+    assert _ml_collections_offenders({"compressive.training.step": statement}) == [
+        "compressive.training.step imports ml_collections: take the Experiment or its parts "
+        "(compressive/experiment.py), or add it to ML_COLLECTIONS_IMPORTERS with its reason"]
+  assert _ml_collections_offenders({"compressive.data.toy": "import ml_collections"}) == []
+
+
+def test_configdict_mentions_stay_under_the_ceiling():
+  counts = {str(p.relative_to(ROOT)): n for p in sorted(MODULES.values())
+            if (n := p.read_text().count("ConfigDict"))}
+  total = sum(counts.values())
+  outside = {p: n for p, n in counts.items()
+             if not _may_import_ml_collections(_module_name(ROOT / p))}
+  assert total <= MAX_CONFIGDICT_MENTIONS, (
+      f"{total} mentions of ConfigDict in compressive/, over the ceiling of "
+      f"{MAX_CONFIGDICT_MENTIONS}; outside the config boundary: {outside}")
 
 
 # Each rename outside compressive/files.py, by (file, function): none of them

@@ -2,6 +2,7 @@
 the paper-scale models are never materialised here)."""
 
 import ast
+import dataclasses
 import importlib
 import math
 import pathlib
@@ -12,6 +13,7 @@ import pytest
 
 import compressive
 from compressive import cli_config
+from compressive import data
 from compressive import config as config_lib
 import helpers
 
@@ -55,6 +57,68 @@ def test_config_validates_and_builds(name):
                                 config.model.vocab_size)
 
 
+def _config_dicts(value, name="experiment"):
+  """The names of the ConfigDicts anywhere inside `value` (dataclasses,
+  tuples and dicts walked)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    yield name
+  elif dataclasses.is_dataclass(value):
+    for f in dataclasses.fields(value):
+      yield from _config_dicts(getattr(value, f.name), f"{name}.{f.name}")
+  elif isinstance(value, (tuple, list)):
+    for i, v in enumerate(value):
+      yield from _config_dicts(v, f"{name}[{i}]")
+  elif isinstance(value, dict):
+    for k, v in value.items():
+      yield from _config_dicts(v, f"{name}[{k!r}]")
+
+
+def test_check_builds_the_typed_frozen_groups_once():
+  # What the layers below the entry points read: typed, frozen, resolved.
+  config = helpers.tiny_experiment(**{"grad_accum_steps": 2, "eval.batch_size": 3,
+                                      "eval.memory_length": -1, "eval.split": "test"})
+  e = config_lib.check(config)
+  t = e.train
+  assert (t.seed, t.batch_size, t.num_train_steps, t.segments_per_step, t.grad_accum_steps,
+          t.log_every_steps, t.eval_every_steps, t.checkpoint_every_steps, t.keep_checkpoints,
+          t.prefetch_steps) == (config.seed, 4, 12, 2, 2, 2, 6, 3, config.keep_checkpoints,
+                                config.prefetch_steps)
+  assert t.optimizer.learning_rate == config.optimizer.learning_rate
+  assert t.optimizer.warmup_steps == 2 and t.optimizer.name == config.optimizer.name
+  assert (t.micro_batch_rows, t.tokens_per_step, t.num_updates) == (2, 2 * 4 * 8, 24)
+  # -1 takes training's size; a size given is kept.
+  assert e.eval.sizes == {"batch_size": 3, "segment_length": 8, "memory_length": 8,
+                          "compressed_memory_length": 4}
+  assert (e.eval.split, e.eval.max_segments) == ("test", 4)
+  assert e.mesh.axes == tuple(config.mesh.axes) and e.mesh.data_axes == ("data", "fsdp")
+  assert e.mesh_shape == (1, 1, 1)
+  # Nothing below the config is a ConfigDict but the config itself (config.json's).
+  assert list(_config_dicts(e)) == ["experiment.config"]
+  for group, field in ((e.train, "batch_size"), (e.train.optimizer, "b1"), (e.eval, "split"),
+                       (e.mesh, "axes"), (e.model, "d_model")):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      setattr(group, field, getattr(group, field))
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_by_check(tmp_path):
+  # The tokenizer's vocabulary against model.vocab_size is the config's
+  # check, before anything is built: for a SentencePiece model (its file read
+  # on the machine that runs the config) as for bytes (256, known anywhere).
+  fields = helpers.sentencepiece_run_fields(tmp_path)
+  vocab = data.get_tokenizer(helpers.tiny_experiment(**fields).data).vocab_size
+  assert 256 < vocab <= 320
+  config = helpers.tiny_experiment(**dict(fields, **{"model.vocab_size": vocab - 1}))
+  with pytest.raises(compressive.ConfigError, match=rf"model.vocab_size={vocab - 1} is smaller "
+                     rf"than the tokenizer's vocabulary \({vocab}\)"):
+    config_lib.check(config)
+  config_lib.check(config, here=False, num_devices=1)  # its file is another machine's
+  config_lib.check(helpers.tiny_experiment(**fields))  # model.vocab_size=320: fits
+  for here in (True, False):
+    with pytest.raises(compressive.ConfigError, match=r"model.vocab_size=200 .*256"):
+      config_lib.check(helpers.tiny_experiment(**{"model.vocab_size": 200}), here=here,
+                       num_devices=None if here else 1)
+
+
 def test_paper_settings():
   e = importlib.import_module("configs.enwik8").get_config()
   m = e.model
@@ -96,7 +160,7 @@ def _structure(value, name=""):
 
 @pytest.mark.parametrize("section,library", [
     ("data", "compressive.data:default_data_config"),
-    ("mesh", "compressive.scale.sharding:default_mesh_config"),
+    ("mesh", "compressive.config:default_mesh_config"),
 ])
 def test_the_default_config_writes_out_the_library_defaults(section, library):
   # configs/default.py writes these sections out (a config imports only

@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import compressive
+from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
@@ -63,8 +64,10 @@ def flip_bytes(step_dir, fraction, count=8):
 
 
 def abstract_state():
-  params = train_step.abstract_model(config())[2]
-  return train_step.abstract_train_state(config(), params, train_step.make_optimizer(config(), params))
+  experiment = config_lib.check(config())
+  params = train_step.abstract_model(experiment)[2]
+  return train_step.abstract_train_state(experiment.train, params,
+                                         train_step.make_optimizer(experiment.train, params))
 
 
 def orbax_alone(step_dir):

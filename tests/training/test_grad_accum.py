@@ -63,9 +63,10 @@ def _one_step(accum, recon, sgd, warmup=2):
   config = tiny_experiment(**{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
-  graphdef, template, params = train_step.build_model(config)
-  tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(config, params)
-  state = train_step.create_train_state(config, params, tx)
+  train = config_lib.TrainConfig.from_config(config)
+  graphdef, template, params = train_step.build_model(config.model, config.seed)
+  tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(train, params)
+  state = train_step.create_train_state(train, params, tx)
   memory = memory_lib.init_memory(config.model, config.batch_size)
   batches = _batches(config, warmup + 1)
   batches[-1]["start_of_sequence"][0, 0] = True
@@ -149,7 +150,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(sharding, "validate", lambda config, state, num_devices=None: (2, 1, 1))
+  monkeypatch.setattr(sharding, "validate", lambda mesh, state, **_: (2, 1, 1))
   config_lib.check(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
     config_lib.check(tiny_experiment(grad_accum_steps=4))
@@ -173,10 +174,11 @@ for accum in (1, 2):
   config = tiny_experiment(**{{"grad_accum_steps": accum, "batch_size": 8,
                               "optimizer.eps": 1e-6}})
   config.mesh.shape = (2, 1, 1)
-  setup = setup_lib.build_setup(config_lib.check(config))
+  experiment = config_lib.check(config)
+  setup = setup_lib.build_setup(experiment)
   tx, layout = setup.tx, setup.layout
-  state = train_step.init_train_state(config, tx, layout)
-  memory = train_step.init_sharded_memory(config, 8, layout)
+  state = train_step.init_train_state(experiment, tx, layout)
+  memory = train_step.init_sharded_memory(experiment.model, 8, layout)
   step = train_step.make_train_step(setup.graphdef, setup.state_template, tx, False, layout,
                                     grad_accum_steps=accum)
   for batch in _batches(config, 2):
