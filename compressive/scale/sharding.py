@@ -89,11 +89,12 @@ class MeshConfig:
 
 
 def mesh_config(holder: Any) -> MeshConfig:
-  """The MeshConfig of `holder`: a MeshConfig itself, or anything holding
-  one (an Experiment) or a mesh section (a library caller's config) as `.mesh`."""
+  """The MeshConfig of `holder`: a MeshConfig itself, anything holding one
+  (an Experiment) or a mesh section (a library caller's config) as `.mesh`,
+  or a mesh section itself."""
   if isinstance(holder, MeshConfig):
     return holder
-  section = holder.mesh
+  section = holder.mesh if hasattr(holder, "mesh") else holder
   return section if isinstance(section, MeshConfig) else MeshConfig.from_config(section)
 
 
