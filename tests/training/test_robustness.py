@@ -85,20 +85,39 @@ def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, refere
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_path):
-  # Ten runs killed at random moments (during start-up, steps or saves),
-  # two at a time; each is resumed to the end and must match the reference.
+  # Runs killed at moments spread over the length of a whole run (start-up,
+  # steps and saves alike: a checkpoint every 2 of 24 steps), two at a time;
+  # each is resumed to the end and must match the reference. Run i of RUNS
+  # is killed at a random moment in the i-th RUNS-th of the time an
+  # uninterrupted run takes on this machine, measured first: stratified
+  # moments cover the run evenly however fast the machine starts and
+  # trains, where moments drawn from fixed seconds could all fall in
+  # start-up on a slow machine or after the end on a fast one.
+  runs_count = 6
+  start = time.monotonic()
+  p = train(config_file, tmp_path / "timed")
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 0, err[-3000:]
+  whole = time.monotonic() - start
   rng = random.Random(0)
-  runs = [tmp_path / f"run{i}" for i in range(10)]
-  for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):
-    procs = [train(config_file, wd) for wd in pair]
-    for proc in procs:
-      time.sleep(rng.uniform(3.0, 12.0))
+  moments = [(i + rng.random()) / runs_count * whole for i in range(runs_count)]
+  runs = [tmp_path / f"run{i}" for i in range(runs_count)]
+  killed = 0
+  for pair in range(0, runs_count, 2):
+    started = time.monotonic()
+    procs = [train(config_file, wd) for wd in runs[pair:pair + 2]]
+    for proc, moment in zip(procs, moments[pair:pair + 2]):
+      time.sleep(max(0.0, started + moment - time.monotonic()))
       proc.kill()
       proc.communicate()
-    procs = [train(config_file, wd) for wd in pair]
+      killed += proc.returncode == -signal.SIGKILL
+    procs = [train(config_file, wd) for wd in runs[pair:pair + 2]]
     for proc in procs:
       _, err = proc.communicate(timeout=600)
       assert proc.returncode == 0, err[-3000:]
+  # Two runs at a time are slower than one alone, so every kill should land
+  # before its run ends; one that lands after it tested nothing.
+  assert killed >= runs_count - 1, f"only {killed} of {runs_count} runs were killed mid-run"
   for wd in runs:
     assert_same_params(wd, reference)
 
