@@ -66,8 +66,10 @@ _BASE_ENV = {}  # the environment the server starts with: install()'s
 
 
 def _jax_option(name: str, text: str):
-  """The value `jax` reads for config option `name` from environment text;
-  KeyError when `name` is no option (or of a kind this does not parse)."""
+  """The value for JAX config option `name` from environment text, as jax's
+  import reads it (validated by jax.config.update in the child, not here:
+  this process's backends have started). KeyError when `name` is no option
+  or of a kind this does not read."""
   from jax._src import config  # pylint: disable=import-outside-toplevel
   parser = config.config._value_holders[name]._parser  # pylint: disable=protected-access
   kind = getattr(parser, "__qualname__", "").split(".")[0]
@@ -75,11 +77,13 @@ def _jax_option(name: str, text: str):
     if text.lower() not in _TRUE + _FALSE:
       raise KeyError(name)
     return text.lower() in _TRUE
-  if kind in ("int_state", "float_state"):
-    return parser(int(text) if kind == "int_state" else float(text))
+  if kind == "int_state":
+    return int(text)
+  if kind == "float_state":
+    return float(text)
   if kind in ("string_state", "string_or_object_state", "optional_string_state",
               "enum_state", "optional_enum_state"):
-    return parser(text)
+    return text
   raise KeyError(name)
 
 
