@@ -71,7 +71,8 @@ def _jax_option(name: str, text: str):
   this process's backends have started). KeyError when `name` is no option
   or of a kind this does not read."""
   from jax._src import config  # pylint: disable=import-outside-toplevel
-  parser = config.config._value_holders[name]._parser  # pylint: disable=protected-access
+  holders = getattr(getattr(config, "config", None), "_value_holders", {})
+  parser = getattr(holders[name], "_parser", None)  # (private: another JAX may lack it)
   kind = getattr(parser, "__qualname__", "").split(".")[0]
   if kind == "bool_state":
     if text.lower() not in _TRUE + _FALSE:
@@ -101,8 +102,8 @@ def _jax_differences(server_env: dict, env: dict):
         return None
       try:
         out[key.lower()] = _jax_option(key.lower(), env[key])
-      except (KeyError, ValueError, TypeError):
-        return None
+      except (KeyError, ValueError, TypeError, AttributeError, ImportError):
+        return None  # not an option this knows how to read: a new interpreter
   return out
 
 
@@ -331,16 +332,16 @@ class Popen(_ORIGINAL_POPEN):
       raise ChildProcessError("the test process server went away")
     return pid, _STATUS.unpack(reply)[0]
 
-  def _internal_poll(self, _deadstate=None, _waitpid=os.waitpid, _WNOHANG=os.WNOHANG,
-                     _ECHILD=10):
+  def _internal_poll(self, *args, **kwargs):
+    # (Its parameters differ between Python versions: passed on as they come.)
     if self._zygote is None:
-      return super()._internal_poll(_deadstate, _waitpid, _WNOHANG, _ECHILD)
+      return super()._internal_poll(*args, **kwargs)
     if self.returncode is None and self._zygote.fileno() != -1:
       if not self._waitpid_lock.acquire(False):
         return None
       try:
         if self.returncode is None:
-          pid, sts = self._zygote_waitpid(self.pid, _WNOHANG)
+          pid, sts = self._zygote_waitpid(self.pid, os.WNOHANG)
           if pid == self.pid:
             self._handle_exitstatus(sts)
       finally:
