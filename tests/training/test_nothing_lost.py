@@ -311,6 +311,7 @@ def caught(pid, signum) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_interpreter  # the signal is to arrive while JAX is being imported
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_in_train_pys_first_second_is_one_line(tmp_path, signum):
