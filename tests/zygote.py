@@ -29,11 +29,13 @@ The server serves one pytest process: it exits when that process's end of
 its standard input closes (the process exited, however it ended).
 """
 
+import atexit
 import contextlib
 import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -229,14 +231,13 @@ class _Server:
     self.lock = threading.Lock()
     self.proc = None
     self.path = None
-    self.env = None
 
   def address(self):
     with self.lock:
       if self.proc is None:
         folder = tempfile.mkdtemp(prefix="compressive-zygote-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         self.path = os.path.join(folder, "socket")
-        self.env = dict(_BASE_ENV)
         self.proc = _ORIGINAL_POPEN(
             [sys.executable, os.path.abspath(__file__), self.path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(_BASE_ENV))
@@ -283,7 +284,7 @@ def _forkable(args, executable, preexec_fn, pass_fds, env, shell, gid, gids, uid
     return None
   _SERVER.address()
   env = os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-  return _jax_differences(_SERVER.env, dict(env))
+  return _jax_differences(_BASE_ENV, dict(env))
 
 
 class Popen(_ORIGINAL_POPEN):
