@@ -137,16 +137,20 @@ class RelativeAttention(nnx.Module):
     self.positions = positions
     self.implementation = IMPLEMENTATIONS[implementation]
     self.num_heads, self.head_dim = h, hd
-    init = nnx.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
-    proj = lambda: param(init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype)
+    # Drawn as d x (h*hd) and h*hd x d matrices: lecun_normal with fan-in d
+    # and h*hd, the same numbers as drawing (d, h, hd) and (h, hd, d) with
+    # those in-axes (see `param`).
+    init = nnx.initializers.lecun_normal()
+    proj = lambda: param(init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype,
+                         rows=1)
     # Pre-norm: the projections read LN(x). Post-norm: x itself, already the
     # previous layer's LN output (the caller normalises after the residual).
     self.norm = LayerNorm(d_model, param_dtype=param_dtype) if normalize_inputs else None
     self.wq, self.wk, self.wv = proj(), proj(), proj()
     if positions == "relative":  # rope has no position parameters
       self.wr = proj()  # drawn before wo, as relative models always initialised
-    self.wo = param(nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2), rngs,
-                    (h, hd, d_model), ("heads", "head_dim", "embed"), param_dtype)
+    self.wo = param(init, rngs, (h, hd, d_model), ("heads", "head_dim", "embed"), param_dtype,
+                    rows=2)
     if positions == "relative":
       self.u = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)
       self.v = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)

@@ -116,11 +116,12 @@ class Conv(Compression):
 
   def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
-    eye = jnp.eye(d_model, dtype=param_dtype)[None] / rate
+    # Drawn as the (c*d, d) matrix of the c stacked taps (see `param`).
+    eye = jnp.tile(jnp.eye(d_model, dtype=param_dtype) / rate, (rate, 1))
     noise = nnx.initializers.normal(self.NOISE / (rate * math.sqrt(d_model)))
     init = lambda key, shape, dtype: eye + noise(key, shape, dtype)
     self.kernel = param(init, rngs, (rate, d_model, d_model), ("window", "embed", "embed_out"),
-                        param_dtype)
+                        param_dtype, rows=2)
     self.bias = param(nnx.initializers.zeros, None, (d_model,), ("norm",), param_dtype)
 
   @classmethod
@@ -155,7 +156,7 @@ class DilatedConv(Compression):
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     n = dilated_layers(rate)
     self.kernel = param(nnx.initializers.normal(0.02), rngs, (n, 2, d_model, d_model),
-                        ("conv_layers", "window", "embed", "embed_out"), param_dtype)
+                        ("conv_layers", "window", "embed", "embed_out"), param_dtype, rows=3)
     self.bias = param(nnx.initializers.zeros, None, (n, d_model), ("conv_layers", "norm"),
                       param_dtype)
 
