@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive.model import compression as compression_lib
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ConfigError, ModelConfig
 
@@ -63,11 +64,32 @@ def expected_problems(v):
   return bad
 
 
+def validate_model(values):
+  """The model section's checks as the experiment's check makes them: the
+  fields (ModelConfig), then the compression's name against its registry,
+  which owns it (a name is looked up even where no memory is compressed:
+  a typo there would surface only once compressed memory is turned on)."""
+  ModelConfig.from_config(values)
+  compression_lib.resolve(values["compression"])
+
+
+def test_an_unknown_compression_is_refused_where_nothing_is_compressed():
+  # The case the property test below once drew by chance: every field
+  # consistent, no compressed memory, an unknown compression's name.
+  values = {"vocab_size": 1, "num_layers": 1, "num_heads": 1, "d_model": 1, "d_ff": 1,
+            "segment_length": 1, "memory_length": 0, "compressed_memory_length": 0,
+            "compression_rate": 1, "compression": "avg_pool",
+            "reconstruction_loss": "attention", "dropout_rate": 0.0, "dtype": "float32"}
+  ModelConfig.from_config(values)  # the fields alone are consistent
+  with pytest.raises(ConfigError, match=r"^model.compression='avg_pool' is unknown"):
+    validate_model(values)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.fixed_dictionaries(FIELDS))
 def test_validation_accepts_exactly_the_consistent_configs(values):
   assert_rejects_exactly(
-      lambda: ModelConfig.from_config(values), expected_problems(values),
+      lambda: validate_model(values), expected_problems(values),
       lambda message: {f for f in FIELDS if f"model.{f}=" in message or f"model.{f} " in message})
 
 
