@@ -36,8 +36,8 @@ CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  values = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")))
+def env():
+  values = dict(os.environ)  # with the session's compilation cache (conftest.py)
   for name in ("http_proxy", "https_proxy", "all_proxy"):
     values[name] = values[name.upper()] = CLOSED
   for name in ("no_proxy", "NO_PROXY"):

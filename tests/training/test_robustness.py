@@ -30,14 +30,10 @@ def config_file(tmp_path_factory):
        "eval_every_steps": 0, "model.dropout_rate": 0.1})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  # The many train.py processes below share compiled programs (JAX's own
-  # persistent cache), so that each spends its time training, not compiling.
-  global ENV
-  ENV = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")))
-
-
+# The many train.py processes below share compiled programs through the
+# session's compilation cache (conftest.py), which they find in the
+# environment they inherit, so that each spends its time training, not
+# compiling; their programs are also those other modules' runs compiled.
 ENV = None
 
 
