@@ -61,15 +61,16 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
       workdir, "analysis_loss_by_position_validation_compressed_memory_length0.json"))
   assert json.loads(r.stdout.strip().splitlines()[-1])["bits"]
 
-  # Resuming a finished run trains no further and keeps its checkpoints.
+  # A finished run resumed with a longer schedule goes on from its last
+  # checkpoint and keeps the checkpoints it had (3 are kept: 2, 4 and 6).
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  assert before == ["2", "4"]
   r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
           "--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
           "--config.model.compression=mean_pool")
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from step 4" in r.stderr
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "6"
-  del before
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before + ["6"]
 
 
 def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file):
