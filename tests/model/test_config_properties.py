@@ -18,6 +18,7 @@ import compressive
 from compressive.model import compression as compression_lib
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ConfigError, ModelConfig
+from helpers import jitted_forward
 
 FIELDS = dict(
     vocab_size=st.integers(-2, 40),
@@ -123,8 +124,11 @@ def test_accepted_configs_build_and_run(values):
   model = compressive.CompressiveTransformer(values, rngs=nnx.Rngs(0))
   memory = compressive.init_memory(values, 1)
   tokens = jnp.zeros((1, values["segment_length"]), jnp.int32)
+  # Run jitted, as training and evaluation run it: one program per example
+  # (op-by-op, each example's new shapes compiled some hundred small ones).
+  state, forward = jitted_forward(model)
   for _ in range(2):
-    logits, memory, _ = model(tokens, memory)
+    logits, memory, _ = forward(state, tokens, memory, None)
   assert logits.shape == (1, values["segment_length"], values["vocab_size"])
 
 
