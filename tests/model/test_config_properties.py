@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.model import compression as compression_lib
+from compressive import config as config_lib
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ConfigError, ModelConfig
 from helpers import jitted_forward
@@ -67,11 +67,11 @@ def expected_problems(v):
 
 def validate_model(values):
   """The model section's checks as the experiment's check makes them: the
-  fields (ModelConfig), then the compression's name against its registry,
-  which owns it (a name is looked up even where no memory is compressed:
-  a typo there would surface only once compressed memory is turned on)."""
-  ModelConfig.from_config(values)
-  compression_lib.resolve(values["compression"])
+  fields (ModelConfig), then its plugins' names against their registries,
+  which own them (a compression's name is looked up even where no memory is
+  compressed: a typo there would surface only once compressed memory is
+  turned on)."""
+  config_lib._check_plugins(ModelConfig.from_config(values))  # pylint: disable=protected-access
 
 
 def test_an_unknown_compression_is_refused_where_nothing_is_compressed():

@@ -34,13 +34,12 @@ def config_file(tmp_path_factory):
 # session's compilation cache (conftest.py), which they find in the
 # environment they inherit, so that each spends its time training, not
 # compiling; their programs are also those other modules' runs compiled.
-ENV = None
 
 
 def train(config_file, workdir, *extra):
   return subprocess.Popen(
       [sys.executable, "train.py", f"--config={config_file}", f"--workdir={workdir}", *extra],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -242,8 +241,7 @@ def test_resuming_with_other_shapes_names_the_fields(tmp_path):
 def test_evaluation_never_modifies_checkpoints(reference):
   before = tree_digest(reference / "checkpoints")
   r = subprocess.run([sys.executable, "eval.py", f"--workdir={reference}", "--split=validation",
-                      "--max_segments=2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                     env=ENV)
+                      "--max_segments=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   compressive.load(str(reference))
   assert tree_digest(reference / "checkpoints") == before
@@ -366,7 +364,7 @@ def test_a_second_signal_is_neither_lost_nor_let_into_a_save(where, lines):
   # Python drops an exception raised in a gc callback and prints a traceback;
   # one raised while Orbax starts a save would leave a half-made checkpoint.
   r = subprocess.run([sys.executable, "-c", SECOND_SIGNAL, where], cwd=ROOT,
-                     capture_output=True, text=True, timeout=300, env=ENV)
+                     capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.splitlines() == lines
   assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
