@@ -253,9 +253,11 @@ from compressive import cli
 from experiments import run
 flags.FLAGS([sys.argv[0], "--experiment=ablation"])
 child = (
-    "import signal, sys, time\\n"
+    "import os, signal, sys, time\\n"
     "def stop(signum, frame):\\n"
-    "  open(sys.argv[1], 'w').write('saved')\\n"
+    # Written aside and renamed: a reader never sees the file half written.
+    "  open(sys.argv[1] + '.part', 'w').write('saved')\\n"
+    "  os.replace(sys.argv[1] + '.part', sys.argv[1])\\n"
     "  sys.exit(0)\\n"
     "signal.signal(signal.SIGTERM, stop)\\n"
     "print('ready', file=sys.stderr, flush=True)\\n"
