@@ -25,6 +25,15 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
 
+def xla_flags(*extra: str) -> str:
+  """XLA_FLAGS for a process the tests start: the session's (conftest.py's
+  optimisation level, and whatever the user set) without a fake-device
+  count, then `extra` (e.g. "--xla_force_host_platform_device_count=8")."""
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join(kept + list(extra))
+
+
 # -- Tiny models. ----------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from compressive import aot as aot_lib
-from helpers import ROOT, write_config_file
+from helpers import ROOT, write_config_file, xla_flags
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_an_unknown_target_is_one_line_naming_the_known_ones(config_file):
 def test_sharded_train_step_reports_its_collectives(config_file):
   # 8 fake CPU devices, parameters split 8 ways (FSDP): the step must gather
   # them and reduce their gradients.
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
   r = aot(f"--config={config_file}", "--target=cpu", "--config.mesh.shape=(1,8,1)",
           "--config.batch_size=8", env=env)
   assert r.returncode == 0, r.stderr[-2000:]

@@ -37,7 +37,8 @@ from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, TESTS, sharding_experiment, tiny_model_config, write_config_file
+from helpers import (ROOT, TESTS, sharding_experiment, tiny_model_config, write_config_file,
+                     xla_flags)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -208,8 +209,7 @@ def free_port():
 
 
 def cpu_env(**extra):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, XLA_FLAGS=xla_flags())
   env.pop("JAX_NUM_CPU_DEVICES", None)
   env["JAX_PLATFORMS"] = "cpu"
   env.update(extra)
@@ -244,7 +244,7 @@ def runs(tmp_path_factory):
   r = subprocess.run(
       [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
       cwd=ROOT, capture_output=True, text=True, timeout=900,
-      env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+      env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
   assert r.returncode == 0, r.stderr[-4000:]
   worker = json.loads(r.stdout.strip().splitlines()[-1])
   assert worker["devices"] == 8
@@ -584,7 +584,7 @@ def test_shardings_equal_the_path_matched_ones_on_eight_devices():
   code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
           "test_sharding.compare_all_specs_on_eight_devices()")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                     timeout=900, env=cpu_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+                     timeout=900, env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
   assert r.returncode == 0, r.stderr[-3000:]
   names = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("same ")]
   assert names == list(spec_cases())

@@ -22,7 +22,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, TESTS, assert_resumed_like_straight, tiny_experiment
+from helpers import ROOT, TESTS, assert_resumed_like_straight, tiny_experiment, xla_flags
 
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
@@ -202,7 +202,7 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   script = tmp_path / "dp.py"
   script.write_text(textwrap.dedent(
       DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"),
              JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                      env=env, timeout=600)
