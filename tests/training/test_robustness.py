@@ -17,7 +17,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
 from helpers import (ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
-                     tree_digest, write_config_file)
+                     tree_digest, write_config_file, xla_flags)
 
 STEPS = 24
 
@@ -36,10 +36,10 @@ def config_file(tmp_path_factory):
 # compiling; their programs are also those other modules' runs compiled.
 
 
-def train(config_file, workdir, *extra):
+def train(config_file, workdir, *extra, env=None):
   return subprocess.Popen(
       [sys.executable, "train.py", f"--config={config_file}", f"--workdir={workdir}", *extra],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,35 @@ def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, refere
   _, err = p.communicate(timeout=600)
   assert p.returncode == 0 and f"resumed from step {stopped}" in err, err[-3000:]
   assert_same_params(workdir, reference)
+
+
+@pytest.mark.slow
+def test_a_resume_is_bit_identical_at_xlas_default_level_too(config_file, reference, tmp_path):
+  # The suite compiles at XLA's optimisation level 0 (conftest.py); users'
+  # runs compile at XLA's default level, whose vectorised code rounds
+  # otherwise. A bit-identical resume is a promise about users' runs, so it
+  # is held here at the default level as well: a run stopped by SIGTERM and
+  # resumed ends with the parameters of a straight run, both compiled there.
+  default = dict(os.environ, XLA_FLAGS=xla_flags("--xla_backend_optimization_level=3"))
+  straight, workdir = tmp_path / "straight", tmp_path / "wd"
+  procs = [train(config_file, straight, env=default), train(config_file, workdir, env=default)]
+  wait_for_step(procs[1], 6)
+  procs[1].send_signal(signal.SIGTERM)
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+  stopped = ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step()
+  assert 6 <= stopped < STEPS
+  p = train(config_file, workdir, env=default)
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 0 and f"resumed from step {stopped}" in err, err[-3000:]
+  assert_same_params(workdir, straight)
+  # The processes did compile at another level than the suite's (whose
+  # reference run rounds otherwise), unless the suite runs at it too.
+  if "--xla_backend_optimization_level=3" not in os.environ.get("XLA_FLAGS", "").split():
+    assert any((a != b).any() for a, b in zip(params_of(straight), params_of(reference))), (
+        "the default-level run equals the suite's level-0 run bit for bit: it did not "
+        "compile at the default level")
 
 
 @pytest.mark.slow
