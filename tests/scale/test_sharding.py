@@ -584,7 +584,8 @@ def test_shardings_equal_the_path_matched_ones_on_eight_devices():
   code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
           "test_sharding.compare_all_specs_on_eight_devices()")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                     timeout=900, env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
+                     timeout=900,
+                     env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
   assert r.returncode == 0, r.stderr[-3000:]
   names = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("same ")]
   assert names == list(spec_cases())
