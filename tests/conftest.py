@@ -29,10 +29,10 @@ import tempfile
 # run's loss: 6.21796727 against 6.21796763), which every tolerance here is
 # wider than (docs/TESTS.md); the default experiment (`make experiment`) runs
 # at XLA's default level, and bit-identical resume is tested there as well
-# (training/test_robustness.py). A level
-# in XLA_FLAGS already is kept: `XLA_FLAGS=--xla_backend_optimization_level=3
-# make test` runs the suite as XLA compiles by default. Tests that start
-# processes with more flags (fake devices) add to these (helpers.xla_flags).
+# (training/test_robustness.py). A level in XLA_FLAGS already is kept:
+# `XLA_FLAGS=--xla_backend_optimization_level=3 make test` runs the suite as
+# XLA compiles by default. Tests that start processes with more flags (fake
+# devices) add to these (helpers.xla_flags).
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = " ".join(
       filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))

@@ -25,12 +25,15 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
 
+# XLA's default optimisation level, as a flag (the suite's is 0: conftest.py).
+XLA_DEFAULT_LEVEL = "--xla_backend_optimization_level=3"
+
+
 def xla_flags(*extra: str) -> str:
   """XLA_FLAGS for a process the tests start: the session's (conftest.py's
   optimisation level, and whatever the user set) without a fake-device
   count, then `extra` (e.g. "--xla_force_host_platform_device_count=8"),
-  which replaces a session flag of the same name
-  ("--xla_backend_optimization_level=3": XLA's default level)."""
+  which replaces a session flag of the same name (XLA_DEFAULT_LEVEL)."""
   named = {f.split("=")[0] for f in extra} | {"--xla_force_host_platform_device_count"}
   kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in named]
   return " ".join(kept + list(extra))

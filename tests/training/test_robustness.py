@@ -17,7 +17,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
 from helpers import (ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
-                     tree_digest, write_config_file, xla_flags)
+                     tree_digest, write_config_file, xla_flags, XLA_DEFAULT_LEVEL)
 
 STEPS = 24
 
@@ -62,20 +62,25 @@ def wait_for_step(proc, step, timeout=300):
   raise AssertionError(f"no log line for step {step}")
 
 
-@pytest.mark.slow
-def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, reference, tmp_path):
-  workdir = tmp_path / "wd"
-  p = train(config_file, workdir)
+def stop_by_sigterm_and_resume(config_file, workdir, env=None):
+  """train.py stopped by SIGTERM after step 6 exits 0 with a checkpoint, and
+  a second train.py resumes from it to the end."""
+  p = train(config_file, workdir, env=env)
   wait_for_step(p, 6)
   p.send_signal(signal.SIGTERM)
   _, err = p.communicate(timeout=300)
   assert p.returncode == 0, err[-3000:]
   stopped = ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step()
   assert 6 <= stopped < STEPS
-  p = train(config_file, workdir)
+  p = train(config_file, workdir, env=env)
   _, err = p.communicate(timeout=600)
   assert p.returncode == 0 and f"resumed from step {stopped}" in err, err[-3000:]
-  assert_same_params(workdir, reference)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, reference, tmp_path):
+  stop_by_sigterm_and_resume(config_file, tmp_path / "wd")
+  assert_same_params(tmp_path / "wd", reference)
 
 
 @pytest.mark.slow
@@ -85,24 +90,17 @@ def test_a_resume_is_bit_identical_at_xlas_default_level_too(config_file, refere
   # otherwise. A bit-identical resume is a promise about users' runs, so it
   # is held here at the default level as well: a run stopped by SIGTERM and
   # resumed ends with the parameters of a straight run, both compiled there.
-  default = dict(os.environ, XLA_FLAGS=xla_flags("--xla_backend_optimization_level=3"))
-  straight, workdir = tmp_path / "straight", tmp_path / "wd"
-  procs = [train(config_file, straight, env=default), train(config_file, workdir, env=default)]
-  wait_for_step(procs[1], 6)
-  procs[1].send_signal(signal.SIGTERM)
-  for p in procs:
-    _, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err[-3000:]
-  stopped = ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step()
-  assert 6 <= stopped < STEPS
-  p = train(config_file, workdir, env=default)
-  _, err = p.communicate(timeout=600)
-  assert p.returncode == 0 and f"resumed from step {stopped}" in err, err[-3000:]
-  assert_same_params(workdir, straight)
+  default = dict(os.environ, XLA_FLAGS=xla_flags(XLA_DEFAULT_LEVEL))
+  straight = train(config_file, tmp_path / "straight", env=default)  # beside the stopped one
+  stop_by_sigterm_and_resume(config_file, tmp_path / "wd", env=default)
+  _, err = straight.communicate(timeout=600)
+  assert straight.returncode == 0, err[-3000:]
+  assert_same_params(tmp_path / "wd", tmp_path / "straight")
   # The processes did compile at another level than the suite's (whose
   # reference run rounds otherwise), unless the suite runs at it too.
-  if "--xla_backend_optimization_level=3" not in os.environ.get("XLA_FLAGS", "").split():
-    assert any((a != b).any() for a, b in zip(params_of(straight), params_of(reference))), (
+  if XLA_DEFAULT_LEVEL not in os.environ.get("XLA_FLAGS", "").split():
+    assert any((a != b).any()
+               for a, b in zip(params_of(tmp_path / "straight"), params_of(reference))), (
         "the default-level run equals the suite's level-0 run bit for bit: it did not "
         "compile at the default level")
 
