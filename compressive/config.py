@@ -88,10 +88,24 @@ def validate_training_config(config: ml_collections.ConfigDict) -> None:
   accum = grad_accum_steps(config)
   if not _is_int(accum) or accum < 1:
     raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
+  _check_gradient_window(config.get("gradient_window", 1), config.segments_per_step, accum)
   if config.batch_size % accum:
     raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
                       f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
                       "grad_accum_steps rows")
+
+
+def _check_gradient_window(window, segments_per_step: int, accum: int) -> None:
+  """gradient_window: whole windows in every step, without accumulation."""
+  if not _is_int(window) or not 1 <= window <= _INT32_MAX:
+    raise ConfigError(f"gradient_window={window!r} must be a positive integer (segments per "
+                      "update; 1: one update per segment, the paper's)")
+  if segments_per_step % window:
+    raise ConfigError(f"segments_per_step={segments_per_step} is not a multiple of "
+                      f"gradient_window={window}: a step makes one update per whole window")
+  if window > 1 and accum > 1:
+    raise ConfigError(f"gradient_window={window} with grad_accum_steps={accum}: a window's "
+                      "gradient is not accumulated over micro-batches; set one of them to 1")
 
 
 # Each optimizer value's range, checked on its float32 (the optimizer's dtype).
@@ -272,12 +286,13 @@ def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConf
   params = _parameter_count(cfg)
   b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
   rows = b // max(accum, 1)
+  window = config.get("gradient_window", 1)  # a window keeps its segments' activations
   keys = cfg.compressed_memory_length + cfg.memory_length + t
   queries = cfg.attention_chunk_size or t
   total = (16 * params
            + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
            + 3 * s * b * t * 4
-           + layers * rows * t * d * itemsize
+           + layers * rows * t * d * itemsize * window
            + rows * cfg.num_heads * queries * keys * 4)
   return total // (num_devices or jax.device_count())
 

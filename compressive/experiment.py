@@ -63,8 +63,9 @@ class TrainConfig:
   seed: int
   batch_size: int  # global rows per step
   num_train_steps: int
-  segments_per_step: int  # consecutive segments per step, one update each
+  segments_per_step: int  # consecutive segments per step
   grad_accum_steps: int  # micro-batches per segment's update
+  gradient_window: int  # segments per update, the loss reaching back through the memory
   segment_length: int
   log_every_steps: int
   eval_every_steps: int  # 0: never (but at the end)
@@ -79,6 +80,7 @@ class TrainConfig:
     return cls(
         seed=config.seed, batch_size=config.batch_size, num_train_steps=config.num_train_steps,
         segments_per_step=config.segments_per_step, grad_accum_steps=config.grad_accum_steps,
+        gradient_window=config.get("gradient_window", 1),
         segment_length=config.model.segment_length, log_every_steps=config.log_every_steps,
         eval_every_steps=config.eval_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,
@@ -96,9 +98,15 @@ class TrainConfig:
     return self.segments_per_step * self.batch_size * self.segment_length
 
   @property
+  def updates_per_step(self) -> int:
+    """Optimizer updates per step: one per window of gradient_window
+    segments (the paper's: one per segment)."""
+    return self.segments_per_step // self.gradient_window
+
+  @property
   def num_updates(self) -> int:
-    """Optimizer updates of the whole run (one per segment)."""
-    return self.num_train_steps * self.segments_per_step
+    """Optimizer updates of the whole run."""
+    return self.num_train_steps * self.updates_per_step
 
 
 @dataclasses.dataclass(frozen=True)

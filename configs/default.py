@@ -19,6 +19,11 @@ def get_config() -> ml_collections.ConfigDict:
   # grad_accum_steps rows (each with its rows' memory), summed into one update:
   # the same update with less activation memory.
   config.grad_accum_steps = 1
+  # Segments per optimizer update (beyond the paper; docs/DESIGN.md
+  # §Task-taught compression): the loss of a window of gradient_window
+  # segments is one gradient, reaching back through the memory within the
+  # window as model.memory_gradient allows; 1: one update per segment, the paper's.
+  config.gradient_window = 1
   config.log_every_steps = 25
   config.eval_every_steps = 100  # a quick estimate on eval.max_segments rows; eval.py does whole splits
   config.checkpoint_every_steps = 100
@@ -47,6 +52,10 @@ def get_config() -> ml_collections.ConfigDict:
   model.remat = "none"  # none | full | matmuls: what backprop keeps of each layer's forward pass
   model.attention_chunk_size = 0  # queries per exact attention chunk; 0 = whole segment
   model.attention_implementation = "auto"  # rope's fused attention: auto | xla | cudnn (GPU)
+  # Where later segments' loss reaches through the memory, within a gradient
+  # window: none (the paper's) | compressor (the compression network) |
+  # memories (every stored slot, and the layers that wrote it).
+  model.memory_gradient = "none"
 
   opt = config.optimizer = ml_collections.ConfigDict()
   opt.name = "adamw"  # adam | adamw

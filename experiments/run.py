@@ -161,6 +161,25 @@ RECALL_STUDY = {
                           ("--config.data.recall.requery_distances=" + str(tuple(range(24, 121, 8)))
                            .replace(" ", ""), "--config.data.recall.facts=32"), _MOST_USED),
 }
+# The task-taught compression (model.memory_gradient, beyond the paper): one
+# update per window of 8 segments (512 bytes). A fact is compressed in the
+# segment after its own, and queried 264-344 bytes (4-6 segments) later, so
+# 3 to 5 of every 8 such pairs fall in one window. 8 segments per step: 600
+# steps are 600 updates of 8 segments (base: 2,400 of one). Each
+# Transformer-XL gets the same window and data; where the memories keep
+# their gradient, its memories do too (equal cost, equal training signal).
+_WINDOW = ("--config.segments_per_step=8", "--config.gradient_window=8")
+RECALL_STUDY.update({
+    "taught": ("task-taught compression: the LM loss of the next 7 segments reaches the conv "
+               "through the compressed memory (model.memory_gradient=compressor, "
+               "gradient_window=8, 8 segments per step), beside its attention-reconstruction "
+               "loss; the Transformer-XL with the same window and data",
+               _WINDOW, ("--config.model.memory_gradient=compressor",)),
+    "taught_memories": ("task-taught memories: the LM loss of the next 7 segments reaches every "
+                        "stored slot, the conv and the layers that wrote them "
+                        "(model.memory_gradient=memories, gradient_window=8), both models",
+                        _WINDOW + ("--config.model.memory_gradient=memories",), ()),
+})
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
 
@@ -211,7 +230,12 @@ def recall_setting(out: str, name: str) -> dict:
       "txl_reach": txl_reach, "txl_one_hop_reach": txl_one_hop,
       "ct_one_hop_reach": m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]
                           + m["segment_length"],
-      "chance": CHANCE}}
+      "chance": CHANCE, "gradient_window": ct.get("gradient_window", 1),
+      "memory_gradient": m.get("memory_gradient", "none"),
+      "txl_gradient_window": txl.get("gradient_window", 1),
+      "txl_memory_gradient": mt.get("memory_gradient", "none"),
+      # Both models' complete configs, as their workdirs' config.json hold them.
+      "ct_config": ct, "txl_config": txl}}
   for model, (summary, workdir, flags_) in runs.items():
     acc = recall_analysis(workdir, flags_)
     far, mid = beyond(acc, txl_reach), beyond(acc, txl_one_hop)

@@ -49,7 +49,7 @@ def lower_train_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowe
   layout = setup.layout
   step = train_step.make_train_step(
       setup.graphdef, setup.state_template, setup.tx, cfg.dropout_rate > 0, layout,
-      grad_accum_steps=train.grad_accum_steps)
+      grad_accum_steps=train.grad_accum_steps, gradient_window=train.gradient_window)
   s, b, t = train.segments_per_step, train.batch_size, cfg.segment_length
   batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k]) for k, shape, dt in (
       ("inputs", (s, b, t), jnp.int32), ("targets", (s, b, t), jnp.int32),

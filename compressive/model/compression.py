@@ -214,24 +214,33 @@ class Compressor(nnx.Module):
                                 param_dtype)
 
   def __call__(self, layer_memory: memory_lib.Memory, ev: memory_lib.Eviction,
-               queries: jax.Array, attention, *,
-               with_loss: bool = True) -> tuple[memory_lib.Memory, jax.Array]:
-    """Compresses the eviction `ev` (stop-gradient) into the compressed memory.
+               queries: jax.Array, attention, *, with_loss: bool = True,
+               keep_gradient: bool = False) -> tuple[memory_lib.Memory, jax.Array]:
+    """Compresses the eviction `ev` into the compressed memory.
 
     Returns the memory and the reconstruction loss (docs/PAPER.md
     §Attention-reconstruction loss): the layer's content attention from its
     `queries` [B, T, H, D] over the evicted slots' keys and values, against the
     same over the compressed slots' keys and values through the layer's frozen
-    weights. Every input is stop-gradient, so this loss trains only f_c.
-    The loss is 0, and not computed, without `with_loss` (evaluation,
-    generation) or when f_c has no parameters.
+    weights. Every input of the loss is stop-gradient (the eviction too), so
+    this loss trains only f_c. The loss is 0, and not computed, without
+    `with_loss` (evaluation, generation) or when f_c has no parameters.
+
+    The compressed slots enter the memory stop-gradient (the paper's), or,
+    with `keep_gradient` (model.memory_gradient), with their gradient: the
+    loss of later segments then reaches f_c, and through `ev` whatever the
+    caller left differentiable in it.
     """
     comp, comp_mask = self._compress(ev)
     comp = comp.astype(ev.slots.dtype)
     new_memory = memory_lib.push_compressed(
-        layer_memory, jax.lax.stop_gradient(comp), comp_mask, attention.keys_values)
+        layer_memory, comp if keep_gradient else jax.lax.stop_gradient(comp), comp_mask,
+        attention.keys_values)
     if not with_loss or self.loss == "none":
       return new_memory, jnp.zeros((), jnp.float32)
+    if keep_gradient:  # the loss's own f_c of the stop-gradient eviction: it trains f_c only
+      ev = jax.lax.stop_gradient(ev)
+      comp = self._compress(ev)[0].astype(ev.slots.dtype)
     if self.loss == "attention":
       q = jax.lax.stop_gradient(queries)
       target = attention.content_attention(q, ev.k, ev.v, ev.mask)

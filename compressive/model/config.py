@@ -24,6 +24,15 @@ REMAT_POLICIES = ("none", "full", "matmuls")
 # before the head); "post" normalises after each residual sum, as the
 # paper's Algorithm 1 and Transformer-XL do.
 NORMS = ("pre", "post")
+# model.memory_gradient: where the language-modelling loss of later segments
+# may reach through the memory, within a gradient window of segments
+# (training's `gradient_window`; docs/DESIGN.md §Task-taught compression).
+# "none": nowhere, the paper's (memories stop-gradient, the compression
+# trained by its reconstruction loss alone); "compressor": the compressed
+# slots keep their gradient, so later queries train f_c (what it is given
+# stays stop-gradient); "memories": every stored slot keeps its gradient, so
+# the loss reaches the layers that wrote the memory and f_c's inputs too.
+MEMORY_GRADIENTS = ("none", "compressor", "memories")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +59,7 @@ class ModelConfig:
   remat: str = "none"  # REMAT_POLICIES
   attention_chunk_size: int = 0  # queries per attention chunk; 0 = the whole segment
   attention_implementation: str = "auto"  # rope's fused attention: auto | xla | cudnn
+  memory_gradient: str = "none"  # MEMORY_GRADIENTS; "none" is the paper's
 
   @classmethod
   def from_config(cls, config: Any) -> "ModelConfig":
@@ -163,8 +173,20 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
         "attention is a plain dot product that a fused kernel can compute")
+  _check_memory_gradient(cfg)
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
   check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
+
+
+def _check_memory_gradient(cfg: ModelConfig) -> None:
+  if cfg.memory_gradient not in MEMORY_GRADIENTS:
+    raise ConfigError(f"model.memory_gradient={cfg.memory_gradient!r} is unknown; choose one of "
+                      f"{', '.join(MEMORY_GRADIENTS)}")
+  if cfg.memory_gradient == "compressor" and not cfg.compressed_memory_length:
+    raise ConfigError(
+        "model.memory_gradient='compressor' needs a compressed memory "
+        "(model.compressed_memory_length > 0); a Transformer-XL's memories are reached with "
+        "'memories'")
 
 
 def check_segment_length(cfg: ModelConfig, segment_length: int, compressed_memory_length: int,

@@ -11,6 +11,10 @@ push the segment's layer inputs into mem; compress the T oldest slots that
 fall out (f_c, rate c) into T / c slots pushed into cmem, whose oldest fall
 off. The compression network learns only from the reconstruction loss;
 memories are stop-gradient between segments (truncated BPTT over one segment).
+`model.memory_gradient` (beyond the paper; docs/DESIGN.md §Task-taught
+compression) lets the compressed slots, or every stored slot, keep their
+gradient, so that the loss of later segments in the train step's gradient
+window reaches the compression network (and the layers that wrote them).
 
 One `Block` serves training, streaming evaluation (the memory then carries
 its slots' keys and values, `cache_keys_values`) and one-token decoding
@@ -86,6 +90,7 @@ class Block(nnx.Module):
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
     self.needs_usage = resolve_compression(cfg.compression).needs_usage
+    self.memory_gradient = cfg.memory_gradient
     self.compressor = None  # Transformer-XL: evicted memories are dropped.
     if cfg.compressed_memory_length:
       self.compressor = nnx.data(Compressor(
@@ -136,13 +141,18 @@ class Block(nnx.Module):
     # A whole segment enters the memory (Alg. 1); decoded tokens are in the
     # cache already, and the complete segment is pushed by a later call.
     if position is None and mem.memory_length:
-      # Everything stored is stop-gradient (truncated BPTT), and so is what
-      # the compressor sees: only its loss trains it.
+      # The paper's: everything stored is stop-gradient (truncated BPTT), and
+      # so is what the compressor sees: only its loss trains it. With
+      # model.memory_gradient, what is stored keeps its gradient
+      # ("memories"), or only the compressed slots do ("compressor").
       c_len = mem.compressed_memory_length
-      mem, ev = memory_lib.push(mem, jax.lax.stop_gradient(x), received[:, c_len:],
-                                k[:, c_len:], v[:, c_len:])
+      keep = self.memory_gradient == "memories"
+      mem, ev = memory_lib.push(mem, x if keep else jax.lax.stop_gradient(x),
+                                received[:, c_len:], k[:, c_len:], v[:, c_len:])
       if c_len:  # init_memory refuses a compressed memory for a model without compressor
-        mem, recon = self.compressor(mem, jax.lax.stop_gradient(ev), q, att, with_loss=training)
+        mem, recon = self.compressor(mem, ev if keep else jax.lax.stop_gradient(ev), q, att,
+                                     with_loss=training,
+                                     keep_gradient=self.memory_gradient != "none")
     return out, mem, Aux(recon, mass, received if collect_attention else None)
 
   def _position_rows(self, position_keys, kk: int, q_last, d: int) -> Optional[jax.Array]:
@@ -291,10 +301,37 @@ class CompressiveTransformer(nnx.Module):
 
     Returns:
       logits [B, T, V] (float32), the memory after this segment
-      (stop-gradient), and `Aux`.
+      (stop-gradient, unless model.memory_gradient lets parts of it keep
+      their gradient), and `Aux`.
     """
     cfg = self.config
     tokens = jnp.asarray(tokens)
+    self._check_call(tokens, memory, position)
+    training = not self.embed_dropout.deterministic  # model.eval(): no training-only work
+    if not training or cfg.dropout_rate == 0.0:
+      dropout_rng = None
+
+    if start_of_sequence is not None:
+      memory = memory_lib.reset_rows(memory, start_of_sequence)
+    if cfg.memory_gradient == "none":
+      memory = jax.lax.stop_gradient(memory)
+    x = self.embed(tokens).astype(self.dtype)  # [B, T, d]
+    if dropout_rng is not None:
+      x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
+    x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
+                                      position_keys, training)
+    if self.final_norm is not None:
+      x = self.final_norm(x)
+    logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
+    aux = aux.replace(reconstruction_loss=aux.reconstruction_loss.sum(),
+                      attention_mass=aux.attention_mass.mean(0))
+    if cfg.memory_gradient == "none":
+      new_memory = jax.lax.stop_gradient(new_memory)
+    return logits, new_memory, aux
+
+  def _check_call(self, tokens: jax.Array, memory: Memory, position) -> None:
+    """ValueError when the tokens and the memory do not fit this model."""
+    cfg = self.config
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     b, t = tokens.shape
@@ -309,24 +346,6 @@ class CompressiveTransformer(nnx.Module):
       raise ValueError("decoding (position=...) needs a memory made by cache_keys_values")
     if memory.mem.shape[-1] != cfg.d_model:
       raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
-    training = not self.embed_dropout.deterministic  # model.eval(): no training-only work
-    if not training or cfg.dropout_rate == 0.0:
-      dropout_rng = None
-
-    if start_of_sequence is not None:
-      memory = memory_lib.reset_rows(memory, start_of_sequence)
-    memory = jax.lax.stop_gradient(memory)
-    x = self.embed(tokens).astype(self.dtype)  # [B, T, d]
-    if dropout_rng is not None:
-      x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
-    x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
-                                      position_keys, training)
-    if self.final_norm is not None:
-      x = self.final_norm(x)
-    logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
-    aux = aux.replace(reconstruction_loss=aux.reconstruction_loss.sum(),
-                      attention_mass=aux.attention_mass.mean(0))
-    return logits, jax.lax.stop_gradient(new_memory), aux
 
   def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys,
               training):

@@ -68,7 +68,7 @@ def run_identity(config: Any, tokenizer_identity: Optional[str] = None,
 # run that saved a checkpoint and one that restores it.
 RUNTIME_MODEL_FIELDS = frozenset(
     ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
-     "scan_layers"))
+     "scan_layers", "memory_gradient"))
 
 _WHAT = {"model": "the model config", "tokenizer": "the tokenizer",
          "data": "the data config", "corpus": "the training corpus"}

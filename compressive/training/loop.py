@@ -248,12 +248,16 @@ def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
             dict(layout.mesh.shape), layout.mesh.size, jax.process_count(),
             train_iter.row_start, train_iter.row_start + train_iter.num_rows)
   train = experiment.train
+  if train.gradient_window > 1:
+    _log.info("one update per window of %d segments; the loss reaches back through the "
+              "memory within it (model.memory_gradient=%s)", train.gradient_window,
+              experiment.model.memory_gradient)
   if train.grad_accum_steps > 1:
     _log.info("accumulating gradients over %d micro-batches of %d rows", train.grad_accum_steps,
               train.micro_batch_rows)
   return train_step.make_train_step(
       setup.graphdef, setup.state_template, setup.tx, experiment.model.dropout_rate > 0, layout,
-      grad_accum_steps=train.grad_accum_steps)
+      grad_accum_steps=train.grad_accum_steps, gradient_window=train.gradient_window)
 
 
 def _save_due(train: config_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:

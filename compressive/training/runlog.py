@@ -250,7 +250,7 @@ class MetricLog:
     elapsed = time.time() - clock.since
     steps = clock.steps
     nats, count = float(m["nats"].sum()), max(float(m["tokens"].sum()), 1.0)
-    updates = step * self.train.segments_per_step  # the optimizer's count after this step
+    updates = step * self.train.updates_per_step  # the optimizer's count after this step
     scalars = {
         "loss": nats / count,
         self.bits_name: nats / count / losses.LN2,

@@ -22,6 +22,7 @@ model's aux outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -64,7 +65,7 @@ def abstract_model(experiment: experiment_lib.Experiment):
 
 def learning_rate_schedule(train: experiment_lib.TrainConfig) -> optax.Schedule:
   """Linear warmup to the peak, then cosine decay (paper §5), in updates."""
-  s = train.segments_per_step
+  s = train.updates_per_step
   opt = train.optimizer
   total = max(train.num_train_steps * s, 1)
   warmup = min(opt.warmup_steps * s, total)
@@ -151,7 +152,8 @@ def init_sharded_memory(model_config, batch_size: int, layout: Layout):
 
 
 def make_train_step(graphdef, state_template, tx, dropout: bool,
-                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1) -> Callable:
+                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1,
+                    gradient_window: int = 1) -> Callable:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
 
   batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
@@ -164,9 +166,22 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   B / A rows), each with its own rows' memory, and sums them into ONE
   optimizer update per segment, weighted so that the update is the
   full-batch one (see `_accumulated_gradients`).
+
+  `gradient_window` = W > 1 (beyond the paper; docs/DESIGN.md §Task-taught
+  compression) makes one optimizer update per window of W consecutive
+  segments instead of one per segment: the loss is the window's
+  (`window_loss`), the memory is threaded through its segments inside the
+  gradient, so with model.memory_gradient the loss of a segment reaches
+  what earlier segments of its window stored (the compression network that
+  compressed it, and with "memories" the layers that wrote it); nothing
+  reaches back past the window's first segment. S must be a multiple of W;
+  metrics stay per segment (grad_norm is the window's, repeated).
   """
   if grad_accum_steps < 1:
     raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
+  if gradient_window < 1 or (gradient_window > 1 and grad_accum_steps > 1):
+    raise ValueError(f"gradient_window={gradient_window} must be >= 1, and 1 with "
+                     "grad_accum_steps > 1")
   dp = _data_split(layout)
   model_config = nnx.merge(graphdef, state_template).config  # static: read once, not per trace
 
@@ -177,45 +192,98 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
-  def full_batch_gradients(params, seg, memory, rng):
-    def loss_fn(params):
-      nats, count, new_memory, scalars = forward(params, seg, memory, rng)
-      lm = nats / jnp.maximum(count, 1.0)
-      # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
-      return lm + scalars["reconstruction_loss"], (new_memory, scalars, nats, count)
-
-    grads, (new_memory, scalars, nats, count) = jax.grad(loss_fn, has_aux=True)(params)
-    return grads, new_memory, scalars, nats, count
-
   def accumulated_gradients(params, seg, memory, rng):
     return _accumulated_gradients(
         forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
         model_config.reconstruction_loss)
 
   def segment(carry, seg):
-    state, memory = carry
-    rng = jax.random.fold_in(state.rng, state.step)
-    gradients = full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
-    grads, new_memory, scalars, nats, count = gradients(state.params, seg, memory, rng)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    grad_norm = optax.tree.norm(grads)
-    metrics = dict(scalars, nats=nats, tokens=count, grad_norm=grad_norm,
-                   finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
-    if layout is not None:  # keep the carry laid out as it came in
-      new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
-      new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
-    return (new_state, new_memory), metrics
+    gradients = (_full_batch_gradients if grad_accum_steps == 1 else
+                 lambda _, *args: accumulated_gradients(*args))
+    return _update(tx, layout, *carry, seg, functools.partial(gradients, forward))
+
+  def window(carry, segs):
+    return _update(tx, layout, *carry, segs, functools.partial(_window_gradients, forward))
 
   def train_step(state, memory, batch):
-    (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
-    return state, memory, metrics
+    if gradient_window == 1:  # the paper's: one update per segment
+      (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
+      return state, memory, metrics
+    # [S, B, ...] -> [S / W, W, B, ...]: one update per window of W segments
+    windows = jax.tree.map(
+        lambda x: x.reshape((x.shape[0] // gradient_window, gradient_window) + x.shape[1:]),
+        batch)
+    (state, memory), metrics = jax.lax.scan(window, (state, memory), windows)
+    return state, memory, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), metrics)
 
   shardings = {} if layout is None else dict(
       in_shardings=(layout.state, layout.memory, layout.batch),
       out_shardings=(layout.state, layout.memory, layout.replicated))
   return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
+
+
+def _full_batch_gradients(forward, params, seg, memory, rng):
+  """(grads, new memory, scalars, nats, count) of one segment, the paper's."""
+  def loss_fn(params):
+    nats, count, new_memory, scalars = forward(params, seg, memory, rng)
+    lm = nats / jnp.maximum(count, 1.0)
+    # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
+    return lm + scalars["reconstruction_loss"], (new_memory, scalars, nats, count)
+
+  grads, (new_memory, scalars, nats, count) = jax.grad(loss_fn, has_aux=True)(params)
+  return grads, new_memory, scalars, nats, count
+
+
+def _window_gradients(forward, params, segs, memory, rng):
+  """(grads, new memory, scalars, nats, count) of a window's loss (`window_loss`)."""
+  grads, (new_memory, scalars, nats, count) = jax.grad(window_loss, has_aux=True)(
+      params, forward, segs, memory, rng)
+  return grads, new_memory, scalars, nats, count
+
+
+def _update(tx, layout: Optional[Layout], state: TrainState, memory, seg, gradients):
+  """One optimizer update from `gradients(params, seg, memory, rng)` of
+  `seg` (a segment, or a window's segments): ((state, memory), metrics)."""
+  rng = jax.random.fold_in(state.rng, state.step)
+  grads, new_memory, scalars, nats, count = gradients(state.params, seg, memory, rng)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  grad_norm = optax.tree.norm(grads)
+  metrics = dict(scalars, nats=nats, tokens=count,
+                 grad_norm=jnp.broadcast_to(grad_norm, nats.shape),
+                 finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
+  if layout is not None:  # keep the carry laid out as it came in
+    new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
+    new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
+  return (new_state, new_memory), metrics
+
+
+def window_loss(params, forward, segs, memory, rng):
+  """The loss of a window of W segments, differentiable in `params` through
+  the memory it threads (what model.memory_gradient leaves differentiable),
+  and (the memory after it, stop-gradient; per-segment scalars, nats and
+  counts, each [W]).
+
+  The loss is the window's mean next-token loss (nats over every predicted
+  token of its W segments) plus the mean of its segments' reconstruction
+  losses: with W = 1 the paper's segment loss, LM + reconstruction.
+  `forward(params, seg, memory, rng)` is the train step's call of the model;
+  segment k of the window draws its dropout from fold_in(rng, k). The memory
+  that enters is not differentiated: the window's first segment is where
+  the gradient stops.
+  """
+  w = jax.tree.leaves(segs)[0].shape[0]
+
+  def one(memory, xs):
+    k, seg = xs
+    nats, count, new_memory, scalars = forward(params, seg, memory, jax.random.fold_in(rng, k))
+    return new_memory, (scalars, nats, count)
+
+  new_memory, (scalars, nats, count) = jax.lax.scan(
+      one, jax.lax.stop_gradient(memory), (jnp.arange(w), segs))
+  loss = nats.sum() / jnp.maximum(count.sum(), 1.0) + scalars["reconstruction_loss"].mean()
+  return loss, (jax.lax.stop_gradient(new_memory), scalars, nats, count)
 
 
 def _forward(model: CompressiveTransformer, seg, memory, dropout_rng):
