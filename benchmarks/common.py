@@ -80,7 +80,9 @@ class TrainBench:
     self.num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
     self.memory = memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype))
-    self.step_fn = train_step.make_train_step(graphdef, template, self.tx, dropout=False)
+    self.step_fn = train_step.make_train_step(
+        graphdef, template, self.tx, dropout=False,
+        gradient_window=experiment.train.gradient_window)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, config.model.vocab_size, (s, b, t + 1), dtype=np.int32)
     sos = np.zeros((s, b), bool)
@@ -93,8 +95,16 @@ class TrainBench:
   def compile(self) -> float:
     """Seconds to lower and compile the train step (not run)."""
     start = time.perf_counter()
-    self.step_fn.lower(self.state, self.memory, self.batch).compile()
+    self.compiled = self.step_fn.lower(self.state, self.memory, self.batch).compile()
     return time.perf_counter() - start
+
+  def memory_bytes(self) -> dict[str, int]:
+    """The compiled step's buffers as XLA assigned them (after `compile`):
+    temporaries (the working set: activations kept for the backward pass),
+    arguments and outputs (state, memory, batch; donated ones aliased)."""
+    m = self.compiled.memory_analysis()
+    return {"temp": int(m.temp_size_in_bytes), "arguments": int(m.argument_size_in_bytes),
+            "outputs": int(m.output_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
 
   def run(self, steps: int) -> float:
     """Tokens per second over `steps` steps (after one warm-up step)."""
