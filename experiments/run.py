@@ -164,11 +164,13 @@ RECALL_STUDY = {
 # The task-taught compression (model.memory_gradient, beyond the paper): one
 # update per window of 8 segments (512 bytes). A fact is compressed in the
 # segment after its own, and queried 264-344 bytes (4-6 segments) later, so
-# 3 to 5 of every 8 such pairs fall in one window. 8 segments per step: 600
-# steps are 600 updates of 8 segments (base: 2,400 of one). Each
-# Transformer-XL gets the same window and data; where the memories keep
-# their gradient, its memories do too (equal cost, equal training signal).
-_WINDOW = ("--config.segments_per_step=8", "--config.gradient_window=8")
+# 3 to 5 of every 8 such pairs fall in one window. 8 segments per step and
+# 300 steps read the bytes `base` reads, in 300 updates of 8 segments (base:
+# 2,400 of one). Each Transformer-XL gets the same window and data; where
+# the memories keep their gradient, its memories do too (equal cost, equal
+# training signal).
+_WINDOW = ("--config.segments_per_step=8", "--config.gradient_window=8",
+           "--config.num_train_steps=300")
 RECALL_STUDY.update({
     "taught": ("task-taught compression: the LM loss of the next 7 segments reaches the conv "
                "through the compressed memory (model.memory_gradient=compressor, "
