@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/run.py --experiment=ct_vs_txl
     .venv/bin/python experiments/run.py --experiment=recall_study [--settings=base,...]
-    .venv/bin/python experiments/run.py --experiment=books_reach
+    .venv/bin/python experiments/run.py --experiment=books_reach [--taught]
     .venv/bin/python experiments/run.py --experiment=ablation
     .venv/bin/python experiments/run.py --experiment=positions
 
@@ -30,7 +30,9 @@ books_reach
            the Transformer-XL's (rate 4, memory 64 + compressed 128 against
            memory 192), at equal steps and equal wall time; bits per byte on
            the parts of the test books before and past the Transformer-XL's
-           reach. Writes docs/results/books_reach.json.
+           reach. Writes docs/results/books_reach.json; with --taught, the
+           task-taught compression (both models one update per 4-segment
+           window), docs/results/books_reach_taught.json.
 positions  configs/default_rope.py (rotary positions) against the relative
            positions of configs/default.py (the ct_vs_txl run, trained here if
            missing); held-out bits per byte on the whole test split.
@@ -70,6 +72,10 @@ flags.DEFINE_integer("equal_time_steps", None,
 flags.DEFINE_integer("ablation_steps", 100, "Train steps per ablation run.")
 flags.DEFINE_integer("ablation_eval_segments", 100, "Test segments per row in the ablation.")
 flags.DEFINE_list("settings", None, "recall_study: the settings to run (default all).")
+flags.DEFINE_bool("taught", False,
+                  "books_reach: with the task-taught compression (one update per step's "
+                  "4 segments, model.memory_gradient=compressor; the Transformer-XL with the "
+                  "same window). Writes books_reach_taught.json.")
 flags.DEFINE_string("results_dir", "docs/results",
                     "recall_study, books_reach: where their results JSON goes.")
 flags.mark_flag_as_required("experiment")
@@ -336,27 +342,40 @@ def loss_past(workdir: str, reach: int) -> dict:
           "tokens_past_txl_reach": sum(r["tokens"][k] for k in past), "by_position": r}
 
 
+# The task-taught compression on books (--taught): one update per window of
+# the step's 4 segments (512 bytes), both models; the CT's loss reaches its
+# compression network through the compressed memory.
+BOOKS_WINDOW = ("--config.gradient_window=4",)
+BOOKS_TAUGHT_CT = BOOKS_WINDOW + ("--config.model.memory_gradient=compressor",)
+
+
 def books_reach(out: str) -> dict:
-  runs = {"ct": train(f"{out}/ct", "configs/default.py", *BOOKS_CT),
-          "txl": train(f"{out}/txl", "configs/default_txl.py")}
+  ct_overrides = BOOKS_CT + (BOOKS_TAUGHT_CT if FLAGS.taught else ())
+  txl_overrides = BOOKS_WINDOW if FLAGS.taught else ()
+  if FLAGS.taught:
+    out = f"{out}_taught"
+  runs = {"ct": train(f"{out}/ct", "configs/default.py", *ct_overrides),
+          "txl": train(f"{out}/txl", "configs/default_txl.py", *txl_overrides)}
   steps = FLAGS.equal_time_steps or round(
       runs["ct"]["train_seconds"] / runs["txl"]["train_seconds"] * runs["txl"]["steps"])
   runs["txl_equal_time"] = train(f"{out}/txl_equal_time", "configs/default_txl.py",
-                                 f"--config.num_train_steps={steps}")
+                                 *txl_overrides, f"--config.num_train_steps={steps}")
   with open(f"{out}/txl/config.json") as f:
     mt = json.load(f)["model"]
   with open(f"{out}/ct/config.json") as f:
     m = json.load(f)["model"]
   reach = mt["num_layers"] * mt["memory_length"]
   result = {"config": {
-      "ct_overrides": list(BOOKS_CT), "txl_memory_length": mt["memory_length"],
+      "ct_overrides": list(ct_overrides), "txl_overrides": list(txl_overrides),
+      "txl_memory_length": mt["memory_length"],
       "txl_reach": reach, "ct_reach": m["num_layers"] * (
           m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]),
       "equal_time_steps": steps}}
   for name, s in runs.items():
     result[name] = {k: s[k] for k in ("steps", "train_seconds", "tokens_per_second")}
     result[name].update(loss_past(f"{out}/{name}", reach))
-  write_json(os.path.join(ROOT, FLAGS.results_dir, "books_reach.json"), result)
+  name = "books_reach_taught.json" if FLAGS.taught else "books_reach.json"
+  write_json(os.path.join(ROOT, FLAGS.results_dir, name), result)
   return result
 
 
