@@ -325,7 +325,9 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
   """The parameters in the export's params/, onto `shardings`, after their
   shapes are compared with the config's; CheckpointError (one line) when
   they cannot be read."""
-  where = os.path.join(path, PARAMS_DIR)
+  # Orbax reads a relative folder's metadata as missing: give it the
+  # absolute one (the messages keep the path as the user gave it).
+  where = os.path.abspath(os.path.join(path, PARAMS_DIR))
   if not os.path.isdir(where):
     raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
                           "export the workdir again")
