@@ -192,14 +192,13 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
-  def accumulated_gradients(params, seg, memory, rng):
+  def accumulated_gradients(forward, params, seg, memory, rng):
     return _accumulated_gradients(
         forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
         model_config.reconstruction_loss)
 
   def segment(carry, seg):
-    gradients = (_full_batch_gradients if grad_accum_steps == 1 else
-                 lambda _, *args: accumulated_gradients(*args))
+    gradients = _full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
     return _update(tx, layout, *carry, seg, functools.partial(gradients, forward))
 
   def window(carry, segs):
