@@ -133,13 +133,23 @@ def tiny_experiment(**overrides):
   return c
 
 
+def run_identity_of(config=None):
+  """The identity a trainer records in its checkpoints for `config`
+  (default tiny_experiment()): for tests that save a checkpoint themselves."""
+  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
+  from compressive.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  config = tiny_experiment() if config is None else config
+  return ckpt_lib.run_identity(config, data_lib.get_tokenizer(config.data).identity,
+                               data_lib.corpus_identity(config.data),
+                               data_lib.data_identity(config.data))
+
+
 def untrained_workdir(workdir, config=None, step=1):
   """A workdir as training leaves it (config.json, checkpoint `step` with its
   integrity record and the run's identity), holding a freshly initialised
   state: for readers' and exports' tests, in seconds instead of a compiled
   training run. Returns the workdir's path as a string."""
   from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
-  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
   from compressive.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from compressive.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
   from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
@@ -148,13 +158,9 @@ def untrained_workdir(workdir, config=None, step=1):
   setup = setup_lib.build_setup(experiment)
   state = train_step.init_train_state(experiment, setup.tx, setup.layout)
   memory = train_step.init_sharded_memory(experiment.model, config.batch_size, setup.layout)
-  tokenizer = data_lib.get_tokenizer(config.data)
-  identity = ckpt_lib.run_identity(config, tokenizer.identity,
-                                   data_lib.corpus_identity(config.data),
-                                   data_lib.data_identity(config.data))
   checkpointer = ckpt_lib.Checkpointer(str(workdir))
   checkpointer.save(step, state, memory, {"position": np.zeros(config.batch_size, np.int64)},
-                    identity)
+                    run_identity_of(config))
   checkpointer.close()
   ckpt_lib.save_config(str(workdir), config)
   return str(workdir)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import integrity, interrupts, orbax_errors, trees
+from compressive.training import integrity, interrupts, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
@@ -65,6 +65,7 @@ def _listing(read, attempts: int = 10):
 
 
 INTEGRITY = "integrity"
+INTEGRITY_FILE = "metadata"  # what Orbax's JsonCheckpointHandler names the item's file
 # Seconds between reads of a step that failed, before it is called damaged:
 # a step being rotated away vanishes within them.
 READ_RETRY_DELAYS = (0.1, 0.4, 1.5)
@@ -93,6 +94,15 @@ class NonFiniteStateError(NonFiniteError):
     self.names = names
 
 
+def _cause(error: Exception) -> str:
+  """Why a step could not be read, for its damage message."""
+  if isinstance(error, savedjson.DamagedJSONError):  # names the file and the cause
+    return f"(its {os.path.basename(os.path.dirname(error.path))}/"\
+           f"{os.path.basename(error.path)}: {error.cause})"
+  first = str(error).splitlines()[0][:200] if str(error) else ""
+  return f"({type(error).__name__}: {first})"
+
+
 class Checkpointer:
   """Saves and restores (train state, memory, data position) by step.
 
@@ -108,7 +118,7 @@ class Checkpointer:
     self._manager = _listing(lambda: _manager(workdir, max_to_keep, create, read_only))
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
-    self._advice = ("read an older step with --step, or let train.py --restore_intact move "
+    self.advice = ("read an older step with --step, or let train.py --restore_intact move "
                     "the damaged ones aside" if read_only else
                     "train.py --restore_intact resumes from the newest intact checkpoint")
     orbax_errors.quiet_orbax_leftovers()
@@ -127,7 +137,7 @@ class Checkpointer:
     return os.path.join(self.directory, str(step))
 
   def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray],
-           identity: Optional[dict[str, Any]] = None) -> None:
+           identity: dict[str, Any]) -> None:
     """Every process calls this; each writes its shards of `state` and
     `memory`, and the primary process writes `data_state` (the iterator
     position of every batch row) as JSON.
@@ -186,20 +196,20 @@ class Checkpointer:
         self._raise_if_gone(step)
         error = e
     else:
-      raise DamagedCheckpointError(
-          f"checkpoint {where} is damaged ({type(error).__name__}: "
-          f"{str(error).splitlines()[0][:200] if str(error) else ''}); {self._advice}") from None
-    integrity.verify(where, record, restored, "memory" in items, identity, accept, self._advice)
+      raise DamagedCheckpointError(f"checkpoint {where} is damaged {_cause(error)}; "
+                                   f"{self.advice}") from None
+    integrity.verify(where, record, restored, "memory" in items, identity, accept, self.advice)
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
     if abstract_memory is not None:
       memory = trees.with_empty_fields(abstract_memory, restored.get("memory") or {})
     return restored["state"], memory, data_state
 
-  def record(self, step: int) -> Any:
-    """The integrity record of `step`, as stored (nothing verified)."""
-    return self._manager.restore(
-        step, args=ocp.args.Composite(**{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY]
+  def record(self, step: int) -> dict[str, Any]:
+    """The integrity record of `step`, as stored (nothing verified), read
+    as every JSON file a run holds is (savedjson): DamagedJSONError when it
+    cannot be parsed, an OSError when it cannot be opened."""
+    return savedjson.read(os.path.join(self.step_dir(step), INTEGRITY, INTEGRITY_FILE))
 
   def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
     """(integrity record, restored items, items asked for) of `step`, as

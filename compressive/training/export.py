@@ -19,8 +19,9 @@ or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
 checksums are verified on every load, like a checkpoint's, and the identity
 is compared as a checkpoint's is: a SentencePiece model retrained in place
 since the export, or another model or data config, is refused by every
-reader. A version 2 export.json lacking any of its fields is damaged, never
-read as version 1's.
+reader. A version 2 export.json lacking any of its fields, or holding a
+null where a check value belongs, is damaged, never read as version 1's;
+version 1 exports (no identity) are not read at all.
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ import jax
 import orbax.checkpoint as ocp
 
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity as integrity_lib
+from compressive.training import savedjson, sidefiles
 from compressive.scale import sharding
 from compressive.errors import CheckpointError, ConfigError
 
 FORMAT = "compressive-params"
 VERSION = 2
-# The fields every export.json of a version holds (version 1: before the
-# identity and the digests).
-REQUIRED = {1: ("step", "integrity"),
-            2: ("step", "integrity", "identity", "config_sha256", "sha256")}
+# What every export.json of the version read holds, and of what type (a
+# null is damage wherever a check value belongs; the identity's corpus
+# digest is null for a source without one).
+FIELDS = {"step": int, "integrity": {"sums": dict}, "identity": integrity_lib.IDENTITY_FIELDS,
+          "config_sha256": str, "sha256": str}
 EXPORT_FILE = "export.json"
 PARAMS_DIR = "params"
 
@@ -55,47 +59,55 @@ def is_export(path: str) -> bool:
   return os.path.isfile(os.path.join(path, EXPORT_FILE))
 
 
+def _check_version(name: str, version: Any) -> None:
+  """CheckpointError unless `version` is the one this code reads. Version 1
+  (the first two days of exports) recorded no identity, and optionally no
+  digests: it cannot be told from a version 2 export rewritten without its
+  checks, so it is not read (docs/LONG_RUNS.md); its workdir exports again."""
+  is_int = isinstance(version, int) and not isinstance(version, bool)
+  if is_int and version > VERSION:
+    raise CheckpointError(f"{name} is export format version {version}; this version of "
+                          f"compressive reads version {VERSION}")
+  if version == 1 and is_int:
+    raise CheckpointError(f"{name} is export format version 1, which recorded neither the "
+                          "run's identity nor always its digests, and cannot be told from a "
+                          "newer export stripped of them: it is not read; export the workdir "
+                          "again")
+  if version != VERSION or not is_int:
+    raise CheckpointError(f"{name} is damaged: its version is {version!r}; export the workdir "
+                          "again")
+
+
 def read_manifest(path: str) -> dict[str, Any]:
-  """export.json of the export at `path`, checked; CheckpointError if damaged."""
+  """export.json of the export at `path`, checked (savedjson: any failure to
+  parse it is damage; FIELDS: a field missing or null is damage; its digest
+  and config.json's are compared); CheckpointError in one line if not."""
   name = os.path.join(path, EXPORT_FILE)
   try:
-    with open(name, encoding="utf-8") as f:
-      manifest = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise CheckpointError(f"{name} is damaged ({e}); export the workdir again") from None
-  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    manifest = savedjson.read(name, dict, sidefiles.CONFIG_BYTES)
+  except savedjson.DamagedJSONError as e:
+    raise CheckpointError(f"{e}; export the workdir again") from None
+  if manifest.get("format") != FORMAT:
     raise CheckpointError(f"{name} is not a compressive export (format {FORMAT!r})")
-  version = manifest.get("version")
-  if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
-    raise CheckpointError(f"{name} is export format version {version}; this version of "
-                          f"compressive reads version {VERSION} and older")
-  missing = [k for k in REQUIRED.get(version, REQUIRED[VERSION]) if k not in manifest]
-  if version >= 2 and isinstance(manifest.get("identity"), dict):
-    missing += [f"identity.{p}" for p in ckpt_lib.integrity.IDENTITY_PARTS
-                if p not in manifest["identity"]]
-  elif version >= 2 and "identity" in manifest:
-    missing.append("identity (a mapping)")
-  if missing:
-    raise CheckpointError(f"{name} is damaged: it lacks {', '.join(missing)} (every export of "
-                          f"version {version} holds it); export the workdir again")
-  if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("integrity"), dict):
-    raise CheckpointError(f"{name} is damaged: no step or checksums; export the workdir again")
+  _check_version(name, manifest.get("version"))
+  missing, wrong = integrity_lib.field_problems(manifest, FIELDS)
+  if missing or wrong:
+    held = f"it lacks {', '.join(missing)}" if missing else f"it holds {', '.join(wrong)}"
+    raise CheckpointError(f"{name} is damaged: {held} (every export of version {VERSION} "
+                          f"{'holds it' if missing else 'holds a value there'}); export the "
+                          "workdir again")
   config_path = os.path.join(path, ckpt_lib.CONFIG_FILE)
   if not os.path.isfile(config_path):
     raise CheckpointError(f"export {path} is damaged: its {ckpt_lib.CONFIG_FILE} is missing or "
                           "not a file; export the workdir again")
-  # Exports written since the digests were added: the manifest itself and
-  # the config beside it must be as written (an edit is refused, by name).
-  digest = manifest.get("sha256")
-  if digest is not None and digest != _manifest_digest(manifest):
+  # The manifest itself and the config beside it must be as written (an
+  # edit is refused, by name).
+  if manifest["sha256"] != _manifest_digest(manifest):
     raise CheckpointError(f"{name} was changed since it was written (its digest differs); "
                           "export the workdir again")
-  config_digest = manifest.get("config_sha256")
-  if config_digest is not None and config_digest != _file_digest(os.path.join(path,
-                                                                              ckpt_lib.CONFIG_FILE)):
-    raise CheckpointError(f"{os.path.join(path, ckpt_lib.CONFIG_FILE)} was changed since the "
-                          "export was written (its digest differs from export.json's); export "
-                          "the workdir again")
+  if manifest["config_sha256"] != _file_digest(config_path):
+    raise CheckpointError(f"{config_path} was changed since the export was written (its digest "
+                          "differs from export.json's); export the workdir again")
   return manifest
 
 
@@ -211,8 +223,15 @@ def _identity_of(workdir: str, step: int, config: ckpt_lib.SavedConfig) -> dict[
   _, saved = inference.saved_identity(workdir, step)
   here = inference.reader_identity(config)
   saved = saved or {}
-  return {part: saved.get(part) if saved.get(part) is not None else here.get(part)
-          for part in ckpt_lib.integrity.IDENTITY_PARTS}
+  identity = {part: saved.get(part) if saved.get(part) is not None else here.get(part)
+              for part in integrity_lib.IDENTITY_PARTS}
+  _, wrong = integrity_lib.field_problems({"identity": identity},
+                                          {"identity": integrity_lib.IDENTITY_FIELDS})
+  if wrong:  # e.g. an old checkpoint's SentencePiece model not on this machine
+    raise CheckpointError(f"cannot export {workdir}: the run's identity is not known whole "
+                          f"({', '.join(wrong)}), and an export never records a null there; "
+                          "export it where its tokenizer can be read")
+  return identity
 
 
 def _name_max(folder: str) -> int:

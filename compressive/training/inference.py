@@ -77,8 +77,11 @@ def reader_identity(config: ckpt_lib.SavedConfig) -> dict:
 
 def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
   """(what it names, the identity recorded) of a workdir's checkpoint `step`
-  (default the newest); the identity is None when none can be read now
-  (missing, rotated away, damaged: the restore then says why)."""
+  (default the newest); the identity is None when no record can be read
+  now (missing, rotated away, unparsable: the restore reads it again and
+  then says why). A record read whole that lacks a field or holds a null
+  where a check value belongs is damage now (DamagedCheckpointError), before
+  anything else is read: a null never turns the comparison off."""
   try:
     checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
     try:
@@ -88,8 +91,10 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
       checkpointer.close()
   except Exception:  # pylint: disable=broad-except
     return workdir, None
-  identity = saved.get("identity") if isinstance(saved, dict) else None
-  return f"checkpoint {checkpointer.step_dir(step)}", identity if isinstance(identity, dict) else None
+  if saved is None:
+    return workdir, None
+  ckpt_lib.integrity.check_record(checkpointer.step_dir(step), saved, checkpointer.advice)
+  return f"checkpoint {checkpointer.step_dir(step)}", saved["identity"]
 
 
 def _tokenizer_identity(data_config) -> Optional[str]:

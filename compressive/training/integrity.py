@@ -7,7 +7,8 @@ mesh), which arrays are not finite, a digest of the data position, and the
 run's identity (the model config, the tokenizer, the corpus). Every restore
 recomputes and compares them (`verify`), so flipped bytes, truncated files,
 NaNs and another run's checkpoint are named instead of restored. Records
-name their version (`RECORD_VERSION`); a field missing from one is damage.
+name their version (`RECORD_VERSION`); a field missing from one, or a null
+where a check value belongs, is damage.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def run_identity(config: Any, tokenizer_identity: Optional[str] = None,
   without the fields that only say where the files are, so another
   data.synthetic.seed is another corpus) and, for training, the corpus's
   content digest (`corpus`: a folder whose files changed). Every part is
-  present; one left None is recorded as unknown and not compared."""
+  present. A reader leaves the parts it cannot know None (not compared); a
+  checkpoint records each but the corpus, which is None only for a source
+  without a digest (record())."""
   return {"model": json.loads(config.model.to_json()), "tokenizer": tokenizer_identity,
           "data": data, "corpus": corpus}
 
@@ -106,20 +109,22 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
     if not fields:
       return None
     return "; ".join(f"{k} {fa.get(k)!r} -> {fb.get(k)!r}" for k in fields[:4])
-  return f"{a} -> {b}"
+  return f"{'none recorded' if a is None else a} -> {b}"
 
 
 def compare_identity(where: str, saved: Optional[dict[str, Any]],
                      current: Optional[dict[str, Any]], accept: tuple[str, ...]) -> None:
   """RunMismatchError naming what differs between the saved and the current
   identity. `where` names what was saved ("checkpoint DIR/6", "export DIR").
-  A part unknown on either side (None, or absent from a record of before
-  the record's version) is not compared."""
+  A part unknown here (None) is not compared, nor one absent from a record
+  of before version 2 (the data config). A corpus digest recorded as null
+  (a source without one) differs from one measured here: a null never
+  turns the check off."""
   if not saved or not current:
     return
   for part in IDENTITY_PARTS:
     a, b = saved.get(part), current.get(part)
-    if a is None or b is None or a == b:
+    if b is None or a == b or (a is None and part != "corpus"):
       continue
     what = _differences(part, a, b)
     if what is None:
@@ -131,12 +136,15 @@ def compare_identity(where: str, saved: Optional[dict[str, Any]],
       continue
     raise RunMismatchError(message)
 
-def record(state: Any, memory: Any, data_json: Any,
-           identity: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) -> dict[str, Any]:
   """The integrity record of a save: its version, the fingerprint of
   `state` and of the stored `memory` fields, the digest of the data
-  position `data_json`, and `identity` (`run_identity`; None: unknown),
-  which restores compare."""
+  position `data_json`, and `identity` (`run_identity`, every part known
+  but a corpus digest: IDENTITY_FIELDS), which restores compare. A record
+  never holds a null where a check value belongs (check_record)."""
+  missing, wrong = field_problems({"identity": identity}, {"identity": IDENTITY_FIELDS})
+  if missing or wrong:
+    raise ValueError(f"a checkpoint's identity holds every part: {', '.join(missing + wrong)}")
   result = {"version": RECORD_VERSION}
   result.update(fingerprint({"state": state, "memory": memory or {}}))
   result["data_sha256"] = json_digest(data_json)
@@ -144,41 +152,77 @@ def record(state: Any, memory: Any, data_json: Any,
   return result
 
 
-def check_record(where: str, saved: Any, advice: str) -> None:
-  """DamagedCheckpointError unless the integrity record `saved` holds every
-  field of its version (a missing field is damage, never an older format);
-  CheckpointError for a version this code does not know."""
+# What a record of each version holds, and of what type (a tuple allows
+# each type in it): null is damage wherever a check value belongs, except a
+# corpus digest, which a source without one records as null. A record that
+# names no version (the third pass) held an identity of the model config
+# and the tokenizer, the corpus's digest only when its source had one.
+_NULLABLE = (str, type(None))
+IDENTITY_FIELDS = {"model": dict, "tokenizer": str, "data": dict, "corpus": _NULLABLE}
+RECORD_FIELDS = {
+    None: {"sums": dict, "nonfinite": list, "data_sha256": str,
+           "identity": {"model": dict, "tokenizer": str}},
+    2: {"sums": dict, "nonfinite": list, "data_sha256": str, "identity": IDENTITY_FIELDS},
+}
+_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
+
+
+def field_problems(value: dict, fields: dict, prefix: str = "") -> tuple[list[str], list[str]]:
+  """(the fields of `fields` that `value` lacks, those it holds as null or as
+  another type: "identity.data null"); `fields` maps a name to its type, a
+  tuple of types, or the fields of a mapping."""
+  missing, wrong = [], []
+  for name, kind in fields.items():
+    if name not in value:
+      missing.append(prefix + name)
+      continue
+    item = value[name]
+    if isinstance(kind, dict):
+      if isinstance(item, dict):
+        more = field_problems(item, kind, f"{prefix}{name}.")
+        missing, wrong = missing + more[0], wrong + more[1]
+        continue
+      kind = dict
+    if not isinstance(item, kind) or (isinstance(item, bool) and kind is int):
+      wrong.append(f"{prefix}{name} " + ("null" if item is None else
+                                         f"not {_NAMES.get(kind, 'of its type')}"))
+  return missing, wrong
+
+
+def _record_version(where: str, saved: Any, advice: str) -> Optional[int]:
+  """The version the integrity record `saved` names (None: before version
+  2); damage for no record or an unknown version, CheckpointError for a
+  newer one."""
   if not isinstance(saved, dict):
     raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record holds "
                                  f"no fields; {advice}")
   version = saved.get("version")
-  if version is None:
-    required = ("sums", "nonfinite", "data_sha256")
-  elif isinstance(version, int) and not isinstance(version, bool) and 2 <= version <= RECORD_VERSION:
-    required = ("sums", "nonfinite", "data_sha256", "identity")
-  elif isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+  is_int = isinstance(version, int) and not isinstance(version, bool)
+  if version is None or (is_int and 2 <= version <= RECORD_VERSION):
+    return version
+  if is_int and version > RECORD_VERSION:
     raise CheckpointError(f"checkpoint {where} was written by a newer version of compressive "
                           f"(integrity record version {version}; this one reads "
                           f"{RECORD_VERSION} and older): update compressive to read it")
-  else:
-    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
-                                 f"version is {version!r}; {advice}")
-  missing = [k for k in required if k not in saved]
+  raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
+                               f"version is {version!r}; {advice}")
+
+
+def check_record(where: str, saved: Any, advice: str) -> None:
+  """DamagedCheckpointError unless the integrity record `saved` holds every
+  field of its version, each of its type (RECORD_FIELDS: a missing field,
+  or a null where a check value belongs, is damage, never an older format);
+  CheckpointError for a version this code does not know."""
+  version = _record_version(where, saved, advice)
+  missing, wrong = field_problems(saved, RECORD_FIELDS[version])
   if version is None and isinstance(saved.get("identity"), dict) and "data" in saved["identity"]:
     missing.append("version")  # identities record the data config since version 2
-  if "sums" in saved and not isinstance(saved["sums"], dict):
-    missing.append("sums (a mapping)")
-  identity = saved.get("identity")
-  if version is not None and "identity" in saved:
-    if identity is not None and not isinstance(identity, dict):
-      missing.append("identity")
-    elif identity is not None:
-      missing += [f"identity.{p}" for p in IDENTITY_PARTS if p not in identity]
-  if missing:
+  if missing or wrong:
+    held = f"lacks {', '.join(missing)}" if missing else f"holds {', '.join(wrong)}"
     raise DamagedCheckpointError(
-        f"checkpoint {where} is damaged: its integrity record lacks {', '.join(missing)} "
-        f"(a record of {'version ' + str(version) if version else 'before version 2'} always "
-        f"holds it); {advice}")
+        f"checkpoint {where} is damaged: its integrity record {held} (a record of "
+        f"{'version ' + str(version) if version else 'before version 2'} "
+        f"{'always holds it' if missing else 'holds a value there'}); {advice}")
 
 
 def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,

@@ -17,7 +17,7 @@ import time
 from typing import Any, Mapping
 
 from compressive import files
-from compressive.training import sidefiles
+from compressive.training import savedjson, sidefiles
 from compressive.errors import naming as _naming
 
 _log = logging.getLogger("compressive")
@@ -147,25 +147,30 @@ def append_line(path: str, line: str) -> None:
       os.close(fd)
 
 
-def _record(line: str):
-  """The record a metrics line holds, or None (a line a write cut short)."""
+def _record(path: str, line: str):
+  """The record a metrics line holds, or None (a line a write cut short, or
+  any other that is not one: savedjson.parse). A number beyond a float, and
+  NaN or Infinity (which files of older versions held), read as null."""
   try:
-    record = json.loads(line)
-  except json.JSONDecodeError:
+    record = savedjson.parse(line, path, nonfinite_as_null=True)
+  except savedjson.DamagedJSONError:
     return None
-  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+  step = record.get("step")
+  return record if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _warn_torn(path: str, torn: list[int]) -> None:
   if torn:
-    _log.warning("%s: line(s) %s are not whole records (a write cut short); left out",
+    _log.warning("%s: line(s) %s are not whole records (a write cut short, or damaged); "
+                 "left out",
                  path, ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""))
 
 
 def read_jsonl(path: str) -> list[dict]:
   """The records of a JSON-lines metrics file. A line that is not a whole
   record (a write cut short by a crash or a full disk, before append_line
-  guarded against it) is left out with a warning: a side file never stops
+  guarded against it, or any line savedjson.parse calls damaged) is left
+  out with a warning: a side file never stops
   a run or a tool. Only a regular file is read (sidefiles.NotAFileError
   for anything else in its place, or one beyond sidefiles.METRICS_BYTES)."""
   if not os.path.lexists(path):
@@ -174,7 +179,7 @@ def read_jsonl(path: str) -> list[dict]:
   with sidefiles.lines(path, sidefiles.METRICS_BYTES) as f:
     for number, line in enumerate(f, start=1):
       if line.strip():
-        record = _record(line)
+        record = _record(path, line)
         if record is None:
           torn.append(number)
         else:
@@ -208,7 +213,7 @@ def truncate_jsonl(path: str, step: int) -> None:
       def kept():
         for number, line in enumerate(f, start=1):
           if line.strip():
-            record = _record(line)
+            record = _record(path, line)
             if record is None:
               torn.append(number)
             elif record["step"] <= step:

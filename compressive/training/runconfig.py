@@ -8,7 +8,6 @@ the run (integrity.py) is what a resume finally trusts."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Any
@@ -17,7 +16,7 @@ import ml_collections
 
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
-from compressive.training import sidefiles
+from compressive.training import savedjson, sidefiles
 from compressive.training.integrity import RUNTIME_MODEL_FIELDS
 
 CONFIG_FILE = "config.json"
@@ -51,18 +50,23 @@ def load_config(workdir: str) -> SavedConfig:
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
-    values = json.loads(sidefiles.read_text(path, sidefiles.CONFIG_BYTES))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise CheckpointError(f"{path} is damaged ({e}); restore it from a copy, or write it "
-                          "again with the run's config") from None
-  if not isinstance(values, dict):
-    raise CheckpointError(f"{path} is damaged: it holds no config")
-  return ml_collections.ConfigDict(_tuples(values))
+    values = savedjson.parse(sidefiles.read_bytes(path, sidefiles.CONFIG_BYTES), path)
+    return ml_collections.ConfigDict(_tuples(values))
+  except savedjson.DamagedJSONError as e:
+    cause = e.cause
+  except (ValueError, TypeError, KeyError, AttributeError) as e:  # keys a config refuses
+    cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+  raise CheckpointError(f"{path} is damaged ({cause}); restore it from a copy, or write it "
+                        "again with the run's config")
 
 
 def _tuples(value):
   """JSON turns tuples into lists; configs use tuples for fixed-size fields."""
   if isinstance(value, dict):
+    dotted = [k for k in value if "." in k]
+    if dotted:  # a hand edit ("model.num_layers": 2): a config's keys are names
+      raise ValueError(f"a key with a dot in it, {dotted[0][:80]!r}: a config nests its "
+                       "sections instead")
     return {k: _tuples(v) for k, v in value.items()}
   if isinstance(value, list):
     return tuple(_tuples(v) for v in value)

@@ -122,15 +122,15 @@ def open_regular(path: str, flags: int, mode: int = 0o644) -> int:
   return fd
 
 
-def read_text(path: str, limit: int) -> str:
-  """The text of the regular file `path` (UTF-8), refused (NotAFileError)
-  when it holds more than `limit` bytes."""
+def read_bytes(path: str, limit: int) -> bytes:
+  """The bytes of the regular file `path`, refused (NotAFileError) when it
+  holds more than `limit`."""
   fd = open_regular(path, os.O_RDONLY)
   with os.fdopen(fd, "rb") as f:
     data = f.read(limit + 1)
   if len(data) > limit:
     raise NotAFileError(path, f"larger than the {limit >> 20} MiB read of it")
-  return data.decode("utf-8")
+  return data
 
 
 @contextlib.contextmanager

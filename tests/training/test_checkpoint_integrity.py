@@ -20,7 +20,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
 from compressive.errors import CheckpointError
-from helpers import tiny_experiment, tree_digest
+from helpers import run_identity_of, tiny_experiment, tree_digest
 
 
 def config(**overrides):
@@ -223,7 +223,7 @@ def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_p
   state = {"w": np.arange(3.0, dtype=np.float32)}
   old = {k: v for k, v in trees.nonempty_fields(memory).items() if k != "visits"}
   saver = ckpt_lib.Checkpointer(str(tmp_path))
-  saver.save(1, state, old, {"position": np.zeros(2, np.int64)})
+  saver.save(1, state, old, {"position": np.zeros(2, np.int64)}, run_identity_of())
   saver.close()
   reader = ckpt_lib.Checkpointer(str(tmp_path), read_only=True)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), memory)

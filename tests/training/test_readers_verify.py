@@ -8,6 +8,8 @@ makes a reader download; and a broken export or a wrong path is one line.
 The runs here are untrained (helpers.untrained_workdir): a checkpoint as
 training leaves it, in seconds, with nothing compiled."""
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import sys
 import pytest
 
 import compressive
+from compressive import cli
 from compressive import data as data_lib
 from compressive import plugins
 from compressive.data import registry
@@ -25,8 +28,8 @@ from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
-from helpers import (ROOT, generated_texts, sentencepiece_run_fields, tiny_experiment,
-                     untrained_workdir)
+from helpers import (ROOT, generated_texts, run_identity_of, sentencepiece_run_fields,
+                     tiny_experiment, untrained_workdir)
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +352,187 @@ def test_a_path_that_is_no_run_is_named(run, tmp_path):
   empty.mkdir()
   with pytest.raises(FileNotFoundError, match=r"config.json not found: .* is not a training workdir"):
     compressive.load(str(empty))
+
+
+# -- Nothing lost, fifth pass: any failure to parse is damage, and a null -------
+# -- never turns a check off. ----------------------------------------------------
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion: RecursionError
+BIG_INT = "9" * 4301  # past Python's int-string limit: ValueError
+
+
+def damaged_config_text(values, kind):
+  text = json.dumps(values)
+  return {"nested 100,000 deep": DEEP,
+          "an int of 4,301 digits": text[:-1] + f', "seed_": {BIG_INT}}}',
+          "a key with a dot": json.dumps({**values, "model.num_layers": 2}),
+          "a field 900 deep": text[:-1] + ', "extra": ' + "[" * 900 + "]" * 900 + "}",
+          "a UTF-8 BOM": "\ufeff" + text,
+          "a list": json.dumps([values])}[kind]
+
+
+CONFIG_DAMAGE = ["nested 100,000 deep", "an int of 4,301 digits", "a key with a dot",
+                 "a field 900 deep", "a UTF-8 BOM", "a list"]
+
+
+def tool_line(run):
+  """(exit code, stderr) of `run()` inside cli.user_errors, as a tool runs it."""
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+    with cli.user_errors():
+      run()
+      raise AssertionError("accepted")
+  return info.value.code, err.getvalue()
+
+
+def assert_one_line(run, *expected):
+  code, err = tool_line(run)
+  lines = err.strip().splitlines()
+  assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+  assert all(e in lines[0] for e in expected), lines[0]
+
+
+@pytest.mark.parametrize("kind", CONFIG_DAMAGE)
+def test_a_config_json_that_cannot_be_parsed_is_one_line_for_every_reader(run, exported,
+                                                                          tmp_path, kind):
+  for source in (run, exported):
+    target = copy(source, tmp_path, f"copy{source == exported}")
+    path = target / "config.json"
+    path.write_text(damaged_config_text(json.loads(path.read_text()), kind))
+    if source == exported:
+      reseal(str(target))  # else its digest names the edit first
+    # compressive.load, and what eval.py, sample.py, analyze.py read first.
+    assert_one_line(lambda: compressive.load(str(target)), f"{path} is damaged (")
+    assert_one_line(lambda: ckpt_lib.load_config(str(target)), f"{path} is damaged (")
+
+
+RECORD = os.path.join("checkpoints", "1", "integrity", "metadata")
+
+
+@pytest.mark.parametrize("text,cause", [
+    (DEEP, "nests brackets"), ('{"version": 2, "sums": ' + BIG_INT + "}", "4300"),
+    ("\ufeff{}", "BOM"), ("[]", "holds a list")])
+def test_an_integrity_record_that_cannot_be_parsed_is_damage(run, tmp_path, monkeypatch,
+                                                             text, cause):
+  monkeypatch.setattr(ckpt_lib, "READ_RETRY_DELAYS", (0.0,))
+  workdir = copy(run, tmp_path)
+  (workdir / RECORD).write_text(text)
+  assert_one_line(lambda: compressive.load(str(workdir)), "checkpoints/1 is damaged", cause)
+
+
+@pytest.mark.parametrize("text,cause", [
+    (DEEP, "nests brackets"), ('{"format": "compressive-params", "step": ' + BIG_INT + "}",
+                               "4300"), ("\ufeff{}", "BOM"), ('["compressive-params"]', "list")])
+def test_an_export_json_that_cannot_be_parsed_is_one_line(exported, tmp_path, text, cause):
+  out = copy(exported, tmp_path)
+  (out / "export.json").write_text(text)
+  assert_one_line(lambda: compressive.load(str(out)), "export.json is damaged (", cause)
+
+
+def seed_changed(path):
+  edit_json(os.path.join(path, "config.json"),
+            lambda c: c["data"]["synthetic"].update(seed=1))
+
+
+def restore_as_trainer(workdir, config):
+  """What a resume does with `workdir`'s checkpoint 1: restore it as `config`'s run."""
+  from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
+  from compressive.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
+  setup = setup_lib.build_setup(config_lib.check(config))
+  checkpointer = ckpt_lib.Checkpointer(str(workdir))
+  try:
+    checkpointer.restore(1, *setup.restore_targets(), identity=run_identity_of(config))
+  finally:
+    checkpointer.close()
+
+
+def test_a_null_identity_is_damage_not_another_corpus(run, tmp_path):
+  workdir = copy(run, tmp_path)
+  edit_json(workdir / RECORD, lambda r: r.update(identity=None))
+  seed_changed(workdir)
+  for read in (lambda: compressive.load(str(workdir)),  # the tools compare before any corpus:
+               lambda: export_lib.check_identity(str(workdir), ckpt_lib.load_config(str(workdir))),
+               lambda: restore_as_trainer(workdir, tiny_experiment(**{"data.synthetic.seed": 1}))):
+    with pytest.raises(ckpt_lib.DamagedCheckpointError, match="record holds identity null"):
+      read()
+  assert_one_line(lambda: compressive.load(str(workdir)), "identity null")
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda r: r["identity"].update(data=None), "identity.data null"),
+    (lambda r: r["identity"].update(tokenizer=None), "identity.tokenizer null"),
+    (lambda r: r["identity"].update(model=None), "identity.model null"),
+    (lambda r: r.update(data_sha256=None), "data_sha256 null"),
+    (lambda r: r.update(nonfinite=None), "nonfinite null"),
+    # A downgrade: a record of before version 2 always held an identity.
+    (lambda r: [r.pop("version"), r.pop("identity")], "lacks identity"),
+], ids=["identity.data", "identity.tokenizer", "identity.model", "data_sha256", "nonfinite",
+        "version and identity removed"])
+def test_a_null_in_an_integrity_record_is_damage(run, tmp_path, edit, named):
+  workdir = copy(run, tmp_path)
+  edit_json(workdir / RECORD, edit)
+  seed_changed(workdir)
+  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=re.escape(named)):
+    export_lib.check_identity(str(workdir), ckpt_lib.load_config(str(workdir)))
+  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=re.escape(named)):
+    restore_as_trainer(workdir, tiny_experiment(**{"data.synthetic.seed": 1}))
+
+
+def test_a_null_corpus_digest_differs_from_a_measured_one(tmp_path):
+  folder = tmp_path / "texts"
+  folder.mkdir()
+  for i, text in enumerate(generated_texts(40)):
+    (folder / f"{i}.txt").write_text(text)
+  config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(folder)})
+  workdir = untrained_workdir(tmp_path / "wd", config)
+  edit_json(os.path.join(workdir, RECORD), lambda r: r["identity"].update(corpus=None))
+  with pytest.raises(ckpt_lib.RunMismatchError, match="training corpus differs .*none recorded"):
+    restore_as_trainer(workdir, config)
+
+
+def test_an_export_with_its_checks_nulled_is_damage_not_another_corpus(exported, tmp_path):
+  out = copy(exported, tmp_path)
+  seed_changed(out)
+
+  def nulls(manifest):
+    manifest.update(sha256=None, config_sha256=None)
+    manifest["identity"]["data"] = None
+  edit_json(out / "export.json", nulls)
+  for read in (lambda: compressive.load(str(out)),
+               lambda: export_lib.check_identity(str(out), ckpt_lib.load_config(str(out)))):
+    with pytest.raises(CheckpointError, match=re.escape(
+        "export.json is damaged: it holds identity.data null, config_sha256 null, sha256 null")):
+      read()
+  assert_one_line(lambda: compressive.load(str(out)), "identity.data null")
+
+
+def test_an_export_rewritten_as_version_1_is_not_read(exported, tmp_path):
+  out = copy(exported, tmp_path)
+  seed_changed(out)
+
+  def downgrade(manifest):
+    for field in ("sha256", "config_sha256", "identity"):
+      manifest.pop(field)
+    manifest["version"] = 1
+  edit_json(out / "export.json", downgrade)
+  assert_one_line(lambda: compressive.load(str(out)), "export format version 1",
+                  "export the workdir again")
+  edit_json(out / "export.json", lambda m: m.update(version=0))
+  assert_one_line(lambda: compressive.load(str(out)), "its version is 0")
+
+
+@pytest.mark.parametrize("part,edit", [
+    ("identity.tokenizer", lambda i: i.update(tokenizer=None)),
+    ("identity.model", lambda i: i.update(model=None)),
+    ("integrity.sums", None),
+])
+def test_a_null_check_value_in_a_resealed_export_is_damage(exported, tmp_path, part, edit):
+  out = copy(exported, tmp_path)
+  if edit is None:
+    edit_json(out / "export.json", lambda m: m["integrity"].update(sums=None))
+  else:
+    edit_json(out / "export.json", lambda m: edit(m["identity"]))
+  reseal(str(out))  # as someone crafting an export would: the digests hold
+  with pytest.raises(CheckpointError, match=re.escape(f"it holds {part} null")):
+    compressive.load(str(out))

@@ -12,7 +12,7 @@ import pytest
 from compressive.errors import NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
-from helpers import inject_nan_at, tiny_experiment
+from helpers import inject_nan_at, run_identity_of, tiny_experiment
 
 
 def _data_state():
@@ -24,13 +24,13 @@ def test_a_save_of_non_finite_arrays_is_refused_and_writes_nothing(tmp_path, bad
   good = {"w": jnp.ones((3, 4), jnp.float32), "count": jnp.int32(1)}
   poisoned = {"w": jnp.ones((3, 4), jnp.float32).at[1, 2].set(bad), "count": jnp.int32(1)}
   checkpointer = ckpt_lib.Checkpointer(str(tmp_path))
-  checkpointer.save(1, good, {"m": jnp.zeros((2, 2))}, _data_state())
+  checkpointer.save(1, good, {"m": jnp.zeros((2, 2))}, _data_state(), run_identity_of())
   checkpointer.wait()
   state, memory = (poisoned, {"m": jnp.zeros((2, 2))}) if where == "state" else (
       good, {"m": jnp.zeros((2, 2)).at[0, 0].set(bad)})
   with pytest.raises(NonFiniteError, match=r"step 2 was not saved: 1 array\(s\) .*not finite \("
                      + where) as raised:
-    checkpointer.save(2, state, memory, _data_state())
+    checkpointer.save(2, state, memory, _data_state(), run_identity_of())
   assert isinstance(raised.value, ckpt_lib.NonFiniteStateError)
   checkpointer.close()
   assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps() == [1]

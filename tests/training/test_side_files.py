@@ -222,3 +222,54 @@ def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
   message = cli.describe_os_error(e.value)
   assert message.startswith(f"cannot write {tmp_path / 'config.json'}.tmp"), message
   assert not os.listdir(tmp_path)
+
+
+# -- Nothing lost, fifth pass: whatever fails to parse is damage, set aside. ----
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion: RecursionError
+BIG_INT = "9" * 4301  # past Python's int-string limit: ValueError
+
+
+@pytest.mark.parametrize("text", [
+    DEEP, '{"seed": ' + BIG_INT + "}", '{"model.num_layers": 2}', '{"model": {"x": '
+    + "[" * 900 + "]" * 900 + "}}", '\ufeff{"seed": 0}', "[1, 2]"],
+    ids=["nested 100,000 deep", "an int of 4,301 digits", "a key with a dot",
+         "a field 900 deep", "a UTF-8 BOM", "a list"])
+def test_a_config_json_that_cannot_be_parsed_is_set_aside_by_a_resume(tmp_path, caplog, text):
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  (wd / "config.json").write_text(text)
+  with caplog.at_level(logging.WARNING, logger="compressive"):
+    ckpt_lib.check_resume_config(str(wd), tiny_experiment())
+  assert (wd / "config.json.damaged").read_text() == text and not (wd / "config.json").exists()
+  assert "config.json is damaged" in caplog.text and "set aside" in caplog.text
+
+
+@pytest.mark.parametrize("line", [
+    DEEP, '{"step": 2, "loss": ' + BIG_INT + "}", '[{"step": 2}]', '{"step": true}',
+    '{"step": 2, "x": ' + "[" * 900 + "]" * 900 + "}"],
+    ids=["nested 100,000 deep", "an int of 4,301 digits", "a list", "a step of true",
+         "a field 900 deep"])
+def test_a_metrics_line_that_cannot_be_parsed_is_left_out_by_a_resume(tmp_path, caplog, line):
+  path = tmp_path / "metrics_train.jsonl"
+  path.write_text('{"step": 1, "loss": 1.5}\n' + line + '\n{"step": 3, "loss": 1.25}\n')
+  with caplog.at_level(logging.WARNING, logger="compressive"):
+    assert metrics.read_jsonl(str(path)) == [{"step": 1, "loss": 1.5}, {"step": 3, "loss": 1.25}]
+    runlog.truncate_metrics(str(path), 5)
+  assert "line(s) 2 are not whole records" in caplog.text
+  assert path.read_text() == '{"step": 1, "loss": 1.5}\n{"step": 3, "loss": 1.25}\n'
+
+
+def test_non_finite_numbers_in_a_metrics_file_read_as_null_and_stay_valid_json(tmp_path):
+  # Files of older versions wrote NaN; a float beyond 1.8e308 overflows.
+  path = tmp_path / "metrics_train.jsonl"
+  path.write_text('{"step": 1, "loss": NaN}\n{"step": 2, "loss": 1e999, "x": -Infinity}\n')
+  assert metrics.read_jsonl(str(path)) == [{"step": 1, "loss": None},
+                                           {"step": 2, "loss": None, "x": None}]
+  runlog.truncate_metrics(str(path), 5)
+
+  def refuse(constant):
+    raise ValueError(constant)
+  assert [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()] == [
+      {"step": 1, "loss": None}, {"step": 2, "loss": None, "x": None}]
