@@ -132,3 +132,20 @@ def test_mistakes_are_one_line_and_exit_2(workdir, exported, tmp_path, args, mes
   assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
   assert message.format(**values) in lines[0]
   assert not os.path.exists(tmp_path / "o")
+
+
+def test_an_export_opens_through_a_relative_path(workdir, exported, monkeypatch):
+  # export.py --output=exports/NAME, then every reader given exports/NAME:
+  # Orbax read a relative params/ folder's metadata as missing, and the
+  # export was called damaged.
+  monkeypatch.chdir(os.path.dirname(exported))
+  name = os.path.basename(exported)
+  _, model, step = compressive.load_with_step(name)
+  config, want = compressive.load(workdir)
+  assert step == 4
+  np.testing.assert_array_equal(logits(model, config), logits(want, config))
+  for tool, args in (("eval.py", ["--split=validation", "--max_segments=2"]),
+                     ("sample.py", ["--prompt=ab", "--num_tokens=4"])):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, tool), f"--workdir={name}", *args],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (tool, r.stderr[-3000:])
