@@ -206,6 +206,18 @@ def assert_resumed_like_straight(straight, resumed, straddling_step):
   return [r["step"] for r in a]
 
 
+def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, straddling_step):
+  """Trains `config` straight, and again stopped at `stop_at_step` (a
+  checkpoint) and resumed, in process; asserts the two alike
+  (assert_resumed_like_straight). Returns the logged steps."""
+  from compressive.training import loop  # pylint: disable=g-import-not-at-top
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  loop.train_and_evaluate(config, str(straight))
+  loop.train_and_evaluate(config, str(resumed), stop_at_step=stop_at_step)
+  loop.train_and_evaluate(config, str(resumed))
+  return assert_resumed_like_straight(straight, resumed, straddling_step)
+
+
 def assert_same_parameters(workdir_a, workdir_b):
   """The two workdirs' latest models hold bit-identical parameters."""
   from flax import nnx  # pylint: disable=g-import-not-at-top

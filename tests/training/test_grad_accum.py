@@ -22,7 +22,8 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, TESTS, assert_resumed_like_straight, tiny_experiment, xla_flags
+from helpers import (ROOT, TESTS, assert_stopped_and_resumed_like_straight, tiny_experiment,
+                     xla_flags)
 
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
@@ -116,12 +117,8 @@ def test_resume_with_accumulation_is_bit_identical(tmp_path):
   config = tiny_experiment(**{"grad_accum_steps": 2, "num_train_steps": 6,
                               "checkpoint_every_steps": 3, "eval_every_steps": 0,
                               "model.dropout_rate": 0.1})
-  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  train_lib.train_and_evaluate(config, str(straight))
-  train_lib.train_and_evaluate(config, str(resumed), stop_at_step=3)
-  train_lib.train_and_evaluate(config, str(resumed))
   # Step 4's log window (steps 3-4) straddles the restart.
-  assert assert_resumed_like_straight(straight, resumed, straddling_step=4) == [2, 4, 6]
+  assert assert_stopped_and_resumed_like_straight(config, tmp_path, 3, 4) == [2, 4, 6]
 
 
 @pytest.mark.slow

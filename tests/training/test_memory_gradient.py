@@ -25,9 +25,8 @@ from compressive import config as config_lib
 from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
 from compressive.model.transformer import merge_params
-from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from helpers import assert_resumed_like_straight, tiny_experiment, tiny_model_config
+from helpers import assert_stopped_and_resumed_like_straight, tiny_experiment, tiny_model_config
 
 B, T = 2, 4
 
@@ -224,11 +223,7 @@ def test_a_windowed_run_resumes_bit_for_bit(tmp_path):
       "segments_per_step": 4, "gradient_window": 2, "model.memory_gradient": "memories",
       "num_train_steps": 6, "checkpoint_every_steps": 3, "eval_every_steps": 0,
       "model.dropout_rate": 0.1})
-  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  train_lib.train_and_evaluate(config, str(straight))
-  train_lib.train_and_evaluate(config, str(resumed), stop_at_step=3)
-  train_lib.train_and_evaluate(config, str(resumed))
-  assert assert_resumed_like_straight(straight, resumed, straddling_step=4) == [2, 4, 6]
+  assert assert_stopped_and_resumed_like_straight(config, tmp_path, 3, 4) == [2, 4, 6]
 
 
 def test_the_schedule_counts_one_update_per_window():
