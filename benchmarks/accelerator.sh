@@ -12,7 +12,7 @@
 # .whl: ml_collections, tensorboardX, grain and grain's missing dependencies,
 # from benchmarks/gpu_wheels.sh) into a temporary folder with pip
 # --no-index --no-deps --target, and finds this project itself through
-# PYTHONPATH (the repository root: `compressive`, `configs`, `benchmarks`).
+# PYTHONPATH (the repository root: `compressive`, whose configs are configs/, and `benchmarks`).
 #
 # 1. env: the carried wheels, then the imports and versions (jax, jaxlib,
 #    flax, optax, orbax-checkpoint, ...) and the devices. Fails with one
@@ -83,7 +83,7 @@ if missing:
            " --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform"
            " manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
            " -d .whl NAME==VERSION) and carry .whl")
-for module in ("compressive", "configs.default", "benchmarks.common"):
+for module in ("compressive", "compressive.configs.default", "benchmarks.common"):
   try:
     importlib.import_module(module)
   except Exception as e:

@@ -30,7 +30,7 @@ from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (
 from compressive.model import memory as memory_lib  # noqa: E402
 from compressive.training import loop as train_lib  # noqa: E402
 from compressive.training import step as train_step  # noqa: E402
-from configs import default as default_config  # noqa: E402
+from compressive.configs import default as default_config  # noqa: E402
 
 REFERENCE_MODEL = dict(
     vocab_size=256, d_model=512, num_layers=8, num_heads=8, d_ff=2048,

@@ -35,8 +35,8 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common  # noqa: E402
-from configs import default as default_config  # noqa: E402
-from configs import recall as recall_config  # noqa: E402
+from compressive.configs import default as default_config  # noqa: E402
+from compressive.configs import recall as recall_config  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["recall", "default"], "recall | default.")

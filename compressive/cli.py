@@ -31,9 +31,10 @@ from absl import app
 from absl import flags
 
 from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
-    CONFIG_DIR, DEFAULT_CONFIGS, REPO_ROOT, config_argument, config_file_flags, config_file_line,
+    CONFIG_DIR, DEFAULT_CONFIGS, config_argument, config_file_flags, config_file_line,
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
-    resolve_config, resolve_config_names, unloaded_config, with_default_configs)
+    repeated_config, resolve_config, resolve_config_names, unloaded_config,
+    with_default_configs)
 from compressive import files
 from compressive.cli_flags import (  # pylint: disable=unused-import  (re-exported)
     SIZE_FLAG_MUST, check_int_flag, check_number_flag, define_memory_flags,
@@ -187,10 +188,11 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   """--config=FILE with --config.a.b=value overrides (ml_collections), whose
   default file is loaded only while `parse_flags` runs (a mistyped override
   of the default config is then one line, not a traceback at import), and
-  found relative to the repository root (the entry points work from any
-  directory). A --config given on the command line is relative to the
-  current directory, as usual. `flag_values` and `sys_argv` (default absl's
-  FLAGS and sys.argv) are for tests that parse a command line of their own.
+  a relative default is a file of the shipped configs' folder (CONFIG_DIR:
+  the entry points work from any directory). A --config given on the
+  command line is relative to the current directory, as usual.
+  `flag_values` and `sys_argv` (default absl's FLAGS and sys.argv) are for
+  tests that parse a command line of their own.
 
   Every override follows one rule, the last value given wins (for tuples
   too: ml_collections' own tuple flags accumulate), and a data source named
@@ -198,7 +200,7 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   overrides (cli_config.install_override_rules, config_file_parser)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   if default is not None:
-    DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(REPO_ROOT, default)
+    DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(CONFIG_DIR, default)
   flag_values = flags.FLAGS if flag_values is None else flag_values
   install_override_rules()
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
@@ -219,7 +221,27 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   flags belong to the command's script, as absl names it, and its --help
   starts with `doc`, the tool's docstring (absl prints __main__'s)."""
   sys.modules["__main__"].__doc__ = doc
-  app.run(main, flags_parser=parse_flags)
+  app.run(_quiet_on_a_closed_pipe(main), flags_parser=parse_flags)
+
+
+def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """main, ending quietly (exit 0) when whatever reads its output has gone
+  (`| head`, or a runner killed while its child trains: the child saved and
+  stopped, and only its last lines had nowhere to go): stdout and stderr
+  are pointed at /dev/null so that nothing, not the interpreter's own
+  flush at exit, raises BrokenPipeError again."""
+  def guarded(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except BrokenPipeError:
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      for stream in (sys.stdout, sys.stderr):
+        try:
+          os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+          pass
+      sys.exit(0)
+  return guarded
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -229,6 +251,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   wrong type, which would otherwise print a traceback)."""
   # --compilation_cache is every entry point's: listed in each one's --help.
   flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["compilation_cache"])
+  repeated = repeated_config(argv)
+  if repeated is not None:
+    fail(repeated)
   argv = resolve_config_names(with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)

@@ -27,16 +27,15 @@ from typing import Any, Optional
 
 from absl import flags
 
+from compressive import configs as _shipped_configs
 from compressive import plugins
 from compressive.errors import ConfigError
 
-# The folder holding the compressive package: the repository, or
-# site-packages once installed (pyproject.toml installs configs/ beside
-# compressive/). Relative default config paths are resolved against it, and
-# the shipped configs are found in it by name, so that the entry points work
-# from any directory.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(REPO_ROOT, "configs")
+# The shipped configs' folder: the package compressive.configs, which is the
+# repository's configs/ (in a checkout, and installed: pyproject.toml maps the
+# one to the other). Default config files are found in it, and configs named
+# without a path, so that the entry points work from any directory.
+CONFIG_DIR = os.path.abspath(list(_shipped_configs.__path__)[0])
 
 # The default file of each --config style flag (cli.define_config_flag), by
 # flag name: loaded only while cli.parse_flags runs.
@@ -290,6 +289,38 @@ def unloaded_config(argv: list[str]) -> Optional[str]:
       return load_failure(name, config_argument(argv, name), error)
     if value is None and config_argument(argv, name):
       return f"--{name}={config_argument(argv, name)}: get_config() returned None"
+    if value is not None and not _is_config_dict(value):
+      return (f"--{name}={config_argument(argv, name)}: get_config() returned a "
+              f"{type(value).__name__}; a config file's get_config returns an "
+              "ml_collections config")
+  return None
+
+
+def _is_config_dict(value: Any) -> bool:
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return isinstance(value, ml_collections.ConfigDict)  # frozen ones are too
+
+
+def repeated_config(argv: list[str]) -> Optional[str]:
+  """One line for a --config style flag given more than once: each file
+  defines the overrides of its own fields, so only one can be read (the
+  last-value rule is the overrides', --config.X)."""
+  try:
+    expanded = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  except flags.Error:
+    expanded = argv  # reported by the parse itself
+  for name in config_file_flags():
+    given = []
+    for i, arg in enumerate(expanded[1:], start=1):
+      if arg == "--":
+        break
+      m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", arg)
+      if m:
+        given.append(m.group(2) if m.group(1) else
+                     (expanded[i + 1] if i + 1 < len(expanded) else ""))
+    if len(given) > 1:
+      return (f"--{name} is given {len(given)} times ({', '.join(given)}); give one config "
+              f"file, and change its fields with --{name}.FIELD=VALUE")
   return None
 
 

@@ -255,8 +255,12 @@ def abstract_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State
 
 
 def _check_plugins(cfg: ModelConfig) -> None:
-  """The model's plugin names against their registries (which own them)."""
-  compression.resolve(cfg.compression)
+  """The model's plugin names against their registries (which own them),
+  and what the compression declares (its FLOPs) against its contract."""
+  if cfg.compressed_memory_length:
+    compression.declared_flops(cfg.compression, cfg.compression_rate, cfg.d_model)
+  else:
+    compression.resolve(cfg.compression)
 
 
 def _capacity_per_device() -> tuple[int, str]:

@@ -1,5 +1,6 @@
 """Writing a file whole or not at all: the one way the package (and the
-folders beside it) replaces a file.
+folders beside it) replaces a file; and reading one within a bound: the one
+way a file the package did not just write is opened.
 
 `replacing(path)` gives a file object on a new temporary file beside `path`
 (`PATH.tmpPID.RANDOM`, in the same folder, so that the rename stays on one
@@ -14,6 +15,14 @@ followed, opened or waited on; another name is tried instead. A link at
 `path` itself is replaced, not followed (a rename replaces the name). A
 write, flush or close the disk refuses (a full disk, whose OSError names no
 file) names the temporary file, which begins with `path` (errors.naming).
+
+`open_regular(path)` and `read_bytes(path, limit)` open a regular file only:
+a folder, a FIFO or a device (/dev/zero, whose read never ends) is refused
+in one line (NotAFileError), never waited on (the open is non-blocking and
+checked with fstat before it is used), and never read past `limit`. A file a
+run or an export holds is never read through a link (a link may lead out of
+the folder, to anything); a file a user names on the command line (a prompt,
+a tokenizer) is, with `follow=True`.
 """
 
 from __future__ import annotations
@@ -23,9 +32,10 @@ import errno
 import json
 import os
 import secrets
-from typing import IO, Any, Iterator
+import stat
+from typing import IO, Any, Iterator, Optional
 
-from compressive.errors import naming
+from compressive.errors import CheckpointError, naming
 
 _FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
           | getattr(os, "O_CLOEXEC", 0))
@@ -83,3 +93,84 @@ def write_json(path: str, value: Any) -> None:
   they are not JSON (values.finite_or_null turns them into null)."""
   text = json.dumps(value, indent=2, allow_nan=False) + "\n"
   write_text(path, text)
+
+
+# -- Reading. ---------------------------------------------------------------------
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class NotAFileError(CheckpointError):
+  """A path that holds something other than a regular file (a folder, a
+  link, a FIFO, a device) or a file beyond the bound read; `path` and `what`
+  for callers that word their own message."""
+
+  def __init__(self, path: str, what: str):
+    super().__init__(f"{path} is {what}")
+    self.path, self.what = path, what
+
+
+def kind(path: str, follow: bool = False) -> Optional[str]:
+  """What `path` holds (through a link only with `follow`): None (nothing),
+  "file" (a regular file) or a description of anything else ("a folder")."""
+  try:
+    mode = (os.stat if follow else os.lstat)(path).st_mode
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+  return describe(mode)
+
+
+def describe(mode: int) -> str:
+  """"file" for a regular file's st_mode, else what it is ("a FIFO")."""
+  if stat.S_ISREG(mode):
+    return "file"
+  for test, what in ((stat.S_ISLNK, "a link"), (stat.S_ISDIR, "a folder"),
+                     (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                     (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+    if test(mode):
+      return what
+  return "not a regular file"
+
+
+def open_regular(path: str, flags: int, mode: int = 0o644, *, follow: bool = False) -> int:
+  """os.open(path, flags) of a regular file only, through a link only with
+  `follow`; NotAFileError for anything else (OSError as os.open raises it
+  for a missing file). The descriptor is blocking again."""
+  nofollow = 0 if follow else _NOFOLLOW
+  try:
+    fd = os.open(path, flags | nofollow | _NONBLOCK | _CLOEXEC, mode)
+  except OSError as e:
+    what = kind(path, follow)
+    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) and what not in (None, "file"):
+      raise NotAFileError(path, f"{what}, not a file") from None
+    raise
+  try:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+      raise NotAFileError(path, f"{describe(st.st_mode)}, not a file")
+    if _NONBLOCK:
+      os.set_blocking(fd, True)
+  except BaseException:
+    os.close(fd)
+    raise
+  return fd
+
+
+def _size(limit: int) -> str:
+  return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+
+
+def read_bytes(path: str, limit: int, *, follow: bool = False) -> bytes:
+  """The bytes of the regular file `path` (open_regular), refused
+  (NotAFileError) when it holds more than `limit`: its size is looked at
+  before anything is read, and no more than `limit` + 1 bytes are read."""
+  fd = open_regular(path, os.O_RDONLY, follow=follow)
+  with os.fdopen(fd, "rb") as f:
+    if os.fstat(f.fileno()).st_size > limit:
+      raise NotAFileError(path, f"larger than the {_size(limit)} read of it")
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    raise NotAFileError(path, f"larger than the {_size(limit)} read of it")
+  return data

@@ -16,12 +16,17 @@ import sys
 from absl import flags
 
 from compressive import cli
+from compressive import files
 from compressive import data as data_lib
 from compressive import reading
 from compressive.errors import ConfigError
 from compressive.model.sampling import Sampler, TextStream
 
 FLAGS = flags.FLAGS
+
+# The most of a --prompt_file read: a prompt is text that the model reads
+# once, at any length, into a memory of fixed size.
+PROMPT_BYTES = 64 << 20
 cli.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
@@ -52,10 +57,10 @@ def read_prompt() -> str:
     name = FLAGS.prompt_file
     if not os.path.exists(name):
       raise ConfigError(f"--prompt_file={name}: no such file")
-    if os.path.isdir(name):
-      raise ConfigError(f"--prompt_file={name} is a folder, not a file")
-    with open(name, "rb") as f:
-      raw = f.read()
+    try:
+      raw = files.read_bytes(name, PROMPT_BYTES, follow=True)
+    except files.NotAFileError as e:  # a folder, a FIFO, /dev/zero, a file past the bound
+      raise ConfigError(f"--prompt_file={name} is {e.what}") from None
     try:
       prompt = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:

@@ -27,11 +27,12 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+from compressive.errors import ConfigError
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 
 FLAGS = flags.FLAGS
-cli.define_config_flag(default="configs/default.py")
+cli.define_config_flag(default="default.py")
 cli.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
 cli.define_multihost_flags()
 flags.DEFINE_bool("restore_intact", False,
@@ -80,6 +81,10 @@ def train(config, workdir: str) -> None:
     initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
     experiment = config_lib.check(config)
+    last = experiment.train.num_train_steps
+    if profile is not None and profile[0] > last:
+      raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
+                        f"(num_train_steps={last}): no trace would be taken")
     stop = interrupts.SignalStop()
     result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,

@@ -6,7 +6,7 @@ is model.positions, which also drops each layer's W_r, u and v).
 
 import ml_collections
 
-from configs import default
+from compressive.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

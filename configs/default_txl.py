@@ -9,7 +9,7 @@ what happens to the oldest memories: dropped here, compressed there.
 
 import ml_collections
 
-from configs import default
+from compressive.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ warmup to 3e-4, cosine decay, gradient-norm clip 0.1 (docs/PAPER.md §Optimisati
 
 import ml_collections
 
-from configs import paper
+from compressive.configs import paper
 
 
 def get_config() -> ml_collections.ConfigDict:

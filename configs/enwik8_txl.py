@@ -7,7 +7,7 @@ Transformer run, so the two differ only in what happens to old memories.
 
 import ml_collections
 
-from configs import enwik8
+from compressive.configs import enwik8
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -14,13 +14,13 @@ for one H100 80 GB by aot.py, where enwik8 and pg19 take 32 GiB (docs/SCALING.md
 §Before renting the hardware).
 """
 
-import importlib
-
 import ml_collections
+
+from compressive.configs import _hardware
 
 
 def get_config(experiment: str = "default") -> ml_collections.ConfigDict:
-  config = importlib.import_module(f"configs.{experiment or 'default'}").get_config()
+  config = _hardware.experiment(experiment)
   config.mesh.shape = (1, 1, 1)
   config.model.dtype = "bfloat16"
   return config

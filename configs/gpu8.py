@@ -17,13 +17,13 @@ H100 80 GB by aot.py, where enwik8 takes 8.7 GiB a GPU and pg19 12.6 (docs/SCALI
 §Before renting the hardware).
 """
 
-import importlib
-
 import ml_collections
+
+from compressive.configs import _hardware
 
 
 def get_config(experiment: str = "default") -> ml_collections.ConfigDict:
-  config = importlib.import_module(f"configs.{experiment or 'default'}").get_config()
+  config = _hardware.experiment(experiment)
   config.mesh.shape = (8, 1, 1)
   config.model.dtype = "bfloat16"
   return config

@@ -5,7 +5,7 @@ start from `base()` and set their model and data."""
 
 import ml_collections
 
-from configs import default
+from compressive.configs import default
 
 
 def base() -> ml_collections.ConfigDict:

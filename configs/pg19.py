@@ -14,7 +14,7 @@ linear warmup to 3e-4, cosine decay, gradient-norm clip 0.1.
 
 import ml_collections
 
-from configs import paper
+from compressive.configs import paper
 
 
 def get_config() -> ml_collections.ConfigDict:

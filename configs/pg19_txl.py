@@ -3,7 +3,7 @@ no compressed memory, memory 512 + 512 = 1024 (docs/PAPER.md §Results: 45.5 / 3
 
 import ml_collections
 
-from configs import pg19
+from compressive.configs import pg19
 
 
 def get_config() -> ml_collections.ConfigDict:

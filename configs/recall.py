@@ -20,7 +20,7 @@ small model learns to retrieve within minutes.
 
 import ml_collections
 
-from configs import default
+from compressive.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -7,7 +7,7 @@ back in one hop (p the position in the segment), 2 x 128 = 256 at most.
 
 import ml_collections
 
-from configs import recall
+from compressive.configs import recall
 
 
 def get_config() -> ml_collections.ConfigDict:

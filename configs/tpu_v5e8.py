@@ -17,13 +17,13 @@ on a TPU by us; compiled for a v5e-8 by aot.py, where enwik8 takes 5.8 GiB
 a chip and pg19 5.4 of the 15.75 (docs/SCALING.md §Before renting the hardware).
 """
 
-import importlib
-
 import ml_collections
+
+from compressive.configs import _hardware
 
 
 def get_config(experiment: str = "default") -> ml_collections.ConfigDict:
-  config = importlib.import_module(f"configs.{experiment or 'default'}").get_config()
+  config = _hardware.experiment(experiment)
   config.mesh.shape = (1, 8, 1)
   config.model.dtype = "bfloat16"
   return config

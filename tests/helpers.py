@@ -18,7 +18,7 @@ import numpy as np
 
 import compressive
 from compressive.training.metrics import read_jsonl
-from configs import default
+from compressive.configs import default
 
 # The tests folder (where this module is) and the repository root above it.
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -239,10 +239,15 @@ def assert_same_params(a, b):
 
 
 def tree_digest(path):
+  """A digest of every file under `path` but a checkpoints folder's record
+  of its workdir (lock.OWNER_FILE), which a copied workdir's trainer writes
+  again before it reads anything."""
   h = hashlib.sha256()
   for root, dirs, files in sorted(os.walk(path)):
     dirs.sort()
     for name in sorted(files):
+      if root == str(path) and name == "workdir.json":
+        continue
       p = os.path.join(root, name)
       h.update(p.encode())
       with open(p, "rb") as f:

@@ -43,7 +43,7 @@ if not os.environ.get("JAX_PLATFORMS"):
   jax.config.update("jax_platforms", "cpu")
 
 FLAGS = flags.FLAGS
-cli.define_config_flag(default="configs/default.py")
+cli.define_config_flag(default="default.py")
 flags.DEFINE_string("target", "cpu", "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
                     "(compressive/scale/targets.py; --target=list names them all).")
 flags.DEFINE_enum("step", "train", ["train", "eval"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 import ml_collections
+import numpy as np
 
 from compressive import values
 from compressive.data import registry
@@ -64,6 +65,11 @@ def _host_memory() -> int:
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
+def _is_byte_count(value) -> bool:
+  return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+          and value >= 0)
+
+
 def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> None:
   """ConfigError when a size of the data config cannot fit this host's
   memory, before anything is generated or read: the source's documents by
@@ -76,7 +82,8 @@ def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> 
                  must='an integer >= 1 (bytes)')
   have = _host_memory()
   sizes = [(f'the documents of data.{source.name} (by their lengths and counts)',
-            source.host_bytes(c) if source.host_bytes else 0),
+            registry.call_hook(c.source, source, 'host_bytes', c, returns=(
+                _is_byte_count, 'an int >= 0 (bytes)')) if source.host_bytes else 0),
            (f'data.cache_tokens={c.cache_tokens} int32 tokens', 4 * c.cache_tokens),
            (f'data.spm_train_max_bytes={c.spm_train_max_bytes} bytes of text',
             c.spm_train_max_bytes)]

@@ -64,6 +64,29 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
   return np.argsort(keys, kind='stable').astype(np.int64)
 
 
+def _check_arguments(docs: documents_lib.Documents, batch_size: int, segment_length: int,
+                     seed: int, repeat: bool, row_start: int, num_rows: int) -> None:
+  """DataError for arguments a SegmentIterator cannot read with."""
+  if batch_size < 1 or segment_length < 1:
+    raise DataError(
+        f'batch_size ({batch_size}) and segment_length ({segment_length}) '
+        'must be positive')
+  if not (0 <= row_start and 1 <= num_rows
+          and row_start + num_rows <= batch_size):
+    raise DataError(
+        f'rows [{row_start}, {row_start} + {num_rows}) do not lie within '
+        f'the global batch of {batch_size} rows')
+  if seed < 0:
+    raise DataError(f'seed must be non-negative, got {seed}')
+  n = len(docs)
+  if repeat and n < batch_size:
+    raise DataError(
+        f'{docs.description} has {n} documents but the batch has '
+        f'{batch_size} rows; training (repeat=True) pins each row to its '
+        'own documents and needs at least batch_size documents (for '
+        'enwik8, raise data.enwik8.train_shards)')
+
+
 class SegmentIterator(Iterator[dict[str, np.ndarray]]):
   """Yields {'inputs', 'targets', 'mask', 'start_of_sequence'} batches.
 
@@ -87,6 +110,8 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
       row_start: int = 0,
       num_rows: int | None = None,
       shuffle: bool | None = None,
+      vocab_size: int | None = None,
+      source: str = '',
   ):
     """Builds the iterator at the start of epoch 0.
 
@@ -102,28 +127,18 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
         row_start to B), i.e. global rows [row_start, row_start + num_rows).
       shuffle: permute documents each epoch; defaults to `repeat`, so that
         evaluation reads documents in their natural order.
+      vocab_size: model.vocab_size: a document holding a token id at or
+        above it is a DataError naming `source` (data.source) and the
+        document when a row first reads it, not an embedding lookup that
+        reads past the table (on an accelerator, silently) and a loss that
+        blames the learning rate. None: not checked.
+      source: data.source, for that message.
     """
-    if batch_size < 1 or segment_length < 1:
-      raise DataError(
-          f'batch_size ({batch_size}) and segment_length ({segment_length}) '
-          'must be positive')
     if num_rows is None:
       num_rows = batch_size - row_start
-    if not (0 <= row_start and 1 <= num_rows
-            and row_start + num_rows <= batch_size):
-      raise DataError(
-          f'rows [{row_start}, {row_start} + {num_rows}) do not lie within '
-          f'the global batch of {batch_size} rows')
-    if seed < 0:
-      raise DataError(f'seed must be non-negative, got {seed}')
-    n = len(docs)
-    if repeat and n < batch_size:
-      raise DataError(
-          f'{docs.description} has {n} documents but the batch has '
-          f'{batch_size} rows; training (repeat=True) pins each row to its '
-          'own documents and needs at least batch_size documents (for '
-          'enwik8, raise data.enwik8.train_shards)')
+    _check_arguments(docs, batch_size, segment_length, seed, repeat, row_start, num_rows)
     self.docs = docs
+    self.vocab_size, self.source = vocab_size, source
     self.batch_size = batch_size
     self.segment_length = segment_length
     self.seed = seed
@@ -169,9 +184,20 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
   def _tokens(self, j: int, doc: int) -> np.ndarray:
     cached = self._row_cache[j]
     if cached is None or cached[0] != doc:
-      cached = (doc, self.docs.tokens(doc))
+      cached = (doc, self._checked(doc, self.docs.tokens(doc)))
       self._row_cache[j] = cached
     return cached[1]
+
+  def _checked(self, doc: int, ids: np.ndarray) -> np.ndarray:
+    """ids, when every one lies below vocab_size (the lower end is the
+    Documents contract's)."""
+    if self.vocab_size is not None and ids.size and int(ids.max()) >= self.vocab_size:
+      raise DataError(
+          f'data.source={self.source!r}: document {self.docs.name(doc)!r} (index {doc} of '
+          f'{self.docs.description}) holds token id {int(ids.max())}, outside the model\'s '
+          f'vocabulary (model.vocab_size={self.vocab_size}); a source gives ids in '
+          '[0, model.vocab_size)')
+    return ids
 
   def _advance(self, j: int) -> None:
     """Moves local row j to its next document (next epoch if repeating)."""
@@ -273,8 +299,14 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
       state[key] = np.asarray(value, np.int64)
     return state
 
-  def set_state(self, state: dict[str, Any]) -> None:
-    """Continues from `state` (from get_state of an identically built one)."""
+  def set_state(self, state: dict[str, Any], *, other_documents: bool = False) -> None:
+    """Continues from `state` (from get_state of an identically built one).
+
+    `other_documents` (a resume that accepts a changed corpus): a state
+    saved over another number of documents goes on at the start of the
+    next epoch of every row (the saved positions index documents that are
+    no longer where they were), with the batch count kept; every other
+    argument must still agree."""
     mismatched = []
     for key, value in self._arguments().items():
       if key not in state:
@@ -282,6 +314,11 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
       if int(np.asarray(state[key])) != value:
         mismatched.append(
             f'{key}: state {int(np.asarray(state[key]))}, iterator {value}')
+    if mismatched and other_documents and all(m.startswith('num_documents:') for m in mismatched):
+      self._reset_position()
+      self._epoch[:] = int(np.max(np.asarray(state['epoch']))) + 1
+      self._step = int(np.asarray(state['step']))
+      return
     if mismatched:
       raise DataError(
           'iterator state was saved by an iterator built differently: '

@@ -23,13 +23,12 @@ Nothing here imports a source: the registry is filled by the sources.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import ml_collections
 
 from compressive import plugins
-from compressive.errors import ConfigError
-from compressive.errors import DataError
+from compressive.errors import ConfigError, DataError, UserError
 
 # Annotations name `Documents` (data/documents.py, which imports this module)
 # and `Tokenizer` (data/tokenizers.py) as strings only: no import, no cycle.
@@ -127,6 +126,41 @@ def register(source: Source) -> Source:
     raise ValueError(f'data source {source.name!r} is already registered')
   _SOURCES[source.name] = source
   return source
+
+
+# The longest corpus identity a source may give (it is recorded with every
+# checkpoint and export): a digest and a few words.
+IDENTITY_CHARS = 4096
+
+
+def is_plugin(source: Source) -> bool:
+  """Whether a source was defined outside this package (a plugin): its
+  get_documents was."""
+  return not str(getattr(source.get_documents, '__module__', '') or '').startswith('compressive.')
+
+
+def call_hook(name: str, source: Source, hook: str, *args,
+              returns: Optional[tuple[Callable[[Any], bool], str]] = None):
+  """A source's hook (data.source=`name`), held to its contract: a plugin's
+  own error, anything but a UserError or OSError, which are already
+  reported in one line, is a DataError naming the source and the hook; a
+  built-in one's is a bug and keeps its traceback. `returns` (a predicate
+  and what it asks for, in words): a value it refuses is a DataError too."""
+  try:
+    value = getattr(source, hook)(*args)
+  except (UserError, OSError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    if not is_plugin(source):
+      raise
+    raise DataError(f'data.source={name!r}: its {hook} raised '
+                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+  if returns is not None and not returns[0](value):
+    shown = ' '.join(repr(value).split())
+    shown = shown if len(shown) <= 80 else shown[:77] + '...'
+    raise DataError(f'data.source={name!r}: its {hook} returned {type(value).__name__} '
+                    f'{shown}; a source\'s {hook} returns {returns[1]}')
+  return value
 
 
 def unregister(name: str) -> None:

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import ml_collections
 
-from compressive.errors import DataError, UserError
+from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import iterator as iterator_lib
 from compressive.data import registry
@@ -27,28 +27,6 @@ def _source(data_config: ml_collections.ConfigDict, split: str) -> registry.Sour
   return source
 
 
-def _is_plugin(fn) -> bool:
-  """Whether a source's hook was defined outside this package (a plugin)."""
-  return not str(getattr(fn, '__module__', '') or '').startswith('compressive.')
-
-
-def _call(data_config: ml_collections.ConfigDict, source: registry.Source, hook: str, *args):
-  """A source's hook, held to its contract: a plugin's (a source whose
-  get_documents is defined outside this package) own error, anything but a
-  UserError or OSError, which are already reported in one line, is a
-  DataError naming the source and the hook; a built-in one's is a bug and
-  keeps its traceback."""
-  try:
-    return getattr(source, hook)(*args)
-  except (UserError, OSError):
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    if not _is_plugin(source.get_documents):
-      raise
-    raise DataError(f'data.source={data_config.source!r}: its {hook} raised '
-                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
-
-
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.Documents:
   """The documents of `split` (one of registry.SPLITS) of data.source; a
@@ -57,7 +35,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   it would divide by nothing. What a source returns is held to the
   contract: a Documents (else a DataError naming the source)."""
   source = _source(data_config, split)
-  docs = _call(data_config, source, 'get_documents', data_config, split, tokenizer)
+  docs = registry.call_hook(data_config.source, source, 'get_documents', data_config, split, tokenizer)
   if not isinstance(docs, documents_lib.Documents):
     raise DataError(f'data.source={data_config.source!r}: its get_documents returned a '
                     f'{type(docs).__name__}; a source returns a compressive.data.Documents '
@@ -85,10 +63,10 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
   Costs one read of the split for text_files; a moment for the others.
   """
   source = _source(data_config, split)
-  if _is_plugin(source.get_documents):  # what its get_documents returns, held to the contract
+  if registry.is_plugin(source):  # what its get_documents returns, held to the contract
     get_documents(data_config, split, tokenizer)
   if source.check_documents is not None:
-    _call(data_config, source, 'check_documents', data_config, split, tokenizer)
+    registry.call_hook(data_config.source, source, 'check_documents', data_config, split, tokenizer)
 
 
 def iter_texts(data_config: ml_collections.ConfigDict, split: str,
@@ -123,7 +101,12 @@ def corpus_identity(data_config: ml_collections.ConfigDict) -> str | None:
   when the source's data cannot change under the same config."""
   source = registry.get(data_config.source)
   registry.section(data_config, source.name)
-  return None if source.identity is None else source.identity(data_config)
+  if source.identity is None:
+    return None
+  return registry.call_hook(
+      data_config.source, source, 'identity', data_config,
+      returns=(lambda v: isinstance(v, str) and 0 < len(v) <= registry.IDENTITY_CHARS,
+               f'a str of 1 to {registry.IDENTITY_CHARS} characters'))
 
 
 def data_identity(data_config: ml_collections.ConfigDict) -> dict:

@@ -24,6 +24,9 @@ import numpy as np
 from compressive import files
 from compressive.errors import DataError
 
+# The most of a SentencePiece model read (a 32k vocabulary's is under 1 MiB).
+SPM_BYTES = 256 << 20
+
 
 class Tokenizer(Protocol):
   """What the data pipeline and the sampler need from a tokenizer."""
@@ -81,8 +84,10 @@ class SentencePieceTokenizer:
       raise DataError(f'SentencePiece model {model_path!r} (data.spm_model) is a folder, '
                       'not a .model file')
     self.model_path = model_path
-    with open(model_path, 'rb') as f:
-      model = f.read()
+    try:
+      model = files.read_bytes(model_path, SPM_BYTES, follow=True)
+    except files.NotAFileError as e:  # a FIFO, a device, a file past the bound
+      raise DataError(f'SentencePiece model {model_path!r} (data.spm_model) is {e.what}') from None
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model)
     except (RuntimeError, OSError, TypeError) as e:

@@ -309,7 +309,9 @@ def stream(
   row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
   it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
                                 seed=experiment.train.seed, repeat=False,
-                                row_start=row_start, num_rows=num_rows)
+                                row_start=row_start, num_rows=num_rows,
+                                vocab_size=experiment.model.vocab_size,
+                                source=experiment.data.source)
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
       model, mesh, mc, abstract_memory, collect_attention=collect_attention,

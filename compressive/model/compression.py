@@ -18,6 +18,7 @@ this package is named `module:Name` (`resolve`) and imported on demand.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import ClassVar
 
 from flax import nnx
@@ -50,6 +51,29 @@ def resolve(name: str) -> type["Compression"]:
       "model.compression", name, COMPRESSIONS,
       lambda c: isinstance(c, type) and issubclass(c, Compression),
       "a subclass of compressive.model.compression.Compression")
+
+
+def declared_flops(name: str, rate: int, d_model: int) -> float:
+  """`flops_per_slot(rate, d_model)` of the compression `model.compression=
+  name` selects, held to its contract: a finite number >= 0. One defined
+  outside this package that breaks it, or raises, is one ConfigError naming
+  it (the experiment's check calls this at start-up); a built-in one's error
+  is a bug and keeps its traceback."""
+  cls = resolve(name)
+  where = f"model.compression={name!r} ({cls.__module__}.{cls.__name__})"
+  try:
+    value = cls.flops_per_slot(rate, d_model)
+  except Exception as e:  # pylint: disable=broad-except
+    if cls.__module__.startswith("compressive."):
+      raise
+    raise ConfigError(f"{where}: its flops_per_slot({rate}, {d_model}) raised "
+                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+      math.isfinite(value) and value >= 0):
+    raise ConfigError(f"{where}: its flops_per_slot({rate}, {d_model}) returned "
+                      f"{type(value).__name__} {value!r:.80}; it returns a finite number >= 0 "
+                      "(forward FLOPs per evicted slot)")
+  return float(value)
 
 
 class Compression(nnx.Module):

@@ -52,7 +52,7 @@ def flops_per_token(model_config, batch_size: int) -> Flops:
   attend = 3 * 2 * d * (cmem + mem + t / 2)
   # Compression: each compression declares its forward FLOPs per evicted
   # slot (model/compression.py), and a layer evicts t slots per segment.
-  compress = compression_lib.resolve(m.compression).flops_per_slot(c, d) if cmem else 0
+  compress = compression_lib.declared_flops(m.compression, c, d) if cmem else 0
   # Reconstruction (training only): the segment's queries attend (content
   # logits + values) over the t evicted memories, whose keys and values the
   # layer's attention already computed (the target: forward only, no

@@ -37,6 +37,7 @@ from flax import nnx
 import jax
 import orbax.checkpoint as ocp
 
+from compressive import files
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import integrity as integrity_lib
 from compressive.training import savedjson, sidefiles
@@ -56,7 +57,7 @@ PARAMS_DIR = "params"
 
 def is_export(path: str) -> bool:
   """Whether `path` is an export (rather than a training workdir)."""
-  return os.path.isfile(os.path.join(path, EXPORT_FILE))
+  return os.path.lexists(os.path.join(path, EXPORT_FILE))
 
 
 def _check_version(name: str, version: Any) -> None:
@@ -97,7 +98,7 @@ def read_manifest(path: str) -> dict[str, Any]:
                           f"{'holds it' if missing else 'holds a value there'}); export the "
                           "workdir again")
   config_path = os.path.join(path, ckpt_lib.CONFIG_FILE)
-  if not os.path.isfile(config_path):
+  if files.kind(config_path) != "file":
     raise CheckpointError(f"export {path} is damaged: its {ckpt_lib.CONFIG_FILE} is missing or "
                           "not a file; export the workdir again")
   # The manifest itself and the config beside it must be as written (an
@@ -116,10 +117,11 @@ def _manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _file_digest(path: str) -> Optional[str]:
+  """The digest of the regular file at `path` (never through a link, never
+  past a config's bound); None when there is none there."""
   try:
-    with open(path, "rb") as f:
-      return hashlib.sha256(f.read()).hexdigest()
-  except FileNotFoundError:
+    return hashlib.sha256(files.read_bytes(path, sidefiles.CONFIG_BYTES)).hexdigest()
+  except (FileNotFoundError, files.NotAFileError):
     return None
 
 

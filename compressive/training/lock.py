@@ -12,7 +12,11 @@ them until it exits:
 - its checkpoints folder (created if missing, followed if it is a link, so
   that checkpoints can live on another disk): a checkpoints folder belongs
   to one run, and a second workdir whose `checkpoints/` is the same folder
-  (a link or a bind mount) is refused while that run trains;
+  (a link or a bind mount) is refused while that run trains; after it, too:
+  the folder records the workdir whose run it holds (`workdir.json`: the
+  workdir folder's device and inode), and another workdir is refused unless
+  its checkpoints are a plain subfolder of its own (a workdir copied or
+  moved whole); a `checkpoints` that is the workdir itself is refused;
 - `WORKDIR/train.lock`, the record a person reads (the holder's PID and
   host), which is also the lock that trainers of earlier versions take. It
   is never followed: anything in its place but a file of its own (a
@@ -47,12 +51,15 @@ import socket
 import stat
 from typing import Optional
 
+from compressive import files
 from compressive.errors import UserError
-from compressive.training import interrupts
+from compressive.training import interrupts, savedjson
 
 LOCK_FILE = "train.lock"
 # The folder checkpoint.py saves into (not imported: this module stays light).
 CHECKPOINT_DIR = "checkpoints"
+# In the checkpoints folder: the workdir whose run it holds.
+OWNER_FILE = "workdir.json"
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 # What flock says where a filesystem cannot lock (EBADF and EINVAL: NFS's
 # emulation, asked to write-lock a folder that is open only for reading).
@@ -141,13 +148,38 @@ class WorkdirLock:
               if isinstance(e, FileNotFoundError) and os.path.islink(path) else "not a folder")
       raise UserError(f"{path} is {what}: the checkpoints must go into a folder (move it "
                       f"away, or make it a link to a folder)") from None
+    real = os.path.realpath(path)
+    name = path if real == path else f"{path} (which is {real})"
+    if _same_file(os.fstat(fd), os.fstat(folder)):
+      raise UserError(f"{name} is the workdir itself: the checkpoints must go into a folder of "
+                      f"their own (remove the link, or make it a link to another folder)")
     if _flock(fd) is False:
-      real = os.path.realpath(path)
-      name = path if real == path else f"{path} (which is {real})"
       raise WorkdirBusyError(
           f"{name} is the checkpoints folder of another trainer ({self._holder(fd, None)}); "
           f"a checkpoints folder belongs to one run: give this run a workdir with "
           f"checkpoints of its own, or wait for that run to finish")
+    self._claim_checkpoints(folder, fd, name)
+
+  def _claim_checkpoints(self, folder: int, checkpoints: int, name: str) -> None:
+    """The checkpoints folder's record of the workdir whose run it holds
+    (OWNER_FILE: the workdir folder's device and inode, and its path then),
+    written when missing or out of date. A record of another workdir is
+    refused unless the checkpoints folder is a plain subfolder of this one
+    (the workdir was copied or moved, checkpoints and all): a link or a
+    mount that leads to another run's checkpoints is never resumed."""
+    here = os.fstat(folder)
+    mine = {"device": here.st_dev, "inode": here.st_ino, "workdir": self.workdir}
+    record_path = os.path.join(self.workdir, CHECKPOINT_DIR, OWNER_FILE)
+    record = _read_owner(record_path)
+    if record == mine:
+      return
+    if record is not None and (record.get("device"), record.get("inode")) != (
+        here.st_dev, here.st_ino) and not _subfolder(folder, checkpoints):
+      raise UserError(
+          f"{name} holds the run of another workdir ({record.get('workdir')}); a checkpoints "
+          f"folder belongs to one run: give this workdir checkpoints of its own (if it is that "
+          f"run's workdir, moved or copied, remove {os.path.realpath(record_path)})")
+    files.write_json(record_path, mine)
 
   def _busy(self, fd: int, folder: int) -> str:
     return (f"{self.workdir} is in use by another trainer ({self._holder(fd, folder)}); wait "
@@ -188,6 +220,35 @@ def _flock(fd: int) -> Optional[bool]:
       return None
     raise
   return True
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+  return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _subfolder(folder: int, checkpoints: int) -> bool:
+  """Whether the workdir's checkpoints entry is a folder (not a link) whose
+  parent is the workdir (`folder`): the workdir's own, wherever it came from."""
+  try:
+    entry = os.stat(CHECKPOINT_DIR, dir_fd=folder, follow_symlinks=False)
+    parent = os.stat("..", dir_fd=checkpoints)
+  except OSError:
+    return False
+  return (stat.S_ISDIR(entry.st_mode) and _same_file(entry, os.fstat(checkpoints))
+          and _same_file(parent, os.fstat(folder)))
+
+
+def _read_owner(path: str) -> Optional[dict]:
+  """The checkpoints folder's owner record; None when there is none, or
+  none that can be read (damage is written over: the record only tells
+  runs apart, and the workdir that holds the lock claims the folder)."""
+  try:
+    record = savedjson.parse(files.read_bytes(path, 1 << 16), path)
+  except (OSError, UserError) as e:
+    if not isinstance(e, FileNotFoundError):
+      _log.warning("%s cannot be read (%s); this workdir claims the checkpoints folder", path, e)
+    return None
+  return record
 
 
 def _own_file(st: os.stat_result) -> bool:

@@ -151,6 +151,7 @@ class _Run:
   eval_writer: MetricWriter
   profiler: runlog.Profiler
   end: int
+  accept_changed_corpus: bool = False
   clock: Optional[runlog.Clock] = None
   metric_log: Optional[runlog.MetricLog] = None
   window: Optional[runlog.MetricWindow] = None
@@ -186,7 +187,7 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)
     run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
-               eval_writer, profiler, end)
+               eval_writer, profiler, end, options.accept_changed_corpus)
     return _steps(run, start, restored, is_main, options.should_stop)
 
 
@@ -196,7 +197,8 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   end or a stop; the last evaluation's metrics."""
   train = run.experiment.train
   state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
-                                         run.train_iter, run.writer, is_main, run.workdir)
+                                         run.train_iter, run.writer, is_main, run.workdir,
+                                         run.accept_changed_corpus)
   step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
   run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
   run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 from compressive import config as config_lib
 from compressive import data as data_lib
@@ -119,14 +120,20 @@ def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, An
 
 def start_state(experiment: config_lib.Experiment, setup: setup_lib.Setup, start: int, restored,
                 train_iter: data_lib.SegmentIterator, writer: MetricWriter, is_main: bool,
-                workdir: str):
+                workdir: str, accept_changed_corpus: bool = False):
   """(state, memory) to train from: the restored ones, with the data iterator
-  put back where they were saved and the metrics logged after them dropped;
-  else fresh ones."""
+  put back where they were saved (with `accept_changed_corpus`, at the next
+  epoch when the corpus has another number of documents) and the metrics
+  logged after them dropped; else fresh ones."""
   if restored is not None:
     state, memory, data_state = restored
-    train_iter.set_state(
-        setup_lib.local_data_state(data_state, train_iter.row_start, train_iter.num_rows))
+    local = setup_lib.local_data_state(data_state, train_iter.row_start, train_iter.num_rows)
+    train_iter.set_state(local, other_documents=accept_changed_corpus)
+    saved_docs = int(np.asarray(local["num_documents"]))
+    if saved_docs != len(train_iter.docs):
+      _log.warning("the training corpus has %d documents, not the %d it had at step %d: every "
+                   "row goes on at the start of its next epoch (--accept_changed_corpus)",
+                   len(train_iter.docs), saved_docs, start)
     if is_main:  # the eval metrics' file too: a step's estimate follows its save
       for path in (writer.jsonl, os.path.join(workdir, "metrics_eval.jsonl")):
         runlog.truncate_metrics(path, start)

@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any, Optional
 
+from compressive import files
 from compressive.errors import CheckpointError
 
 # No file the package writes nests deeper than a few levels (config.json's
@@ -93,10 +94,12 @@ def parse(data: str | bytes, path: str, kind: Optional[type] = dict, *,
 
 
 def read(path: str, kind: Optional[type] = dict, limit: int = 64 << 20) -> Any:
-  """parse() of the file at `path` (opened as open() opens it; OSError as
-  open() raises it), refused as damaged beyond `limit` bytes."""
-  with open(path, "rb") as f:
-    data = f.read(limit + 1)
-  if len(data) > limit:
-    raise DamagedJSONError(path, f"larger than the {limit >> 20} MiB read of it")
+  """parse() of the regular file at `path`, never read through a link or
+  past `limit` bytes (files.read_bytes): a link, a folder, a FIFO or a
+  larger file is damage too. OSError as open() raises it for a missing or
+  unreadable file."""
+  try:
+    data = files.read_bytes(path, limit)
+  except files.NotAFileError as e:
+    raise DamagedJSONError(path, e.what) from None
   return parse(data, path, kind)

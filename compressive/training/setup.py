@@ -77,7 +77,8 @@ def train_data(experiment: config_lib.Experiment, layout: train_step.Layout, tok
   train_docs = data_lib.get_documents(data, "train", tokenizer)
   train_iter = data_lib.SegmentIterator(
       train_docs, batch_size=b, segment_length=t, seed=train.seed, repeat=True,
-      row_start=row_start, num_rows=num_rows)
+      row_start=row_start, num_rows=num_rows, vocab_size=experiment.model.vocab_size,
+      source=data.source)
   eval_docs = data_lib.get_documents(data, split, tokenizer)
   # Every document readable, decodable and long enough, before anything
   # compiles (a text_files corpus is otherwise read lazily, row by row).

@@ -9,19 +9,20 @@ a folder, and never a FIFO or a device, whose open() or read() can wait
 forever (each open is non-blocking and checked with fstat before it is
 used). It is only read up to a bound. The trainer sets anything else in a
 side file's place aside (`NAME.aside`, with a one-line warning) before it
-writes there; a reader, which never writes, refuses it in one line.
+writes there; a reader, which never writes, refuses it in one line. A
+side file with other names (a hard-linked copy of a workdir) is made a file
+of its own before the trainer appends to it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import stat
-from typing import Iterator, Optional
+import shutil
+from typing import Iterator
 
-from compressive.errors import CheckpointError
+from compressive import files
 
 _log = logging.getLogger("compressive")
 
@@ -35,39 +36,12 @@ FOLDERS = ("tensorboard", os.path.join("tensorboard", "train"),
 CONFIG_BYTES = 16 << 20
 METRICS_BYTES = 2 << 30
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class NotAFileError(CheckpointError):
-  """A side file's path holds something other than a regular file (a
-  folder, a link, a FIFO, a device) or a file beyond the bound read."""
-
-  def __init__(self, path: str, what: str):
-    super().__init__(f"{path} is {what}")
-    self.path, self.what = path, what
-
-
-def kind(path: str) -> Optional[str]:
-  """What `path` holds, not following a link: None (nothing), "file" (a
-  regular file) or a description of anything else ("a folder, not a file")."""
-  try:
-    mode = os.lstat(path).st_mode
-  except FileNotFoundError:
-    return None
-  return _describe(mode)
-
-
-def _describe(mode: int) -> str:
-  if stat.S_ISREG(mode):
-    return "file"
-  for test, what in ((stat.S_ISLNK, "a link"), (stat.S_ISDIR, "a folder"),
-                     (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                     (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
-    if test(mode):
-      return what
-  return "not a regular file"
+# The one way a file is opened for reading, re-exported for the side files'
+# readers and writers: regular files only, never through a link.
+NotAFileError = files.NotAFileError
+kind = files.kind
+open_regular = files.open_regular
+read_bytes = files.read_bytes
 
 
 def set_aside(path: str, why: str) -> str:
@@ -91,6 +65,8 @@ def prepare(workdir: str) -> None:
     what = kind(path)
     if what not in (None, "file"):
       set_aside(path, f"{what}, not a file")
+    elif what == "file" and os.lstat(path).st_nlink > 1:
+      unshare(path)
   for name in FOLDERS:
     path = os.path.join(workdir, name)
     what = kind(path)
@@ -98,39 +74,14 @@ def prepare(workdir: str) -> None:
       set_aside(path, f"{'a file' if what == 'file' else what}, not a folder")
 
 
-def open_regular(path: str, flags: int, mode: int = 0o644) -> int:
-  """os.open(path, flags) of a regular file only: a link is not followed,
-  and a FIFO or device is never waited on (the open is non-blocking and
-  checked with fstat). NotAFileError for anything else; the descriptor is
-  blocking again."""
-  try:
-    fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)
-  except OSError as e:
-    what = kind(path)
-    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) and what not in (None, "file"):
-      raise NotAFileError(path, f"{what}, not a file") from None
-    raise
-  try:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-      raise NotAFileError(path, f"{_describe(st.st_mode)}, not a file")
-    if _NONBLOCK:
-      os.set_blocking(fd, True)
-  except BaseException:
-    os.close(fd)
-    raise
-  return fd
-
-
-def read_bytes(path: str, limit: int) -> bytes:
-  """The bytes of the regular file `path`, refused (NotAFileError) when it
-  holds more than `limit`."""
+def unshare(path: str) -> None:
+  """Makes the file at `path`, which has other names (a hard-linked copy of a
+  workdir: `cp -al`, `rsync --link-dest`), a file of its own with the same
+  bytes, so that appending to it never writes into the other workdir."""
   fd = open_regular(path, os.O_RDONLY)
-  with os.fdopen(fd, "rb") as f:
-    data = f.read(limit + 1)
-  if len(data) > limit:
-    raise NotAFileError(path, f"larger than the {limit >> 20} MiB read of it")
-  return data
+  with os.fdopen(fd, "rb") as src, files.replacing(path, binary=True) as dst:
+    shutil.copyfileobj(src, dst)
+  _log.info("%s had other names (a hard-linked copy); it is now a file of its own", path)
 
 
 @contextlib.contextmanager

@@ -116,7 +116,7 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
 
   import compressive
   from compressive.evaluation import evaluate as eval_lib
-  from configs import default
+  from compressive.configs import default
   config = default.get_config()
   config.data = prepared.copy_and_resolve_references()
   m = config.model

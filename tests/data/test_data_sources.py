@@ -551,6 +551,62 @@ def test_a_plugin_source_is_held_to_its_contract(gives, said):
   assert '\n' not in str(e.value)
 
 
+def _toy_hooks(**hooks):
+  """Registers a source 'toy' of 16 two-token documents with the given hooks."""
+  def default_config():
+    c = ml_collections.ConfigDict()
+    c.length = 5
+    return c
+
+  def get_documents(data_config, split, tokenizer):
+    return data.TokenDocuments([np.array([1, 2], np.int32)] * 16, f'toy/{split}')
+
+  registry.register(registry.Source(name='toy', default_config=default_config,
+                                    get_documents=get_documents, **hooks))
+
+
+@pytest.mark.parametrize('hooks,call,said', [
+    # host_bytes is read by the config's check, before anything is read.
+    (dict(host_bytes=lambda c: '4096'), 'check',
+     "its host_bytes returned str '4096'; a source's host_bytes returns an int >= 0"),
+    (dict(host_bytes=lambda c: float('nan')), 'check', 'its host_bytes returned float nan'),
+    (dict(host_bytes=lambda c: -1), 'check', 'its host_bytes returned int -1'),
+    (dict(host_bytes=lambda c: True), 'check', 'its host_bytes returned bool True'),
+    (dict(host_bytes=lambda c: 1 // 0), 'check', 'its host_bytes raised ZeroDivisionError'),
+    # identity is recorded with every checkpoint: asked for at start-up.
+    (dict(identity=lambda c: {'a', 'b'}), 'identity', "its identity returned set"),
+    (dict(identity=lambda c: ''), 'identity', "its identity returned str ''"),
+    (dict(identity=lambda c: b'sha:1'), 'identity', "its identity returned bytes b'sha:1'"),
+    (dict(identity=lambda c: 'x' * 5000), 'identity', 'a str of 1 to 4096 characters'),
+])
+def test_every_hook_of_a_plugin_source_is_held_to_its_contract(hooks, call, said):
+  _toy_hooks(**hooks)
+  try:
+    c = config(source='toy')
+    with pytest.raises(DataError, match=re.escape(said)) as e:
+      if call == 'check':
+        data.validate_data_config(c)
+      else:
+        data.corpus_identity(c)
+  finally:
+    registry.unregister('toy')
+  assert '\n' not in str(e.value) and "data.source='toy'" in str(e.value)
+
+
+def test_a_token_id_past_the_models_vocabulary_names_the_source_and_document():
+  docs = data.TokenDocuments([np.array([1, 2, 3], np.int32), np.array([4, 300, 5], np.int32)],
+                             'toy/train')
+  it = data.SegmentIterator(docs, batch_size=2, segment_length=2, vocab_size=256, source='toy')
+  with pytest.raises(DataError, match=re.escape(
+      "data.source='toy': document 'toy/train[1]' (index 1 of toy/train) holds token id 300, "
+      "outside the "
+      "model's vocabulary (model.vocab_size=256)")):
+    next(it)
+  # At the vocabulary's edge, and unchecked without one, it reads.
+  assert next(data.SegmentIterator(docs, batch_size=2, segment_length=2, vocab_size=301))
+  assert next(data.SegmentIterator(docs, batch_size=2, segment_length=2))
+
+
 def test_unregistered_source_leaves_no_section():
   assert 'toy' not in registry.names()
   assert 'toy' not in data.default_data_config()
@@ -652,3 +708,23 @@ def test_real_books_corpus_is_unchanged():
            for s, d in splits.items()}
   assert sizes == {'train': (81, 13_518_477), 'validation': (4, 794_448),
                    'test': (5, 658_333)}
+
+
+def test_a_state_over_another_number_of_documents_goes_on_only_when_accepted():
+  docs = lambda n: data.TokenDocuments([np.arange(1, 8, dtype=np.int32)] * n, f'toy{n}/train')
+  it = data.SegmentIterator(docs(4), batch_size=2, segment_length=2)
+  for _ in range(5):
+    next(it)
+  state = it.get_state()
+  other = data.SegmentIterator(docs(6), batch_size=2, segment_length=2)
+  with pytest.raises(DataError, match='num_documents: state 4, iterator 6'):
+    other.set_state(state)
+  other.set_state(state, other_documents=True)
+  after = other.get_state()
+  assert after['step'] == 5 and list(after['epoch']) == [int(max(state['epoch'])) + 1] * 2
+  assert list(after['position']) == list(after['offset']) == [0, 0]
+  next(other)
+  # Any other difference is still refused.
+  with pytest.raises(DataError, match='batch_size: state 2, iterator 3'):
+    data.SegmentIterator(docs(6), batch_size=3, segment_length=2).set_state(
+        state, other_documents=True)

@@ -50,7 +50,7 @@ def test_rope_has_no_position_parameters_and_partitions():
 
   # The default rules name attention/wr, u, v; with none of them present the
   # rest must still partition, heads on 'tensor' and width on 'fsdp'.
-  config = importlib.import_module("configs.default_rope").get_config()
+  config = importlib.import_module("compressive.configs.default_rope").get_config()
   config.model.update(dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, segment_length=4,
                            memory_length=8, compressed_memory_length=4))
   config.batch_size = 4
@@ -66,8 +66,8 @@ def test_rope_has_no_position_parameters_and_partitions():
 
 
 def test_default_rope_config_differs_from_default_only_in_positions():
-  default = importlib.import_module("configs.default").get_config()
-  rope = importlib.import_module("configs.default_rope").get_config()
+  default = importlib.import_module("compressive.configs.default").get_config()
+  rope = importlib.import_module("compressive.configs.default_rope").get_config()
   assert default.model.positions == "relative" and rope.model.positions == "rope"
   rope.model.positions = "relative"
   assert rope.to_dict() == default.to_dict()
@@ -189,7 +189,7 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 
 def test_resuming_with_other_positions_names_the_field(tmp_path):
   from compressive.training import checkpoint
-  from configs import default, default_rope
+  from compressive.configs import default, default_rope
   checkpoint.save_config(str(tmp_path), default.get_config())
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
     checkpoint.check_resume_config(str(tmp_path), default_rope.get_config())

@@ -184,8 +184,8 @@ def test_cli_mesh_override_and_its_error(tmp_path):
     ("gpu1", 1, (1, 1, 1)), ("gpu8", 8, (8, 1, 1)), ("tpu_v5e8", 8, (1, 8, 1))])
 @pytest.mark.parametrize("experiment", ["default", "enwik8", "pg19"])
 def test_presets_fit_their_machines(preset, devices, shape, experiment):
-  config = importlib.import_module(f"configs.{preset}").get_config(experiment)
-  base = importlib.import_module(f"configs.{experiment}").get_config()
+  config = importlib.import_module(f"compressive.configs.{preset}").get_config(experiment)
+  base = importlib.import_module(f"compressive.configs.{experiment}").get_config()
   assert validate(config, abstract_state(config), num_devices=devices) == shape
   assert config.model.dtype == "bfloat16"
   base.model.dtype = "bfloat16"
@@ -532,8 +532,8 @@ def spec_cases():
   """{name: experiment config}: the default experiment (on its own mesh and
   on data x fsdp x tensor), and tiny ones scanned, with Adam, and with each
   compression."""
-  cases = {"default": importlib.import_module("configs.default").get_config()}
-  cases["default_fsdp_tensor"] = importlib.import_module("configs.default").get_config()
+  cases = {"default": importlib.import_module("compressive.configs.default").get_config()}
+  cases["default_fsdp_tensor"] = importlib.import_module("compressive.configs.default").get_config()
   cases["default_fsdp_tensor"].mesh.shape = (2, 2, 2)
   cases["scan_layers"] = sharding_experiment(**{"model.scan_layers": True, "mesh.shape": (2, 2, 2)})
   cases["adam"] = sharding_experiment(**{"optimizer.name": "adam", "mesh.shape": (1, 4, 2)})

@@ -266,7 +266,7 @@ def config_fields() -> list[str]:
 
   for name in sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
                      if f.endswith(".py") and not f.startswith("_")):
-    module = importlib.import_module(f"configs.{name}")
+    module = importlib.import_module(f"compressive.configs.{name}")
     if hasattr(module, "get_config"):
       walk(module.get_config(), "")
   walk(data_config.default_data_config(), "data.")

@@ -29,7 +29,9 @@ TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compres
 LAYERS = (
     ("base", ("compressive.errors", "compressive.values", "compressive.files",
               "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
-              "compressive.plugins")),
+              "compressive.plugins",
+              # the shipped configs (configs/): data, importing only ml_collections
+              "compressive.configs")),
     ("model", ("compressive.model",)),
     ("data", ("compressive.data",)),
     ("scale", ("compressive.scale",)),

@@ -64,13 +64,13 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   # A finished run resumed with a longer schedule goes on from its last
   # checkpoint and keeps the checkpoints it had (3 are kept: 2, 4 and 6).
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
-  assert before == ["2", "4"]
+  assert before == ["2", "4", "workdir.json"]  # and the record of the workdir whose run they are
   r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
           "--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
           "--config.model.compression=mean_pool")
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from step 4" in r.stderr
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before + ["6"]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(before + ["6"])
 
 
 def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file):
@@ -98,7 +98,7 @@ def test_a_repeated_override_trains_on_its_last_value(tmp_path, tiny_config_file
   assert saved["data"]["synthetic"]["num_docs"] == [16, 4, 4]
   assert saved["model"]["compression"] == "mean_pool" and saved["model"]["scan_layers"] is False
   assert saved["num_train_steps"] == 2 and saved["optimizer"]["learning_rate"] == 0.001
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "workdir.json"]
 
 
 def test_eval_of_a_missing_workdir(tmp_path):
@@ -140,3 +140,23 @@ def test_shared_flags_are_listed_by_each_tools_help(script):
   assert ("run the same command on every host" in own) == (script == "train.py")
   assert ("(as train.py)" in own) == (script == "eval.py")
   assert ("0 removes the compressed memory" in own) == (script == "analyze.py")
+
+
+def test_a_tool_whose_reader_has_gone_ends_quietly(tmp_path):
+  # A runner killed while its child trains: the child saves and stops, and
+  # its last lines have nowhere to go (stdout and stderr both closed pipes).
+  code = textwrap.dedent("""
+      import sys
+      from compressive import cli
+
+      def main(argv):
+        print("final evaluation: ...", flush=True)
+        print("done", file=sys.stderr, flush=True)
+
+      cli.run(main, "a tool")
+      """)
+  r_out, w_out = os.pipe()
+  os.close(r_out)  # the reader is gone before the tool writes
+  proc = subprocess.run([sys.executable, "-c", code], stdout=w_out, stderr=w_out, timeout=120)
+  os.close(w_out)
+  assert proc.returncode == 0

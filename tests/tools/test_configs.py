@@ -40,12 +40,12 @@ def test_the_config_list_is_the_folder():
   files = {p.stem for p in pathlib.Path(helpers.ROOT, "configs").glob("*.py")}
   assert {"default", "enwik8", "pg19", "gpu8", "tpu_v5e8"} <= set(CONFIGS)
   # paper.py holds what the paper's configs share; it is no config itself.
-  assert set(CONFIGS) == files - {"__init__", "paper"}
+  assert set(CONFIGS) == files - {"__init__", "_hardware", "paper"}
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_validates_and_builds(name):
-  config = importlib.import_module(f"configs.{name}").get_config()
+  config = importlib.import_module(f"compressive.configs.{name}").get_config()
   # The form of the config: its data (enwik8's file, PG-19's TFDS folder)
   # and its size are this machine's to check when it trains here.
   # A preset's mesh states its devices (8 for gpu8 and tpu_v5e8; -1: any).
@@ -166,7 +166,7 @@ def test_the_default_config_writes_out_the_library_defaults(section, library):
   # configs/default.py writes these sections out (a config imports only
   # ml_collections): they stay the library's defaults, field for field, type
   # for type, locked as they are, so the default experiment cannot drift.
-  from configs import default  # pylint: disable=g-import-not-at-top
+  from compressive.configs import default  # pylint: disable=g-import-not-at-top
   module, function = library.split(":")
   expected = getattr(importlib.import_module(module), function)()
   assert list(_structure(default.get_config()[section])) == list(_structure(expected))
@@ -183,19 +183,21 @@ def test_the_structure_sees_a_changed_type_order_and_lock():
   assert list(_structure(c)) != same
 
 
-def test_config_files_import_only_ml_collections():
+def test_config_files_import_only_ml_collections_and_each_other():
   # big_vision's habit: a config file is data. It may build on another
-  # config (configs.*, or importlib for a preset's experiment), never on the
-  # library, whose import would run before any flag is read.
+  # shipped config (from the package compressive.configs, or importlib for a
+  # preset's experiment), never on the rest of the library, and never on a
+  # top-level `configs`, which a folder of the user's could shadow.
   wrong = []
   for path in sorted(pathlib.Path(helpers.ROOT, "configs").glob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
       elif isinstance(node, ast.ImportFrom):
-        names = [node.module or ""] if not node.level else ["configs"]
+        names = [node.module or ""] if not node.level else ["(relative)"]
       else:
         continue
       wrong += [f"{path.name} imports {n}" for n in names
-                if n.split(".")[0] not in ("ml_collections", "configs", "importlib")]
+                if n not in ("ml_collections", "importlib", "os", "compressive.configs")
+                and not n.startswith("compressive.configs.")]
   assert wrong == []

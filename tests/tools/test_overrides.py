@@ -149,8 +149,7 @@ def test_a_plugin_named_only_by_a_config_file_is_not_imported(plugin, tmp_path):
   # (the trainer imports the plugin later, to use it): a field of its section
   # is one line naming the override and the way to have it.
   path = tmp_path / 'names_plugin.py'
-  path.write_text(f'import sys\nsys.path.insert(0, {os.path.join(ROOT, "configs")!r})\n'
-                  'from default import get_config as default\n\n'
+  path.write_text('from compressive.configs.default import get_config as default\n\n'
                   'def get_config():\n  c = default()\n'
                   f'  c.data.source = "{plugin}:TOY"\n  return c\n')
   line = failure('--config.data.override_toy.n=4', config=str(path))

@@ -3,6 +3,7 @@ persistent compilation cache (on by default, and a warm run compiles
 nothing), and the README's Python snippet run from an installed wheel in
 another directory."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -60,6 +61,60 @@ def test_train_finds_a_config_by_name_from_another_directory(tmp_path, args, mes
   assert r.returncode == 2, r.stderr[-3000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0], r.stderr[-3000:]
+  assert not os.path.exists(tmp_path / "wd")
+
+
+def _shadow(folder, kind):
+  """A `configs` of the user's in folder that no shipped config may import:
+  a package (its own configs/default.py, as in many ML projects) or a module
+  configs.py."""
+  if kind == "package":
+    os.makedirs(folder / "configs")
+    (folder / "configs" / "__init__.py").write_text("")
+    (folder / "configs" / "default.py").write_text(
+        "raise ImportError('the folder configs/default.py was imported')\n")
+  else:
+    (folder / "configs.py").write_text("raise ImportError('the folder configs.py was imported')\n")
+
+
+def _load_file(path):
+  spec = importlib.util.spec_from_file_location(f"_shipped_{os.path.basename(path)[:-3]}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("kind", ["package", "module"])
+def test_no_folder_shadows_the_shipped_configs(tmp_path, monkeypatch, kind):
+  # `python -m` puts the current folder first on sys.path; so does a
+  # project's own layout. Every shipped config (and a preset's experiment)
+  # loads as --config loads it, by its file, with the shipped bases.
+  _shadow(tmp_path, kind)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for name in [m for m in sys.modules if m in ("configs", "compressive.configs")
+               or m.startswith("compressive.configs.")]:
+    monkeypatch.delitem(sys.modules, name)
+  for name in cli.config_names():
+    module = _load_file(cli.resolve_config(name))
+    config = module.get_config("recall") if name in ("gpu1", "gpu8", "tpu_v5e8") else \
+        module.get_config()
+    assert config.model.d_model > 0
+  assert "configs" not in sys.modules
+  assert sys.modules["compressive.configs.default"].__file__ == os.path.join(cli.CONFIG_DIR,
+                                                                            "default.py")
+
+
+@pytest.mark.slow
+def test_python_m_from_a_folder_with_its_own_configs(tmp_path):
+  # The tool as a user runs it: its config (which builds on default) loads,
+  # and the mistyped override is the one line.
+  _shadow(tmp_path, "package")
+  r = python("-m", "compressive.train", f"--workdir={tmp_path}/wd", "--config=gpu1:default_rope",
+             "--config.batch_sizee=2", cwd=tmp_path)
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+  assert "cannot apply --config.batch_sizee" in lines[0], r.stderr[-3000:]
   assert not os.path.exists(tmp_path / "wd")
 
 
@@ -236,7 +291,7 @@ README_SNIPPET = """
 import jax.numpy as jnp
 from flax import nnx
 import compressive
-from configs import default
+from compressive.configs import default
 
 cfg = default.get_config().model
 model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
@@ -258,8 +313,11 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
       from compressive import cli
       site = {site!r}
       assert compressive.__file__.startswith(site), compressive.__file__
-      assert default.__file__.startswith(site), default.__file__
-      assert cli.resolve_config("enwik8") == os.path.join(site, "configs", "enwik8.py")
+      shipped = os.path.join(site, "compressive", "configs")
+      assert default.__file__.startswith(shipped), default.__file__
+      assert cli.resolve_config("enwik8") == os.path.join(shipped, "enwik8.py")
+      # Nothing is installed under a name as common as `configs`.
+      assert not os.path.exists(os.path.join(site, "configs"))
       assert logits.shape == (2, cfg.segment_length, cfg.vocab_size)
       assert config.model.d_model == 32
       print("OK")

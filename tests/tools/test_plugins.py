@@ -70,6 +70,22 @@ WORDS = registry.Source(name="plugin_words", default_config=_default_config,
                         official_words={"validation": 1000}.get)
 
 NOT_A_COMPRESSION = int
+
+
+def _declaring(flops):
+  return type("Declares", (LastSlot,), {"flops_per_slot": classmethod(lambda cls, c, d: flops()),
+                                       "__module__": __name__})
+
+
+def _raise():
+  raise KeyError("no such table")
+
+
+FLOPS_TEXT = _declaring(lambda: "many")
+FLOPS_NAN = _declaring(lambda: float("nan"))
+FLOPS_NEGATIVE = _declaring(lambda: -1.0)
+FLOPS_BOOL = _declaring(lambda: True)
+FLOPS_RAISES = _declaring(_raise)
 '''
 
 
@@ -198,6 +214,20 @@ def test_a_compression_is_imported_by_module_and_name(plugin):
 def test_a_compression_that_cannot_be_had_is_one_line(plugin, name, message):
   with pytest.raises(ConfigError, match=rf"^model\.compression={re.escape(repr(name))}: {message}") as e:
     config_lib.check(tiny_experiment(**{'model.compression': name}), here=False)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('name,returned', [
+    ('FLOPS_TEXT', "returned str 'many'"), ('FLOPS_NAN', 'returned float nan'),
+    ('FLOPS_NEGATIVE', 'returned float -1.0'), ('FLOPS_BOOL', 'returned bool True'),
+    ('FLOPS_RAISES', "raised KeyError: 'no such table'"),
+])
+def test_a_compressions_declared_flops_are_held_to_the_contract(plugin, name, returned):
+  # The experiment's check reads them at start-up, before the MFU would.
+  with pytest.raises(ConfigError, match=re.escape(
+      f"model.compression='{plugin}:{name}' ({plugin}.Declares): its flops_per_slot(2, 32) "
+      f"{returned}")) as e:
+    config_lib.check(tiny_experiment(**{'model.compression': f'{plugin}:{name}'}), here=False)
   assert '\n' not in str(e.value)
 
 

@@ -194,7 +194,7 @@ def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
   with pytest.raises(train_lib.NonFiniteError,
                      match="at step 4 .* not saved; the newest intact checkpoint is step 2"):
     train_lib.train_and_evaluate(config(), str(tmp_path))
-  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "workdir.json"]
 
 
 def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():

@@ -165,6 +165,20 @@ def test_a_changed_corpus_is_named_on_resume_and_can_be_accepted(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_changed_number_of_documents_goes_on_when_accepted(tmp_path, caplog):
+  # docs/LONG_RUNS.md: --accept_changed_corpus goes on "on another data
+  # section, deliberately"; one with more documents than the saved position
+  # indexes goes on at the next epoch of every row.
+  workdir = half_trained(tmp_path)
+  more = {"data.synthetic.num_docs": (21, 4, 4)}
+  with pytest.raises(ckpt_lib.RunMismatchError, match="the data config differs"):
+    train_lib.train_and_evaluate(config(**more), str(workdir))
+  train_lib.train_and_evaluate(config(**more), str(workdir), accept_changed_corpus=True)
+  assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
+  assert "every row goes on at the start of its next epoch" in caplog.text
+
+
+@pytest.mark.slow
 def test_an_edited_export_is_refused(tmp_path, straight):
   out = tmp_path / "export"
   export_lib.export(str(straight), str(out))

@@ -23,7 +23,7 @@ import compressive
 from compressive import cli
 from compressive import data as data_lib
 from compressive import plugins
-from compressive.data import registry
+from compressive.data import registry, tokenizers
 from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
@@ -536,3 +536,67 @@ def test_a_null_check_value_in_a_resealed_export_is_damage(exported, tmp_path, p
   reseal(str(out))  # as someone crafting an export would: the digests hold
   with pytest.raises(CheckpointError, match=re.escape(f"it holds {part} null")):
     compressive.load(str(out))
+
+
+# -- What a run or an export holds is read as a regular file, within a bound, --
+# -- never through a link it did not write. -----------------------------------------
+
+
+def _plant(path, kind, tmp_path):
+  """Puts `kind` at `path` in place of the file: a link to a 20 GB sparse
+  file (read whole, it would fill the machine), a FIFO (an open waits
+  forever), a link to /dev/zero (a read never ends) or the sparse file."""
+  os.remove(path)
+  big = tmp_path / "big"
+  with open(big, "wb") as f:
+    f.truncate(20 << 30)
+  if kind == "a link":
+    os.symlink(big, path)
+  elif kind == "a FIFO":
+    os.mkfifo(path)
+  elif kind == "a link to /dev/zero":
+    os.symlink("/dev/zero", path)
+  else:
+    os.rename(big, path)
+
+
+@pytest.mark.parametrize("kind,cause", [
+    ("a link", "a link, not a file"), ("a FIFO", "a FIFO, not a file"),
+    ("a link to /dev/zero", "a link, not a file"), ("20 GB", "larger than the 16 MiB read"),
+])
+def test_an_export_json_that_is_no_regular_file_within_the_bound_is_one_line(
+    exported, tmp_path, kind, cause):
+  out = copy(exported, tmp_path)
+  _plant(out / "export.json", kind, tmp_path)
+  assert_one_line(lambda: compressive.load(str(out)), "export.json is damaged (", cause)
+
+
+@pytest.mark.parametrize("kind", ["a link", "a FIFO"])
+def test_an_exports_config_json_that_is_no_regular_file_is_one_line(exported, tmp_path, kind):
+  out = copy(exported, tmp_path)
+  _plant(out / "config.json", kind, tmp_path)
+  assert_one_line(lambda: compressive.load(str(out)), "its config.json is missing or not a file")
+
+
+@pytest.mark.parametrize("kind,cause", [("a link to /dev/zero", "a link, not a file"),
+                                        ("a FIFO", "a FIFO, not a file")])
+def test_an_integrity_record_that_is_no_regular_file_is_damage(run, tmp_path, monkeypatch,
+                                                               kind, cause):
+  monkeypatch.setattr(ckpt_lib, "READ_RETRY_DELAYS", (0.0,))
+  workdir = copy(run, tmp_path)
+  _plant(workdir / RECORD, kind, tmp_path)
+  assert_one_line(lambda: compressive.load(str(workdir)), "checkpoints/1 is damaged", cause)
+
+
+@pytest.mark.parametrize("kind,cause", [("/dev/zero", "is a device, not a file"),
+                                        ("a FIFO", "is a FIFO, not a file"),
+                                        ("a folder", "is a folder")])
+def test_a_tokenizer_file_that_is_no_regular_file_is_one_line(tmp_path, kind, cause):
+  # A file the user names is read through a link, but only a regular file.
+  path = "/dev/zero" if kind == "/dev/zero" else str(tmp_path / "spm.model")
+  if kind == "a FIFO":
+    os.mkfifo(path)
+  elif kind == "a folder":
+    os.mkdir(path)
+  with pytest.raises(DataError, match=re.escape(cause)):
+    tokenizers.SentencePieceTokenizer(path)

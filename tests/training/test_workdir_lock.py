@@ -10,12 +10,16 @@ trainer's own takes its place.
 """
 
 import os
+import shutil
 import socket
+import subprocess
 
 import pytest
 
 from compressive.training import loop as train_lib
-from compressive.training.lock import LOCK_FILE, WorkdirBusyError, WorkdirLock
+from compressive.errors import UserError
+from compressive.training import sidefiles
+from compressive.training.lock import LOCK_FILE, OWNER_FILE, WorkdirBusyError, WorkdirLock
 from helpers import tiny_experiment
 
 BUSY = r"in use by another trainer \(pid \d+ on host"
@@ -140,7 +144,11 @@ def test_a_checkpoints_folder_belongs_to_one_run(tmp_path, linked):
   assert "belongs to one run" in message and f"pid {os.getpid()}" in message
   assert os.path.realpath(first / "checkpoints") in message
   lock.release()
-  assert_free(second)  # the refusal kept no lock of its own behind
+  with pytest.raises(UserError, match="holds the run of another workdir"):  # after it too
+    held(second)
+  os.remove(second / "checkpoints")
+  assert_free(second)  # the refusals kept no lock of their own behind
+  assert_free(first)
 
 
 def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path):
@@ -152,7 +160,7 @@ def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path)
     os.symlink(first / "checkpoints", second / "checkpoints")
     with pytest.raises(WorkdirBusyError, match="belongs to one run"):
       train_lib.train_and_evaluate(tiny_experiment(), str(second))
-  assert os.listdir(first / "checkpoints") == []
+  assert os.listdir(first / "checkpoints") == [OWNER_FILE]
   assert sorted(os.listdir(second)) == ["checkpoints", LOCK_FILE]
 
 
@@ -192,4 +200,77 @@ def test_a_running_runs_folders_are_no_other_runs_workdir_or_checkpoints(tmp_pat
   with WorkdirLock(str(first)):
     assert_busy(first / "checkpoints")  # its checkpoints folder as a workdir
     assert_busy(second, match="belongs to one run")
-  assert not os.listdir(first / "checkpoints")
+  assert os.listdir(first / "checkpoints") == [OWNER_FILE]
+
+
+# -- A workdir's files are its own, one run after the other too. ------------------
+
+
+def test_a_checkpoints_folder_of_a_finished_run_is_no_other_workdirs(tmp_path):
+  # runs/a trains and stops; runs/b, whose checkpoints/ is a link to a's,
+  # would "resume" a's run and write into it: refused, by name.
+  a, b = tmp_path / "a", tmp_path / "b"
+  os.makedirs(a)
+  os.makedirs(b)
+  assert_free(a)
+  os.symlink(a / "checkpoints", b / "checkpoints")
+  with pytest.raises(UserError, match=r"holds the run of another workdir \(.*/a\); a "
+                                      r"checkpoints folder belongs to one run") as e:
+    held(b)
+  assert "\n" not in str(e.value)
+  assert_free(a)  # a resumes as before
+  # The same when the folder lives elsewhere and both link to it.
+  os.makedirs(tmp_path / "store")
+  c, d = tmp_path / "c", tmp_path / "d"
+  for wd in (c, d):
+    os.makedirs(wd)
+    os.symlink(tmp_path / "store", wd / "checkpoints")
+  assert_free(c)
+  with pytest.raises(UserError, match="holds the run of another workdir"):
+    held(d)
+  # Its way out, when d is c moved: the record removed, d claims the folder.
+  os.remove(tmp_path / "store" / OWNER_FILE)
+  assert_free(d)
+  with pytest.raises(UserError, match=r"another workdir \(.*/d\)"):
+    held(c)
+
+
+@pytest.mark.parametrize("how", ["copied", "moved", "hard-linked copy"])
+def test_a_workdir_copied_or_moved_whole_keeps_its_run(tmp_path, how):
+  a = tmp_path / "a"
+  os.makedirs(a)
+  assert_free(a)
+  copy = tmp_path / "copy"
+  if how == "copied":
+    shutil.copytree(a, copy)
+  elif how == "moved":
+    os.rename(a, copy)
+  else:
+    subprocess.run(["cp", "-al", str(a), str(copy)], check=True)
+  assert_free(copy)
+  if how != "moved":
+    assert_free(a)  # each its own: the copy's record is its own file
+
+
+def test_checkpoints_that_are_the_workdir_itself_are_one_line(tmp_path):
+  os.symlink(".", tmp_path / "checkpoints")
+  with pytest.raises(UserError, match="is the workdir itself") as e:
+    held(tmp_path)
+  assert f"pid {os.getpid()}" not in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", sidefiles.FILES)
+def test_a_side_file_of_a_hard_linked_copy_is_never_written_through(tmp_path, name):
+  # cp -al (a cheap fork, rsync --link-dest): the copy's side files are the
+  # original's inodes until the copy's trainer makes them its own.
+  a, b = tmp_path / "a", tmp_path / "b"
+  os.makedirs(a)
+  (a / name).write_text("a's line\n")
+  subprocess.run(["cp", "-al", str(a), str(b)], check=True)
+  sidefiles.prepare(str(b))
+  fd = sidefiles.open_regular(str(b / name), os.O_WRONLY | os.O_APPEND)
+  with os.fdopen(fd, "a") as f:
+    f.write("b's line\n")
+  assert (a / name).read_text() == "a's line\n"
+  assert (b / name).read_text() == "a's line\nb's line\n"
+  assert os.stat(a / name).st_nlink == os.stat(b / name).st_nlink == 1
