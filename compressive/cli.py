@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import sys
+import textwrap
 from typing import Any, Callable, Iterator, Optional
 
 from absl import app
@@ -173,10 +174,27 @@ def user_errors() -> Iterator[None]:
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, NonFiniteError):
       fail(str(e), code=1)
-    message = describe_os_error(e)
+    message = describe_os_error(e) or describe_backend_error(e)
     if message is None:
       raise
     fail(message)
+
+
+def describe_backend_error(error: BaseException) -> Optional[str]:
+  """One line for JAX failing to start the platform it was asked for
+  (JAX_PLATFORMS=cuda without the CUDA plugin: JAX's own error is a bare
+  AssertionError deep in xla_bridge); None for any other error."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  frames = traceback.extract_tb(error.__traceback__)
+  if not any(f.filename.endswith("xla_bridge.py") and f.name in ("backends", "_init_backend")
+             for f in frames):
+    return None
+  asked = os.environ.get("JAX_PLATFORMS", "")
+  detail = " ".join(str(error).split())[:200] or type(error).__name__
+  return (f"JAX cannot start the platform{'s' if ',' in asked else ''} "
+          f"{asked or 'it chose'} ({detail}): install its JAX plugin (the README's "
+          f"`pip install \"jax[cuda13]\"`, `jax[tpu]` lines), or unset JAX_PLATFORMS to run on "
+          "this machine's devices")
 
 
 # -- Flags. --------------------------------------------------------------------
@@ -244,13 +262,33 @@ def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[
   return guarded
 
 
+def tool_help() -> str:
+  """--help: the tool's docstring, its own flags (absl's, with --config and
+  --compilation_cache among them), the shipped config names and where their
+  fields are; printed on stdout, exit 0 (absl's own --help exits 1)."""
+  doc = (sys.modules["__main__"].__doc__ or "").strip()
+  parts = [doc, flags.FLAGS.main_module_help().strip() or "(no flags)"]
+  if config_file_flags():
+    parts.append(textwrap.fill(
+                 f"Shipped configs (--config=NAME, or --config=path/to/file.py): "
+                 f"{', '.join(config_names())}; a hardware preset takes the experiment after "
+                 "':' (--config=gpu8:enwik8). Any field is --config.FIELD=VALUE; "
+                 "--print_config shows them all (train). --helpfull lists every flag.", 80))
+  return "\n\n".join(parts)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake reported in one line: an unknown
   or malformed flag, a missing or broken --config file, and a bad --config
   override (ml_collections raises plain exceptions for an unknown field or a
   wrong type, which would otherwise print a traceback)."""
-  # --compilation_cache is every entry point's: listed in each one's --help.
-  flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["compilation_cache"])
+  # --compilation_cache is every entry point's, and a --config a tool's own:
+  # listed in each one's --help.
+  for name in ("compilation_cache", *config_file_flags()):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+  if any(a in ("-h", "-?", "--help", "--helpshort") for a in argv[1:]):
+    print(tool_help())
+    sys.exit(0)
   repeated = repeated_config(argv)
   if repeated is not None:
     fail(repeated)

@@ -43,6 +43,14 @@ flags.DEFINE_bool("accept_changed_corpus", False,
                   "the data section's generating fields, e.g. data.synthetic.seed) changed "
                   "since the checkpoint was saved; without it, that stops the run with one "
                   "line.")
+flags.DEFINE_bool("print_config", False,
+                  "Print the config the command line gives (after its checks) and exit, "
+                  "training nothing and writing nothing.")
+flags.DEFINE_bool("dry_run", False,
+                  "Check everything a start checks (the config, the data, every document "
+                  "read once, the model's size on this machine's devices, whether the workdir "
+                  "would resume), say so in one line and exit 0, training nothing and "
+                  "writing nothing.")
 flags.DEFINE_string("profile_steps", "",
                     "START,END: a JAX profiler trace of steps START to END (inclusive) into "
                     "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
@@ -85,6 +93,12 @@ def train(config, workdir: str) -> None:
     if profile is not None and profile[0] > last:
       raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
                         f"(num_train_steps={last}): no trace would be taken")
+    if FLAGS.print_config:
+      print(config)
+      return
+    if FLAGS.dry_run:
+      print(train_lib.dry_run(experiment, workdir))
+      return
     stop = interrupts.SignalStop()
     result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,

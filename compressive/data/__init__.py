@@ -31,7 +31,9 @@ the source's module):
   books.heldout_fraction, text_files.heldout_fraction
                        split by hash: share of documents (at least one) for
                        each of validation and test (0.05).
-  text_files.path      the folder of *.txt files.
+  text_files.path      the folder of *.txt files, or one text file, cut into
+                       documents of at most text_files.document_bytes
+                       (16384) bytes at line ends.
   text_files.text_errors
                        'strict' (default; invalid UTF-8 is an error naming
                        the file) | 'replace' (U+FFFD).

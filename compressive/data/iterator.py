@@ -82,9 +82,11 @@ def _check_arguments(docs: documents_lib.Documents, batch_size: int, segment_len
   if repeat and n < batch_size:
     raise DataError(
         f'{docs.description} has {n} documents but the batch has '
-        f'{batch_size} rows; training (repeat=True) pins each row to its '
-        'own documents and needs at least batch_size documents (for '
-        'enwik8, raise data.enwik8.train_shards)')
+        f'{batch_size} rows; training pins each row to its own documents and '
+        'needs at least batch_size documents: lower batch_size, or give the '
+        'split more documents (text_files: more files, or one file with a '
+        'smaller data.text_files.document_bytes; enwik8: more '
+        'data.enwik8.train_shards)')
 
 
 class SegmentIterator(Iterator[dict[str, np.ndarray]]):

@@ -1,10 +1,16 @@
-"""The user's own corpus: a folder of UTF-8 `*.txt` files, one document each.
+"""The user's own corpus: a folder of UTF-8 `*.txt` files, one document each,
+or one text file cut into documents.
 
 Layout, either:
 - `<path>/train/*.txt`, `<path>/validation/*.txt`, `<path>/test/*.txt`:
   explicit splits (asking for a split whose folder is missing is an error);
 - `<path>/*.txt`: split by document, by a hash of the file name
-  (documents.split_by_hash with heldout_fraction; at least 3 files).
+  (documents.split_by_hash with heldout_fraction; at least 3 files);
+- `<path>` one file (`input.txt`): cut into consecutive documents of at most
+  `document_bytes` bytes, each ending at a line's end where the piece holds
+  one (else at a character's end), a last piece under a quarter of that
+  joined to the one before; the pieces are split by a hash of their names
+  (`input.txt:0007`) as files are.
 
 Files are read lazily, one at a time, and exactly as stored (no newline or
 whitespace changes; only a leading byte-order mark is dropped). Invalid
@@ -12,13 +18,15 @@ UTF-8 is an error naming the file unless text_errors='replace'; so are
 an unreadable or empty file and a file name that is not printable UTF-8.
 `check_documents` finds all of these up front, reading every file once.
 
-Config (`config.data.text_files`): path (the folder), heldout_fraction
-(0.05), text_errors ('strict' | 'replace').
+Config (`config.data.text_files`): path (the folder, or one file),
+heldout_fraction (0.05), text_errors ('strict' | 'replace'),
+document_bytes (16384: the pieces of one file).
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import json
 import os
@@ -45,14 +53,20 @@ def default_config() -> ml_collections.ConfigDict:
   # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
   # of U+FFFD, since num_bytes measures the text the model sees).
   c.text_errors = 'strict'
+  # When path is one file: it is cut into documents of at most this many
+  # bytes, at line ends (a 1 MB file gives about 64 documents).
+  c.document_bytes = 16384
   return c
 
 
 def validate(data_config: ml_collections.ConfigDict) -> None:
   c = data_config.text_files
-  if not os.path.isdir(c.path or ''):
-    raise ConfigError(f'data.text_files.path={c.path!r} is not a directory of .txt files')
+  if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
+    raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
+                      'a text file')
   values.number('data.text_files.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
+  values.integer('data.text_files.document_bytes', c.document_bytes, '[64, 2**31)',
+                 must='an integer >= 64 (bytes)')
   if c.text_errors not in TEXT_ERRORS:
     raise ConfigError(
         f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
@@ -203,8 +217,8 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   if len(names) < 3:
     raise DataError(
         f'{path} holds {len(names)} *.txt file(s); splitting by document '
-        'needs at least 3, or put files in train/, validation/ and test/ '
-        'subfolders')
+        'needs at least 3: put files in train/, validation/ and test/ '
+        'subfolders, or give one file as data.text_files.path to cut it into documents')
   chosen = documents_lib.split_by_hash(names, heldout_fraction)[split]
   return [os.path.join(path, names[i]) for i in chosen]
 
@@ -220,9 +234,96 @@ def _split_paths(data_config: ml_collections.ConfigDict, split: str) -> tuple[li
   return paths, c.text_errors
 
 
+# -- One file cut into documents. ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tuple[int, int], ...]:
+  """(start, end) byte ranges of the file's documents (the module's
+  docstring), found by reading it once; cached by the file's size and time."""
+  del mtime_ns  # part of the cache key only
+  ranges, start = [], 0
+  try:
+    with open(path, 'rb') as f:
+      while start < size:
+        f.seek(start)
+        data = f.read(piece_bytes)
+        end = start + len(data)
+        if not data:
+          break
+        if end < size:
+          line_end = data.rfind(b'\n')
+          if line_end >= 0:
+            end = start + line_end + 1
+          else:  # no line end in the piece: cut before a character's continuation bytes
+            while end > start + 1 and data[end - start - 1] & 0xC0 == 0x80:
+              end -= 1
+            if data[end - start - 1] >= 0xC0:
+              end -= 1
+        ranges.append((start, end))
+        start = end
+  except OSError as e:
+    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+  if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < piece_bytes // 4:
+    ranges[-2:] = [(ranges[-2][0], ranges[-1][1])]
+  return tuple(ranges)
+
+
+def _file_pieces(path: str, document_bytes: int
+                 ) -> tuple[list[str], tuple[tuple[int, int], ...]]:
+  """(names, byte ranges) of the documents of one file (data.text_files.path)."""
+  check_name(path)
+  st = os.stat(path)
+  ranges = _pieces(os.path.abspath(path), st.st_size, st.st_mtime_ns, document_bytes)
+  if st.st_size == 0:
+    raise DataError(f'{shown(path)}: the file is empty')
+  name = os.path.basename(path)
+  width = len(str(len(ranges)))
+  return [f'{name}:{i:0{width}d}' for i in range(len(ranges))], ranges
+
+
+def _piece_text(path: str, span: tuple[int, int], errors: str) -> str:
+  try:
+    with open(path, 'rb') as f:
+      f.seek(span[0])
+      raw = f.read(span[1] - span[0])
+  except OSError as e:
+    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+  try:
+    text = raw.decode('utf-8', errors=errors)
+  except UnicodeDecodeError as e:
+    raise DataError(_invalid_utf8(path, span[0] + e.start, e.reason)) from e
+  return text.removeprefix('\ufeff') if span[0] == 0 else text
+
+
+def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], str]:
+  """(names, byte ranges, text_errors) of one split of a one-file corpus
+  (`c`: the section data.text_files)."""
+  registry.check_split(split)
+  names, ranges = _file_pieces(c.path, c.document_bytes)
+  if len(names) < 3:
+    raise DataError(
+        f'{shown(c.path)} cuts into {len(names)} document(s) of at most '
+        f'data.text_files.document_bytes={c.document_bytes} bytes; splitting needs at least 3: '
+        'lower document_bytes')
+  chosen = documents_lib.split_by_hash(names, c.heldout_fraction)[split]
+  return [names[i] for i in chosen], [ranges[i] for i in chosen], c.text_errors
+
+
+def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocuments:
+  names, spans, errors = _one_file_split(data_config.text_files, split)
+  path = data_config.text_files.path
+  return documents_lib.TextDocuments(
+      names=names, load_text=lambda i: _piece_text(path, spans[i], errors),
+      tokenizer=tokenizer, description=f'text_files/{split} (pieces of {shown(path)})',
+      cache_tokens=data_config.cache_tokens)
+
+
 def get_documents(data_config: ml_collections.ConfigDict, split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
+  if os.path.isfile(data_config.text_files.path or ''):
+    return _one_file_documents(data_config, split, tokenizer)
   paths, errors = _split_paths(data_config, split)
   return documents_lib.TextDocuments(
       names=[os.path.basename(p) for p in paths],
@@ -237,7 +338,17 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
   """Reads every file of the split now, as training would later (one file at
   a time, streamed): DataError naming the first file that cannot be read,
   is empty, is not UTF-8 (text_errors='strict') or is too short, or whose
-  name cannot be printed. Returns the number of files."""
+  name cannot be printed. Returns the number of files (of documents, for
+  one file cut into them)."""
+  if os.path.isfile(data_config.text_files.path or ''):
+    names, spans, errors = _one_file_split(data_config.text_files, split)
+    tokenizer = tokenizers.ByteTokenizer() if tokenizer is None else tokenizer
+    for name, span in zip(names, spans):
+      text = _piece_text(data_config.text_files.path, span, errors)
+      if len(tokenizer.encode(text[:_SHORT_CHARS + 1])) < 2:
+        raise DataError(f'{name} (a piece of {shown(data_config.text_files.path)}) has fewer '
+                        'than 2 tokens')
+    return len(names)
   paths, errors = _split_paths(data_config, split)
   for path in paths:
     check_file(path, errors, tokenizer)
@@ -248,6 +359,10 @@ def identity(data_config: ml_collections.ConfigDict) -> str:
   """The corpus's files, by split folder, name and size, as a digest (and
   their count and bytes, to read): what a resume compares."""
   path = data_config.text_files.path
+  if os.path.isfile(path):
+    listing = [(os.path.basename(path), os.path.getsize(path))]
+    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    return f'text_files: 1 file, {listing[0][1]} bytes, sha256 {digest[:16]}'
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folders = [os.path.join(path, s) for s in registry.SPLITS
                if os.path.isdir(os.path.join(path, s))]

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from typing import Any, Callable, Optional
 
@@ -29,6 +30,7 @@ import jax
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
+from compressive.errors import CheckpointError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import interrupts
@@ -105,6 +107,7 @@ def train_and_evaluate(
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus)
   is_main = jax.process_index() == 0
+  fresh = not os.path.lexists(workdir)
   os.makedirs(workdir, exist_ok=True)
   lock = workdir_lock.lock_workdir(workdir, is_main)
   log_file = None
@@ -129,11 +132,70 @@ def train_and_evaluate(
     checkpointer.close()  # a failed last save is the run's error
     return result
   finally:
+    started = is_main and os.path.lexists(os.path.join(workdir, ckpt_lib.CONFIG_FILE))
     if log_file is not None:
       _log.removeHandler(log_file)
       log_file.close()
     if lock is not None:
       lock.release()
+    if fresh and is_main and not started:  # the run stopped before it began: leave no stub
+      _remove_stub(workdir)
+
+
+def _remove_stub(workdir: str) -> None:
+  """Removes what a start that failed before the run began (config.json is
+  written once the run is known to fit) made in the workdir it created: the
+  lock file, an empty log, the checkpoints folder with nothing but its
+  owner record, and the workdir itself when nothing else is there."""
+  for name in (workdir_lock.LOCK_FILE, "train.log"):
+    path = os.path.join(workdir, name)
+    if sidefiles.kind(path) == "file" and (name != "train.log" or not os.path.getsize(path)):
+      os.remove(path)
+  checkpoints = os.path.join(workdir, workdir_lock.CHECKPOINT_DIR)
+  if sidefiles.kind(checkpoints) == "a folder":
+    if set(os.listdir(checkpoints)) <= {workdir_lock.OWNER_FILE}:
+      shutil.rmtree(checkpoints)
+  for folder in (os.path.join(workdir, "tensorboard", "train"),
+                 os.path.join(workdir, "tensorboard", "eval"),
+                 os.path.join(workdir, "tensorboard"), workdir):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass  # not there, or not empty: kept
+
+
+def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
+  """What a start would do, checked as a start checks it (the data, every
+  document read once; the model built abstractly on this machine's mesh; a
+  resume's config against the workdir's), in one line; nothing is written,
+  nothing compiled or trained."""
+  data = experiment.data
+  tokenizer = data_lib.get_tokenizer(data)
+  setup = setup_lib.build_setup(experiment)
+  counts = {}
+  for split in dict.fromkeys(("train", experiment.eval.split)):
+    counts[split] = len(data_lib.get_documents(data, split, tokenizer))
+    data_lib.check_documents(data, split, tokenizer)
+  if counts["train"] < experiment.train.batch_size:
+    data_lib.SegmentIterator(data_lib.get_documents(data, "train", tokenizer),
+                             experiment.train.batch_size, experiment.train.segment_length)
+  steps = []
+  if os.path.isdir(os.path.join(workdir, workdir_lock.CHECKPOINT_DIR)):
+    steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
+  if steps:
+    try:
+      ckpt_lib.load_config(workdir)  # a damaged one a start would set aside: not here
+    except (OSError, CheckpointError):
+      pass
+    else:
+      ckpt_lib.check_resume_config(workdir, experiment.config)
+  device = setup.layout.mesh.devices.flat[0]
+  where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
+  return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
+          f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
+          f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
+          + ", ".join(f"{split} {n} documents" for split, n in counts.items()) + "; nothing "
+          "trained or written")
 
 
 @dataclasses.dataclass
@@ -246,9 +308,16 @@ def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
   """The jitted train step on the run's layout (its mesh and, if any, its
   gradient accumulation logged)."""
   layout = setup.layout
-  _log.info("mesh %s over %d devices in %d processes; this process reads rows [%d, %d)",
-            dict(layout.mesh.shape), layout.mesh.size, jax.process_count(),
-            train_iter.row_start, train_iter.row_start + train_iter.num_rows)
+  device = layout.mesh.devices.flat[0]
+  _log.info("mesh %s over %d %s devices (%s) in %d processes; this process reads rows [%d, %d)",
+            dict(layout.mesh.shape), layout.mesh.size, device.platform, device.device_kind,
+            jax.process_count(), train_iter.row_start, train_iter.row_start + train_iter.num_rows)
+  if device.platform == "cpu" and experiment.model.dtype != "float32":
+    _log.warning("model.dtype=%s on CPU devices: a config meant for a GPU or TPU (a preset: "
+                 "gpu1, gpu8, tpu_v5e8), run here slowly and in another precision than there "
+                 "(--config.model.dtype=float32 to run it here in float32; JAX sees no "
+                 "accelerator: check its plugin with python -c 'import jax; print(jax.devices())')",
+                 experiment.model.dtype)
   train = experiment.train
   if train.gradient_window > 1:
     _log.info("one update per window of %d segments; the loss reaches back through the "

@@ -23,6 +23,7 @@ from compressive.data import books
 from compressive.data import enwik8
 from compressive.data import rdata
 from compressive.data import registry
+from compressive.data import text_files
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 
@@ -728,3 +729,69 @@ def test_a_state_over_another_number_of_documents_goes_on_only_when_accepted():
   with pytest.raises(DataError, match='batch_size: state 2, iterator 3'):
     data.SegmentIterator(docs(6), batch_size=3, segment_length=2).set_state(
         state, other_documents=True)
+
+
+# -- One text file, cut into documents. -------------------------------------------
+
+
+def _one_file(tmp_path, text, **fields):
+  path = tmp_path / 'input.txt'
+  path.write_bytes(text.encode() if isinstance(text, str) else text)
+  return config(source='text_files', text_files__path=str(path), **fields), path
+
+
+def test_one_file_is_cut_into_documents_at_line_ends_and_split_by_hash(tmp_path):
+  lines = [f'line {i}: ' + 'word ' * (i % 17) for i in range(3000)]
+  c, path = _one_file(tmp_path, '\n'.join(lines) + '\n', text_files__document_bytes=1024)
+  data.validate_data_config(c)
+  raw = path.read_bytes()
+  names, ranges = text_files._file_pieces(c.text_files.path, c.text_files.document_bytes)
+  # Consecutive, covering the file, each ending at a line's end, none too long.
+  assert ranges[0][0] == 0 and ranges[-1][1] == len(raw)
+  assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+  assert all(raw[end - 1:end] == b'\n' and end - start <= 1024 for start, end in ranges[:-1])
+  splits = {s: data.get_documents(c, s, data.ByteTokenizer()) for s in data.SPLITS}
+  assert sum(len(d) for d in splits.values()) == len(names) > 100
+  assert min(len(splits['validation']), len(splits['test'])) >= 1
+  # The documents, read back in name order, are the file, byte for byte.
+  texts = {d.name(i): d.text(i) for d in splits.values() for i in range(len(d))}
+  assert ''.join(texts[n] for n in names).encode() == raw
+  for s in data.SPLITS:
+    data.check_documents(c, s, data.ByteTokenizer())
+  assert data.corpus_identity(c).startswith(f'text_files: 1 file, {len(raw)} bytes')
+
+
+def test_one_file_without_line_ends_is_cut_between_characters(tmp_path):
+  # No newline at all: every cut falls before a character's first byte, and
+  # a short last piece joins the one before.
+  text = ('é€𝄞a' * 700)[:-1]
+  c, path = _one_file(tmp_path, text, text_files__document_bytes=100)
+  names, ranges = text_files._file_pieces(c.text_files.path, c.text_files.document_bytes)
+  raw = path.read_bytes()
+  for start, end in ranges:
+    raw[start:end].decode('utf-8')  # whole characters only
+  assert ''.join(raw[s:e].decode() for s, e in ranges) == text
+  assert ranges[-1][1] - ranges[-1][0] >= 25
+
+
+@pytest.mark.parametrize('text,fields,said', [
+    ('short text\n' * 5, {}, 'cuts into 1 document(s) of at most data.text_files.document_bytes='
+                             '16384 bytes; splitting needs at least 3: lower document_bytes'),
+    ('', {}, 'the file is empty'),
+    (b'ok\n' * 100 + b'\xff\n' + b'ok\n' * 100, {'text_files__document_bytes': 64},
+     'input.txt: invalid UTF-8 at byte 300 (invalid start byte)'),
+])
+def test_one_file_that_cannot_be_cut_or_read_is_one_line(tmp_path, text, fields, said):
+  c, _ = _one_file(tmp_path, text, **fields)
+  with pytest.raises(DataError, match=re.escape(said)) as e:
+    for s in data.SPLITS:
+      data.check_documents(c, s, data.ByteTokenizer())
+  assert '\n' not in str(e.value)
+
+
+def test_a_folder_of_too_few_files_points_to_the_one_file_route(tmp_path):
+  (tmp_path / 'a.txt').write_text('some text\n')
+  with pytest.raises(DataError, match='give one file as data.text_files.path to cut it into '
+                                      'documents'):
+    data.get_documents(config(source='text_files', text_files__path=str(tmp_path)), 'train',
+                       data.ByteTokenizer())

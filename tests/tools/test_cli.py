@@ -132,14 +132,39 @@ SHARED_FLAGS = {
 
 @pytest.mark.parametrize("script", sorted(SHARED_FLAGS))
 def test_shared_flags_are_listed_by_each_tools_help(script):
-  r = run(script, "--help")  # absl prints the help and exits with 1
-  assert f"\n{script}:" in r.stdout, r.stderr[-3000:]
+  r = run(script, "--help")  # on stdout, exit 0 (absl's own exits with 1)
+  assert r.returncode == 0 and f"\n{script}:" in r.stdout, r.stderr[-3000:]
   own = " ".join(r.stdout.split(f"\n{script}:", 1)[1].split())  # the tool's own flags
   for name in SHARED_FLAGS[script]:
     assert f" --{name}:" in own or f" --[no]{name}:" in own, name
   assert ("run the same command on every host" in own) == (script == "train.py")
   assert ("(as train.py)" in own) == (script == "eval.py")
   assert ("0 removes the compressed memory" in own) == (script == "analyze.py")
+  if script == "train.py":  # the config flag, and the names it takes
+    assert " --config: " in own and "Shipped configs (--config=NAME" in r.stdout
+    assert "default, default_rope, default_txl, enwik8" in " ".join(r.stdout.split())
+
+
+def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
+  r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=8")
+  assert r.returncode == 0 and "\nbatch_size: 8\n" in "\n" + r.stdout, r.stderr[-3000:]
+  assert "  compression_rate: 2" in r.stdout  # the whole config, as YAML
+  r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=0")
+  assert r.returncode == 2 and "batch_size" in r.stderr.strip().splitlines()[-1]
+  # One input.txt too short for the batch's 16 rows, then long enough.
+  own = ("--dry_run", "--config.data.source=text_files",
+         f"--config.data.text_files.path={tmp_path}/input.txt")
+  (tmp_path / "input.txt").write_text("".join(f"line {i} of my own text\n" for i in range(4000)))
+  r = run("train.py", f"--workdir={tmp_path}/wd", *own)
+  assert r.returncode == 2 and "has 4 documents but the batch has 16 rows" in r.stderr
+  assert not os.path.lexists(tmp_path / "wd")
+  (tmp_path / "input.txt").write_text("".join(f"line {i} of my own text\n" for i in range(20000)))
+  r = run("train.py", f"--workdir={tmp_path}/wd", *own)
+  assert r.returncode == 0, r.stderr[-3000:]
+  line = r.stdout.strip().splitlines()[-1]
+  assert line.startswith(f"dry run: would start {tmp_path}/wd afresh: ") and " cpu devices" in line
+  assert "nothing trained or written" in line
+  assert not os.path.lexists(tmp_path / "wd")
 
 
 def test_a_tool_whose_reader_has_gone_ends_quietly(tmp_path):

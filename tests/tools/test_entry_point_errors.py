@@ -223,6 +223,11 @@ CASES = [
     Case("train: a profile range past the run", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.num_train_steps=3", "--profile_steps=5,6"],
          "--profile_steps=5,6 starts after the run's last step (num_train_steps=3)"),
+    Case("train: JAX_PLATFORMS=cuda without the CUDA plugin", "train.py",
+         [CFG, "--workdir={tmp}/wd"], "JAX cannot start the platform cuda (",
+         env={"JAX_PLATFORMS": "cuda"}),
+    Case("eval: JAX_PLATFORMS=cuda without the CUDA plugin", "eval.py",
+         ["--workdir={wd}"], "JAX cannot start the platform cuda (", env={"JAX_PLATFORMS": "cuda"}),
     Case("train: positional argument", "train.py",
          [CFG, "--workdir={tmp}/wd", "extra"], "unexpected arguments: extra"),
     # train.py: the workdir.

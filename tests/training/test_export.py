@@ -4,6 +4,7 @@ is one line and exit code 2."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import compressive
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
-from helpers import ROOT, tiny_experiment
+from helpers import ROOT, tiny_experiment, write_config_file
 
 
 # Slow (every test runs export.py in a process, on a model trained end to end):
@@ -144,8 +145,27 @@ def test_an_export_opens_through_a_relative_path(workdir, exported, monkeypatch)
   config, want = compressive.load(workdir)
   assert step == 4
   np.testing.assert_array_equal(logits(model, config), logits(want, config))
-  for tool, args in (("eval.py", ["--split=validation", "--max_segments=2"]),
-                     ("sample.py", ["--prompt=ab", "--num_tokens=4"])):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, tool), f"--workdir={name}", *args],
+
+
+@pytest.mark.slow
+def test_the_round_trip_runs_from_another_folder_with_relative_paths(workdir, tmp_path):
+  # As a newcomer types it, in a project folder: every tool as a module, every
+  # path relative (runs/tiny, exports/tiny, cfg.py).
+  shutil.copytree(workdir, tmp_path / "runs" / "tiny")
+  write_config_file(tmp_path / "cfg.py", dict(num_train_steps=6, checkpoint_every_steps=2,
+                                              eval_every_steps=0, log_every_steps=1))
+
+  def tool(name, *args):
+    r = subprocess.run([sys.executable, "-m", f"compressive.{name}", *args], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (tool, r.stderr[-3000:])
+    assert r.returncode == 0, (name, r.stderr[-3000:])
+    return r
+
+  tool("train", "--config=cfg.py", "--workdir=runs/tiny")  # resumes 4 -> 6
+  tool("export", "--workdir=runs/tiny", "--output=exports/tiny")
+  assert json.loads(tool("eval", "--workdir=exports/tiny", "--split=validation",
+                         "--max_segments=2").stdout.strip().splitlines()[-1])["step"] == 6
+  assert tool("sample", "--workdir=exports/tiny", "--prompt=ab", "--num_tokens=4").stdout
+  tool("analyze", "--workdir=exports/tiny", "--max_segments=8", "--buckets=2")
+  _, model, step = compressive.load_with_step(str(tmp_path / "exports" / "tiny"))
+  assert step == 6

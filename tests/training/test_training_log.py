@@ -5,6 +5,7 @@ on stdout."""
 
 import json
 import logging
+import re
 import os
 import subprocess
 import sys
@@ -78,6 +79,19 @@ def test_evaluation_time_is_logged(tmp_path, caplog):
   assert len(evals) == 2 and all(m.endswith(" s)") for m in evals)
   total = [m for m in messages(caplog) if m.startswith("steps 1-2 took")]
   assert len(total) == 1 and "evaluation" in total[0] and "(2)" in total[0]
+
+
+@pytest.mark.parametrize("dtype,warned", [("float32", False), ("bfloat16", True)])
+def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_path, caplog,
+                                                                          dtype, warned):
+  config = tiny_experiment(**{"num_train_steps": 4, "model.dtype": dtype})
+  with caplog.at_level(logging.INFO, logger="compressive"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "wd"), stop_at_step=0)  # no step
+  assert any(re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
+             for m in messages(caplog)), messages(caplog)
+  found = [r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in
+           r.getMessage()]
+  assert len(found) == warned and all(r.levelno == logging.WARNING for r in found)
 
 
 @pytest.mark.slow

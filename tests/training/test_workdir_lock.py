@@ -274,3 +274,22 @@ def test_a_side_file_of_a_hard_linked_copy_is_never_written_through(tmp_path, na
   assert (a / name).read_text() == "a's line\n"
   assert (b / name).read_text() == "a's line\nb's line\n"
   assert os.stat(a / name).st_nlink == os.stat(b / name).st_nlink == 1
+
+
+def test_a_start_that_fails_before_the_run_begins_leaves_no_stub(tmp_path):
+  # Fourteen files for a batch of 16 rows: the data's one line, and the
+  # workdir the start created is gone again (no checkpoints/, train.lock or
+  # empty train.log left to puzzle over); a workdir that was there stays.
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  for i in range(14):
+    (texts / f"t{i}.txt").write_text(f"text {i} " * 40)
+  config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(texts),
+                              "batch_size": 16})
+  with pytest.raises(UserError, match="documents but the batch has 16 rows"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "new"))
+  assert not os.path.lexists(tmp_path / "new")
+  os.makedirs(tmp_path / "mine")
+  with pytest.raises(UserError, match="documents but the batch has 16 rows"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "mine"))
+  assert os.path.isdir(tmp_path / "mine")
