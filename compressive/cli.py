@@ -262,6 +262,18 @@ def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[
   return guarded
 
 
+def xla_flags_problem(value: str) -> Optional[str]:
+  """One line for an XLA_FLAGS that XLA would stop the process on in a way
+  that can be seen before it starts (its own fatal line, exit by abort): a
+  first word without `--`, which XLA reads as the name of a file of flags.
+  A flag XLA does not know is XLA's to report."""
+  words = value.split()
+  if words and not words[0].startswith("--") and not os.path.isfile(words[0]):
+    return (f"XLA_FLAGS={value!r}: each flag starts with -- (XLA reads a first word without "
+            f"it, {words[0]!r}, as a file of flags, and there is none)")
+  return None
+
+
 def tool_help() -> str:
   """--help: the tool's docstring, its own flags (absl's, with --config and
   --compilation_cache among them), the shipped config names and where their
@@ -289,7 +301,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   if any(a in ("-h", "-?", "--help", "--helpshort") for a in argv[1:]):
     print(tool_help())
     sys.exit(0)
-  repeated = repeated_config(argv)
+  repeated = repeated_config(argv) or xla_flags_problem(os.environ.get("XLA_FLAGS", ""))
   if repeated is not None:
     fail(repeated)
   argv = resolve_config_names(with_default_configs(argv))

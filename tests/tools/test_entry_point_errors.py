@@ -228,6 +228,9 @@ CASES = [
          env={"JAX_PLATFORMS": "cuda"}),
     Case("eval: JAX_PLATFORMS=cuda without the CUDA plugin", "eval.py",
          ["--workdir={wd}"], "JAX cannot start the platform cuda (", env={"JAX_PLATFORMS": "cuda"}),
+    Case("train: XLA_FLAGS without --", "train.py", [CFG, "--workdir={tmp}/wd"],
+         "XLA_FLAGS='xla_cpu_enable_fast_math=false': each flag starts with --",
+         env={"XLA_FLAGS": "xla_cpu_enable_fast_math=false"}),
     Case("train: positional argument", "train.py",
          [CFG, "--workdir={tmp}/wd", "extra"], "unexpected arguments: extra"),
     # train.py: the workdir.
