@@ -346,6 +346,11 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
       return checked.group(2)
     if "Error whilst parsing config file" in text:  # get_config raised; lines end with why
       return f"{text.split(': Error whilst', 1)[0].removeprefix('flag ')}: {lines[-1]}"
+    unknown = re.match(r"Unknown command line flag '([\w.-]+)'", text)
+    field = _config_field_named(unknown.group(1)) if unknown else None
+    if field is not None:  # absl would suggest a flag of a similar spelling instead
+      return (f"Unknown command line flag '{unknown.group(1)}': a config field is set with "
+              f"--{field}=VALUE")
     return text
   if isinstance(e, SyntaxError):  # a config file that is not Python
     name = next(iter(config_file_flags()), "config")
@@ -362,6 +367,26 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     return f"cannot apply {_culprit(argv, text) or override}: {text}"
   where = config_file_line(argv, e)
   return None if where is None else f"{where}: {type(e).__name__}: {e}"
+
+
+def _config_field_named(name: str) -> Optional[str]:
+  """`config.PATH` of the one field of a loaded --config whose last name is
+  `name` (the default config's, if none was loaded), else None."""
+  for flag in config_file_flags():
+    config = flags.FLAGS[flag].value
+    if not _is_config_dict(config):
+      continue
+    found, stack = [], [("", config)]
+    while stack:
+      prefix, node = stack.pop()
+      for key, value in node.items():
+        if _is_config_dict(value):
+          stack.append((f"{prefix}{key}.", value))
+        elif key == name:
+          found.append(f"{flag}.{prefix}{key}")
+    if len(found) == 1:
+      return found[0]
+  return None
 
 
 def _culprit(argv: list[str], text: str) -> str:

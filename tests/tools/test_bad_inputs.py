@@ -180,7 +180,7 @@ CASES = [
     ("enwik8 path missing", read_split(set_fields(**{"data.source": "enwik8", "data.enwik8.path": "/nonexistent/enwik8"})), "data.enwik8.path='/nonexistent/enwik8' does not exist"),
     ("enwik8 of the wrong size", read_split(enwik8_file(1000)), "enwik8"),
     ("enwik8 zip of the wrong size", read_split(enwik8_file(1000, "enwik8.zip", zipped=True)), "enwik8"),
-    ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.text_files.path": "/nonexistent/texts"})), "data.text_files.path='/nonexistent/texts' is not a directory"),
+    ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.text_files.path": "/nonexistent/texts"})), "data.text_files.path='/nonexistent/texts' is neither a folder of .txt files nor a text file"),
     ("empty text folder", read_split(text_dir({})), "texts"),
     ("invalid UTF-8", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"bad.txt": b"ok \xff\xfe bad"}), split=None), "bad.txt"),
     ("one-byte document", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"tiny.txt": b"x"}), split=None), "tiny.txt"),

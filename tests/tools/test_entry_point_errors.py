@@ -231,6 +231,10 @@ CASES = [
     Case("train: XLA_FLAGS without --", "train.py", [CFG, "--workdir={tmp}/wd"],
          "XLA_FLAGS='xla_cpu_enable_fast_math=false': each flag starts with --",
          env={"XLA_FLAGS": "xla_cpu_enable_fast_math=false"}),
+    Case("train: a config field given as a flag", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--learning_rate=0.1"],
+         "Unknown command line flag 'learning_rate': a config field is set with "
+         "--config.optimizer.learning_rate=VALUE"),
     Case("train: positional argument", "train.py",
          [CFG, "--workdir={tmp}/wd", "extra"], "unexpected arguments: extra"),
     # train.py: the workdir.

@@ -177,7 +177,8 @@ def test_the_data_identity_leaves_out_only_where_the_data_is(tmp_path):
   moved = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": "/b"}).data
   assert data_lib.data_identity(c) == data_lib.data_identity(moved)
   assert data_lib.data_identity(c)["text_files"] == {"heldout_fraction": 0.05,
-                                                     "text_errors": "strict"}
+                                                     "text_errors": "strict",
+                                                     "document_bytes": 16384}
   books = tiny_experiment(**{"data.source": "books", "data.books.cache_dir": "/x"}).data
   assert data_lib.data_identity(books) == {"source": "books", "books": {"heldout_fraction": 0.05}}
 
