@@ -147,7 +147,8 @@ def preset_config(spec: str) -> ml_collections.ConfigDict:
   """The config `configs/<preset>.py:<experiment>` as the config flag builds
   it: the preset's get_config(experiment)."""
   file, _, experiment = spec.partition(":")
-  module = importlib.import_module(f"compressive.configs.{os.path.splitext(os.path.basename(file))[0]}")
+  name = os.path.splitext(os.path.basename(file))[0]
+  module = importlib.import_module(f"compressive.configs.{name}")
   return module.get_config(experiment) if experiment else module.get_config()
 
 

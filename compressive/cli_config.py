@@ -102,12 +102,26 @@ def resolve_config_names(argv: list[str]) -> list[str]:
   return out
 
 
-def _config_given(argv: list[str], name: str) -> bool:
+def _config_values(argv: list[str], name: str) -> list[str]:
+  """The values given to --NAME (`--NAME=V` or `--NAME V`), flag files
+  expanded, up to a `--`."""
   try:
     expanded = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
   except flags.Error:
     expanded = argv  # reported by the parse itself
-  return any(re.match(rf"^-{{1,2}}{re.escape(name)}(=|$)", a) for a in expanded[1:])
+  given = []
+  for i, arg in enumerate(expanded[1:], start=1):
+    if arg == "--":
+      break
+    m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", arg)
+    if m:
+      given.append(m.group(2) if m.group(1) else
+                   (expanded[i + 1] if i + 1 < len(expanded) else ""))
+  return given
+
+
+def _config_given(argv: list[str], name: str) -> bool:
+  return bool(_config_values(argv, name))
 
 
 def with_default_configs(argv: list[str]) -> list[str]:
@@ -305,19 +319,8 @@ def repeated_config(argv: list[str]) -> Optional[str]:
   """One line for a --config style flag given more than once: each file
   defines the overrides of its own fields, so only one can be read (the
   last-value rule is the overrides', --config.X)."""
-  try:
-    expanded = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
-  except flags.Error:
-    expanded = argv  # reported by the parse itself
   for name in config_file_flags():
-    given = []
-    for i, arg in enumerate(expanded[1:], start=1):
-      if arg == "--":
-        break
-      m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", arg)
-      if m:
-        given.append(m.group(2) if m.group(1) else
-                     (expanded[i + 1] if i + 1 < len(expanded) else ""))
+    given = _config_values(argv, name)
     if len(given) > 1:
       return (f"--{name} is given {len(given)} times ({', '.join(given)}); give one config "
               f"file, and change its fields with --{name}.FIELD=VALUE")

@@ -11,7 +11,7 @@ replace them. A config of one's own builds on a shipped one the same way.
 
 import os
 
-_CHECKOUT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "configs")
+_REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_CHECKOUT = os.path.join(_REPOSITORY, "configs")
 if os.path.isfile(os.path.join(_CHECKOUT, "default.py")):
   __path__ = [_CHECKOUT]

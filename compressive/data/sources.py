@@ -35,7 +35,8 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   it would divide by nothing. What a source returns is held to the
   contract: a Documents (else a DataError naming the source)."""
   source = _source(data_config, split)
-  docs = registry.call_hook(data_config.source, source, 'get_documents', data_config, split, tokenizer)
+  docs = registry.call_hook(data_config.source, source, 'get_documents', data_config, split,
+                            tokenizer)
   if not isinstance(docs, documents_lib.Documents):
     raise DataError(f'data.source={data_config.source!r}: its get_documents returned a '
                     f'{type(docs).__name__}; a source returns a compressive.data.Documents '

@@ -72,22 +72,26 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
         f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
 
 
-def read_text(path: str, errors: str = 'strict') -> str:
-  """The text of one file; an unreadable file or invalid UTF-8 raises a
-  DataError naming the file."""
+def read_text(path: str, errors: str = 'strict',
+              span: tuple[int, int] | None = None) -> str:
+  """The text of one file, or of its bytes [start, end) (`span`: a piece of
+  one file cut into documents); an unreadable file or invalid UTF-8 raises a
+  DataError naming the file (and the byte of the file)."""
   if errors not in TEXT_ERRORS:
     raise DataError(
         f"data.text_files.text_errors must be 'strict' or 'replace', got {errors!r}")
+  start = 0 if span is None else span[0]
   try:
     with open(path, 'rb') as f:
-      raw = f.read()
+      f.seek(start)
+      raw = f.read() if span is None else f.read(span[1] - start)
   except OSError as e:
     raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
   try:
     text = raw.decode('utf-8', errors=errors)
   except UnicodeDecodeError as e:
-    raise DataError(_invalid_utf8(path, e.start, e.reason)) from e
-  return text.removeprefix('\ufeff')
+    raise DataError(_invalid_utf8(path, start + e.start, e.reason)) from e
+  return text.removeprefix('\ufeff') if start == 0 else text
 
 
 def shown(path: str) -> str:
@@ -282,20 +286,6 @@ def _file_pieces(path: str, document_bytes: int
   return [f'{name}:{i:0{width}d}' for i in range(len(ranges))], ranges
 
 
-def _piece_text(path: str, span: tuple[int, int], errors: str) -> str:
-  try:
-    with open(path, 'rb') as f:
-      f.seek(span[0])
-      raw = f.read(span[1] - span[0])
-  except OSError as e:
-    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
-  try:
-    text = raw.decode('utf-8', errors=errors)
-  except UnicodeDecodeError as e:
-    raise DataError(_invalid_utf8(path, span[0] + e.start, e.reason)) from e
-  return text.removeprefix('\ufeff') if span[0] == 0 else text
-
-
 def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], str]:
   """(names, byte ranges, text_errors) of one split of a one-file corpus
   (`c`: the section data.text_files)."""
@@ -314,7 +304,7 @@ def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocu
   names, spans, errors = _one_file_split(data_config.text_files, split)
   path = data_config.text_files.path
   return documents_lib.TextDocuments(
-      names=names, load_text=lambda i: _piece_text(path, spans[i], errors),
+      names=names, load_text=lambda i: read_text(path, errors, spans[i]),
       tokenizer=tokenizer, description=f'text_files/{split} (pieces of {shown(path)})',
       cache_tokens=data_config.cache_tokens)
 
@@ -344,7 +334,7 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
     names, spans, errors = _one_file_split(data_config.text_files, split)
     tokenizer = tokenizers.ByteTokenizer() if tokenizer is None else tokenizer
     for name, span in zip(names, spans):
-      text = _piece_text(data_config.text_files.path, span, errors)
+      text = read_text(data_config.text_files.path, errors, span)
       if len(tokenizer.encode(text[:_SHORT_CHARS + 1])) < 2:
         raise DataError(f'{name} (a piece of {shown(data_config.text_files.path)}) has fewer '
                         'than 2 tokens')

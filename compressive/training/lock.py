@@ -243,7 +243,7 @@ def _read_owner(path: str) -> Optional[dict]:
   none that can be read (damage is written over: the record only tells
   runs apart, and the workdir that holds the lock claims the folder)."""
   try:
-    record = savedjson.parse(files.read_bytes(path, 1 << 16), path)
+    record = savedjson.read(path, dict, 1 << 16)
   except (OSError, UserError) as e:
     if not isinstance(e, FileNotFoundError):
       _log.warning("%s cannot be read (%s); this workdir claims the checkpoints folder", path, e)

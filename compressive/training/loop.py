@@ -174,11 +174,11 @@ def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
   setup = setup_lib.build_setup(experiment)
   counts = {}
   for split in dict.fromkeys(("train", experiment.eval.split)):
-    counts[split] = len(data_lib.get_documents(data, split, tokenizer))
+    docs = data_lib.get_documents(data, split, tokenizer)
+    if split == "train":  # the iterator's own checks (enough documents for the batch's rows)
+      data_lib.SegmentIterator(docs, experiment.train.batch_size, experiment.train.segment_length)
     data_lib.check_documents(data, split, tokenizer)
-  if counts["train"] < experiment.train.batch_size:
-    data_lib.SegmentIterator(data_lib.get_documents(data, "train", tokenizer),
-                             experiment.train.batch_size, experiment.train.segment_length)
+    counts[split] = len(docs)
   steps = []
   if os.path.isdir(os.path.join(workdir, workdir_lock.CHECKPOINT_DIR)):
     steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
