@@ -5,9 +5,10 @@ way a file the package did not just write is opened.
 `replacing(path)` gives a file object on a new temporary file beside `path`
 (`PATH.tmpPID.RANDOM`, in the same folder, so that the rename stays on one
 file system); when the block ends without an error the temporary file is
-closed and renamed over `path` (os.replace), so that a crash at any moment
-leaves the old file or the new one, never half of each. On any error it is
-removed and `path` is left as it was.
+synced to disk (fsync), closed and renamed over `path` (os.replace), and the
+folder synced, so that a crash at any moment, a power cut too, leaves the
+old file or the new one, never half of each. On any error it is removed and
+`path` is left as it was.
 
 The temporary file is created with O_CREAT | O_EXCL | O_NOFOLLOW: whatever
 already holds its name (a link planted there, a FIFO, a stale file) is never
@@ -66,13 +67,30 @@ def replacing(path: str, *, binary: bool = False, mode: int = 0o666) -> Iterator
       with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
         fd = None  # the file object owns it now
         yield f
+        f.flush()
+        os.fsync(f.fileno())  # the contents on disk before the name points at them
     os.replace(tmp, path)
+    _sync_folder(os.path.dirname(path) or ".")
   except BaseException:
     if fd is not None:
       os.close(fd)
     with contextlib.suppress(OSError):
       os.remove(tmp)
     raise
+
+
+def _sync_folder(folder: str) -> None:
+  """The rename on disk: the folder's entry is synced as its file's contents
+  were. A file system that cannot sync a folder (EINVAL) keeps the rename
+  as the kernel keeps it."""
+  fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+  try:
+    os.fsync(fd)
+  except OSError as e:
+    if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+      raise
+  finally:
+    os.close(fd)
 
 
 def write_bytes(path: str, data: bytes) -> None:

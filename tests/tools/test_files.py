@@ -26,6 +26,30 @@ def test_a_file_is_replaced_whole(tmp_path):
   assert _only(tmp_path) == ["a.json"]  # no temporary file left
 
 
+def test_the_contents_reach_the_disk_before_the_rename_and_the_rename_after(tmp_path, monkeypatch):
+  # The order a power cut needs: the new file's bytes synced, then the
+  # rename, then the folder that holds the name synced.
+  events = []
+  sync, replace = os.fsync, os.replace
+
+  def fsync(fd):
+    target = os.readlink(f"/proc/self/fd/{fd}")
+    events.append(("fsync", os.path.basename(target), os.path.getsize(target)))
+    sync(fd)
+
+  def renamed(src, dst):
+    events.append(("replace", os.path.basename(dst)))
+    replace(src, dst)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  monkeypatch.setattr(os, "replace", renamed)
+  files.write_text(str(tmp_path / "a.json"), "new contents")
+  (kind, name, size), rename, folder = events
+  assert kind == "fsync" and name.startswith("a.json.tmp") and size == len("new contents")
+  assert rename == ("replace", "a.json")
+  assert folder[:2] == ("fsync", tmp_path.name)
+
+
 @pytest.mark.parametrize("crash", [RuntimeError("mid-write"), KeyboardInterrupt()])
 def test_a_crash_mid_write_leaves_the_old_file(tmp_path, crash):
   path = str(tmp_path / "a.txt")
