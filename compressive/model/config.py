@@ -105,9 +105,9 @@ def _int(cfg: ModelConfig, name: str, minimum: int) -> None:
 # traced by jit or eval_shape; the same for either form) takes time that
 # grows as L**2: each random draw updates the Rngs' counter, and flax's
 # update asks the traced counter for its sharding, whose error message walks
-# the whole program traced so far. Measured on a loaded 2-core CPU, the check
-# alone (one such build) of a tiny model took 21 s at 64 layers and 332 s at
-# 256; training builds it again and compiles it. An unrolled model (scan_layers=False) also
+# the whole program traced so far: a build of a tiny model that takes
+# seconds at 64 layers takes minutes at 256, and training builds it again and
+# compiles it. An unrolled model (scan_layers=False) also
 # compiles every layer as its own code, a scanned one compiles one layer.
 # The paper's deepest model has 36 layers; the bounds below leave room
 # above it and refuse, in a moment, what would build silently for minutes

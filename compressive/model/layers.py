@@ -33,9 +33,8 @@ def param(init: Callable, rngs: nnx.Rngs | None, shape: Sequence[int],
   of a draw by their row-major index, whatever the shape
   (tests/model/test_layers.py checks it against the N-D initializers). What
   changes is the compile time on XLA:CPU, which compiles a random draw of
-  rank 3 or 4 far more slowly than one of rank 2 (measured on this 2-core
-  CPU: a rank-4 draw 7 s, the same numbers as a matrix 0.45 s; a tiny
-  model's jitted init 10.6 s -> 7.5 s). The parameter's own sharding is
+  rank 3 or 4 far more slowly than one of rank 2, by an order of magnitude
+  for the draw alone. The parameter's own sharding is
   unchanged (it is set on the reshaped value; tests/scale/test_sharding.py
   trains on 8-device meshes); whether XLA partitions the matrix draw or draws
   it whole and slices is the partitioner's choice, not measured here.
