@@ -1,6 +1,7 @@
 """Invalid model configs fail at construction with one error naming the field."""
 
 from flax import nnx
+import jax.numpy as jnp
 import pytest
 
 import compressive
@@ -50,4 +51,9 @@ def test_eval_memory_sizes_are_checked():
 def test_rate_need_not_divide_segment_without_compressed_memory():
   # Transformer-XL ignores the rate: no special case for the user.
   cfg = tiny_model_config(compressed_memory_length=0, segment_length=5, compression_rate=2)
-  compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
+  model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
+  memory = compressive.init_memory(cfg, 2)
+  tokens = jnp.arange(20, dtype=jnp.int32).reshape(2, 10) % cfg.vocab_size
+  for segment in (tokens[:, :5], tokens[:, 5:]):  # the second sees the first in memory
+    logits, memory, _ = model(segment, memory, None)
+    assert logits.shape == (2, 5, cfg.vocab_size) and bool(jnp.isfinite(logits).all())

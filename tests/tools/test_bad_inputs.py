@@ -172,17 +172,17 @@ CASES = [
     ("eval segment below -1", validate(set_fields(**{"eval.segment_length": -3})), "eval.segment_length=-3"),
     ("unknown eval split", validate(set_fields(**{"eval.split": "dev"})), "eval.split='dev'"),
     # Mesh.
-    ("mesh larger than the devices", validate(set_fields(**{"mesh.shape": (3, 1, 1)})), "mesh.shape"),
+    ("mesh larger than the devices", validate(set_fields(**{"mesh.shape": (3, 1, 1)})), "mesh.shape=(3, 1, 1) needs 3 devices"),
     # Data.
     ("unknown source", read_split(set_fields(**{"data.source": "wiki"})), "data.source='wiki'"),
     ("unknown tokenizer", read_split(set_fields(**{"data.tokenizer": "chars"})), "data.tokenizer='chars'"),
     ("enwik8 without a path", read_split(set_fields(**{"data.source": "enwik8"})), "data.enwik8.path is empty"),
     ("enwik8 path missing", read_split(set_fields(**{"data.source": "enwik8", "data.enwik8.path": "/nonexistent/enwik8"})), "data.enwik8.path='/nonexistent/enwik8' does not exist"),
-    ("enwik8 of the wrong size", read_split(enwik8_file(1000)), "enwik8"),
-    ("enwik8 zip of the wrong size", read_split(enwik8_file(1000, "enwik8.zip", zipped=True)), "enwik8"),
+    ("enwik8 of the wrong size", read_split(enwik8_file(1000)), "the enwik8 file has 1000 bytes but data.enwik8.split_bytes"),
+    ("enwik8 zip of the wrong size", read_split(enwik8_file(1000, "enwik8.zip", zipped=True)), "the enwik8 file has 1000 bytes but data.enwik8.split_bytes"),
     ("text folder missing", read_split(set_fields(**{"data.source": "text_files", "data.text_files.path": "/nonexistent/texts"})), "data.text_files.path='/nonexistent/texts' is neither a folder of .txt files nor a text file"),
-    ("empty text folder", read_split(text_dir({})), "texts"),
-    ("invalid UTF-8", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"bad.txt": b"ok \xff\xfe bad"}), split=None), "bad.txt"),
+    ("empty text folder", read_split(text_dir({})), "/texts (and no train/validation/test subfolders)"),
+    ("invalid UTF-8", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"bad.txt": b"ok \xff\xfe bad"}), split=None), "/texts/bad.txt: invalid UTF-8 at byte 3"),
     ("one-byte document", read_split(text_dir({f"book{i}.txt": b"fine text " * 20 for i in range(40)} | {"tiny.txt": b"x"}), split=None), "tiny.txt"),
     ("SentencePiece model missing", read_split(set_fields(**{"data.tokenizer": "sentencepiece", "data.spm_model": "/nonexistent.model"})), "data.spm_model='/nonexistent.model' does not exist"),
     ("pg19 without data_dir", read_split(set_fields(**{"data.source": "pg19", "data.tokenizer": "sentencepiece", "data.spm_model": __file__})), "data.pg19.data_dir is empty"),
@@ -213,5 +213,10 @@ def test_bad_input(name, run, expected, tmp_path):
   assert expected in lines[0], lines[0]
 
 
-def test_the_table_is_large_enough():
-  assert len(CASES) >= 60
+def test_each_case_is_named_once_and_expects_a_line_of_its_own():
+  # A case copied without a new name would run under an id pytest made up,
+  # and an empty or blank expectation is in every line: either passes unseen.
+  names = [name for name, _, _ in CASES]
+  assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
+  assert all(len(expected.strip()) >= 8 for _, _, expected in CASES), [
+      name for name, _, expected in CASES if len(expected.strip()) < 8]

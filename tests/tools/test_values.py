@@ -88,8 +88,11 @@ def test_the_products_the_optimizer_computes_are_checked_too():
 
 
 def test_values_float32_holds_and_infinite_clipping_are_accepted():
-  config_lib.check(tiny_experiment(**{"optimizer.grad_clip_norm": math.inf,
-                                      "optimizer.eps": 1e-37, "optimizer.b2": 0.9999999}))
+  # Accepted as given: a check that clamped or rounded them would fail here.
+  optimizer = config_lib.check(tiny_experiment(**{
+      "optimizer.grad_clip_norm": math.inf, "optimizer.eps": 1e-37,
+      "optimizer.b2": 0.9999999})).train.optimizer
+  assert (optimizer.grad_clip_norm, optimizer.eps, optimizer.b2) == (math.inf, 1e-37, 0.9999999)
 
 
 @pytest.mark.parametrize("field, value", [
@@ -113,7 +116,7 @@ def test_integers_are_checked_against_the_range_their_use_allows(field, value):
 
 
 def test_the_largest_seed_whose_dropout_key_still_fits_is_accepted():
-  config_lib.check(tiny_experiment(seed=2**32 - 2))
+  assert config_lib.check(tiny_experiment(seed=2**32 - 2)).train.seed == 2**32 - 2
 
 
 # -- Flags. ----------------------------------------------------------------------
