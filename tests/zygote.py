@@ -1,10 +1,12 @@
 """Python processes for the tests, forked from an interpreter that has
 already imported JAX, Flax, Orbax and compressive.
 
-About 250 tests start an entry point (`python train.py ...`,
-`python -m compressive.eval ...`), and each new interpreter spends about
-3 s of CPU importing the same libraries before it does what the test is
-about. Here each pytest process starts one server (this file, run as a
+Tests whose subject is the operating system (signals, kill -9, read-only
+mounts, several processes, fake devices, an installed package) start an
+entry point as a process (`python train.py ...`, `python -m
+compressive.eval ...`; the others run tools in process, tests/inprocess.py),
+and each new interpreter spends about 3 s of CPU importing the same
+libraries before it does what the test is about. Here each pytest process starts one server (this file, run as a
 script) that imports them once and then forks a child per request; the child
 takes the request's standard streams, working directory, environment and
 arguments, and runs the script or module as `__main__`, as `python` would.
@@ -26,7 +28,10 @@ while they import, or about what is imported at all, is marked
 `fresh_interpreter`), and the child's parent is the server.
 
 The server serves one pytest process: it exits when that process's end of
-its standard input closes (the process exited, however it ended).
+its standard input closes (the process exited, however it ended). It is
+installed only on the Pythons it was written against (`PYTHONS`, and
+Popen's private signature checked), and `COMPRESSIVE_TEST_ZYGOTE=0` turns it
+off; tests/tools/test_zygote.py holds its promises.
 """
 
 import atexit
@@ -357,13 +362,39 @@ class Popen(_ORIGINAL_POPEN):
     return self._zygote_waitpid(self.pid, wait_flags)
 
 
-def install() -> None:
+# The Pythons whose private Popen._execute_child parameters and
+# _internal_poll/_try_wait contracts Popen above was written against (their
+# signature is checked too): on any other, every command is a new interpreter.
+PYTHONS = ((3, 11), (3, 12), (3, 13))
+_EXECUTE_CHILD_PARAMETERS = 23
+# COMPRESSIVE_TEST_ZYGOTE=0 turns the server off: every command a new
+# interpreter, as without this module.
+SWITCH = "COMPRESSIVE_TEST_ZYGOTE"
+
+
+def usable() -> bool:
+  """Whether this interpreter can fork commands from the server: the switch
+  is on, the Python is one of PYTHONS, and Popen's private method has the
+  parameters Popen above overrides."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  if os.environ.get(SWITCH, "1").lower() in _FALSE:
+    return False
+  if sys.version_info[:2] not in PYTHONS:
+    return False
+  parameters = inspect.signature(_ORIGINAL_POPEN._execute_child).parameters  # pylint: disable=protected-access
+  return len(parameters) - 1 == _EXECUTE_CHILD_PARAMETERS  # (less self)
+
+
+def install() -> bool:
   """Every `subprocess.Popen` (and so `subprocess.run`) of this process from now
-  on forks from the server where it can."""
+  on forks from the server where it can (`usable()`); whether it is installed."""
+  if not usable():
+    return False
   import jax  # pylint: disable=import-outside-toplevel,unused-import  # it sets variables of its own
   _BASE_ENV.clear()
   _BASE_ENV.update(os.environ)
   subprocess.Popen = Popen
+  return True
 
 
 if __name__ == "__main__":
