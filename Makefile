@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test test-fast experiment venv test-venv aot-venv clean test-jax010 \
+.PHONY: test test-fast test-default-level experiment venv test-venv aot-venv clean test-jax010 \
 	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
 WORKDIR ?= runs/default
@@ -46,6 +46,22 @@ test: $(TEST_STAMP)
 # train end to end; pyproject.toml registers the marker). `make test` runs all.
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+# The suite compiles with JAX's jax_disable_most_optimizations (tests/conftest.py),
+# users' runs at XLA's default level, whose code rounds otherwise. This leg
+# runs the fast tier and every tolerance-based equivalence of two code paths
+# (meshes and processes, scanned layers, chunked attention, accumulated
+# steps, cached evaluation, windows of memory gradient) at the default level,
+# so that their tolerances are held where users compute.
+EQUIVALENCE_TESTS := tests/scale/test_sharding.py tests/model/test_scan_layers.py \
+	tests/model/test_attention_chunks.py tests/training/test_grad_accum.py \
+	tests/evaluation/test_eval_cache.py tests/training/test_memory_gradient.py
+
+test-default-level: $(TEST_STAMP)
+	JAX_DISABLE_MOST_OPTIMIZATIONS=0 $(PY) -m pytest -q -n 2 --dist loadfile \
+		-m "not slow" tests
+	JAX_DISABLE_MOST_OPTIMIZATIONS=0 $(PY) -m pytest -q -n 2 --dist loadfile -m slow \
+		$(EQUIVALENCE_TESTS)
 
 # The default experiment: train the small byte-level model on the books corpus
 # (fetched and cached on first use), then evaluate it on the held-out test books.

@@ -1,6 +1,7 @@
-"""The session's set-up: float32 matmuls at highest precision, and one JAX
+"""The session's set-up: float32 matmuls at highest precision, one JAX
 compilation cache for the test processes and the processes they start,
-and XLA's CPU backend at optimisation level 0.
+JAX's `jax_disable_most_optimizations`, and a count of the processes tests
+start: a test that starts one must be marked `slow`.
 
 `compressive` and `configs` are imported as installed (`pip install -e .`,
 which `make test` runs). The tests' shared helpers are in helpers.py, which
@@ -17,25 +18,22 @@ compiled.
 
 import os
 import shutil
+import subprocess
 import tempfile
 
-# XLA's CPU backend at optimisation level 0 (LLVM's -O0 for the generated
-# code) for this process and every process it starts, set before JAX is
-# imported: the tests' programs are tiny, so compiling them is most of their
-# time, and -O0 compiles them about a third faster (a cold tiny
-# train_and_evaluate on 2 cores: 8.0-8.4 s instead of 11.7-12.3 s; the whole
-# suite in a fresh clone: 9 min 41 s to 10 min 9 s instead of 14-16 min). The
-# values differ from the default level's by float rounding only (the tiny
-# run's loss: 6.21796727 against 6.21796763), which every tolerance here is
-# wider than (docs/TESTS.md); the default experiment (`make experiment`) runs
-# at XLA's default level, and bit-identical resume is tested there as well
-# (training/test_robustness.py). A level in XLA_FLAGS already is kept:
-# `XLA_FLAGS=--xla_backend_optimization_level=3 make test` runs the suite as
-# XLA compiles by default. Tests that start processes with more flags (fake
-# devices) add to these (helpers.xla_flags).
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
+# JAX's switch for programs whose compilation costs more than their running
+# (jax_disable_most_optimizations: XLA's CPU backend at level 0 and LLVM's
+# expensive passes off), for this process and every process it starts, set
+# before JAX is imported: the tests' programs are tiny, so compiling them is
+# most of their time. The values differ from the default level's by float
+# rounding only, which every tolerance here is wider than (docs/TESTS.md);
+# the default experiment (`make experiment`) runs at XLA's default level,
+# and so do the tests that hold a promise about users' runs there
+# (bit-identical resume: training/test_robustness.py) and `make
+# test-default-level`. A value set already is kept:
+# `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite as JAX
+# compiles by default.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
@@ -55,22 +53,22 @@ def pytest_configure(config):
     os.environ["COMPRESSIVE_COMPILATION_CACHE"] = _SESSION_CACHE
   # The tests' programs are tiny: each compiles in well under JAX's default
   # 1 s threshold for the persistent cache, so without this every process
-  # the tests start compiles them again (a warm tiny train.py run: 3.2 s
-  # instead of 4.6 s). The same programs give the same results either way.
+  # the tests start compiles them again. The same programs give the same
+  # results either way.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   # The test processes themselves (pytest-xdist's workers too) use it as
   # well: tests build the same tiny steps again and again, each a new jit
-  # closure, and the cache keys on the compiled program (training/test_train.py and
-  # training/test_grad_accum.py: 171 s -> 114 s).
+  # closure, and the cache keys on the compiled program.
   path = os.environ["COMPRESSIVE_COMPILATION_CACHE"]
   if path:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  # Entry points the tests start are forked from an interpreter that has
-  # imported the libraries already (tests/zygote.py): about 3 s of CPU less
-  # for each of some 250 processes. Installed after the environment above is
-  # set, which is the environment the server imports with.
+  # Entry points the tests start as processes are forked from an
+  # interpreter that has imported the libraries already (tests/zygote.py),
+  # instead of importing them again in each. Installed after the environment
+  # above is set, which is the environment the server imports with.
   zygote.install()
+  _count_processes()
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +81,50 @@ def _fresh_interpreter(request):
       yield
 
 
+# -- Processes: each test that starts one is marked slow, and each is counted. --
+
+_PROCESSES = []  # (the test's id, the command) of every process started here
+_CURRENT = {"test": "(no test)"}
+_FIRST = pytest.StashKey[int]()
+
+
+def _count_processes() -> None:
+  """Records every subprocess.Popen from now on (zygote.install's too)."""
+  popen = subprocess.Popen
+
+  class Counted(popen):  # pylint: disable=abstract-method
+
+    def __init__(self, args, *rest, **kwargs):
+      _PROCESSES.append((_CURRENT["test"], args if isinstance(args, str) else
+                         " ".join(map(os.fsdecode, args))))
+      super().__init__(args, *rest, **kwargs)
+
+  subprocess.Popen = Counted
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+  _CURRENT["test"] = item.nodeid
+  item.stash[_FIRST] = len(_PROCESSES)
+  return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  result = yield
+  started = len(_PROCESSES) - item.stash[_FIRST]
+  if started and item.get_closest_marker("slow") is None:
+    pytest.fail(f"{item.nodeid} started {started} process(es) (its fixtures too) without "
+                "@pytest.mark.slow: `make test-fast` runs no process", pytrace=False)
+  return result
+
+
 def pytest_unconfigure(config):
   del config
+  log = os.environ.get("COMPRESSIVE_TEST_PROCESSES")
+  if log:  # one line per process started, for counting them (docs/TESTS.md)
+    with open(log, "a") as f:
+      f.writelines(f"{test}\t{command}\n" for test, command in _PROCESSES)
   if _SESSION_CACHE is not None:
     os.environ.pop("COMPRESSIVE_COMPILATION_CACHE", None)
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

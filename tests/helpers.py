@@ -10,6 +10,7 @@ processes and config files the tests start put it there themselves
 import hashlib
 import os
 import textwrap
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +26,26 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
 
-# XLA's default optimisation level, as a flag (the suite's is 0: conftest.py).
-XLA_DEFAULT_LEVEL = "--xla_backend_optimization_level=3"
+# The session's compilation is JAX's `jax_disable_most_optimizations`
+# (conftest.py); a process started with these variables compiles as users'
+# runs do, at XLA's default level.
+DEFAULT_LEVEL = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
 
 
-def xla_flags(*extra: str) -> str:
-  """XLA_FLAGS for a process the tests start: the session's (conftest.py's
-  optimisation level, and whatever the user set) without a fake-device
-  count, then `extra` (e.g. "--xla_force_host_platform_device_count=8"),
-  which replaces a session flag of the same name (XLA_DEFAULT_LEVEL)."""
-  named = {f.split("=")[0] for f in extra} | {"--xla_force_host_platform_device_count"}
-  kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in named]
-  return " ".join(kept + list(extra))
+def process_env(devices: Optional[int] = None, **more: str) -> dict[str, str]:
+  """The environment for a process the tests start: this one's, with
+  `devices` fake CPU devices (JAX's JAX_NUM_CPU_DEVICES; default: JAX's one)
+  in place of any device count the session has (there or in XLA_FLAGS),
+  and `more` (e.g. **DEFAULT_LEVEL)."""
+  env = dict(os.environ)
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(flags)
+  if devices is not None:
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+  env.update(more)
+  return env
 
 
 # -- Tiny models. ----------------------------------------------------------------

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from compressive import aot as aot_lib
-from helpers import ROOT, write_config_file, xla_flags
+from helpers import ROOT, process_env, write_config_file
+import inprocess
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,10 @@ def config_file(tmp_path_factory):
 
 
 def aot(*args, env=None):
+  """aot.py in this process (tests/inprocess.py), or in a process of its own
+  with an environment that changes how JAX starts (fake devices)."""
+  if not inprocess.needs_a_process(env):
+    return inprocess.run("aot.py", list(args), env=env)
   return subprocess.run([sys.executable, os.path.join(ROOT, "aot.py"), *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300, env=env)
 
@@ -67,7 +72,7 @@ def test_an_unknown_target_is_one_line_naming_the_known_ones(config_file):
 def test_sharded_train_step_reports_its_collectives(config_file):
   # 8 fake CPU devices, parameters split 8 ways (FSDP): the step must gather
   # them and reduce their gradients.
-  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
+  env = process_env(8)
   r = aot(f"--config={config_file}", "--target=cpu", "--config.mesh.shape=(1,8,1)",
           "--config.batch_size=8", env=env)
   assert r.returncode == 0, r.stderr[-2000:]

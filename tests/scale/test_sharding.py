@@ -2,9 +2,8 @@
 trains the same model, checkpoints move between meshes, and two processes
 train like one.
 
-Multi-device runs use fake CPU devices
-(XLA_FLAGS=--xla_force_host_platform_device_count=8). That flag only works
-before JAX starts, and this pytest process has one device, so they run in a
+Multi-device runs use fake CPU devices (JAX_NUM_CPU_DEVICES=8, JAX's
+jax_num_cpu_devices). That setting only works before JAX starts, and this pytest process has one device, so they run in a
 child process (tests/scale/sharding_worker.py); the two-process run starts
 train.py twice with a local coordinator. The one-device reference and the
 8-devices-to-1 resume run in this process.
@@ -37,8 +36,8 @@ from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from compressive.training.metrics import read_jsonl
-from helpers import (ROOT, TESTS, sharding_experiment, tiny_model_config, write_config_file,
-                     xla_flags)
+from helpers import (ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
+                     write_config_file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -208,12 +207,8 @@ def free_port():
     return s.getsockname()[1]
 
 
-def cpu_env(**extra):
-  env = dict(os.environ, XLA_FLAGS=xla_flags())
-  env.pop("JAX_NUM_CPU_DEVICES", None)
-  env["JAX_PLATFORMS"] = "cpu"
-  env.update(extra)
-  return env
+def cpu_env(devices=None, **extra):
+  return process_env(devices, JAX_PLATFORMS="cpu", **extra)
 
 
 def two_trainers(cfg, workdir) -> list[subprocess.Popen]:
@@ -224,7 +219,7 @@ def two_trainers(cfg, workdir) -> list[subprocess.Popen]:
        "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
        "--num_processes=2", f"--process_id={i}"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=cpu_env(JAX_NUM_CPU_DEVICES="2")) for i in range(2)]
+      env=cpu_env(2)) for i in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +239,7 @@ def runs(tmp_path_factory):
   r = subprocess.run(
       [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
       cwd=ROOT, capture_output=True, text=True, timeout=900,
-      env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
+      env=cpu_env(8))
   assert r.returncode == 0, r.stderr[-4000:]
   worker = json.loads(r.stdout.strip().splitlines()[-1])
   assert worker["devices"] == 8
@@ -585,7 +580,7 @@ def test_shardings_equal_the_path_matched_ones_on_eight_devices():
           "test_sharding.compare_all_specs_on_eight_devices()")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                      timeout=900,
-                     env=cpu_env(XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8")))
+                     env=cpu_env(8))
   assert r.returncode == 0, r.stderr[-3000:]
   names = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("same ")]
   assert names == list(spec_cases())

@@ -22,8 +22,8 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.model.config import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import (ROOT, TESTS, assert_stopped_and_resumed_like_straight, tiny_experiment,
-                     xla_flags)
+from helpers import (ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
+                     tiny_experiment)
 
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
@@ -199,8 +199,7 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   script = tmp_path / "dp.py"
   script.write_text(textwrap.dedent(
       DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))))
-  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"),
-             JAX_PLATFORMS="cpu")
+  env = process_env(devices=2, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                      env=env, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
