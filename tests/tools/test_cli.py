@@ -1,5 +1,7 @@
 """The entry points as a user runs them: train.py with overrides, resume,
-eval.py's JSON line, and clear errors with exit code 2."""
+eval.py's JSON line, and clear errors with exit code 2. Each runs as
+`python SCRIPT` would, in this process (tests/inprocess.py); the real
+processes are tests/tools/test_entry_points.py's."""
 
 import json
 import os
@@ -9,16 +11,16 @@ import textwrap
 
 import pytest
 from helpers import ROOT, TESTS
+import inprocess
 
 
-# Slow (every test runs an entry point in a process):
-# `make test-fast` (pytest -m 'not slow') leaves this file out.
+# Slow (tests train end to end): `make test-fast` (pytest -m 'not slow')
+# leaves this file out.
 pytestmark = pytest.mark.slow
 
 
-def run(*args, cwd=ROOT):
-  return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-                        timeout=600)
+def run(script, *args, cwd=ROOT):
+  return inprocess.run(script, list(args), cwd=cwd)
 
 
 @pytest.fixture

@@ -3,9 +3,11 @@ sample.py, analyze.py, train_tokenizer.py): each ends as one line on stderr
 starting with `error: `, exit code 2 and no traceback. A result that cannot be
 saved (a read-only workdir) is printed anyway, with one `warning: ` line.
 
-Every case runs the real script in a subprocess. No case reaches the
-network: every process gets HTTP(S) proxies at 127.0.0.1:9 (a closed port),
-so a download fails at once. Environment errors that cannot be made for real
+Every case runs the real script, as `python SCRIPT` would, in this process
+(tests/inprocess.py), or in a process of its own where the case is about the
+operating system (a read-only mount) or about how JAX starts. No case
+reaches the network: every run gets HTTP(S) proxies at 127.0.0.1:9 (a
+closed port), so a download fails at once. Environment errors that cannot be made for real
 here (a full disk, a quota) go through `cli.user_errors` in-process.
 """
 
@@ -27,6 +29,7 @@ from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
 from helpers import ROOT, tiny_experiment, write_config_file
+import inprocess
 
 TIMEOUT = 300
 CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -63,6 +66,11 @@ def trained(tmp_path_factory, config_file, env):
 
 
 def run(script, args, env, cwd=ROOT, wrap=()):
+  """The tool in this process (tests/inprocess.py), or in a process of its
+  own where the case is about the operating system (a read-only mount) or
+  about how JAX starts (JAX_PLATFORMS)."""
+  if not wrap and not inprocess.needs_a_process(env):
+    return inprocess.run(script, args, env=env, cwd=cwd)
   return subprocess.run([*wrap, sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -448,8 +456,13 @@ def snapshot(folder):
   return out
 
 
-def test_the_table_is_large_enough():
-  assert len(CASES) >= 70
+def test_every_tool_is_in_the_table_and_each_case_expects_a_line_of_its_own():
+  # A case copied without a new name would run under an id pytest made up,
+  # and an empty or blank expectation is in every line: either passes unseen.
+  names = [c.name for c in CASES]
+  assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
+  assert all(len(c.expected.strip()) >= 8 for c in CASES), [
+      c.name for c in CASES if len(c.expected.strip()) < 8]
   scripts = {c.script for c in CASES}
   assert scripts == {"train.py", "eval.py", "sample.py", "analyze.py", "train_tokenizer.py",
                      "export.py", "experiments/run.py"}

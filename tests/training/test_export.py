@@ -18,16 +18,17 @@ from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from helpers import ROOT, tiny_experiment, write_config_file
+import inprocess
 
 
-# Slow (every test runs export.py in a process, on a model trained end to end):
-# `make test-fast` (pytest -m 'not slow') leaves this file out.
+# Slow (every test runs export.py on a model trained end to end): `make
+# test-fast` (pytest -m 'not slow') leaves this file out.
 pytestmark = pytest.mark.slow
 
 
 def run_export(*args, cwd):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), *args], cwd=cwd,
-                        capture_output=True, text=True, timeout=600)
+  """export.py in this process, as `python export.py` runs it (tests/inprocess.py)."""
+  return inprocess.run("export.py", list(args), cwd=cwd)
 
 
 def folder_bytes(path) -> int:

@@ -23,6 +23,7 @@ from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl
 from helpers import ROOT, assert_same_params, tiny_experiment, write_config_file
+import inprocess
 
 
 def config(**overrides):
@@ -129,8 +130,7 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
   path.write_text(json.dumps(saved))
   with pytest.raises(ckpt_lib.RunMismatchError, match="model.memory_length 8 -> 16"):
     compressive.load(str(workdir))
-  r = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=1"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  r = inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"])
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
   assert r.stderr.strip().splitlines()[-1].startswith("error: the model config differs")
 

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -28,8 +27,9 @@ from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
-from helpers import (ROOT, generated_texts, run_identity_of, sentencepiece_run_fields,
+from helpers import (generated_texts, run_identity_of, sentencepiece_run_fields,
                      tiny_experiment, untrained_workdir)
+import inprocess
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,7 @@ def test_every_reader_tool_refuses_an_export_after_a_retrained_tokenizer(spm_run
     data_lib.train_sentencepiece(generated_texts(30, seed=1), 320, str(model))
     for tool, extra in (("eval.py", ["--max_segments=1"]), ("sample.py", ["--prompt=the king"]),
                         ("analyze.py", ["--max_segments=1"])):
-      r = subprocess.run([sys.executable, tool, f"--workdir={out}", *extra], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+      r = inprocess.run(tool, [f"--workdir={out}", *extra])
       lines = r.stderr.strip().splitlines()
       assert r.returncode == 2 and "Traceback" not in r.stderr, (tool, r.stderr[-3000:])
       assert lines[-1].startswith(f"error: the tokenizer differs from the one export {out}"), (
@@ -287,15 +286,13 @@ def test_eval_of_an_edited_data_section_reads_and_writes_nothing(tmp_path):
   chosen = tmp_path / "chosen"
   edit_json(os.path.join(workdir, "config.json"),
             lambda c: c["data"]["books"].update(cache_dir=str(chosen)))
-  r = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=1"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  r = inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"])
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
   assert "never downloads" in r.stderr.strip().splitlines()[-1]
   assert not chosen.exists()
   edit_json(os.path.join(workdir, "config.json"),
             lambda c: c["data"]["books"].update(heldout_fraction=0.2))
-  r = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=1"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  r = inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"])
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
   assert r.stderr.strip().splitlines()[-1].startswith(
       "error: the data config differs"), r.stderr[-3000:]

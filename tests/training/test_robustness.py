@@ -17,7 +17,8 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError
 from helpers import (ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
-                     tree_digest, write_config_file, xla_flags, XLA_DEFAULT_LEVEL)
+                     tree_digest, write_config_file, process_env, DEFAULT_LEVEL)
+import inprocess
 
 STEPS = 24
 
@@ -85,12 +86,12 @@ def test_sigterm_checkpoints_exits_0_and_resumes_identically(config_file, refere
 
 @pytest.mark.slow
 def test_a_resume_is_bit_identical_at_xlas_default_level_too(config_file, reference, tmp_path):
-  # The suite compiles at XLA's optimisation level 0 (conftest.py); users'
-  # runs compile at XLA's default level, whose vectorised code rounds
-  # otherwise. A bit-identical resume is a promise about users' runs, so it
+  # The suite compiles with JAX's jax_disable_most_optimizations, XLA's
+  # level 0 (conftest.py); users' runs compile at XLA's default level, whose
+  # vectorised code rounds otherwise. A bit-identical resume is a promise about users' runs, so it
   # is held here at the default level as well: a run stopped by SIGTERM and
   # resumed ends with the parameters of a straight run, both compiled there.
-  default = dict(os.environ, XLA_FLAGS=xla_flags(XLA_DEFAULT_LEVEL))
+  default = process_env(**DEFAULT_LEVEL)
   straight = train(config_file, tmp_path / "straight", env=default)  # beside the stopped one
   stop_by_sigterm_and_resume(config_file, tmp_path / "wd", env=default)
   _, err = straight.communicate(timeout=600)
@@ -98,7 +99,7 @@ def test_a_resume_is_bit_identical_at_xlas_default_level_too(config_file, refere
   assert_same_params(tmp_path / "wd", tmp_path / "straight")
   # The processes did compile at another level than the suite's (whose
   # reference run rounds otherwise), unless the suite runs at it too.
-  if XLA_DEFAULT_LEVEL not in os.environ.get("XLA_FLAGS", "").split():
+  if os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == "1":
     assert any((a != b).any()
                for a, b in zip(params_of(tmp_path / "straight"), params_of(reference))), (
         "the default-level run equals the suite's level-0 run bit for bit: it did not "
@@ -267,8 +268,8 @@ def test_resuming_with_other_shapes_names_the_fields(tmp_path):
 @pytest.mark.slow
 def test_evaluation_never_modifies_checkpoints(reference):
   before = tree_digest(reference / "checkpoints")
-  r = subprocess.run([sys.executable, "eval.py", f"--workdir={reference}", "--split=validation",
-                      "--max_segments=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  r = inprocess.run("eval.py", [f"--workdir={reference}", "--split=validation",
+                                "--max_segments=2"])
   assert r.returncode == 0, r.stderr[-3000:]
   compressive.load(str(reference))
   assert tree_digest(reference / "checkpoints") == before

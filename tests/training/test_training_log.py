@@ -7,20 +7,19 @@ import json
 import logging
 import re
 import os
-import subprocess
-import sys
 
 import pytest
 
 from compressive.scale import flops
 from compressive.training import loop as train_lib
 from compressive.training.metrics import MetricWriter, read_jsonl
-from helpers import ROOT, tiny_experiment, write_config_file
+from helpers import tiny_experiment, write_config_file
+import inprocess
 
 
-def run(*args, timeout=600):
-  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout)
+def run(script, *args):
+  """The tool in this process, as `python SCRIPT` runs it (tests/inprocess.py)."""
+  return inprocess.run(script, list(args))
 
 
 def messages(caplog):
