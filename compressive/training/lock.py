@@ -53,13 +53,12 @@ from typing import Optional
 
 from compressive import files
 from compressive.errors import UserError
-from compressive.training import interrupts, savedjson
+from compressive.training import interrupts, layout, savedjson
 
-LOCK_FILE = "train.lock"
-# The folder checkpoint.py saves into (not imported: this module stays light).
-CHECKPOINT_DIR = "checkpoints"
-# In the checkpoints folder: the workdir whose run it holds.
-OWNER_FILE = "workdir.json"
+# The names this module opens relative to the workdir folder (layout.py's).
+LOCK_FILE = layout.LOCK_FILE
+CHECKPOINT_DIR = layout.CHECKPOINT_DIR
+OWNER_FILE = layout.OWNER_FILE
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 # What flock says where a filesystem cannot lock (EBADF and EINVAL: NFS's
 # emulation, asked to write-lock a folder that is open only for reading).
@@ -76,7 +75,8 @@ class WorkdirLock:
 
   def __init__(self, workdir: str):
     self.workdir = os.path.abspath(workdir)
-    self.path = os.path.join(self.workdir, LOCK_FILE)
+    self.layout = layout.Workdir(self.workdir)
+    self.path = self.layout.lock
     self._fds: list[int] = []
 
   def acquire(self) -> "WorkdirLock":
@@ -136,7 +136,7 @@ class WorkdirLock:
                     f"the trainer takes its lock; leave it alone and start again")
 
   def _lock_checkpoints(self, folder: int) -> None:
-    path = os.path.join(self.workdir, CHECKPOINT_DIR)
+    path = self.layout.checkpoints
     try:
       os.mkdir(CHECKPOINT_DIR, dir_fd=folder)
     except FileExistsError:
@@ -169,7 +169,7 @@ class WorkdirLock:
     mount that leads to another run's checkpoints is never resumed."""
     here = os.fstat(folder)
     mine = {"device": here.st_dev, "inode": here.st_ino, "workdir": self.workdir}
-    record_path = os.path.join(self.workdir, CHECKPOINT_DIR, OWNER_FILE)
+    record_path = self.layout.owner
     record = _read_owner(record_path)
     if record == mine:
       return
@@ -272,7 +272,7 @@ def _kind(st: os.stat_result) -> str:
 def _set_aside(folder: int, path: str, st: os.stat_result) -> None:
   """Renames what is at `path` (unopened: a link's target is never touched)."""
   for n in range(1, 1000):
-    name = f"{LOCK_FILE}.set-aside-{n}"
+    name = layout.set_aside_lock(n)
     try:
       os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
@@ -281,7 +281,7 @@ def _set_aside(folder: int, path: str, st: os.stat_result) -> None:
                    "replaced by a new one", path, _kind(st), name)
       return
   raise UserError(f"{path} is {_kind(st)} and 999 earlier ones were set aside beside it: "
-                  f"remove the {LOCK_FILE}.set-aside-* entries of {os.path.dirname(path)}")
+                  f"remove the {layout.set_aside_lock('*')} entries of {os.path.dirname(path)}")
 
 
 def _locking_pid(fd: int) -> Optional[int]:

@@ -16,10 +16,10 @@ import ml_collections
 
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
-from compressive.training import savedjson, sidefiles
+from compressive.training import layout, savedjson, sidefiles
 from compressive.training.integrity import RUNTIME_MODEL_FIELDS
 
-CONFIG_FILE = "config.json"
+CONFIG_FILE = layout.CONFIG_FILE  # checkpoint.py re-exports it to its callers
 
 # A config as written: what config.json holds, and what a checkpoint's
 # identity and the logged hyperparameters record (Experiment.config). The
@@ -31,7 +31,7 @@ def save_config(workdir: str, config: SavedConfig) -> None:
   """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
   write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
-  files.write_text(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
+  files.write_text(layout.Workdir(workdir).config, config.to_json(indent=2))
 
 
 def load_config(workdir: str) -> SavedConfig:
@@ -40,7 +40,7 @@ def load_config(workdir: str) -> SavedConfig:
   CheckpointError when it cannot be read as a config: damaged, or not a
   regular file (a folder, a link, a FIFO: sidefiles.NotAFileError), or
   beyond sidefiles.CONFIG_BYTES."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = layout.Workdir(workdir).config
   if not os.path.lexists(workdir):
     raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an "
                             "export")
@@ -137,13 +137,13 @@ def check_resume_config(workdir: str, config: SavedConfig) -> None:
   config.json.damaged with a warning: the checkpoints, which record the
   model config they were saved with, decide whether the run resumes, and
   the trainer writes config.json again."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = layout.Workdir(workdir).config
   if not os.path.lexists(path):
     return
   try:
     saved = load_config(workdir)
   except CheckpointError as e:
-    aside = path + ".damaged"
+    aside = layout.damaged(path)
     os.replace(path, aside)
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return

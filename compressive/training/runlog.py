@@ -26,14 +26,14 @@ from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
-from compressive.training import sidefiles
+from compressive.training import layout, sidefiles
 from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value,
                                           truncate_jsonl)
 
 _log = logging.getLogger("compressive")
 
 
-LOG_FILE = "train.log"
+LOG_FILE = layout.LOG_FILE
 
 
 class LogFile(logging.FileHandler):
@@ -75,7 +75,7 @@ class LogFile(logging.FileHandler):
 def add_log_file(workdir: str) -> Optional[logging.Handler]:
   """Adds WORKDIR/train.log to the "compressive" logger; None if this process
   already logs to that file (a call within a call must not double lines)."""
-  path = os.path.abspath(os.path.join(workdir, LOG_FILE))
+  path = layout.Workdir(os.path.abspath(workdir)).log
   if any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in _log.handlers):
     return None
   handler = LogFile(path, mode="a", encoding="utf-8")

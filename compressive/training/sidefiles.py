@@ -23,13 +23,14 @@ import shutil
 from typing import Iterator
 
 from compressive import files
+from compressive.training import layout
 
 _log = logging.getLogger("compressive")
 
-# Files a trainer writes in its workdir, and the folders it writes into.
-FILES = ("config.json", "train.log", "metrics_train.jsonl", "metrics_eval.jsonl")
-FOLDERS = ("tensorboard", os.path.join("tensorboard", "train"),
-           os.path.join("tensorboard", "eval"))
+# Files a trainer writes in its workdir, and the folders it writes into,
+# relative to it (layout.py names them).
+FILES = layout.SIDE_FILES
+FOLDERS = layout.SIDE_FOLDERS
 
 # The most of a side file ever read: a config is a few KB; a metrics file
 # gains ~300 bytes a logged step (a million steps logged is ~300 MB).
@@ -47,10 +48,10 @@ read_bytes = files.read_bytes
 def set_aside(path: str, why: str) -> str:
   """Renames `path` (whatever it is) to the first free `path.aside[.N]` and
   warns in one line; the new name."""
-  target, n = path + ".aside", 0
+  target, n = layout.aside(path), 0
   while os.path.lexists(target):
     n += 1
-    target = f"{path}.aside.{n}"
+    target = layout.aside(path, n)
   os.replace(path, target)
   _log.warning("%s is %s; set aside as %s", path, why, target)
   return target
@@ -60,15 +61,14 @@ def prepare(workdir: str) -> None:
   """Before a trainer writes in `workdir`: each side file's place holds a
   regular file or nothing, each side folder's a folder (not a link) or
   nothing; anything else is set aside."""
-  for name in FILES:
-    path = os.path.join(workdir, name)
+  run = layout.Workdir(workdir)
+  for path in run.side_files:
     what = kind(path)
     if what not in (None, "file"):
       set_aside(path, f"{what}, not a file")
     elif what == "file" and os.lstat(path).st_nlink > 1:
       unshare(path)
-  for name in FOLDERS:
-    path = os.path.join(workdir, name)
+  for path in run.side_folders:
     what = kind(path)
     if what not in (None, "a folder"):
       set_aside(path, f"{'a file' if what == 'file' else what}, not a folder")
