@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive.training import integrity, interrupts, orbax_errors, savedjson, trees
+from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
 from compressive.training.integrity import (  # pylint: disable=unused-import
@@ -29,8 +29,6 @@ from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylin
 from compressive.training.trees import abstract  # pylint: disable=unused-import
 from compressive.training.runconfig import (  # pylint: disable=unused-import
     CONFIG_FILE, SavedConfig, check_resume_config, load_config, save_config)
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):
@@ -46,7 +44,7 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
   handlers = {"state": ocp.StandardCheckpointHandler(), "memory": ocp.StandardCheckpointHandler(),
               "data": ocp.JsonCheckpointHandler(), INTEGRITY: ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR), options=options,
+      layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options,
       item_handlers=handlers)
 
 
@@ -69,7 +67,6 @@ INTEGRITY_FILE = "metadata"  # what Orbax's JsonCheckpointHandler names the item
 # Seconds between reads of a step that failed, before it is called damaged:
 # a step being rotated away vanishes within them.
 READ_RETRY_DELAYS = (0.1, 0.4, 1.5)
-SKIPPED_DIR = "skipped"
 
 
 class MissingStepError(CheckpointError):
@@ -114,7 +111,9 @@ class Checkpointer:
 
   def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
                read_only: bool = False):
-    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    run = layout.Workdir(os.path.abspath(workdir))
+    self.directory = run.checkpoints
+    self.skipped = run.skipped  # the damaged steps moved aside
     self._manager = _listing(lambda: _manager(workdir, max_to_keep, create, read_only))
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
@@ -287,7 +286,7 @@ class Checkpointer:
     """The steps in checkpoints/skipped/ (moved aside by --restore_intact),
     newest first: ints, and names such as '6.1' for a step skipped twice."""
     try:
-      names = os.listdir(os.path.join(self.directory, SKIPPED_DIR))
+      names = os.listdir(self.skipped)
     except FileNotFoundError:
       return []
     steps = [int(n) if n.isdigit() else n for n in names]
@@ -297,12 +296,11 @@ class Checkpointer:
   def move_aside(self, step: int) -> str:
     """Moves a damaged step into checkpoints/skipped/ (where rotation never
     deletes it and restores never look); returns its new path."""
-    skipped = os.path.join(self.directory, SKIPPED_DIR)
-    os.makedirs(skipped, exist_ok=True)
-    target = os.path.join(skipped, str(step))
+    os.makedirs(self.skipped, exist_ok=True)
+    target = os.path.join(self.skipped, str(step))
     n = 1
     while os.path.exists(target):
-      target = os.path.join(skipped, f"{step}.{n}")
+      target = os.path.join(self.skipped, f"{step}.{n}")
       n += 1
     os.replace(self.step_dir(step), target)
     self.reload()

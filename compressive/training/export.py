@@ -40,7 +40,7 @@ import orbax.checkpoint as ocp
 from compressive import files
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import integrity as integrity_lib
-from compressive.training import savedjson, sidefiles
+from compressive.training import layout, savedjson, sidefiles
 from compressive.scale import sharding
 from compressive.errors import CheckpointError, ConfigError
 
@@ -51,13 +51,15 @@ VERSION = 2
 # digest is null for a source without one).
 FIELDS = {"step": int, "integrity": {"sums": dict}, "identity": integrity_lib.IDENTITY_FIELDS,
           "config_sha256": str, "sha256": str}
-EXPORT_FILE = "export.json"
-PARAMS_DIR = "params"
+# layout.py's names, as the messages and callers know them.
+EXPORT_FILE = layout.EXPORT_FILE
+PARAMS_DIR = layout.PARAMS_DIR
+PARTIAL_PREFIX = layout.PARTIAL_EXPORT_PREFIX
 
 
 def is_export(path: str) -> bool:
   """Whether `path` is an export (rather than a training workdir)."""
-  return os.path.lexists(os.path.join(path, EXPORT_FILE))
+  return os.path.lexists(layout.Export(path).manifest)
 
 
 def _check_version(name: str, version: Any) -> None:
@@ -83,7 +85,7 @@ def read_manifest(path: str) -> dict[str, Any]:
   """export.json of the export at `path`, checked (savedjson: any failure to
   parse it is damage; FIELDS: a field missing or null is damage; its digest
   and config.json's are compared); CheckpointError in one line if not."""
-  name = os.path.join(path, EXPORT_FILE)
+  name = layout.Export(path).manifest
   try:
     manifest = savedjson.read(name, dict, sidefiles.CONFIG_BYTES)
   except savedjson.DamagedJSONError as e:
@@ -97,9 +99,9 @@ def read_manifest(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{name} is damaged: {held} (every export of version {VERSION} "
                           f"{'holds it' if missing else 'holds a value there'}); export the "
                           "workdir again")
-  config_path = os.path.join(path, ckpt_lib.CONFIG_FILE)
+  config_path = layout.Export(path).config
   if files.kind(config_path) != "file":
-    raise CheckpointError(f"export {path} is damaged: its {ckpt_lib.CONFIG_FILE} is missing or "
+    raise CheckpointError(f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "
                           "not a file; export the workdir again")
   # The manifest itself and the config beside it must be as written (an
   # edit is refused, by name).
@@ -161,7 +163,7 @@ def check_output(output: str, workdir: str, label: Optional[str] = None) -> None
       raise ConfigError(f"{label} exists and is not empty: give a new or empty folder")
   target = os.path.realpath(output)
   source = os.path.realpath(workdir)
-  checkpoints = os.path.join(source, ckpt_lib.CHECKPOINT_DIR)
+  checkpoints = layout.Workdir(source).checkpoints
   if target == source or target == checkpoints or target.startswith(checkpoints + os.sep):
     raise ConfigError(f"{label} is inside the workdir {workdir}'s checkpoints: give a folder "
                       "outside them")
@@ -192,29 +194,27 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   # A short name of its own (an output's name may be as long as the
   # filesystem allows), found and removed by the next export if this
   # process is killed.
-  partial = os.path.join(parent, f"{PARTIAL_PREFIX}{os.getpid()}")
+  partial = layout.Export.partial(parent, os.getpid())
+  written = layout.Export(partial)
   shutil.rmtree(partial, ignore_errors=True)  # a previous attempt of this pid
   os.mkdir(partial)
   try:
     with _write_errors(output):
       with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.join(partial, PARAMS_DIR), params)
+        checkpointer.save(written.params, params)
       ckpt_lib.save_config(partial, config)
       manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
                   "source": os.path.abspath(workdir), "integrity": integrity,
                   "identity": identity,
-                  "config_sha256": _file_digest(os.path.join(partial, ckpt_lib.CONFIG_FILE))}
+                  "config_sha256": _file_digest(written.config)}
       manifest["sha256"] = _manifest_digest(manifest)
-      with open(os.path.join(partial, EXPORT_FILE), "w", encoding="utf-8") as f:
+      with open(written.manifest, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
       os.replace(partial, output)  # onto an empty folder, or a new name
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)
     raise
   return int(step)
-
-
-PARTIAL_PREFIX = ".compressive-export-partial-"
 
 
 def _identity_of(workdir: str, step: int, config: ckpt_lib.SavedConfig) -> dict[str, Any]:
@@ -348,7 +348,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
   they cannot be read."""
   # Orbax reads a relative folder's metadata as missing: give it the
   # absolute one (the messages keep the path as the user gave it).
-  where = os.path.abspath(os.path.join(path, PARAMS_DIR))
+  where = os.path.abspath(layout.Export(path).params)
   if not os.path.isdir(where):
     raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
                           "export the workdir again")

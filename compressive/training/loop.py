@@ -34,6 +34,7 @@ from compressive.errors import CheckpointError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import interrupts
+from compressive.training import layout
 from compressive.training import lock as workdir_lock
 from compressive.training import sidefiles
 from compressive.training import restore as restore_lib
@@ -132,7 +133,7 @@ def train_and_evaluate(
     checkpointer.close()  # a failed last save is the run's error
     return result
   finally:
-    started = is_main and os.path.lexists(os.path.join(workdir, ckpt_lib.CONFIG_FILE))
+    started = is_main and os.path.lexists(layout.Workdir(workdir).config)
     if log_file is not None:
       _log.removeHandler(log_file)
       log_file.close()
@@ -147,17 +148,14 @@ def _remove_stub(workdir: str) -> None:
   written once the run is known to fit) made in the workdir it created: the
   lock file, an empty log, the checkpoints folder with nothing but its
   owner record, and the workdir itself when nothing else is there."""
-  for name in (workdir_lock.LOCK_FILE, "train.log"):
-    path = os.path.join(workdir, name)
-    if sidefiles.kind(path) == "file" and (name != "train.log" or not os.path.getsize(path)):
+  run = layout.Workdir(workdir)
+  for path in (run.lock, run.log):
+    if sidefiles.kind(path) == "file" and (path != run.log or not os.path.getsize(path)):
       os.remove(path)
-  checkpoints = os.path.join(workdir, workdir_lock.CHECKPOINT_DIR)
-  if sidefiles.kind(checkpoints) == "a folder":
-    if set(os.listdir(checkpoints)) <= {workdir_lock.OWNER_FILE}:
-      shutil.rmtree(checkpoints)
-  for folder in (os.path.join(workdir, "tensorboard", "train"),
-                 os.path.join(workdir, "tensorboard", "eval"),
-                 os.path.join(workdir, "tensorboard"), workdir):
+  if sidefiles.kind(run.checkpoints) == "a folder":
+    if set(os.listdir(run.checkpoints)) <= {layout.OWNER_FILE}:
+      shutil.rmtree(run.checkpoints)
+  for folder in (*reversed(run.side_folders), workdir):
     try:
       os.rmdir(folder)
     except OSError:
@@ -180,7 +178,7 @@ def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
     data_lib.check_documents(data, split, tokenizer)
     counts[split] = len(docs)
   steps = []
-  if os.path.isdir(os.path.join(workdir, workdir_lock.CHECKPOINT_DIR)):
+  if os.path.isdir(layout.Workdir(workdir).checkpoints):
     steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
   if steps:
     try:
@@ -242,7 +240,7 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
-      runlog.Profiler(options.profile_steps, os.path.join(workdir, "profile")) as profiler:
+      runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
       writer.write_hparams(runlog.hyperparameters(config))
     end = experiment.train.num_train_steps

@@ -17,7 +17,7 @@ import time
 from typing import Any, Mapping
 
 from compressive import files
-from compressive.training import savedjson, sidefiles
+from compressive.training import layout, savedjson, sidefiles
 from compressive.errors import naming as _naming
 
 _log = logging.getLogger("compressive")
@@ -53,12 +53,15 @@ def hparam_value(v: Any) -> bool | int | float | str:
 
 class MetricWriter:
   """Writes scalars to `<workdir>/tensorboard/<name>` and
-  `<workdir>/metrics_<name>.jsonl`; `enabled=False` on non-writing processes."""
+  `<workdir>/metrics_<name>.jsonl` (layout.Workdir's tensorboard and
+  metrics); `enabled=False` on non-writing processes."""
 
   def __init__(self, workdir: str, name: str = "train", enabled: bool = True):
     self.enabled = enabled
-    self.logdir = os.path.join(workdir, "tensorboard", name)
-    self.jsonl = os.path.join(workdir, f"metrics_{name}.jsonl")
+    run = layout.Workdir(workdir)
+    self.logdir = run.tensorboard(name)
+    self.jsonl = run.metrics(name)
+    self._events = run.events(name)  # the event files' prefix
     self._tb_writer = None
     if enabled:
       os.makedirs(self.logdir, exist_ok=True)
@@ -75,7 +78,7 @@ class MetricWriter:
       # truncating the first's.
       from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
       self._tb_writer = event_file_writer.EventsWriter(
-          os.path.join(self.logdir, "events"),
+          self._events,
           filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
     return self._tb_writer
 

@@ -12,7 +12,6 @@ since none of the bad steps is saved.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Optional
 
 import jax
@@ -23,6 +22,7 @@ from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import layout
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
@@ -75,7 +75,7 @@ def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
 
 def _nothing_restores(checkpointer, skipped: list) -> str:
   return (f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged "
-          f"and were moved to {os.path.join(checkpointer.directory, ckpt_lib.SKIPPED_DIR)}; "
+          f"and were moved to {checkpointer.skipped}; "
           "nothing was trained. Move them back to retry, or use another --workdir to start "
           "afresh")
 
@@ -135,7 +135,7 @@ def start_state(experiment: config_lib.Experiment, setup: setup_lib.Setup, start
                    "row goes on at the start of its next epoch (--accept_changed_corpus)",
                    len(train_iter.docs), saved_docs, start)
     if is_main:  # the eval metrics' file too: a step's estimate follows its save
-      for path in (writer.jsonl, os.path.join(workdir, "metrics_eval.jsonl")):
+      for path in (writer.jsonl, layout.Workdir(workdir).metrics("eval")):
         runlog.truncate_metrics(path, start)
     _log.info("resumed from step %d in %s", start, workdir)
     return state, memory
