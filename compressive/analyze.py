@@ -16,7 +16,6 @@ ETA) goes to stderr every --progress_seconds.
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
-import os
 import sys
 
 from absl import flags
@@ -28,6 +27,7 @@ from compressive import files
 from compressive import reading
 from compressive import values
 from compressive.errors import ConfigError
+from compressive.training import layout
 
 FLAGS = flags.FLAGS
 cli.define_workdir_flags()
@@ -139,17 +139,18 @@ def save(result, plot, suffix: str) -> None:
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = values.finite_or_null(result)
   # The result first (cli.write_result): a workdir that cannot be written loses nothing.
-  stem = os.path.join(FLAGS.workdir, f"analysis_{FLAGS.analysis}_{FLAGS.split}{suffix}")
-  if not cli.write_result(result, stem + ".json"):
+  run = layout.Workdir(FLAGS.workdir)
+  if not cli.write_result(result, run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "json")):
     return
+  figure = run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "png")
   try:
-    with files.replacing(stem + ".png", binary=True) as f:  # whole or not at all
+    with files.replacing(figure, binary=True) as f:  # whole or not at all
       plot(result, f)
   except OSError as e:
-    cli.warn(f"the result is saved but not its figure: cannot write {stem}.png: "
+    cli.warn(f"the result is saved but not its figure: cannot write {figure}: "
              f"{e.strerror or e}")
     return
-  print(f"figure: {stem}.png", file=sys.stderr)
+  print(f"figure: {figure}", file=sys.stderr)
 
 
 if __name__ == "__main__":

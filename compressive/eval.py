@@ -19,8 +19,6 @@ A progress line (segment i/total, tokens per second, ETA) goes to stderr
 every --progress_seconds; stdout holds only the result.
 """
 
-import os
-
 from absl import flags
 import jax
 
@@ -31,6 +29,7 @@ from compressive import reading
 from compressive import values
 from compressive.errors import NonFiniteError
 from compressive.evaluation import evaluate as eval_lib
+from compressive.training import layout
 
 FLAGS = flags.FLAGS
 cli.define_workdir_flags()
@@ -79,7 +78,7 @@ def check_finite(result: dict, step: int) -> None:
 def report(result: dict, step: int) -> None:
   """Prints the result's JSON line, then saves it in the workdir (cli.
   write_result: a workdir that cannot be written loses nothing)."""
-  cli.write_result(result, os.path.join(FLAGS.workdir, f"eval_{FLAGS.split}_step{step}.json"))
+  cli.write_result(result, layout.Workdir(FLAGS.workdir).eval_result(FLAGS.split, step))
 
 
 if __name__ == "__main__":

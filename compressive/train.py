@@ -29,6 +29,7 @@ from compressive import cli
 from compressive import config as config_lib
 from compressive.errors import ConfigError
 from compressive.scale import sharding
+from compressive.training import layout
 from compressive.training import loop as train_lib
 
 FLAGS = flags.FLAGS
@@ -106,7 +107,7 @@ def train(config, workdir: str) -> None:
                                           accept_changed_corpus=FLAGS.accept_changed_corpus)
   if jax.process_index():
     return
-  print(f"TensorBoard logs: tensorboard --logdir {workdir}/tensorboard")
+  print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")
   if result:
     print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
 
