@@ -12,7 +12,6 @@ trainer's own takes its place.
 import os
 import shutil
 import socket
-import subprocess
 
 import pytest
 
@@ -166,7 +165,7 @@ def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path)
 
 def test_a_lock_file_held_by_an_earlier_trainer_still_keeps_the_workdir(tmp_path):
   # Trainers of earlier versions lock only train.lock: they keep theirs.
-  import fcntl  # pylint: disable=g-import-not-at-top
+  import fcntl
   fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -182,7 +181,7 @@ def test_a_lock_file_held_by_an_earlier_trainer_still_keeps_the_workdir(tmp_path
     (lambda wd: os.symlink(wd / "gone", wd / "checkpoints"), "which does not exist")],
     ids=["file", "dangling-link"])
 def test_checkpoints_that_are_no_folder_are_one_line_and_left_alone(tmp_path, make, cause):
-  from compressive.errors import UserError  # pylint: disable=g-import-not-at-top
+  from compressive.errors import UserError
   make(tmp_path)
   with pytest.raises(UserError, match=cause) as e:
     held(tmp_path)
@@ -235,6 +234,12 @@ def test_a_checkpoints_folder_of_a_finished_run_is_no_other_workdirs(tmp_path):
     held(c)
 
 
+def hard_linked_copy(source, target):
+  """What `cp -al SOURCE TARGET` makes: new folders, every file a hard link
+  to the source's (links copied as links)."""
+  shutil.copytree(source, target, symlinks=True, copy_function=os.link)
+
+
 @pytest.mark.parametrize("how", ["copied", "moved", "hard-linked copy"])
 def test_a_workdir_copied_or_moved_whole_keeps_its_run(tmp_path, how):
   a = tmp_path / "a"
@@ -246,7 +251,7 @@ def test_a_workdir_copied_or_moved_whole_keeps_its_run(tmp_path, how):
   elif how == "moved":
     os.rename(a, copy)
   else:
-    subprocess.run(["cp", "-al", str(a), str(copy)], check=True)
+    hard_linked_copy(a, copy)
   assert_free(copy)
   if how != "moved":
     assert_free(a)  # each its own: the copy's record is its own file
@@ -266,7 +271,7 @@ def test_a_side_file_of_a_hard_linked_copy_is_never_written_through(tmp_path, na
   a, b = tmp_path / "a", tmp_path / "b"
   os.makedirs(a)
   (a / name).write_text("a's line\n")
-  subprocess.run(["cp", "-al", str(a), str(b)], check=True)
+  hard_linked_copy(a, b)
   sidefiles.prepare(str(b))
   fd = sidefiles.open_regular(str(b / name), os.O_WRONLY | os.O_APPEND)
   with os.fdopen(fd, "a") as f:
