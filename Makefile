@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test test-fast test-default-level experiment venv test-venv aot-venv clean test-jax010 \
+.PHONY: test test-fast test-default-level lint experiment venv test-venv aot-venv clean test-jax010 \
 	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
 WORKDIR ?= runs/default
@@ -46,6 +46,19 @@ test: $(TEST_STAMP)
 # train end to end; pyproject.toml registers the marker). `make test` runs all.
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+# Code checked by machine (pyproject.toml configures both): ruff's linter over
+# the whole tree, mypy over the package. Installed into the test venv, where
+# mypy sees the libraries the package imports.
+LINT_STAMP := $(VENV)/.installed-lint
+
+$(LINT_STAMP): requirements-lint.txt $(TEST_STAMP)
+	$(PY) -m pip install -r requirements-lint.txt
+	touch $@
+
+lint: $(LINT_STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # The suite compiles with JAX's jax_disable_most_optimizations (tests/conftest.py),
 # users' runs at XLA's default level, whose code rounds otherwise. This leg

@@ -15,7 +15,6 @@ import os
 import resource
 import sys
 import time
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,6 @@ from compressive import config as config_lib
 from compressive.evaluation import evaluate as eval_lib  # noqa: E402
 from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
 from compressive.model import memory as memory_lib  # noqa: E402
-from compressive.training import loop as train_lib  # noqa: E402
 from compressive.training import step as train_step  # noqa: E402
 from compressive.configs import default as default_config  # noqa: E402
 
@@ -127,7 +125,7 @@ class EvalBench:
     self.config = config
     if model is None:
       graphdef, template, params = train_step.build_model(config.model, config.seed)
-      from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
+      from compressive.model.transformer import merge_params
       model = merge_params(graphdef, template, params)
     self.model = model
     init, self.step = eval_lib.make_eval_step(model, cache_keys_values=cache_keys_values)

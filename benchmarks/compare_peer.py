@@ -154,9 +154,9 @@ def main(argv=None) -> int:
     log(f"peer warmup ({args.warmup} updates + {args.warmup} eval segments): "
         f"{warm['seconds']:.1f}s, first step {warm['compile_or_first_step_s']:.2f}s")
 
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax
     sys.path.insert(0, HERE)
-    import common  # pylint: disable=g-import-not-at-top
+    import common
 
     config = common.reference_config("ct", segments_per_step=args.segments_per_step)
     ours_train = common.TrainBench(config)

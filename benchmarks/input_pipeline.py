@@ -68,7 +68,6 @@ import sys
 import threading
 import time
 import zipfile
-from typing import Optional
 
 from absl import app
 from absl import flags
@@ -320,8 +319,8 @@ def measure_row(row: dict, steps: int, cache_dir: str) -> dict:
 
 
 def _versions() -> dict:
-  import grain  # pylint: disable=g-import-not-at-top
-  import sentencepiece  # pylint: disable=g-import-not-at-top
+  import grain
+  import sentencepiece
   return dict(python=platform.python_version(), numpy=np.__version__,
               sentencepiece=sentencepiece.__version__,
               grain=getattr(grain, "__version__", "?"), cpu_count=os.cpu_count())

@@ -70,7 +70,7 @@ def measure(size: str) -> dict:
   for _ in range(FLAGS.rounds):
     for mode, bench in benches.items():
       out[mode]["tokens_per_second"].append(bench.run(FLAGS.train_steps))
-  for mode, r in out.items():
+  for r in out.values():
     r["median_tokens_per_second"] = statistics.median(r["tokens_per_second"])
     r["step_time_vs_paper"] = (out["paper"]["median_tokens_per_second"]
                                / r["median_tokens_per_second"])

@@ -72,7 +72,7 @@ class Peer:
       # to_kv trains as in ours (its aux-loss gradient then reaches to_kv too).
       for layer in self.model.attn_layers:
         w = layer.fn.fn.to_kv.weight
-        w.detach_ = (lambda w: (lambda: w))(w)
+        w.detach_ = (lambda w: (lambda: w))(w)  # noqa: B023  (w bound by the outer call)
     self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     self.batches = [torch.randint(0, self.v, (self.b, self.t + 1), generator=gen) for _ in range(8)]
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
       break
     try:
       out = peer.handle(parts[0], int(parts[1]) if len(parts) > 1 else 0)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       out = dict(cmd=parts[0], error=f"{type(e).__name__}: {e}")
     print(json.dumps(out), flush=True)
   return 0

@@ -206,7 +206,7 @@ def ensure(cache_dir: str = "", books_cache_dir: str = "") -> StandIn:
 
 def main(argv) -> None:
   del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   stand_in = ensure(flags.FLAGS.cache_dir)
   # What one book costs to tokenize: the work a row does when it reaches one.
   tokenizer = data.SentencePieceTokenizer(stand_in.spm_model)
@@ -229,8 +229,8 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import app
+  from absl import flags
   flags.DEFINE_string("cache_dir", "", "Folder of the stand-in's pg19_books/ "
                       "('' = ~/.cache/compressive/bench).")
   app.run(main)

@@ -90,7 +90,7 @@ def measure_throughput() -> dict:
   result["matmul_gflops"]["after"] = after
   peak = max(peak, after)
   result["matmul_gflops"]["peak"] = peak
-  for kind, entry in result["models"].items():
+  for entry in result["models"].values():
     tr = statistics.median(entry["train_tokens_per_s"])
     ev = statistics.median(entry["eval_tokens_per_s"])
     entry["train_tokens_per_s_median"] = tr
@@ -113,10 +113,10 @@ def measure_throughput() -> dict:
 
 def measure_stream() -> dict:
   """Peak RSS while one long document streams through eval_lib.evaluate."""
-  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
-  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import merge_params  # pylint: disable=g-import-not-at-top
+  from compressive import data as data_lib
+  from compressive.evaluation import evaluate as eval_lib
+  from compressive.training import step as train_step
+  from compressive.model.transformer import merge_params
   counts = sorted(int(x) for x in FLAGS.stream_tokens)
   kind = FLAGS.kinds[0]
   config = common.reference_config(kind, batch_size=1, dtype=FLAGS.dtype, **_overrides())

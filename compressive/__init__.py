@@ -42,7 +42,6 @@ def load(workdir: str, step=None, *, config=None, plugins=()):
 
 def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   """(config, model, step): `load`, and the step whose parameters it holds."""
-  # pylint: disable=g-import-not-at-top
   from compressive import plugins as plugins_lib
   from compressive.training import opening
   plugins_lib.trust(plugins)

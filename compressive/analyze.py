@@ -43,9 +43,9 @@ for _name in ("buckets", "bucket_tokens"):
 
 
 def plot_attention(result, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(9, 4))
   x = range(len(result["mean"]))
   for i, layer in enumerate(result["layers"]):
@@ -64,9 +64,9 @@ def plot_attention(result, path):
 
 
 def plot_loss(result, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot([max(s, 1) for s in result["start"]], result["bits"], marker="o")
   ax.set_xscale("log")
@@ -78,9 +78,9 @@ def plot_loss(result, path):
 
 
 def plot_recall(result, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(result["distance"], result["byte_accuracy"], marker="o", label="answer bytes")
   ax.plot(result["distance"], result["exact_match"], marker="s", label="whole answers")

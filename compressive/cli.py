@@ -31,13 +31,13 @@ from typing import Any, Callable, Iterator, Optional
 from absl import app
 from absl import flags
 
-from compressive.cli_config import (  # pylint: disable=unused-import  (re-exported)
+from compressive.cli_config import (  # noqa: F401  (re-exported)
     CONFIG_DIR, DEFAULT_CONFIGS, config_argument, config_file_flags, config_file_line,
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
     repeated_config, resolve_config, resolve_config_names, unloaded_config,
     with_default_configs)
 from compressive import files
-from compressive.cli_flags import (  # pylint: disable=unused-import  (re-exported)
+from compressive.cli_flags import (  # noqa: F401  (re-exported)
     SIZE_FLAG_MUST, check_int_flag, check_number_flag, define_memory_flags,
     define_multihost_flags, define_split_flags, define_workdir_flags, reading_saved_run,
     validate_int_flag, validate_number_flag)
@@ -75,7 +75,7 @@ def quiet_libraries() -> None:
   traceback from their threads for a read that a rotating trainer raced or
   a write the disk refused; the tools report those themselves, in one line.
   Only absl's FATAL gets through."""
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.FATAL)
 
 
@@ -171,7 +171,7 @@ def user_errors() -> Iterator[None]:
     yield
   except UserError as e:
     fail(str(e) or type(e).__name__)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     if isinstance(e, NonFiniteError):
       fail(str(e), code=1)
     message = describe_os_error(e) or describe_backend_error(e)
@@ -184,7 +184,7 @@ def describe_backend_error(error: BaseException) -> Optional[str]:
   """One line for JAX failing to start the platform it was asked for
   (JAX_PLATFORMS=cuda without the CUDA plugin: JAX's own error is a bare
   AssertionError deep in xla_bridge); None for any other error."""
-  import traceback  # pylint: disable=g-import-not-at-top
+  import traceback
   frames = traceback.extract_tb(error.__traceback__)
   if not any(f.filename.endswith("xla_bridge.py") and f.name in ("backends", "_init_backend")
              for f in frames):
@@ -216,7 +216,7 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   too: ml_collections' own tuple flags accumulate), and a data source named
   `--config.data.source=module:Name` has its section for its own fields'
   overrides (cli_config.install_override_rules, config_file_parser)."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags
   if default is not None:
     DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(CONFIG_DIR, default)
   flag_values = flags.FLAGS if flag_values is None else flag_values
@@ -307,7 +307,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   argv = resolve_config_names(with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     line = parse_failure(argv, e)
     if line is None:
       raise  # not the command line's nor a config file's: a bug
@@ -366,7 +366,7 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
   jax_persistent_cache_min_compile_time_secs (1 s by default; the train and
   eval steps) to compile, of any size; JAX's own JAX_PERSISTENT_CACHE_*
   variables still set them. The folder may be deleted at any time."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   path = compilation_cache_dir(flag)
   if path is None:
     return None

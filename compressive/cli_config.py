@@ -158,7 +158,7 @@ class _WholeSequence(flags.ArgumentParser):
     self.kind = kind
 
   def parse(self, argument: Any) -> Any:
-    from ml_collections.config_flags import tuple_parser  # pylint: disable=g-import-not-at-top
+    from ml_collections.config_flags import tuple_parser
     if isinstance(argument, (tuple, list)):
       return self.kind(argument)
     return self.kind(tuple_parser.TupleParser().parse(argument))
@@ -187,7 +187,7 @@ def install_override_rules() -> None:
   """The last value of a repeated override wins, whatever the field's type:
   ml_collections reads tuples (and lists, and None fields, which it cannot
   override at all) with the parsers above. Process-wide; idempotent."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags
   config_flags.register_flag_parser_for_type(tuple, _WholeSequence(tuple))
   config_flags.register_flag_parser_for_type(list, _WholeSequence(list))
   config_flags.register_flag_parser_for_type(type(None), _Literal())
@@ -228,7 +228,7 @@ def add_plugin_section(config: Any, source: Optional[str]) -> None:
     return
   try:
     section = found.default_config()
-  except Exception as e:  # pylint: disable=broad-except  # the plugin's
+  except Exception as e:  # the plugin's
     raise ConfigError(f"data.source={source!r}: its default_config() raised "
                       f"{type(e).__name__}: {' '.join(str(e).split())}") from None
   with data.unlocked():
@@ -282,7 +282,7 @@ def load_failure(name: str, path: str, error: BaseException) -> str:
 
 def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
   """'--config=FILE (line N)' if e was raised by the code of a config file."""
-  import traceback  # pylint: disable=g-import-not-at-top
+  import traceback
   for name in config_file_flags():
     path = config_argument(argv, name)
     frames = [f for f in traceback.extract_tb(e.__traceback__)
@@ -311,7 +311,7 @@ def unloaded_config(argv: list[str]) -> Optional[str]:
 
 
 def _is_config_dict(value: Any) -> bool:
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  import ml_collections
   return isinstance(value, ml_collections.ConfigDict)  # frozen ones are too
 
 
@@ -404,7 +404,7 @@ def _culprit(argv: list[str], text: str) -> str:
 
 def _user_error(e: Optional[BaseException]) -> Optional[BaseException]:
   """e or the exception it was raised from or during, if a UserError."""
-  from compressive.errors import UserError  # pylint: disable=g-import-not-at-top
+  from compressive.errors import UserError
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))

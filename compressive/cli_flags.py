@@ -29,7 +29,7 @@ from compressive.errors import ConfigError
 def _caller() -> str:
   """The module calling a define_*_flags below, as absl names it (the
   script's path for __main__)."""
-  name = sys._getframe(2).f_globals["__name__"]  # pylint: disable=protected-access
+  name = sys._getframe(2).f_globals["__name__"]
   return sys.argv[0] if name == "__main__" else name
 
 
@@ -54,7 +54,7 @@ def reading_saved_run() -> Iterator[None]:
   """What a tool that reads a workdir or an export runs in: the modules of
   --plugin imported (the user's say-so), and no other import on the saved
   config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
-  from compressive import plugins  # pylint: disable=g-import-not-at-top
+  from compressive import plugins
   plugins.trust(flags.FLAGS.plugin or ())
   with plugins.saved_config():
     yield

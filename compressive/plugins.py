@@ -41,7 +41,7 @@ def lookup(field: str, name: Any, registered: Mapping[str, Any],
         f"--plugin={module_name} (compressive.load(..., plugins=[{module_name!r}]))")
   try:
     module = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-except  # any failure to import is the config's
+  except Exception as e:  # any failure to import is the config's
     raise ConfigError(f"{where}: cannot import module {module_name!r} "
                       f"({type(e).__name__}: {' '.join(str(e).split())}); is it on PYTHONPATH?") from None
   found = getattr(module, attr, None) if attr else None
@@ -79,6 +79,6 @@ def trust(modules: Iterable[str]) -> None:
   for module_name in modules:
     try:
       importlib.import_module(module_name)
-    except Exception as e:  # pylint: disable=broad-except  # the user's module
+    except Exception as e:  # the user's module
       raise ConfigError(f"--plugin={module_name}: cannot import it ({type(e).__name__}: "
                         f"{' '.join(str(e).split())}); is it on PYTHONPATH?") from None

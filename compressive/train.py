@@ -21,7 +21,7 @@ from compressive.training import interrupts
 if __name__ == "__main__":  # the tool, not an import: before JAX's imports, a signal is heard
   interrupts.hold_early_signals()
 
-# pylint: disable=wrong-import-position
+# noqa: E402
 from absl import flags
 import jax
 

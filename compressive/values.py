@@ -68,7 +68,7 @@ def as_dtype(value: float, dtype: str) -> float:
   """`value` as `dtype` ("float32", "bfloat16" or "float64") holds it."""
   if dtype == "float64":
     return float(value)
-  import ml_dtypes  # pylint: disable=g-import-not-at-top  (JAX's own dependency)
+  import ml_dtypes  # JAX's own dependency
   np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
   with warnings.catch_warnings(), np.errstate(over="ignore", under="ignore"):
     warnings.simplefilter("ignore")
@@ -78,7 +78,7 @@ def as_dtype(value: float, dtype: str) -> float:
 def _smallest_normal(dtype: str) -> float:
   if dtype == "float64":
     return float(np.finfo(np.float64).tiny)
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import ml_dtypes
   return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).tiny)
 
 
@@ -117,7 +117,7 @@ def number(name: str, value: Any, interval: str = "(-inf, inf)", *, dtype: str =
 def _largest(dtype: str) -> float:
   if dtype == "float64":
     return float(np.finfo(np.float64).max)
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import ml_dtypes
   return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).max)
 
 

@@ -58,7 +58,7 @@ from compressive.errors import ConfigError
 if __package__:  # imported as experiments.run (the tests)
   from experiments.children import Child, evaluate, run_tool, train, write_json
 else:  # run as a script: its own folder is on sys.path
-  from children import Child, evaluate, run_tool, train, write_json  # pylint: disable=import-error
+  from children import Child, evaluate, run_tool, train, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -91,9 +91,9 @@ ABLATION = [  # (name, compression, reconstruction loss)
 
 
 def _plot_curves(runs: dict, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for name, s in runs.items():
     steps, seconds, bpb = zip(*s["curve"])
@@ -260,9 +260,9 @@ def recall_setting(out: str, name: str) -> dict:
 
 
 def plot_recall_study(name: str, r: dict, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(8, 4.5))
   labels = {"ct": "Compressive Transformer", "txl": "Transformer-XL (equal attention cost)",
             "ct_no_compressed": "Compressive Transformer, compressed memory removed"}

@@ -35,10 +35,10 @@ import tempfile
 # compiles by default.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-import jax  # pylint: disable=wrong-import-position
-import pytest  # pylint: disable=wrong-import-position
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
-import zygote  # pylint: disable=wrong-import-position
+import zygote  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -92,7 +92,7 @@ def _count_processes() -> None:
   """Records every subprocess.Popen from now on (zygote.install's too)."""
   popen = subprocess.Popen
 
-  class Counted(popen):  # pylint: disable=abstract-method
+  class Counted(popen):
 
     def __init__(self, args, *rest, **kwargs):
       _PROCESSES.append((_CURRENT["test"], args if isinstance(args, str) else

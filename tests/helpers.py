@@ -62,13 +62,13 @@ def tiny_model_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def make_model(cfg, seed: int = 0):
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
   return compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(seed))
 
 
 def jitted_forward(model):
   """(state, jit(fn)) with fn(state, tokens, memory, sos) -> model outputs."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
   graphdef, state = nnx.split(model)
 
   @jax.jit
@@ -145,8 +145,8 @@ def tiny_experiment(**overrides):
 def run_identity_of(config=None):
   """The identity a trainer records in its checkpoints for `config`
   (default tiny_experiment()): for tests that save a checkpoint themselves."""
-  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from compressive import data as data_lib
+  from compressive.training import checkpoint as ckpt_lib
   config = tiny_experiment() if config is None else config
   return ckpt_lib.run_identity(config, data_lib.get_tokenizer(config.data).identity,
                                data_lib.corpus_identity(config.data),
@@ -158,10 +158,10 @@ def untrained_workdir(workdir, config=None, step=1):
   integrity record and the run's identity), holding a freshly initialised
   state: for readers' and exports' tests, in seconds instead of a compiled
   training run. Returns the workdir's path as a string."""
-  from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
+  from compressive import config as config_lib
+  from compressive.training import checkpoint as ckpt_lib
+  from compressive.training import setup as setup_lib
+  from compressive.training import step as train_step
   config = tiny_experiment() if config is None else config
   experiment = config_lib.check(config)
   setup = setup_lib.build_setup(experiment)
@@ -219,7 +219,7 @@ def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, str
   """Trains `config` straight, and again stopped at `stop_at_step` (a
   checkpoint) and resumed, in process; asserts the two alike
   (assert_resumed_like_straight). Returns the logged steps."""
-  from compressive.training import loop  # pylint: disable=g-import-not-at-top
+  from compressive.training import loop
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   loop.train_and_evaluate(config, str(straight))
   loop.train_and_evaluate(config, str(resumed), stop_at_step=stop_at_step)
@@ -229,7 +229,7 @@ def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, str
 
 def assert_same_parameters(workdir_a, workdir_b):
   """The two workdirs' latest models hold bit-identical parameters."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
   _, a = compressive.load(str(workdir_a))
   _, b = compressive.load(str(workdir_b))
   for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
@@ -237,7 +237,7 @@ def assert_same_parameters(workdir_a, workdir_b):
 
 
 def params_of(workdir):
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
   _, model = compressive.load(str(workdir))
   return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
@@ -269,7 +269,7 @@ def inject_nan_at(monkeypatch, bad_step, *, value=float("nan"), after=False):
   `bad_step`; with `after`, the step computes on good parameters (its loss
   and gradient finite) and returns them times `value`: what an overflowing
   learning rate or weight decay does."""
-  from compressive.training import step as train_step  # pylint: disable=g-import-not-at-top
+  from compressive.training import step as train_step
   make = train_step.make_train_step
   poison = lambda state: state.replace(
       params=jax.tree.map(lambda p: p * np.float32(value), state.params))
@@ -312,7 +312,7 @@ def generated_texts(n, seed=0):
 def sentencepiece_run_fields(folder) -> dict:
   """Overrides for a run on a SentencePiece tokenizer: 12 generated books in
   FOLDER/texts, and a 320-piece model trained at FOLDER/m.model."""
-  from compressive import data as data_lib  # pylint: disable=g-import-not-at-top
+  from compressive import data as data_lib
   texts = folder / "texts"
   texts.mkdir()
   for i, text in enumerate(generated_texts(12)):

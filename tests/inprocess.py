@@ -37,7 +37,7 @@ import jax
 
 # Loaded before the first run, so that the flags they define at import
 # (--compilation_cache) are the process's, not a tool's.
-import compressive.cli  # noqa: F401  pylint: disable=unused-import
+import compressive.cli  # noqa: F401  (its flags are the process's, above)
 from compressive import cli_config
 
 from helpers import ROOT
@@ -105,7 +105,7 @@ def _exit_status(path: str, err: io.StringIO) -> int:
       return e.code or 0
     print(e.code, file=err)  # sys.exit("message"), as the interpreter prints it
     return 1
-  except BaseException:  # pylint: disable=broad-except  (the interpreter's own report)
+  except BaseException:  # the interpreter's own report
     err.write(traceback.format_exc())
     return 1
   return 0

@@ -77,7 +77,7 @@ def _jax_option(name: str, text: str):
   import reads it (validated by jax.config.update in the child, not here:
   this process's backends have started). KeyError when `name` is no option
   or of a kind this does not read."""
-  from jax._src import config  # pylint: disable=import-outside-toplevel
+  from jax._src import config
   holders = getattr(getattr(config, "config", None), "_value_holders", {})
   parser = getattr(holders[name], "_parser", None)  # (private: another JAX may lack it)
   kind = getattr(parser, "__qualname__", "").split(".")[0]
@@ -119,12 +119,12 @@ def _jax_differences(server_env: dict, env: dict):
 
 def _run_as_main(argv: list[str]) -> None:
   """Runs `argv` (after the interpreter) as `python` would, in this process."""
-  import runpy  # pylint: disable=import-outside-toplevel
-  import types  # pylint: disable=import-outside-toplevel
+  import runpy
+  import types
   if argv[0] == "-m":
     sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's path in argv[0]
     sys.path[0] = os.getcwd()
-    runpy._run_module_as_main(argv[1])  # pylint: disable=protected-access
+    runpy._run_module_as_main(argv[1])
     return
   path = os.path.abspath(argv[0])
   sys.argv = list(argv)
@@ -135,7 +135,7 @@ def _run_as_main(argv: list[str]) -> None:
   sys.modules["__main__"] = main
   with open(path, "rb") as f:
     code = compile(f.read(), path, "exec")
-  exec(code, main.__dict__)  # pylint: disable=exec-used
+  exec(code, main.__dict__)
 
 
 def _child(request: dict, fds: list[int]) -> None:
@@ -148,7 +148,7 @@ def _child(request: dict, fds: list[int]) -> None:
   os.environ.clear()
   os.environ.update(request["env"])
   if request["jax"]:
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     for name, value in request["jax"].items():
       jax.config.update(name, value)
   signal.set_wakeup_fd(-1)
@@ -376,12 +376,12 @@ def usable() -> bool:
   """Whether this interpreter can fork commands from the server: the switch
   is on, the Python is one of PYTHONS, and Popen's private method has the
   parameters Popen above overrides."""
-  import inspect  # pylint: disable=import-outside-toplevel
+  import inspect
   if os.environ.get(SWITCH, "1").lower() in _FALSE:
     return False
   if sys.version_info[:2] not in PYTHONS:
     return False
-  parameters = inspect.signature(_ORIGINAL_POPEN._execute_child).parameters  # pylint: disable=protected-access
+  parameters = inspect.signature(_ORIGINAL_POPEN._execute_child).parameters
   return len(parameters) - 1 == _EXECUTE_CHILD_PARAMETERS  # (less self)
 
 
@@ -390,7 +390,7 @@ def install() -> bool:
   on forks from the server where it can (`usable()`); whether it is installed."""
   if not usable():
     return False
-  import jax  # pylint: disable=import-outside-toplevel,unused-import  # it sets variables of its own
+  import jax  # noqa: F401  # it sets variables of its own
   _BASE_ENV.clear()
   _BASE_ENV.update(os.environ)
   subprocess.Popen = Popen

@@ -178,7 +178,7 @@ def xla_flops(compiled) -> Optional[float]:
   """XLA's FLOP count of one device's program, or None if not reported."""
   try:
     cost = compiled.cost_analysis()
-  except Exception:  # pylint: disable=broad-except  # some backends do not implement it
+  except Exception:  # some backends do not implement it
     return None
   if isinstance(cost, Sequence) and not isinstance(cost, dict):
     cost = cost[0] if cost else None

@@ -91,15 +91,14 @@ def _check(config, step: str, target, num_devices: int) -> config_lib.Experiment
 
 
 def run(config, target_name: str, step: str) -> int:
-  from compressive.scale import targets  # pylint: disable=g-import-not-at-top
+  from compressive.scale import targets
   if target_name == "list":
     print("\n".join(targets.TARGETS))
     return 0
   targets.prepare_environment()
   target = targets.get(target_name)
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   jax.config.update("jax_enable_compilation_cache", False)
-  # pylint: disable=g-import-not-at-top
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
   devices = target.devices()
@@ -114,7 +113,7 @@ def run(config, target_name: str, step: str) -> int:
   _say(f"lowered in {time.perf_counter() - start:.1f} s; compiling")
   try:
     compiled, seconds = _compile_with_progress(lowered, what)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     over = aot_lib.parse_out_of_memory(str(e))
     if over is None:
       raise

@@ -63,12 +63,12 @@ imported only by the pg19 source.
 
 # Each source registers itself when imported; the order is that of the
 # choices listed in error messages.
-from compressive.data import books
-from compressive.data import enwik8
-from compressive.data import pg19
-from compressive.data import text_files
-from compressive.data import synthetic
-from compressive.data import recall
+from compressive.data import books  # noqa: F401
+from compressive.data import enwik8  # noqa: F401
+from compressive.data import pg19  # noqa: F401
+from compressive.data import text_files  # noqa: F401
+from compressive.data import synthetic  # noqa: F401
+from compressive.data import recall  # noqa: F401
 from compressive.data import registry
 from compressive.data.config import default_data_config
 from compressive.data.config import validate_data_config

@@ -45,7 +45,6 @@ import ml_collections
 
 from compressive import files
 from compressive import values
-from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import rdata
@@ -326,7 +325,7 @@ def fetch(archive: Archive, cache_dir: str,
   for url in archive.urls:
     try:
       data = download(url)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       errors.append(f'{url}: {_one_line(e)}')
       continue
     digest = hashlib.sha256(data).hexdigest()

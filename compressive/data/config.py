@@ -75,7 +75,7 @@ def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> 
   memory, before anything is generated or read: the source's documents by
   its estimate from its fields (Source.host_bytes), the token cache's
   bound, and the text SentencePiece's training reads."""
-  from compressive.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from compressive.errors import ConfigError
   values.integer('data.spm_vocab_size', c.spm_vocab_size, '[1, 2**31)',
                  must='an integer >= 1 (pieces), below 2**31')
   values.integer('data.spm_train_max_bytes', c.spm_train_max_bytes, '[1, 2**63)',
@@ -102,8 +102,8 @@ def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: 
   then the SentencePiece model, read once to see that it is one.
   need_tokenizer_model=False skips the model (for the step that trains it).
   """
-  import os  # pylint: disable=g-import-not-at-top
-  from compressive.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  import os
+  from compressive.errors import ConfigError, DataError
 
   source = registry.get(c.source)
   if c.tokenizer not in TOKENIZERS:

@@ -66,7 +66,7 @@ class Documents(abc.ABC):
         ids = self._load_tokens(i)
       except (UserError, OSError):
         raise
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         raise DataError(f'{type(self).__module__}.{type(self).__name__}._load_tokens({i}) of '
                         f"{self.description} raised {type(e).__name__}: "
                         f"{' '.join(str(e).split())[:300]}") from e

@@ -110,7 +110,6 @@ def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
         f'{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?')
   k = registry.SPLITS.index(split)
   start = sum(sizes[:k])
-  end = start + sizes[k]
   if num_shards < 1:
     raise DataError(f'enwik8 shards must be >= 1, got {num_shards}')
   if sizes[k] < 2 * num_shards:

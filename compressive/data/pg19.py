@@ -74,7 +74,7 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
 def _import(name: str):
   """TensorFlow and TFDS are only PG-19's: a missing one is a DataError that
   says how to install them, not a ModuleNotFoundError."""
-  import importlib  # pylint: disable=g-import-not-at-top
+  import importlib
   try:
     return importlib.import_module(name)
   except ImportError as e:
@@ -107,7 +107,7 @@ def _local_builder_class(raw_dir: str):
   class LocalPg19(base, skip_registration=True):  # pytype: disable=invalid-base-class
     name = 'pg19'
     # Metadata files (README, citations) of the stock builder's package.
-    pkg_dir_path = base._get_pkg_dir_path()  # pylint: disable=protected-access
+    pkg_dir_path = base._get_pkg_dir_path()
     code_path = None  # See the module docstring.
 
     def _split_generators(self, dl_manager):

@@ -82,7 +82,7 @@ class Prefetcher:
     else:
       # Imported here: only training prefetches, and Grain takes a moment
       # to import.
-      from grain import experimental as grain_experimental  # pylint: disable=g-import-not-at-top
+      from grain import experimental as grain_experimental
       self._iterator = grain_experimental.ThreadPrefetchDatasetIterator(self._source, self.depth)
     return self
 

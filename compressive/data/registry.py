@@ -23,7 +23,7 @@ Nothing here imports a source: the registry is filled by the sources.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import ml_collections
 
@@ -31,7 +31,11 @@ from compressive import plugins
 from compressive.errors import ConfigError, DataError, UserError
 
 # Annotations name `Documents` (data/documents.py, which imports this module)
-# and `Tokenizer` (data/tokenizers.py) as strings only: no import, no cycle.
+# and `Tokenizer` (data/tokenizers.py), imported for the type checker only:
+# no import when the code runs, no cycle.
+if TYPE_CHECKING:
+  from compressive.data.documents import Documents
+  from compressive.data.tokenizers import Tokenizer
 
 # Every source is cut into these, in this order (a source whose splits are
 # sized by a triple, e.g. data.synthetic.num_docs, reads it in this order).
@@ -150,7 +154,7 @@ def call_hook(name: str, source: Source, hook: str, *args,
     value = getattr(source, hook)(*args)
   except (UserError, OSError):
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     if not is_plugin(source):
       raise
     raise DataError(f'data.source={name!r}: its {hook} raised '

@@ -70,7 +70,7 @@ class SentencePieceTokenizer:
   """A trained SentencePiece model (the paper uses 32k subwords on PG-19)."""
 
   def __init__(self, model_path: str):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    import sentencepiece as spm
 
     if not model_path:
       raise DataError(
@@ -205,7 +205,7 @@ def train_sentencepiece(
       small for their characters, no text); what `texts` itself raises is
       raised as it is.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm
 
   buffer = io.BytesIO()
   failures = []  # what the texts raised: SentencePiece would wrap it
@@ -213,7 +213,7 @@ def train_sentencepiece(
   def sentences() -> Iterator[str]:
     try:
       yield from _chunks(texts, max_sentence_chars)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       failures.append(e)
       raise
 
@@ -234,7 +234,7 @@ def train_sentencepiece(
     )
   except RuntimeError as e:
     if failures:
-      raise failures[0]  # e.g. a DataError naming a file of the corpus
+      raise failures[0] from e  # e.g. a DataError naming a file of the corpus
     error = _training_error(str(e), vocab_size)
     if error is None:
       raise

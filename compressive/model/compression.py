@@ -63,7 +63,7 @@ def declared_flops(name: str, rate: int, d_model: int) -> float:
   where = f"model.compression={name!r} ({cls.__module__}.{cls.__name__})"
   try:
     value = cls.flops_per_slot(rate, d_model)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     if cls.__module__.startswith("compressive."):
       raise
     raise ConfigError(f"{where}: its flops_per_slot({rate}, {d_model}) raised "
@@ -285,7 +285,7 @@ class Compressor(nnx.Module):
     plugin = not type(self.fn).__module__.startswith("compressive.")
     try:
       out = self.fn(ev.slots, ev.mask, ev.usage)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if not plugin:
         raise
       raise ConfigError(f"{where} raised {type(e).__name__} on [{b}, {n}, {d}] slots: "

@@ -138,7 +138,7 @@ def validate(cfg: ModelConfig) -> None:
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
-  from compressive.model.attention import POSITIONS  # pylint: disable=g-import-not-at-top
+  from compressive.model.attention import POSITIONS
   # model.compression names a plugin: its registry checks the name
   # (compression.resolve, when the model is built; the experiment's check).
   if cfg.reconstruction_loss not in RECONSTRUCTION_LOSSES:
@@ -164,7 +164,7 @@ def validate(cfg: ModelConfig) -> None:
     raise ConfigError(
         f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")
   _int(cfg, "attention_chunk_size", 0)
-  from compressive.model.attention import IMPLEMENTATIONS  # pylint: disable=g-import-not-at-top
+  from compressive.model.attention import IMPLEMENTATIONS
   if cfg.attention_implementation not in IMPLEMENTATIONS:
     raise ConfigError(
         f"model.attention_implementation={cfg.attention_implementation!r} is unknown; choose "

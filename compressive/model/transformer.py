@@ -265,7 +265,7 @@ class CompressiveTransformer(nnx.Module):
                           (states, jnp.arange(cfg.num_layers)) + tuple(per_layer))
     outs = []
     for i, state in enumerate(states):
-      carry, out = layer(carry, state, i, *jax.tree.map(lambda a: a[i], tuple(per_layer)),
+      carry, out = layer(carry, state, i, *jax.tree.map(lambda a, i=i: a[i], tuple(per_layer)),
                          *shared)
       outs.append(out)
     return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)

@@ -77,7 +77,7 @@ from typing import Optional, Union
 
 from compressive.errors import ConfigError
 # The GPUs' descriptions (GPU_SPECS, gpu_target_config), re-exported here.
-from compressive.scale.gpu_specs import (  # pylint: disable=unused-import
+from compressive.scale.gpu_specs import (  # noqa: F401
     GPU_SPECS, GiB, KiB, MiB, gpu_target_config)
 
 

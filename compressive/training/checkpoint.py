@@ -22,12 +22,12 @@ import orbax.checkpoint as ocp
 from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
 # Used here, and re-exported: callers name them as the checkpoint's.
-from compressive.training.integrity import (  # pylint: disable=unused-import
+from compressive.training.integrity import (  # noqa: F401
     RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, compare_identity, fingerprint,
     json_digest, run_identity)
-from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # pylint: disable=unused-import
-from compressive.training.trees import abstract  # pylint: disable=unused-import
-from compressive.training.runconfig import (  # pylint: disable=unused-import
+from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # noqa: F401
+from compressive.training.trees import abstract  # noqa: F401
+from compressive.training.runconfig import (  # noqa: F401
     CONFIG_FILE, SavedConfig, check_resume_config, load_config, save_config)
 
 
@@ -261,7 +261,7 @@ class Checkpointer:
     try:
       saved = self._manager.item_metadata(step)["state"]
       saved = trees.param_shapes(getattr(saved, "tree", saved))
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       return None
     wanted = trees.param_shapes(abstract_state)
     diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
@@ -314,11 +314,11 @@ class Checkpointer:
     error = None
     try:
       self.wait()
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       error = e
     try:
       self._manager.close()
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       if error is None:  # else the same failure, already in hand
         raise
     if error is not None:
@@ -331,7 +331,7 @@ class Checkpointer:
     a ValueError carrying the OS error code."""
     try:
       yield
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       code = write_errno(e)
       if code is None:
         raise

@@ -134,7 +134,7 @@ def check_identity(path: str, config: ckpt_lib.SavedConfig,
   export at `path`, or the workdir's checkpoint `step` (default the
   newest), was saved with: an edited config.json's model or data section,
   or a tokenizer retrained in place. The load compares the same again."""
-  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference
   if is_export(path):
     where, saved = f"export {path}", read_manifest(path).get("identity")
   else:
@@ -177,7 +177,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   arrays are written as they are (same dtypes), from whatever mesh this
   machine's devices give.
   """
-  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference
   check_output(output, workdir)
   if is_export(workdir):
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
@@ -221,7 +221,7 @@ def _identity_of(workdir: str, step: int, config: ckpt_lib.SavedConfig) -> dict[
   """The identity to record in the export of `workdir`'s checkpoint `step`:
   the one the checkpoint recorded (just verified against this config), each
   part it left unknown taken from the config and the tokenizer here."""
-  from compressive.training import inference  # pylint: disable=g-import-not-at-top
+  from compressive.training import inference
   _, saved = inference.saved_identity(workdir, step)
   here = inference.reader_identity(config)
   saved = saved or {}
@@ -272,7 +272,7 @@ def _write_errors(output: str):
     yield
   except OSError:
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     code = ckpt_lib.write_errno(e)
     if code is None:
       raise
@@ -321,7 +321,6 @@ def open_export(path: str, experiment, step: Optional[int] = None) -> tuple[Any,
   the run's setup (setup.build_setup: the experiment's shapes on its mesh)
   and verified: the step (`step`, if given, must be the exported one), the
   run's identity, the shapes and the checksums."""
-  # pylint: disable=g-import-not-at-top
   from compressive.training import inference
   from compressive.training import setup as setup_lib
   manifest = manifest_of_step(path, step)
@@ -363,7 +362,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
     _check_shapes(path, saved, abstract_params)
     try:
       return checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
                             "export the workdir again") from e

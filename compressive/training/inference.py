@@ -89,7 +89,7 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
       saved = checkpointer.record(step) if step is not None else None
     finally:
       checkpointer.close()
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     return workdir, None
   if saved is None:
     return workdir, None

@@ -67,7 +67,7 @@ def preemption_service() -> bool:
   is off. It owns SIGTERM (a handler of its own, in C++), tells every
   process of a notice, and agrees on a step to stop at
   (`multihost_utils.reached_preemption_sync_point`)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
 
 
@@ -129,7 +129,7 @@ class StopAgreement:
   """
 
   def __init__(self, checkpoint_every_steps: int, should_stop: Optional[Callable[[], bool]]):
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax
     self.checkpoint_every_steps, self.should_stop = checkpoint_every_steps, should_stop
     self.processes = jax.process_count()
 
@@ -137,7 +137,7 @@ class StopAgreement:
     local = self.should_stop is not None and self.should_stop()
     if self.processes == 1:
       return local
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils
     if preemption_service() and multihost_utils.reached_preemption_sync_point(step):
       return True
     every = self.checkpoint_every_steps
@@ -148,9 +148,9 @@ class StopAgreement:
 
 def agree(flag: bool) -> bool:
   """True when any process says so, so that every process stops at one step."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import jax
+  from jax.experimental import multihost_utils
+  import numpy as np
   if jax.process_count() == 1:
     return flag
   return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())

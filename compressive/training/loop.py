@@ -44,7 +44,7 @@ from compressive.training import step as train_step
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 # Re-exported: the error train_and_evaluate raises.
-from compressive.errors import NonFiniteError  # pylint: disable=unused-import
+from compressive.errors import NonFiniteError  # noqa: F401
 
 _log = logging.getLogger("compressive")
 
@@ -126,7 +126,7 @@ def train_and_evaluate(
       # failure of that save too is logged, and the first error reported.
       try:
         checkpointer.close()
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         _log.warning("the checkpoint save in flight failed too: %s",
                      str(e).splitlines()[0] if str(e) else type(e).__name__)
       raise

@@ -76,21 +76,21 @@ class MetricWriter:
       # by the second and host only, and opens them with "wb": the suffix
       # keeps a second writer within that second (a quick resume) from
       # truncating the first's.
-      from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+      from tensorboardX import event_file_writer
       self._tb_writer = event_file_writer.EventsWriter(
           self._events,
           filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
     return self._tb_writer
 
   def _write_summary(self, summary, step: int = 0) -> None:
-    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2
     writer = self._tensorboard()
     writer.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX import summary as tbx_summary
     scalars = {k: float(v) for k, v in scalars.items()}
     record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in scalars.items()}}
     append_line(self.jsonl, json.dumps(record, allow_nan=False))  # NaN is null: valid JSON
@@ -111,7 +111,7 @@ class MetricWriter:
     """
     if not self.enabled:
       return
-    from tensorboardX import summary as tbx_summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX import summary as tbx_summary
     hparams = {k: hparam_value(v) for k, v in flatten_config(config_dict_flat).items()}
     # Only the session start info: without an experiment summary TensorBoard
     # infers the hparams and metrics of every run it sees, which compares runs

@@ -91,7 +91,7 @@ def _get(config, dotted: str):
 def _model_fields(model_config) -> dict[str, Any]:
   """Every model field, those a config left out at their defaults (a
   config.json written before a field existed ran with its default)."""
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive.model.config import ModelConfig
   try:
     return dataclasses.asdict(ModelConfig.from_config(model_config))
   except ConfigError:  # an older or edited config: compare what it says
@@ -101,9 +101,9 @@ def _model_fields(model_config) -> dict[str, Any]:
 def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   """{parameter path: shape} of the model `fields` build (abstract: nothing
   is allocated)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+  from compressive.model.config import ModelConfig
+  from compressive.model.transformer import CompressiveTransformer
   model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
   return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
           for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}

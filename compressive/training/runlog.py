@@ -123,7 +123,7 @@ class Profiler:
     if self.tracing:
       try:
         self._stop()
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         if exc[0] is None:
           raise
         _log.warning("the profile trace could not be written: %s", e)

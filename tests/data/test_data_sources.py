@@ -168,7 +168,7 @@ AUSTEN = {name: [f'{name.upper()}', '', f'Chapter 1 of {name}.', 'The end.']
 
 def make_deb() -> bytes:
   rdb, where = b'', []
-  for name, lines in AUSTEN.items():
+  for lines in AUSTEN.values():
     payload = RWriter().serialize(lines)
     blob = struct.pack('>I', len(payload)) + zlib.compress(payload)
     where.append((np.array([len(rdb), len(blob)]), None))
@@ -629,8 +629,8 @@ def test_each_source_has_its_own_section():
 
 
 def test_a_source_field_is_overridden_from_the_command_line():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from ml_collections import config_flags
 
   argv = ['prog', '--config.data.source=enwik8', '--config.data.enwik8.path=/d/enwik8.zip',
           '--config.data.enwik8.split_bytes=(8, 1, 1)']

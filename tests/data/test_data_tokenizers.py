@@ -92,7 +92,7 @@ def test_train_tokenizer_script(tmp_path):
 
   # The trained model feeds the pipeline end to end.
   namespace = {}
-  exec(config_file.read_text(), namespace)  # pylint: disable=exec-used
+  exec(config_file.read_text(), namespace)
   config = namespace['get_config']().data
   tok = data.get_tokenizer(config)
   docs = data.get_documents(config, 'validation', tok)

@@ -1,7 +1,6 @@
 """Evaluation's key/value cache: each memory slot's keys and values are
 computed once, when the slot enters the memory, and give the same results."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -71,7 +71,7 @@ def validate_model(values):
   which own them (a compression's name is looked up even where no memory is
   compressed: a typo there would surface only once compressed memory is
   turned on)."""
-  config_lib._check_plugins(ModelConfig.from_config(values))  # pylint: disable=protected-access
+  config_lib._check_plugins(ModelConfig.from_config(values))
 
 
 def test_an_unknown_compression_is_refused_where_nothing_is_compressed():
@@ -196,7 +196,7 @@ def float32_held(x: float):
 @settings(max_examples=400, deadline=None)
 @given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
-  from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
+  from compressive import config as config_lib
   config = ml_collections.ConfigDict(dict(values, seed=0, grad_accum_steps=1,
                                           optimizer=dict(opt, name="adam")))
   assert_rejects_exactly(

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.model import memory as memory_lib
 from compressive.model.compression import COMPRESSIONS
 from helpers import make_model, tiny_model_config
 
@@ -113,7 +112,7 @@ def test_evaluation_mode_computes_no_reconstruction_loss_and_the_same_outputs():
   assert float(train[-1][2].reconstruction_loss) > 0  # evictions happened
   model.eval()
   evaluated = run_segments(model, cfg, 4)
-  for (lt, mt, at), (le, me, ae) in zip(train, evaluated):
+  for (lt, mt, _), (le, me, ae) in zip(train, evaluated):
     assert float(ae.reconstruction_loss) == 0.0
     np.testing.assert_array_equal(lt, le)
     jax.tree.map(np.testing.assert_array_equal, mt, me)
@@ -160,7 +159,7 @@ def _count(jaxpr, primitive: str) -> int:
 
 
 def test_streaming_evaluation_computes_position_keys_once_per_stream():
-  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  from compressive.evaluation import evaluate as eval_lib
   cfg = tiny_model_config(num_layers=3)
   model = make_model(cfg)
   model.eval()

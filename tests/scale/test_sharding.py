@@ -259,7 +259,7 @@ def runs(tmp_path_factory):
     for p in procs:
       if p.poll() is None:
         p.kill()
-  for p, (out, err) in zip(procs, outputs):
+  for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-4000:]
   return {"workdirs": wd, "mp_outputs": outputs}
 

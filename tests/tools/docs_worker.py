@@ -66,12 +66,12 @@ def fork(fn: Callable[[], Any]) -> tuple[int, int]:
     os.close(read)
     try:
       result = fn()
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       result = {"error": f"{type(e).__name__}: {e}",
                 "traceback": traceback.format_exc(limit=-3)}
     with os.fdopen(write, "w") as f:
       json.dump(result, f)
-    os._exit(0)  # pylint: disable=protected-access
+    os._exit(0)
   os.close(write)
   return pid, read
 
@@ -94,7 +94,7 @@ class _Stopped(BaseException):
 def load_tool(tool: str) -> tuple[str, Any]:
   """Runs the script as `python TOOL` would, up to its parse: ("absl", the
   flags parser app.run was given) or ("argparse", the parser)."""
-  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import app
 
   def stop_app_run(main, argv=None, flags_parser=app.parse_flags_with_usage):
     del main, argv
@@ -122,7 +122,7 @@ def load_tool(tool: str) -> tuple[str, Any]:
 
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-  actions = parser._actions  # pylint: disable=protected-access
+  actions = parser._actions
   return {o: a for a in actions for o in a.option_strings}
 
 
@@ -130,7 +130,7 @@ def flag_names(kind: str, parser: Any) -> dict[str, list[str]]:
   if kind == "argparse":
     return {"names": sorted(o[2:] for o in _options(parser) if o.startswith("--")),
             "booleans": [], "config_flags": []}
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   fv = flags.FLAGS
   return {"names": sorted(fv), "booleans": sorted(n for n in fv if fv[n].boolean),
           "config_flags": sorted(n for n in fv
@@ -171,7 +171,7 @@ def _absl_args(args: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
   """args with placeholder values made type-valid, and the --config.a.b
   overrides whose value is a placeholder taken out: (flag, field) pairs,
   whose field is checked to exist once the config is loaded."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   fv = flags.FLAGS
   out, fields = [], []
   for arg in args:
@@ -241,7 +241,7 @@ def parse_command(tool: str, kind: str, parser: Any, args: list[str]) -> dict[st
         parser(sys.argv)
   except SystemExit:
     return {"error": _error_line(stderr.getvalue())}
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
   for flag, field in fields:
     if not _has_field(flags.FLAGS[flag].value, field):
       return {"error": f"--{flag}.{field}: no such field in the config"}
@@ -254,8 +254,8 @@ def parse_command(tool: str, kind: str, parser: Any, args: list[str]) -> dict[st
 def config_fields() -> list[str]:
   """Every field path (sections too) of every config in configs/ (with
   get_config's default argument) and of the data section with all sources."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from compressive.data import config as data_config  # pylint: disable=g-import-not-at-top
+  import ml_collections
+  from compressive.data import config as data_config
   fields = set()
 
   def walk(config, prefix):

@@ -152,7 +152,7 @@ def _structure(value, name=""):
   structures are the same config, bit for bit."""
   if isinstance(value, ml_collections.ConfigDict):
     yield name, (type(value).__name__, value.is_locked, value.is_type_safe, tuple(value._fields))
-    for key, child in value._fields.items():  # pylint: disable=protected-access
+    for key, child in value._fields.items():
       yield from _structure(child, f"{name}.{key}")
   else:
     yield name, (type(value).__name__, repr(value))
@@ -166,7 +166,7 @@ def test_the_default_config_writes_out_the_library_defaults(section, library):
   # configs/default.py writes these sections out (a config imports only
   # ml_collections): they stay the library's defaults, field for field, type
   # for type, locked as they are, so the default experiment cannot drift.
-  from compressive.configs import default  # pylint: disable=g-import-not-at-top
+  from compressive.configs import default
   module, function = library.split(":")
   expected = getattr(importlib.import_module(module), function)()
   assert list(_structure(default.get_config()[section])) == list(_structure(expected))

@@ -60,6 +60,6 @@ def test_the_module_and_the_root_script_are_one_tool(tool, tmp_path):
   script = python(f"{tool}.py", "--help", cwd=ROOT)
   assert module.returncode == script.returncode == 0, module.stderr[-3000:]  # --help: exit 0
   path = "compressive/aot/__main__.py" if tool == "aot" else f"compressive/{tool}.py"
-  header = next(l for l in module.stdout.splitlines() if l.endswith(f"{path}:"))
+  header = next(line for line in module.stdout.splitlines() if line.endswith(f"{path}:"))
   assert f"\n{tool}.py:\n  --" in script.stdout
   assert module.stdout.replace(f"\n{header}\n", f"\n{tool}.py:\n") == script.stdout

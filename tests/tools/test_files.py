@@ -120,7 +120,7 @@ def test_a_full_disk_names_the_file_and_leaves_the_old_one(tmp_path):
 def test_a_write_the_disk_refuses_at_close_names_the_file(tmp_path, monkeypatch):
   # Python's buffered file flushes on close: the ENOSPC comes from there.
   path = str(tmp_path / "a.bin")
-  create = files._create_beside  # pylint: disable=protected-access
+  create = files._create_beside
 
   def on_a_full_disk(target, mode):
     tmp, fd = create(target, mode)

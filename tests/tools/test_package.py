@@ -183,7 +183,7 @@ def cache_counts(stderr: str) -> tuple[int, int]:
 
 def program_counts(stderr: str) -> tuple[int, int, int]:
   """(cache hits, cache misses, programs compiled or loaded) that COUNTING_TRAIN printed."""
-  line = [l for l in stderr.splitlines() if l.startswith("CACHE ")][-1]
+  line = [line for line in stderr.splitlines() if line.startswith("CACHE ")][-1]
   return tuple(int(n) for n in line.split()[1:])
 
 

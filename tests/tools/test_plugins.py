@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -152,9 +151,9 @@ BUILT_IN = sorted(name for name, cls in compression_lib.COMPRESSIONS.items()
 def test_each_compression_declares_the_matmul_flops_it_traces(name, rate):
   # flops_per_slot against the dot_generals of the compression's own traced
   # call on [B, N, d] evicted slots, per slot.
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+  import jax
+  import jax.numpy as jnp
   b, n, d = 2, 4 * rate, 8
   comp = compression_lib.COMPRESSIONS[name](rate, d, rngs=nnx.Rngs(0))
   slots, mask, usage = jnp.ones((b, n, d)), jnp.ones((b, n), bool), jnp.ones((b, n))
@@ -163,8 +162,8 @@ def test_each_compression_declares_the_matmul_flops_it_traces(name, rate):
 
 
 def test_the_flops_counter_counts_a_known_product():
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
   f = lambda x, w: jax.jit(lambda a: jnp.tanh(a @ w))(x) @ w.T
   traced = jax.make_jaxpr(f)(jnp.ones((3, 5)), jnp.ones((5, 7))).jaxpr
   assert matmul_flops(traced) == 2 * 3 * 5 * 7 + 2 * 3 * 7 * 5
@@ -289,9 +288,9 @@ def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
 
 
 def test_word_perplexity_is_asked_of_the_source(plugin):
-  import math  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.evaluation import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  import math
+  from flax import nnx
+  from compressive.evaluation import evaluate as eval_lib
   config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
   data.validate_data_config(config.data)
   model = compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))
@@ -339,7 +338,7 @@ def test_run_time_knobs_and_a_config_of_before_resume(tmp_path):
 
 @pytest.mark.slow
 def test_the_trainer_refuses_a_resume_with_scanned_layers_before_training(tmp_path):
-  from compressive.training import loop as train_lib  # pylint: disable=g-import-not-at-top
+  from compressive.training import loop as train_lib
   workdir = str(tmp_path / 'wd')
   config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0)
   train_lib.train_and_evaluate(config, workdir)

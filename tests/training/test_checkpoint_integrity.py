@@ -92,7 +92,7 @@ def test_flipped_bytes_are_named_never_restored(trained, tmp_path):
     try:
       after = orbax_alone(step_dir)
       silent += any((x != y).any() for x, y in zip(before, after))
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       pass  # this one the decoder notices
     with pytest.raises(ckpt_lib.DamagedCheckpointError, match=r"checkpoints/6 is damaged"):
       compressive.load(str(workdir))
@@ -217,7 +217,7 @@ def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
 def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_path):
   # Checkpoints written before the memory counted `visits` still resume:
   # the saved fields come back, the new one starts empty.
-  from helpers import tiny_model_config  # pylint: disable=g-import-not-at-top
+  from helpers import tiny_model_config
   memory = compressive.init_memory(tiny_model_config(), 2)
   memory = jax.tree.map(lambda x: x + np.ones_like(x), memory)  # nothing empty
   state = {"w": np.arange(3.0, dtype=np.float32)}

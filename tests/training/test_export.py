@@ -17,7 +17,7 @@ import compressive
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
-from helpers import ROOT, tiny_experiment, write_config_file
+from helpers import tiny_experiment, write_config_file
 import inprocess
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import optax
 import pytest
 
-import compressive
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.data import prefetch

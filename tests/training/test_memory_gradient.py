@@ -14,7 +14,6 @@ The promises, each a property that fails when the window is one segment off:
   and gradients; a windowed run resumes bit for bit.
 """
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np

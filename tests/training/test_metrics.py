@@ -176,7 +176,7 @@ def test_the_run_log_flattens_the_config_as_the_metric_writer_does():
   # One flattener (metrics.flatten_config) for the hparams a run logs and the
   # ones MetricWriter writes: a numpy scalar, a tuple and None come out the
   # same either way (the run log's own copy turned np.float32(0.5) into "0.5").
-  from compressive.training import runlog  # pylint: disable=g-import-not-at-top
+  from compressive.training import runlog
   c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,
                                  "e": {}, "f": True})
   assert runlog.hyperparameters(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}

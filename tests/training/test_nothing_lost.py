@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 
-import jax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -99,7 +98,7 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
     trainer.kill()
     trainer.wait()
   assert loads >= 8
-  for p, (out, err) in zip(evals, results):
+  for p, (_, err) in zip(evals, results):
     assert p.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "damaged" not in err, err[-3000:]
 
@@ -239,7 +238,7 @@ def test_a_second_restore_intact_stops_the_same_way(tmp_path):
     for root, _, files in os.walk(workdir / "checkpoints" / str(step) / "state"):
       for name in files:
         open(os.path.join(root, name), "wb").close()
-  for attempt in range(2):  # a scheduler's retry of the same command
+  for _ in range(2):  # a scheduler's retry of the same command
     with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores.*nothing was trained"):
       train_lib.train_and_evaluate(config(), str(workdir), restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4"]

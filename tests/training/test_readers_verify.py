@@ -185,8 +185,8 @@ def test_the_data_identity_leaves_out_only_where_the_data_is(tmp_path):
 @pytest.fixture
 def toy_source():
   """A plugin data source with a location field and a content hook."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import ml_collections
+  import numpy as np
 
   def default_config():
     c = ml_collections.ConfigDict()
@@ -268,7 +268,7 @@ def test_a_saved_config_never_imports_the_module_it_names(run, exported, tmp_pat
 
 
 def test_a_reader_never_downloads(tmp_path):
-  from compressive.data import books  # pylint: disable=g-import-not-at-top
+  from compressive.data import books
   cache = tmp_path / "chosen"
   calls = []
   with plugins.saved_config():
@@ -401,8 +401,8 @@ def test_a_config_json_that_cannot_be_parsed_is_one_line_for_every_reader(run, e
     if source == exported:
       reseal(str(target))  # else its digest names the edit first
     # compressive.load, and what eval.py, sample.py, analyze.py read first.
-    assert_one_line(lambda: compressive.load(str(target)), f"{path} is damaged (")
-    assert_one_line(lambda: ckpt_lib.load_config(str(target)), f"{path} is damaged (")
+    assert_one_line(lambda t=str(target): compressive.load(t), f"{path} is damaged (")
+    assert_one_line(lambda t=str(target): ckpt_lib.load_config(t), f"{path} is damaged (")
 
 
 RECORD = os.path.join("checkpoints", "1", "integrity", "metadata")
@@ -435,8 +435,8 @@ def seed_changed(path):
 
 def restore_as_trainer(workdir, config):
   """What a resume does with `workdir`'s checkpoint 1: restore it as `config`'s run."""
-  from compressive import config as config_lib  # pylint: disable=g-import-not-at-top
-  from compressive.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
+  from compressive import config as config_lib
+  from compressive.training import setup as setup_lib
   setup = setup_lib.build_setup(config_lib.check(config))
   checkpointer = ckpt_lib.Checkpointer(str(workdir))
   try:

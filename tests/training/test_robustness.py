@@ -342,7 +342,8 @@ def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason)
       preamble=f"REASON = {reason!r}\n" + SLOW_SAVE_AND_FAIL)
   p = train(cfg, tmp_path / "wd")
   _, err = p.communicate(timeout=600)
-  lines = [l for l in err.strip().splitlines() if l.startswith(("error", "Traceback", "  File"))]
+  lines = [line for line in err.strip().splitlines()
+           if line.startswith(("error", "Traceback", "  File"))]
   assert p.returncode == 2 and lines == [f"error: {reason}"], err[-3000:]
   assert "cannot schedule new futures" not in err
   names = sorted(os.listdir(tmp_path / "wd" / "checkpoints"))

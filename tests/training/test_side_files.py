@@ -209,7 +209,7 @@ def test_a_full_disk_under_train_log_is_one_warning_naming_it(tmp_path, capsys):
 
 
 def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
-  create = files._create_beside  # pylint: disable=protected-access
+  create = files._create_beside
 
   def on_a_full_disk(path, mode):  # the temporary file made, its writes going to /dev/full
     tmp, fd = create(path, mode)
