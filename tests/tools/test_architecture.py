@@ -101,12 +101,28 @@ def _imported(name: str, node: ast.AST) -> list[str]:
   return found
 
 
+def _runtime_imports(tree: ast.AST) -> list[ast.AST]:
+  """The import statements of `tree` that run: at any depth (in functions
+  too), but not inside `if TYPE_CHECKING:`, whose imports only the type
+  checker reads (annotations that name a module's user, which would be a
+  cycle if imported)."""
+  out = []
+  for node in ast.iter_child_nodes(tree):
+    if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                               "typing.TYPE_CHECKING"):
+      out.extend(_runtime_imports(ast.Module(body=node.orelse, type_ignores=[])))
+      continue
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      out.append(node)
+    out.extend(_runtime_imports(node))
+  return out
+
+
 def import_graph() -> dict[str, set[str]]:
   graph = {}
   for name, path in MODULES.items():
     tree = ast.parse(path.read_text())
-    graph[name] = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                   for t in _imported(name, node)}
+    graph[name] = {t for node in _runtime_imports(tree) for t in _imported(name, node)}
   return graph
 
 
@@ -215,6 +231,12 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
   assert _imported("compressive.model.transformer", relative[0]) == ["compressive.model.memory"]
   assert _imported("compressive.model.transformer", relative[1]) == ["compressive.scale.flops"]
   assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+  # An import for the type checker only is no edge; one beside it is.
+  guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "  from compressive.data import documents\nelse:\n"
+                      "  from compressive.data import tokenizers\n")
+  assert [_imported("compressive.data.registry", n) for n in _runtime_imports(guarded)] == [
+      [], ["compressive.data.tokenizers"]]  # (typing is no module of the package)
 
 
 def test_there_are_no_import_cycles():
