@@ -61,6 +61,7 @@ def replacing(path: str, *, binary: bool = False, mode: int = 0o666) -> Iterator
   `path` at once when the block ends without an error; see the module's
   docstring. `mode` is the new file's permissions before the umask, as for
   open()."""
+  fd: int | None
   tmp, fd = _create_beside(path, mode)
   try:
     with naming(tmp):

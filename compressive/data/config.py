@@ -66,8 +66,8 @@ def _host_memory() -> int:
 
 
 def _is_byte_count(value) -> bool:
-  return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-          and value >= 0)
+  return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+              and value >= 0)
 
 
 def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> None:

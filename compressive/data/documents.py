@@ -153,6 +153,8 @@ class TextDocuments(Documents):
       num_documents: number of documents when names is a function.
     """
     super().__init__(description)
+    self._names: list[str] | None
+    self._name_fn: Callable[[int], str] | None
     if callable(names):
       if num_documents is None:
         raise DataError('num_documents is required when names is a function')
@@ -172,7 +174,10 @@ class TextDocuments(Documents):
     return self._num_documents
 
   def name(self, i: int) -> str:
-    return self._names[i] if self._names is not None else self._name_fn(i)
+    if self._names is not None:
+      return self._names[i]
+    assert self._name_fn is not None  # __init__ sets one of the two
+    return self._name_fn(i)
 
   def text(self, i: int) -> str:
     """The original text of document i (what num_words/num_bytes count)."""

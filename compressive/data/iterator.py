@@ -216,8 +216,10 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
   @property
   def num_batches(self) -> int | None:
     """Batches in one pass with repeat=False (all global rows); else None."""
-    if self.repeat:
-      return None
+    return None if self.repeat else self._pass_batches()
+
+  def _pass_batches(self) -> int:
+    """num_batches of a pass with repeat=False, counted on first use."""
     if self._num_batches is None:
       n, bsz, t = len(self.docs), self.batch_size, self.segment_length
       perm = self._permutation(0)
@@ -234,7 +236,7 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    if not self.repeat and self._step >= self.num_batches:
+    if not self.repeat and self._step >= self._pass_batches():
       raise StopIteration
     b, t = self.num_rows, self.segment_length
     inputs = np.zeros([b, t], np.int32)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
@@ -49,6 +50,9 @@ from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import registry
 from compressive.data import tokenizers
+
+if TYPE_CHECKING:
+  import tensorflow_datasets as tfds
 
 BUCKET = 'gs://deepmind-gutenberg'
 
@@ -102,9 +106,10 @@ def _local_builder_class(raw_dir: str):
   """The stock pg19 builder, reading its raw files from `raw_dir`."""
   tfds = _import('tensorflow_datasets')
 
-  base = tfds.builder_cls('pg19')
+  base: Any = tfds.builder_cls('pg19')
 
-  class LocalPg19(base, skip_registration=True):  # pytype: disable=invalid-base-class
+  # The base is a class found at run time; mypy checks its keyword against object's.
+  class LocalPg19(base, skip_registration=True):  # type: ignore[call-arg]
     name = 'pg19'
     # Metadata files (README, citations) of the stock builder's package.
     pkg_dir_path = base._get_pkg_dir_path()
@@ -132,7 +137,7 @@ def _local_builder_class(raw_dir: str):
 
 
 def get_builder(data_config: ml_collections.ConfigDict
-                ) -> 'tfds.core.DatasetBuilder':  # noqa: F821 (lazy import)
+                ) -> 'tfds.core.DatasetBuilder':
   """The pg19 builder over data.pg19.data_dir, preparing it if needed."""
   c = data_config.pg19
   if not c.data_dir:

@@ -15,7 +15,7 @@ import gzip
 import lzma
 import struct
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -106,6 +106,7 @@ class _Reader:
       return self._pairlist(flags)
     if kind == _CHARSXP:
       return self._string(flags)
+    value: list[Any] | np.ndarray
     if kind in (_STRSXP, _VECSXP, _EXPRSXP):
       value = [self._item() for _ in range(self._length())]
     elif kind in (_LGLSXP, _INTSXP):
@@ -191,8 +192,9 @@ def read_lazyload_db(rdx: bytes, rdb: bytes) -> dict[str, Any]:
     body = blob[4:]
     if compression in (2, 3):
       kind, body = body[:1], body[1:]
-      data = {b'Z': zlib.decompress, b'2': bz2.decompress,
-              b'X': lzma.decompress, b'0': bytes}[kind](body)
+      decompressors: dict[bytes, Callable[[bytes], bytes]] = {
+          b'Z': zlib.decompress, b'2': bz2.decompress, b'X': lzma.decompress, b'0': bytes}
+      data = decompressors[kind](body)
     else:
       data = zlib.decompress(body)
     if len(data) != size:

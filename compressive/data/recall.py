@@ -50,7 +50,8 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
                   requery_distances: tuple[int, ...] = ()) -> tuple[str, list[Query]]:
   """One document of exactly `length` bytes and its queries."""
   occupied = np.zeros(length, bool)
-  events = []  # (start, text, query distance or None, first query)
+  # (start, text, query distance or None, first query)
+  events: list[tuple[int, str, int | None, bool]] = []
   for _ in range(num_facts):
     for _ in range(100):  # rejection sampling of non-overlapping placements
       # Gaps between consecutive events: fact -> (near query ->) far query.
@@ -74,7 +75,7 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
         events.append((int(a), f"<{key}?{value}>", gap, k == 0))
       break
   chars = list(_filler(rng, length))
-  queries = []
+  queries: list[Query] = []
   for start, text, distance, first in events:
     chars[start:start + _EVENT_LEN] = text
     if distance is not None:

@@ -67,9 +67,9 @@ class Source:
     validate: (data_config) -> None; checks the section before anything is
       read and raises ConfigError naming the field as `data.<name>.<field>`
       (one line). Called only when this source is data.source.
-    check_documents: (data_config, split, tokenizer) -> None; finds up front
-      what reading the split would otherwise find mid-run (DataError naming
-      the document). None: nothing beyond what get_documents checks.
+    check_documents: (data_config, split, tokenizer) -> ignored; finds up
+      front what reading the split would otherwise find mid-run (DataError
+      naming the document). None: nothing beyond what get_documents checks.
     iter_texts: (data_config, split, max_bytes, seed) -> the original texts
       of the split, e.g. to train a tokenizer on. None: those of
       get_documents' TextDocuments in a seeded order (sources.iter_texts).
@@ -102,7 +102,7 @@ class Source:
   default_config: Callable[[], ml_collections.ConfigDict]
   get_documents: Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], 'Documents']
   validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
-  check_documents: Optional[Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], None]] = None
+  check_documents: Optional[Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], object]] = None
   iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
                                 Iterator[str]]] = None
   identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None

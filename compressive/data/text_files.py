@@ -143,7 +143,7 @@ def check_file(path: str, errors: str = 'strict',
   decoder = codecs.getincrementaldecoder('utf-8')(errors=errors)
   size = chars = 0
   started = False
-  short = []  # the text read so far, while the file is short enough to tokenize
+  short: list[str] | None = []  # the text read so far, while the file is short enough to tokenize
   try:
     with open(path, 'rb') as f:
       while True:

@@ -16,7 +16,7 @@ import hashlib
 import io
 import os
 import re
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import ml_collections
 import numpy as np
@@ -146,7 +146,7 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
 # The trainer's settings that make the model lossless and plain (see
 # train_sentencepiece): identity normalisation, whitespace kept, '\n' a
 # symbol of its own; <pad>=0, <unk>=1, no BOS/EOS; vocab_size an upper bound.
-_TRAINER_OPTIONS = dict(
+_TRAINER_OPTIONS: dict[str, Any] = dict(
     normalization_rule_name='identity',
     remove_extra_whitespaces=False,
     user_defined_symbols=['\n'],
