@@ -195,6 +195,7 @@ class Checkpointer:
         self._raise_if_gone(step)
         error = e
     else:
+      assert error is not None  # every attempt failed, and there is at least one
       raise DamagedCheckpointError(f"checkpoint {where} is damaged {_cause(error)}; "
                                    f"{self.advice}") from None
     integrity.verify(where, record, restored, "memory" in items, identity, accept, self.advice)

@@ -93,6 +93,7 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
     return workdir, None
   if saved is None:
     return workdir, None
+  assert step is not None  # a record was read, of this step
   ckpt_lib.integrity.check_record(checkpointer.step_dir(step), saved, checkpointer.advice)
   return f"checkpoint {checkpointer.step_dir(step)}", saved["identity"]
 

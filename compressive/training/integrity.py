@@ -145,7 +145,7 @@ def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) ->
   missing, wrong = field_problems({"identity": identity}, {"identity": IDENTITY_FIELDS})
   if missing or wrong:
     raise ValueError(f"a checkpoint's identity holds every part: {', '.join(missing + wrong)}")
-  result = {"version": RECORD_VERSION}
+  result: dict[str, Any] = {"version": RECORD_VERSION}
   result.update(fingerprint({"state": state, "memory": memory or {}}))
   result["data_sha256"] = json_digest(data_json)
   result["identity"] = identity
@@ -171,7 +171,8 @@ def field_problems(value: dict, fields: dict, prefix: str = "") -> tuple[list[st
   """(the fields of `fields` that `value` lacks, those it holds as null or as
   another type: "identity.data null"); `fields` maps a name to its type, a
   tuple of types, or the fields of a mapping."""
-  missing, wrong = [], []
+  missing: list[str] = []
+  wrong: list[str] = []
   for name, kind in fields.items():
     if name not in value:
       missing.append(prefix + name)

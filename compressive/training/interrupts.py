@@ -33,9 +33,16 @@ import logging
 import signal
 import sys
 import threading
-from typing import Callable, Iterator, Optional
+from types import FrameType
+from typing import Any, Callable, Iterator, Optional, TypedDict
 
-_deferral = {"depth": 0, "pending": None}
+
+class _Deferral(TypedDict):
+  depth: int
+  pending: Optional[BaseException]
+
+
+_deferral: _Deferral = {"depth": 0, "pending": None}
 
 
 @contextlib.contextmanager
@@ -68,15 +75,24 @@ def preemption_service() -> bool:
   process of a notice, and agrees on a step to stop at
   (`multihost_utils.reached_preemption_sync_point`)."""
   import jax
-  return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+  # jax's Config stub declares only some of its flags.
+  return jax.process_count() > 1 and bool(
+      jax.config.jax_enable_preemption_service)  # type: ignore[attr-defined]
 
 
-def _hold(signum, frame) -> None:
-  del frame
-  _hold.signals.append(signum)
+class _Holder:
+  """The package's signal holder: a handler that keeps the signals it gets
+  in `signals`, as the holder train.py installs does."""
+
+  def __init__(self) -> None:
+    self.signals: list[int] = []
+
+  def __call__(self, signum: int, frame: Optional[FrameType]) -> None:
+    del frame
+    self.signals.append(signum)
 
 
-_hold.signals = []
+_hold = _Holder()
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -84,7 +100,7 @@ def _adopt_holders() -> None:
   """Takes over the signals a holder installed by the script held (a
   function with a `signals` list: the repository's train.py installs one
   before anything of the package, and JAX, is imported)."""
-  holders = {id(h): h for h in map(signal.getsignal, EARLY_SIGNALS)
+  holders: dict[int, Any] = {id(h): h for h in map(signal.getsignal, EARLY_SIGNALS)
              if h is not _hold and isinstance(getattr(h, "signals", None), list)}
   for holder in holders.values():
     _hold.signals.extend(holder.signals)
@@ -170,7 +186,7 @@ class SignalStop:
   is raised again as SIGTERM, so that it reaches every process too.
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._requested = threading.Event()
     self._interrupt: Optional[KeyboardInterrupt] = None
     self._unraisablehook = sys.unraisablehook

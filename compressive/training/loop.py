@@ -263,6 +263,7 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
   run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
   stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
+  assert train.prefetch_steps is not None  # a config checked to train (config.check) has it
   step = start
   with prefetch.Prefetcher(setup_lib.step_batches(train, run.setup.layout, run.train_iter),
                            train.prefetch_steps) as batches:
@@ -345,9 +346,11 @@ def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]
                           setup_lib.global_data_state(data_state, run.train_iter), run.identity)
   except ckpt_lib.NonFiniteStateError as e:
     return e.names
+  assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("save", t_save)
   _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
             "in the background)", step, took)
+  return None
 
 
 def _eval_due(train: config_lib.TrainConfig, step: int) -> bool:
@@ -366,6 +369,7 @@ def _estimate(run: _Run, state, step: int) -> dict[str, float]:
       model, run.eval_docs, experiment, max_segments=experiment.eval.max_segments,
       mesh=setup.layout.mesh)
   run.eval_writer.write(step, result)
+  assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("eval", t_eval)
   _log.info("eval at step %d on %s: %s  (%.1f s)", step, experiment.eval.split,
             "  ".join(f"{k} {v:.4f}" for k, v in result.items()), took)

@@ -10,7 +10,7 @@ import inspect
 import os
 import re
 import sys
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import orbax.checkpoint as ocp
 
@@ -44,20 +44,29 @@ def quiet_orbax_leftovers() -> None:
   previous = sys.unraisablehook
   if getattr(previous, "_drops_orbax_leftovers", False):
     return
+  sys.unraisablehook = _LeftoverDropper(previous)
 
-  def leftover(unraisable) -> bool:
-    e, obj = unraisable.exc_value, unraisable.object
-    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
-      return True
-    return (inspect.iscoroutine(obj) and "read" in obj.cr_code.co_name
-            and obj.cr_code.co_filename.startswith(_ORBAX_DIR))
 
-  def hook(unraisable):
-    if not leftover(unraisable):
-      previous(unraisable)
+def _leftover(unraisable) -> bool:
+  e, obj = unraisable.exc_value, unraisable.object
+  if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+    return True
+  return (inspect.iscoroutine(obj) and "read" in obj.cr_code.co_name
+          and obj.cr_code.co_filename.startswith(_ORBAX_DIR))
 
-  hook._drops_orbax_leftovers = True
-  sys.unraisablehook = hook
+
+class _LeftoverDropper:
+  """The unraisable hook of quiet_orbax_leftovers: `previous` but for
+  Orbax's leftovers; marked so that a second call does not wrap it again."""
+
+  _drops_orbax_leftovers = True
+
+  def __init__(self, previous: Callable[[Any], object]) -> None:
+    self._previous = previous
+
+  def __call__(self, unraisable) -> None:
+    if not _leftover(unraisable):
+      self._previous(unraisable)
 
 
 _ORBAX_DIR = os.path.dirname(ocp.__file__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, TypeAlias
 
 import ml_collections
 
@@ -24,7 +24,7 @@ CONFIG_FILE = layout.CONFIG_FILE  # checkpoint.py re-exports it to its callers
 # A config as written: what config.json holds, and what a checkpoint's
 # identity and the logged hyperparameters record (Experiment.config). The
 # code that reads a run's fields reads the Experiment's typed groups instead.
-SavedConfig = ml_collections.ConfigDict
+SavedConfig: TypeAlias = ml_collections.ConfigDict
 
 
 def save_config(workdir: str, config: SavedConfig) -> None:

@@ -110,7 +110,7 @@ class Profiler:
       _log.info("profiling steps %d-%d into %s", step, self.steps[1], self.logdir)
 
   def after(self, step: int, outputs) -> None:
-    if self.tracing and step >= self.steps[1]:
+    if self.tracing and self.steps and step >= self.steps[1]:
       jax.block_until_ready(outputs)
       self._stop()
       _log.info("profile of steps up to %d written to %s", step, self.logdir)
@@ -184,18 +184,18 @@ class MetricWindow:
   ahead of it until the next step that checks.
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.names: Optional[tuple[str, ...]] = None
-    self._pack = None
+    self._pack: Optional[jax.stages.Wrapped] = None
     self.steps: list[int] = []  # since the last log line
     self.pending: list[jax.Array] = []  # the newest len(pending) steps, not read yet
     self.rows: list[np.ndarray] = []  # the steps read: [S, n] each
 
   def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
     if self._pack is None:
-      self.names = tuple(sorted(metrics))
+      names = self.names = tuple(sorted(metrics))
       self._pack = jax.jit(lambda m: jnp.stack(
-          [m[k].astype(jnp.float32) for k in self.names], axis=-1))
+          [m[k].astype(jnp.float32) for k in names], axis=-1))
     self.steps.append(step)
     self.pending.append(self._pack(metrics))
 
@@ -207,6 +207,7 @@ class MetricWindow:
     first = len(self.rows)
     self.rows.extend(np.asarray(jax.device_get(jnp.stack(self.pending))))
     self.pending = []
+    assert self.names is not None  # set by add(), which every pending step came from
     finite = self.names.index("finite")
     for step, row in zip(self.steps[first:], self.rows[first:]):
       if not (row[:, finite] > 0).all():
@@ -220,6 +221,7 @@ class MetricWindow:
       raise RuntimeError("take() before check(): steps of the window are not read yet")
     stacked = np.stack(self.rows)  # [steps, S, n]
     self.steps, self.rows = [], []
+    assert self.names is not None  # rows were stacked: add() ran
     return {k: stacked[..., i] for i, k in enumerate(self.names)}
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional, Self
 
 import flax.struct
 from flax import nnx
@@ -46,6 +46,9 @@ class TrainState:
   params: Any  # pure dict of parameters (nnx.to_pure_dict)
   opt_state: Any
   rng: jax.Array  # uint32 [2]: dropout key, folded with `step`
+
+  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+    def replace(self, **updates: Any) -> Self: ...
 
 
 def build_model(model_config, seed: int):
@@ -153,7 +156,7 @@ def init_sharded_memory(model_config, batch_size: int, layout: Layout):
 
 def make_train_step(graphdef, state_template, tx, dropout: bool,
                     layout: Optional[Layout] = None, *, grad_accum_steps: int = 1,
-                    gradient_window: int = 1) -> Callable:
+                    gradient_window: int = 1) -> jax.stages.Wrapped:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
 
   batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
@@ -215,7 +218,7 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
     (state, memory), metrics = jax.lax.scan(window, (state, memory), windows)
     return state, memory, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), metrics)
 
-  shardings = {} if layout is None else dict(
+  shardings: dict[str, Any] = {} if layout is None else dict(
       in_shardings=(layout.state, layout.memory, layout.batch),
       out_shardings=(layout.state, layout.memory, layout.replicated))
   return jax.jit(train_step, donate_argnums=(0, 1), **shardings)

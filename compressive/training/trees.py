@@ -6,7 +6,7 @@ parameter shapes that a restore compares before it reads anything."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,8 @@ def with_empty_fields(abstract_memory: Any, restored: Any) -> Any:
     else:
       sharding = getattr(x, "sharding", None)
       fields[f.name] = jax.jit(lambda x=x: jnp.zeros(x.shape, x.dtype), out_shardings=sharding)()
-  return dataclasses.replace(abstract_memory, **fields)
+  # is_dataclass narrows to an instance or a class; a memory is an instance.
+  return dataclasses.replace(cast(Any, abstract_memory), **fields)
 
 
 def abstract(tree: Any, shardings: Any = None) -> Any:
