@@ -79,7 +79,8 @@ def loss_by_position(
   """
   experiment = config_lib.experiment_of(experiment, training=False)
   t = experiment.eval.segment_length
-  nats, counts = {}, {}
+  nats: dict[int, float] = {}
+  counts: dict[int, int] = {}
   row_pos = None
   for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
                                  per_token=True, progress_every_s=progress_every_s,
@@ -114,7 +115,8 @@ def recall_accuracy(model, documents, experiment: config_lib.ConfigOrExperiment,
   """
   experiment = config_lib.experiment_of(experiment, training=False)
   t = experiment.eval.segment_length
-  docs_seen = row_pos = None  # [B]
+  docs_seen: Optional[np.ndarray] = None  # [B]
+  row_pos: Optional[np.ndarray] = None  # [B]
   answer_at, num_queries = _answer_positions(documents)
   hits: dict[int, list[int]] = {qid: [] for qid in range(num_queries)}  # -> [correct bytes]
   distance_of = {}
@@ -125,6 +127,7 @@ def recall_accuracy(model, documents, experiment: config_lib.ConfigOrExperiment,
     b = len(sos)
     if docs_seen is None:
       docs_seen, row_pos = np.zeros(b, np.int64), np.zeros(b, np.int64)
+    assert row_pos is not None  # set with docs_seen
     docs_seen += sos
     row_pos[sos] = 0
     correct = np.asarray(segment.correct)

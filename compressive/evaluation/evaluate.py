@@ -34,7 +34,7 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Self, cast
 
 import flax.struct
 from flax import nnx
@@ -96,6 +96,9 @@ class Carry:
   memory: memory_lib.Memory
   position_keys: Optional[jax.Array]  # [L, C + M + 2T - 1, H, D]
 
+  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+    def replace(self, **updates: Any) -> Self: ...
+
 
 def _init_carry(model, memory, cached: bool, segment_length: int) -> Carry:
   """The carry a stream starts from: with `cached`, the memory carries
@@ -128,8 +131,10 @@ def _run_model(model, carry: Carry, batch, collect_attention: bool):
 
 def carry_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig, carry: Carry) -> Carry:
   """The memory's rows split like the batch; the position keys replicated."""
+  # A Carry of shardings, the tree jit's out_shardings takes, where the
+  # dataclass types its fields as arrays.
   return Carry(sharding.memory_shardings(mesh, mesh_config, carry.memory),
-               None if carry.position_keys is None else sharding.replicated(mesh))
+               None if carry.position_keys is None else cast(Any, sharding.replicated(mesh)))
 
 
 # -- Streaming evaluation. --------------------------------------------------------
@@ -202,6 +207,7 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
     abstract_carry = jax.eval_shape(
         lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
         nnx.to_pure_dict(template), abstract_memory)
+    assert mesh_config is not None  # param_specs has read it
     carries = carry_shardings(mesh, mesh_config, abstract_carry)
     out_shardings = (carries, sharding.replicated(mesh))
 
@@ -319,9 +325,10 @@ def stream(
   memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, mc, abstract_memory))()
   carry = init_carry(memory)
   batch_shardings = segment_shardings(mesh, mc)
-  limited = bool(max_segments and max_segments > 0)
-  progress = Progress(what, min(it.num_batches, max_segments) if limited else it.num_batches,
-                      b * t, progress_every_s)
+  total = it.num_batches
+  assert total is not None  # repeat=False: one pass
+  limit = max_segments if max_segments and max_segments > 0 else None
+  progress = Progress(what, total if limit is None else min(total, limit), b * t, progress_every_s)
   segments = 0
   for local in it:
     batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
@@ -330,7 +337,7 @@ def stream(
     segments += 1
     progress.update(segments)
     yield Segment(batch=batch, **outputs)
-    if limited and segments >= max_segments:
+    if limit is not None and segments >= limit:
       return
 
 

@@ -14,7 +14,7 @@ mid-batch without zero-filling tricks. docs/DESIGN.md §The memory's life cycle.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Self
 
 import flax.struct
 import jax
@@ -36,6 +36,9 @@ class KeysValues:
   seg_k: jax.Array  # [L, B, T, H, D] the current segment's tokens so far (decoding)
   seg_v: jax.Array
 
+  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+    def replace(self, **updates: Any) -> Self: ...
+
 
 @flax.struct.dataclass
 class Memory:
@@ -54,6 +57,9 @@ class Memory:
   usage: jax.Array
   visits: jax.Array  # [L, B, M] float32
   cache: Optional[KeysValues] = None
+
+  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+    def replace(self, **updates: Any) -> Self: ...
 
   @property
   def memory_length(self) -> int:
@@ -150,6 +156,7 @@ def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.A
   if position is None:
     k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), past + tq - 1
   else:
+    assert cache is not None  # decoding: the transformer refuses a memory without one
     put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), position, 1)
     k_seg, v_seg = put(cache.seg_k, k_x), put(cache.seg_v, v_x)
     seg_valid = jnp.broadcast_to(jnp.arange(k_seg.shape[1]) < position + tq, (b, k_seg.shape[1]))

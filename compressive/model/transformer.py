@@ -131,6 +131,7 @@ class Block(nnx.Module):
                       dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
                       need_weights=self.needs_usage or collect_attention)
     if self.post_norm:
+      assert self.attention_norm is not None  # built for post-norm
       h = self.attention_norm(x + self._drop(a, rng, 1))
       out = self.ffn_norm(h + self._drop(self.ffn(h), rng, 2))
     else:
@@ -150,6 +151,7 @@ class Block(nnx.Module):
       mem, ev = memory_lib.push(mem, x if keep else jax.lax.stop_gradient(x),
                                 received[:, c_len:], k[:, c_len:], v[:, c_len:])
       if c_len:  # init_memory refuses a compressed memory for a model without compressor
+        assert self.compressor is not None
         mem, recon = self.compressor(mem, ev if keep else jax.lax.stop_gradient(ev), q, att,
                                      with_loss=training,
                                      keep_gradient=self.memory_gradient != "none")

@@ -6,6 +6,8 @@ GPU targets, compiled for on a host without a GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -67,7 +69,7 @@ _COMPUTE_CAPABILITY_LIMITS = {
 # device_memory_size.
 # name: the device name CUDA reports (cudaDeviceProp.name; JAX's
 # device_kind); XLA compares it when loading a serialized executable.
-GPU_SPECS = {
+GPU_SPECS: dict[str, dict[str, Any]] = {
     "a100-sxm4-80gb": dict(
         name="NVIDIA A100-SXM4-80GB",
         compute_capability=(8, 0),

@@ -245,7 +245,8 @@ def state_specs(config: Any, state: nnx.State, tree: Any) -> Any:
   specs, params = param_specs(config, state), nnx.to_pure_dict(state)
   treedef = jax.tree.structure(params)
   masked = lambda x: isinstance(x, optax.MaskedNode)
-  like_params = lambda x: jax.tree.structure(x, is_leaf=masked) == treedef
+  # jaxlib ships no types for PyTreeDef, whose == mypy then refuses.
+  like_params = lambda x: jax.tree.structure(x, is_leaf=masked) == treedef  # type: ignore[operator]
 
   def follow(subtree):
     if not like_params(subtree):
@@ -317,7 +318,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def rows_sharding(mesh: Mesh, config: Any, ndim: int, axis: int) -> NamedSharding:
   """Rows (dimension `axis` of an ndim array) split along the data axes."""
-  spec = [None] * ndim
+  spec: list[Any] = [None] * ndim
   spec[axis] = tuple(mesh_config(config).data_axes)
   return NamedSharding(mesh, P(*spec))
 
@@ -337,8 +338,9 @@ def local_rows(sharding: NamedSharding, global_shape: Sequence[int], axis: int) 
   which order devices process by process); the data pipeline then reads
   exactly global rows [first, first + number).
   """
-  rows = set()
+  rows: set[int] = set()
   for index in sharding.addressable_devices_indices_map(tuple(global_shape)).values():
+    assert index is not None  # devices_indices_map's, never None (jax types it loosely)
     rows.update(range(*index[axis].indices(global_shape[axis])))
   start, stop = min(rows), max(rows) + 1
   if len(rows) != stop - start:
@@ -404,8 +406,8 @@ def validate(mesh: Any, state: nnx.State, *, batch_size: int, model: Any,
 # -- Multi-host. ----------------------------------------------------------------
 
 
-def check_distributed_values(coordinator_address: str, num_processes: int,
-                             process_id: int) -> None:
+def check_distributed_values(coordinator_address: object, num_processes: object,
+                             process_id: object) -> None:
   """ConfigError naming the value unless coordinator_address is HOST:PORT
   (port in [1, 65535]), num_processes >= 1 and process_id in [0,
   num_processes): before JAX waits for processes that cannot come."""
