@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 from absl import app
 from absl import flags
@@ -64,7 +64,7 @@ def one_line(message: str) -> str:
   return out
 
 
-def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
   sys.stdout.flush()
   print(f"error: {one_line(message)}", file=sys.stderr)
   sys.exit(code)
@@ -340,7 +340,7 @@ def default_compilation_cache() -> str:
 
 
 def compilation_cache_dir(flag: Optional[str],
-                          environ: Optional[dict[str, str]] = None) -> Optional[str]:
+                          environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
   """Where JAX's persistent compilation cache goes: `flag` (--compilation_cache
   as given on the command line, None if not given), else None if JAX's own
   $JAX_COMPILATION_CACHE_DIR is set (JAX's setting is then left as it is),

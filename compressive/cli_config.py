@@ -217,7 +217,7 @@ def add_plugin_section(config: Any, source: Optional[str]) -> None:
   `module:Name` on the command line (imported now), unless the config has
   it already: its fields can then be overridden. ConfigError (one line) when
   the source cannot be had."""
-  data = config.get("data") if hasattr(config, "unlocked") else None
+  data: Any = config.get("data") if hasattr(config, "unlocked") else None
   if not source or ":" not in source or not hasattr(data, "unlocked"):
     return
   found = plugins.lookup(
@@ -352,6 +352,7 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     unknown = re.match(r"Unknown command line flag '([\w.-]+)'", text)
     field = _config_field_named(unknown.group(1)) if unknown else None
     if field is not None:  # absl would suggest a flag of a similar spelling instead
+      assert unknown is not None  # field was looked up by its name
       return (f"Unknown command line flag '{unknown.group(1)}': a config field is set with "
               f"--{field}=VALUE")
     return text
@@ -379,7 +380,8 @@ def _config_field_named(name: str) -> Optional[str]:
     config = flags.FLAGS[flag].value
     if not _is_config_dict(config):
       continue
-    found, stack = [], [("", config)]
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", config)]
     while stack:
       prefix, node = stack.pop()
       for key, value in node.items():
@@ -422,8 +424,10 @@ def _no_such_field(argv: list[str], text: str) -> Optional[str]:
   for arg in argv[1:] if key else ():
     m = re.match(r"^--(?:no)?config\.([\w.]+)", arg)
     parts = m.group(1).split(".") if m else []
+    assert key is not None  # the loop runs only for a key
     if key.group(1) not in parts:
       continue
+    assert m is not None  # parts, which hold the key, came from it
     at = parts.index(key.group(1))
     line = f"cannot apply --config.{m.group(1)}: the config has no field {'.'.join(parts[:at + 1])}"
     guess = re.search(r'Did you mean "(\w+)"', text)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, TypeGuard, Union
 
 from flax import nnx
 import jax
@@ -55,7 +55,7 @@ def experiment_of(config: ConfigOrExperiment, **check_args) -> Experiment:
 _INT32_MAX = 2**31 - 1
 
 
-def _is_int(value) -> bool:
+def _is_int(value) -> TypeGuard[int]:
   return isinstance(value, int) and not isinstance(value, bool)
 
 

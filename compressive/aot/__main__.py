@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, NoReturn
 
 from absl import flags
 from absl import logging as absl_logging
@@ -34,6 +35,9 @@ import jax
 from compressive import cli
 from compressive import config as config_lib
 from compressive.errors import DoesNotFitError
+
+if TYPE_CHECKING:
+  from compressive.aot import Report
 
 # Before JAX starts a backend: compile on this host's CPU client; the TPU and
 # GPU compilers are reached through their topologies
@@ -130,11 +134,19 @@ def run(config, target_name: str, step: str) -> int:
       else flops.peak_flops(devices[0].device_kind, "bfloat16"), experiment=experiment)
   print(json.dumps(result.as_dict(), allow_nan=False))
   if result.fits is False:
-    total, have = result.per_device["total"], result.device_memory_bytes
-    cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "
-             f"{(total - have) / aot_lib.GIB:.2f} GiB over the {have / aot_lib.GIB:.2f} GiB "
-             f"there is; {aot_lib.advice(experiment, step, result.per_device)}", code=1)
+    _fail_too_big(what, result, experiment, step)
   return 0
+
+
+def _fail_too_big(what: str, result: "Report", experiment: config_lib.Experiment,
+                  step: str) -> NoReturn:
+  """Exit 1 for a compiled step whose `result` does not fit."""
+  from compressive import aot as aot_lib
+  total, have = result.per_device["total"], result.device_memory_bytes
+  assert have is not None  # fits is False only against a known capacity
+  cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "
+           f"{(total - have) / aot_lib.GIB:.2f} GiB over the {have / aot_lib.GIB:.2f} GiB "
+           f"there is; {aot_lib.advice(experiment, step, result.per_device)}", code=1)
 
 
 if __name__ == "__main__":
