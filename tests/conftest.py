@@ -17,6 +17,7 @@ compiled.
 """
 
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -47,6 +48,10 @@ _SESSION_CACHE = None
 
 def pytest_configure(config):
   del config
+  # The standard library's first platform.processor() runs `uname -p`: asked
+  # here once, so that no test that happens to import a library asking it
+  # (TensorBoard, TFDS) is counted as starting a process.
+  platform.processor()
   global _SESSION_CACHE
   if "COMPRESSIVE_COMPILATION_CACHE" not in os.environ:
     _SESSION_CACHE = tempfile.mkdtemp(prefix="compressive-test-jax-cache-")
