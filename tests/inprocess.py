@@ -37,7 +37,7 @@ import jax
 
 # Loaded before the first run, so that the flags they define at import
 # (--compilation_cache) are the process's, not a tool's.
-import compressive.cli  # noqa: F401  (its flags are the process's, above)
+from compressive import cli  # its flags (--compilation_cache) are the process's, above
 from compressive import cli_config
 
 from helpers import ROOT
@@ -68,15 +68,14 @@ class Completed:
 def needs_a_process(env: Optional[dict[str, str]]) -> bool:
   """Whether `env` changes how JAX starts (JAX_START, or XLA_FLAGS whose
   flags differ from this process's): a question only a new process answers.
-  An XLA_FLAGS the tool refuses before JAX starts (no `--`) is answered
-  here."""
+  An XLA_FLAGS the tool refuses before JAX starts (cli.xla_flags_problem)
+  is answered here."""
   if env is None:
     return False
   if any(env.get(name) != os.environ.get(name) for name in JAX_START):
     return True
   xla = env.get("XLA_FLAGS", "")
-  return xla != os.environ.get("XLA_FLAGS", "") and xla.split()[:1] != [] and \
-      xla.split()[0].startswith("--")
+  return xla != os.environ.get("XLA_FLAGS", "") and cli.xla_flags_problem(xla) is None
 
 
 def run(script: str, args: list[str], *, env: Optional[dict[str, str]] = None,
