@@ -4,7 +4,8 @@ Anything else is a bug and keeps its traceback."""
 
 import contextlib
 import os
-from typing import Iterator
+import signal
+from typing import Iterator, Optional
 
 
 class UserError(Exception):
@@ -46,6 +47,16 @@ class NonFiniteError(RuntimeError):
 
 
 EXIT_USER_ERROR = 2
+
+
+def exit_status(signum: Optional[int]) -> int:
+  """A run stopped by a signal exits with 128 + its number (143 for SIGTERM,
+  130 for SIGINT), as a shell reports a process the signal ended, so that a
+  retry loop or a job controller tells it from a finished run (0), a
+  failure (1) and a refused command line (2, EXIT_USER_ERROR). A process
+  that stopped with the others on a preemption notice it did not receive
+  itself (JAX's preemption service) reports SIGTERM, the notice's signal."""
+  return 128 + int(signum if signum is not None else signal.SIGTERM)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,8 @@ config, metrics and logs; checkpoints are written by all together.
 """
 
 import logging
+import signal
+from typing import Optional
 
 from compressive.training import interrupts
 
@@ -27,8 +29,10 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+from compressive import errors
 from compressive.errors import ConfigError
 from compressive.scale import sharding
+from compressive.training import checkpoint as ckpt_lib
 from compressive.training import layout
 from compressive.training import loop as train_lib
 
@@ -80,8 +84,10 @@ def main(argv):
   except KeyboardInterrupt:
     # Ctrl-C before training started, or a second signal during it: stopped
     # where it was, once the save in flight (if any) was finished.
-    cli.fail(f"stopped at once by a signal; the same command resumes from the newest "
-             f"checkpoint in {FLAGS.workdir}", code=130)
+    signum = interrupts.received() or signal.SIGINT
+    cli.fail(f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
+             f"from the newest checkpoint in {FLAGS.workdir}",
+             code=errors.exit_status(signum))
 
 
 def train(config, workdir: str) -> None:
@@ -105,11 +111,24 @@ def train(config, workdir: str) -> None:
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile,
                                           accept_changed_corpus=FLAGS.accept_changed_corpus)
-  if jax.process_index():
-    return
-  print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")
-  if result:
-    print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+  stopped = _stopped_before(workdir, experiment.train.num_train_steps)
+  if not jax.process_index():
+    print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")
+    if result and stopped is None:
+      print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+  if stopped is not None:  # a retry loop or a job controller starts it again
+    signum = interrupts.received() or signal.SIGTERM
+    cli.fail(f"stopped by {signal.Signals(signum).name} after step {stopped} of "
+             f"{experiment.train.num_train_steps} (checkpointed); the same command resumes "
+             "from there", code=errors.exit_status(signum))
+
+
+def _stopped_before(workdir: str, last: int) -> Optional[int]:
+  """The step a run that returned stopped at, when that is before its last
+  one (a signal, or in a run of several processes another process's
+  preemption notice); None for a finished run."""
+  newest = ckpt_lib.Checkpointer(workdir, read_only=True).latest_step()
+  return newest if newest is not None and newest < last else None
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 from typing import Callable, Optional
 
 from compressive import cli
+from compressive import errors
 from compressive import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,7 @@ class Child:
     if cls.signalled is not None:
       ran = f" while {what} ran (it exited with {code})" if what else " between runs"
       cli.fail(f"stopped by {signal.Signals(cls.signalled).name}{ran}; the same command goes "
-               "on from where the runs stopped", code=130)
+               "on from where the runs stopped", code=errors.exit_status(cls.signalled))
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -1,8 +1,9 @@
 """Stopping a run on a signal without losing what it saved.
 
 `SignalStop` (train.py): the first SIGTERM / SIGINT asks the run to stop
-after its step (it then checkpoints and exits 0); a second stops it at once
-with KeyboardInterrupt. In a run of several processes, SIGTERM is left to
+after its step (it then checkpoints and exits with `errors.exit_status`, 128 + the
+signal, as a shell reports a process the signal ended); a second stops it at
+once with KeyboardInterrupt. In a run of several processes, SIGTERM is left to
 JAX's preemption service, which tells every process and agrees on the step
 to stop at (`StopAgreement` polls it); a first SIGINT is handed to it as a
 SIGTERM. Python runs a handler between any two bytecodes, so the
@@ -43,6 +44,13 @@ class _Deferral(TypedDict):
 
 
 _deferral: _Deferral = {"depth": 0, "pending": None}
+_received: list[int] = []  # the signals this module's handlers heard, first first
+
+
+def received() -> Optional[int]:
+  """The first SIGTERM or SIGINT a handler of this module heard (held early,
+  raised as KeyboardInterrupt, or taken by `SignalStop`), or None."""
+  return _received[0] if _received else None
 
 
 @contextlib.contextmanager
@@ -90,6 +98,7 @@ class _Holder:
   def __call__(self, signum: int, frame: Optional[FrameType]) -> None:
     del frame
     self.signals.append(signum)
+    _received.append(signum)
 
 
 _hold = _Holder()
@@ -104,18 +113,21 @@ def _adopt_holders() -> None:
              if h is not _hold and isinstance(getattr(h, "signals", None), list)}
   for holder in holders.values():
     _hold.signals.extend(holder.signals)
+    _received.extend(holder.signals)
     holder.signals.clear()
 
 
 def hold_early_signals() -> None:
   """Holds SIGTERM and SIGINT until `release_early_signals`."""
+  _received.clear()  # a tool's start: what an earlier run in this process heard is not its
   _adopt_holders()
   for signum in EARLY_SIGNALS:
     signal.signal(signum, _hold)
 
 
 def _raise_interrupt(signum, frame) -> None:
-  del signum, frame
+  del frame
+  _received.append(signum)
   interrupt(KeyboardInterrupt())
 
 
@@ -173,7 +185,8 @@ def agree(flag: bool) -> bool:
 
 
 class SignalStop:
-  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, exit 0.
+  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, and
+  exit with `errors.exit_status` (train.py).
 
   A second signal stops at once with KeyboardInterrupt. Python runs a signal
   handler between any two bytecodes, also inside a garbage-collector callback
@@ -198,6 +211,7 @@ class SignalStop:
 
   def _handler(self, signum, frame):
     del frame
+    _received.append(signum)
     if self._requested.is_set():  # a second signal: give up at once
       self._interrupt = KeyboardInterrupt()
       interrupt(self._interrupt)

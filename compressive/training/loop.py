@@ -236,6 +236,11 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
+  if start >= experiment.train.num_train_steps:
+    _log.info("the run is finished: step %d of %d is checkpointed in %s; nothing to train "
+              "(a larger --config.num_train_steps trains on)", start,
+              experiment.train.num_train_steps, workdir)
+    return {}
   runlog.warn_of_endless_warmup(experiment.train)
   writer = MetricWriter(workdir, "train", enabled=is_main)
   eval_writer = MetricWriter(workdir, "eval", enabled=is_main)

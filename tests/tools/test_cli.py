@@ -47,6 +47,15 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   saved = json.load(open(os.path.join(workdir, "config.json")))
   assert saved["model"]["compression"] == "mean_pool"
 
+  # The same command again: the run is finished, says so, trains nothing and
+  # exits 0 (a retry loop stops; a stopped run exits 128 + its signal).
+  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
+          "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
+          "--config.model.compression=mean_pool")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "the run is finished: step 4 of 4 is checkpointed" in r.stderr, r.stderr[-3000:]
+  assert "final evaluation" not in r.stdout and "resumed from" not in r.stderr
+
   r = run("eval.py", f"--workdir={workdir}", "--split=validation",
           "--compressed_memory_length=16")
   assert r.returncode == 0, r.stderr[-3000:]
