@@ -239,6 +239,13 @@ CASES = [
     Case("train: XLA_FLAGS without --", "train.py", [CFG, "--workdir={tmp}/wd"],
          "XLA_FLAGS='xla_cpu_enable_fast_math=false': each flag starts with --",
          env={"XLA_FLAGS": "xla_cpu_enable_fast_math=false"}),
+    Case("train: an XLA flag XLA does not know", "train.py", [CFG, "--workdir={tmp}/wd"],
+         "XLA_FLAGS='--xla_dump_to={tmp}/dump --xla_bogus=1': Unknown flag in XLA_FLAGS: "
+         "--xla_bogus=1; correct or remove it",
+         env={"XLA_FLAGS": "--xla_dump_to={tmp}/dump --xla_bogus=1"}),
+    Case("eval: a TPU's XLA flag on a CPU", "eval.py", ["--workdir={wd}"],
+         "Unknown flag in XLA_FLAGS: --xla_tpu_enable_data_parallel_all_reduce_opt=true",
+         env={"XLA_FLAGS": "--xla_tpu_enable_data_parallel_all_reduce_opt=true"}),
     Case("train: a config field given as a flag", "train.py",
          [CFG, "--workdir={tmp}/wd", "--learning_rate=0.1"],
          "Unknown command line flag 'learning_rate': a config field is set with "
@@ -555,6 +562,38 @@ def test_environment_error_is_one_line(name, run, expected):
   lines = err.getvalue().strip().splitlines()
   assert info.value.code == 2, (name, lines)
   assert lines == [f"error: {expected}"]
+
+
+# cli.xla_flags_unknown asks XLA (a forked copy of a process whose JAX has
+# started no backend yet): each value below is tried in one such process.
+XLA_ASKED = """
+import sys
+import jax  # imported, no backend started: what a tool's flag parsing finds
+from compressive import cli
+for value in sys.argv[1:]:
+  print(repr(cli.xla_flags_unknown(value)))
+"""
+
+
+@pytest.mark.slow
+def test_xla_is_asked_which_flag_names_it_knows(env):
+  known = ["--xla_gpu_enable_latency_hiding_scheduler=true",  # a GPU's, known on a CPU too
+           "--xla_force_host_platform_device_count=2", "--xla_cpu_multi_thread_eigen=false", ""]
+  unknown = ["--xla_bogus", "--xla_dump_to=/tmp/x --xla_nope=1 --xla_cpu_multi_thread_eigen=1"]
+  env = {k: v for k, v in env.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  r = subprocess.run([sys.executable, "-c", XLA_ASKED, *known, *unknown], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=TIMEOUT)
+  lines = r.stdout.splitlines()
+  assert r.returncode == 0 and len(lines) == 6, (r.stdout, r.stderr[-2000:])
+  assert lines[:4] == ["None"] * 4
+  assert "Unknown flag in XLA_FLAGS: --xla_bogus; correct or remove it" in lines[4]
+  assert "Unknown flag in XLA_FLAGS: --xla_nope=1;" in lines[5]
+  # Where JAX_PLATFORMS leaves the CPU out, the CPU backend does not start
+  # in the run either: XLA's own to report.
+  r = subprocess.run([sys.executable, "-c", XLA_ASKED, "--xla_bogus"], cwd=ROOT,
+                     env=dict(env, JAX_PLATFORMS="tpu"), capture_output=True, text=True,
+                     timeout=TIMEOUT)
+  assert r.stdout.splitlines() == ["None"], r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("error", [ValueError("a bug"), OSError(errno.EBADF, "Bad file descriptor"),
