@@ -16,6 +16,7 @@ PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
 .PHONY: test test-fast test-default-level lint experiment venv test-venv aot-venv clean test-jax010 \
+	smoke-newest \
 	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
 WORKDIR ?= runs/default
@@ -107,7 +108,7 @@ aot-venv: $(AOT_STAMP)
 # includes) except the names its own file pins, then its own pins, then the
 # package editable:
 #   make test-STACK    the stack's tests (TESTS_STACK below; TESTS=... chooses)
-#   make smoke-STACK   a few minutes of it: SMOKE_TESTS (CI runs smoke-jax012)
+#   make smoke-STACK   a few minutes of it: SMOKE_TESTS
 # `make test` is the first stack: JAX 0.10.2 on Python 3.11, in .venv.
 # JAX 0.11 and newer need Python >= 3.12: python3.12 on PATH, else pyenv's.
 PYTHON312 ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
@@ -133,6 +134,23 @@ SMOKE_TESTS := tests/model/test_model.py tests/model/test_memory.py \
 	.venv-$*/bin/python -m pip install --no-deps -e .
 	touch $@
 
+# The newest releases pyproject.toml's ranges admit (JAX and its libraries
+# have lower bounds only): what `pip install .` gives a new Python 3.12
+# environment on the day it runs, with the test tools' pins. CI runs
+# smoke-newest, so that a JAX release that breaks the package fails CI
+# instead of a user's install; it prints the versions it tested first.
+TEST_TOOLS := pytest hypothesis pytest-xdist execnet
+.venv-newest/.installed: pyproject.toml requirements-test.txt | .venv-newest/bin/python
+	grep -E "^($$(echo $(TEST_TOOLS) | tr ' ' '|'))==" requirements-test.txt \
+		> .venv-newest/tools.txt
+	.venv-newest/bin/python -m pip install --upgrade -r .venv-newest/tools.txt -e .
+	touch $@
+
+smoke-newest: .venv-newest/.installed
+	.venv-newest/bin/python -m pip list --format=freeze 2>/dev/null \
+		| grep -iE "^(jax|jaxlib|flax|optax|orbax-checkpoint|grain)=="
+	.venv-newest/bin/python -m pytest -q -n 2 --dist loadfile $(SMOKE_TESTS)
+
 # Kept between runs (make would delete them as intermediate files).
 .PRECIOUS: .venv-%/bin/python .venv-%/.installed
 
@@ -145,4 +163,4 @@ $(addprefix smoke-,$(STACKS)): smoke-%:
 	$(MAKE) test-$* TESTS="$(SMOKE_TESTS)"
 
 clean:
-	rm -rf $(VENV) $(AOT_VENV) $(addprefix .venv-,$(STACKS))
+	rm -rf $(VENV) $(AOT_VENV) $(addprefix .venv-,$(STACKS)) .venv-newest
