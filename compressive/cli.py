@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import sys
 import textwrap
+import time
 from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 from absl import app
@@ -36,6 +38,7 @@ from compressive.cli_config import (  # noqa: F401  (re-exported)
     config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
     repeated_config, resolve_config, resolve_config_names, unloaded_config,
     with_default_configs)
+from compressive import cli_xla
 from compressive import files
 from compressive.cli_flags import (  # noqa: F401  (re-exported)
     SIZE_FLAG_MUST, check_int_flag, check_number_flag, define_memory_flags,
@@ -70,13 +73,38 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
   sys.exit(code)
 
 
+class ConsoleFormatter(logging.Formatter):
+  """The tools' log lines on the console: `12:04:31 message`, and
+  `12:04:31 warning: message` for a warning or worse; absl's own prefix
+  (level, date, thread id, file and line) only at --verbosity=1 and up."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+    level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+    text = f"{stamp} {level}{record.getMessage()}"
+    if record.exc_info:
+      text += "\n" + self.formatException(record.exc_info)
+    return text
+
+
+def debug_verbosity() -> bool:
+  """Whether the command line asked for absl's debug output (-v 1 or more)."""
+  return bool("verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
+              and flags.FLAGS.verbosity >= 1)
+
+
 def quiet_libraries() -> None:
   """Orbax and TensorStore log at absl's INFO and WARNING, and log a
   traceback from their threads for a read that a rotating trainer raced or
   a write the disk refused; the tools report those themselves, in one line.
-  Only absl's FATAL gets through."""
+  Only absl's FATAL gets through, and the tools' own lines carry a short
+  prefix (ConsoleFormatter), unless --verbosity asks for debug output:
+  then everything, as absl writes it."""
   from absl import logging as absl_logging
+  if debug_verbosity():
+    return
   absl_logging.set_verbosity(absl_logging.FATAL)
+  absl_logging.get_absl_handler().setFormatter(ConsoleFormatter())
 
 
 def warn(message: str) -> None:
@@ -262,57 +290,6 @@ def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[
   return guarded
 
 
-def xla_flags_problem(value: str) -> Optional[str]:
-  """One line for an XLA_FLAGS that XLA would stop the process on in a way
-  that can be seen before it starts (its own fatal line, exit by abort): a
-  first word without `--`, which XLA reads as the name of a file of flags.
-  A flag XLA does not know is XLA's to report."""
-  words = value.split()
-  if words and not words[0].startswith("--") and not os.path.isfile(words[0]):
-    return (f"XLA_FLAGS={value!r}: each flag starts with -- (XLA reads a first word without "
-            f"it, {words[0]!r}, as a file of flags, and there is none)")
-  return None
-
-
-def xla_flags_unknown(value: str) -> Optional[str]:
-  """One line for an XLA_FLAGS whose flag names XLA does not know, which it
-  would report with its own fatal line and exit 1 when JAX starts its first
-  backend; None if XLA accepts them, or where this cannot be asked ahead.
-
-  XLA alone knows its flags, so it is asked: a forked copy of this process
-  (JAX imported, no backend started yet, no thread running) starts JAX's
-  CPU backend, which reads XLA_FLAGS and dies on a name it does not know,
-  and its error line is read back. That takes a fraction of a second, only
-  when XLA_FLAGS is set. JAX starts the CPU backend beside any accelerator's,
-  so a flag the CPU backend refuses stops every run; where JAX_PLATFORMS
-  leaves the CPU out, or there is no fork (not Linux), XLA reports it."""
-  platforms = os.environ.get("JAX_PLATFORMS", "").split(",")
-  if (not value.strip() or not sys.platform.startswith("linux")
-      or platforms != [""] and "cpu" not in platforms):
-    return None
-  read, write = os.pipe()
-  pid = os.fork()
-  if not pid:  # the copy: its output into the pipe, and nothing of it survives
-    try:
-      os.dup2(write, 1)
-      os.dup2(write, 2)
-      os.environ["XLA_FLAGS"] = value  # what XLA reads as its backend starts
-      import jax
-      jax.config.update("jax_platforms", "cpu")
-      jax.devices()
-    finally:  # XLA itself exits 1 on a name it does not know; anything else is the run's
-      os._exit(0)  # no atexit handlers, no buffers of this process's flushed twice
-  os.close(write)
-  with os.fdopen(read, errors="replace") as f:
-    said = f.read()
-  _, status = os.waitpid(pid, 0)
-  if os.waitstatus_to_exitcode(status) == 0:
-    return None
-  lines = [line.split("] ", 1)[-1] for line in said.splitlines() if "XLA_FLAGS" in line]
-  why = lines[0] if lines else f"XLA stopped on it ({said.strip()[:200] or 'no message'})"
-  return f"XLA_FLAGS={value!r}: {why}; correct or remove it (XLA would stop the run there)"
-
-
 def tool_help() -> str:
   """--help: the tool's docstring, its own flags (absl's, with --config and
   --compilation_cache among them), the shipped config names and where their
@@ -341,7 +318,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     print(tool_help())
     sys.exit(0)
   xla = os.environ.get("XLA_FLAGS", "")
-  repeated = repeated_config(argv) or xla_flags_problem(xla) or xla_flags_unknown(xla)
+  repeated = (repeated_config(argv) or cli_xla.xla_flags_problem(xla)
+              or cli_xla.xla_flags_unknown(xla))
   if repeated is not None:
     fail(repeated)
   argv = resolve_config_names(with_default_configs(argv))

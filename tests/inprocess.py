@@ -11,7 +11,7 @@ interpreter does), stdout and stderr. For the length of the call it sets
 print, warnings and logging write to, and puts back afterwards everything
 a tool changes in the process: absl's flags (each tool defines its own,
 which are removed, and every flag is unparsed), signal handlers, logging
-levels and handlers, `sys.path`, the default config a tool names, and the
+levels, handlers and absl's formatter, `sys.path`, the default config a tool names, and the
 JAX options a tool sets (the compilation cache).
 
 What stays for real processes (`subprocess`, through tests/zygote.py):
@@ -37,8 +37,9 @@ import jax
 
 # Loaded before the first run, so that the flags they define at import
 # (--compilation_cache) are the process's, not a tool's.
-from compressive import cli  # its flags (--compilation_cache) are the process's, above
+from compressive import cli  # noqa: F401  (its flags, --compilation_cache, are the process's)
 from compressive import cli_config
+from compressive import cli_xla
 
 from helpers import ROOT
 
@@ -68,14 +69,14 @@ class Completed:
 def needs_a_process(env: Optional[dict[str, str]]) -> bool:
   """Whether `env` changes how JAX starts (JAX_START, or XLA_FLAGS whose
   flags differ from this process's): a question only a new process answers.
-  An XLA_FLAGS the tool refuses before JAX starts (cli.xla_flags_problem)
+  An XLA_FLAGS the tool refuses before JAX starts (cli_xla.xla_flags_problem)
   is answered here."""
   if env is None:
     return False
   if any(env.get(name) != os.environ.get(name) for name in JAX_START):
     return True
   xla = env.get("XLA_FLAGS", "")
-  return xla != os.environ.get("XLA_FLAGS", "") and cli.xla_flags_problem(xla) is None
+  return xla != os.environ.get("XLA_FLAGS", "") and cli_xla.xla_flags_problem(xla) is None
 
 
 def run(script: str, args: list[str], *, env: Optional[dict[str, str]] = None,
@@ -120,6 +121,7 @@ def _restored():
   levels = {name: logging.getLogger(name).level for name in _LOGGERS}
   root_handlers = list(logging.root.handlers)  # absl.app adds its own on first use
   verbosity = absl_logging.get_verbosity()
+  formatter = absl_logging.get_absl_handler().python_handler.formatter  # the tools set their own
   options = {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
   try:
     yield
@@ -138,6 +140,7 @@ def _restored():
       logging.getLogger(name).setLevel(level)
     logging.root.handlers[:] = root_handlers
     absl_logging.set_verbosity(verbosity)
+    absl_logging.get_absl_handler().python_handler.setFormatter(formatter)
     for name, value in options.items():
       jax.config.update(name, value)
     sys.argv, sys.path[:] = argv, path

@@ -29,6 +29,7 @@ TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compres
 LAYERS = (
     ("base", ("compressive.errors", "compressive.values", "compressive.files",
               "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
+              "compressive.cli_xla",
               "compressive.plugins",
               # the shipped configs (configs/): data, importing only ml_collections
               "compressive.configs")),

@@ -564,14 +564,14 @@ def test_environment_error_is_one_line(name, run, expected):
   assert lines == [f"error: {expected}"]
 
 
-# cli.xla_flags_unknown asks XLA (a forked copy of a process whose JAX has
+# cli_xla.xla_flags_unknown asks XLA (a forked copy of a process whose JAX has
 # started no backend yet): each value below is tried in one such process.
 XLA_ASKED = """
 import sys
 import jax  # imported, no backend started: what a tool's flag parsing finds
-from compressive import cli
+from compressive import cli_xla
 for value in sys.argv[1:]:
-  print(repr(cli.xla_flags_unknown(value)))
+  print(repr(cli_xla.xla_flags_unknown(value)))
 """
 
 
