@@ -8,6 +8,9 @@ bucket over [compressed memory | memory | segment], per layer.
 `loss_by_position`: mean loss by position within documents.
 `recall`: accuracy on planted facts by distance (a model trained with
 data.source=recall).
+`curves`: the training curve from the workdir's metrics alone (no model is
+loaded; a run in progress too), redrawn as WORKDIR/curves.png, the figure
+train.py draws at the end of a run; its JSON names the figure.
 The JSON is printed as the last line of stdout, then written with a figure to
 DIR/analysis_<name>_<split>.{json,png} (a workdir that cannot be written, e.g.
 read-only, is a warning). A progress line (segment i/total, tokens per second,
@@ -16,6 +19,8 @@ ETA) goes to stderr every --progress_seconds.
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
+import json
+import os
 import sys
 
 from absl import flags
@@ -27,11 +32,12 @@ from compressive import files
 from compressive import reading
 from compressive import values
 from compressive.errors import ConfigError
+from compressive.training import curves
 from compressive.training import layout
 
 FLAGS = flags.FLAGS
 cli.define_workdir_flags()
-flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall"],
+flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall", "curves"],
                   "What to measure.")
 # The same default split as eval.py's (validation; see cli.define_split_flags).
 cli.define_split_flags("Split.", "Stop after this many segments per row.")
@@ -95,6 +101,15 @@ def plot_recall(result, path):
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
+  if FLAGS.analysis == "curves":
+    with reading.tool():
+      metrics = layout.Workdir(FLAGS.workdir).metrics("train")
+      if not os.path.isfile(metrics):
+        raise ConfigError(f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
+                          f"{os.path.basename(metrics)} (an export keeps none)")
+      result = curves.draw(FLAGS.workdir)
+    print(json.dumps(result))
+    return
   with reading.tool(progress=True):
     experiment = reading.saved_experiment(check=check_recall)
     sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}

@@ -16,6 +16,7 @@ config, metrics and logs; checkpoints are written by all together.
 
 import logging
 import signal
+import sys
 from typing import Optional
 
 from compressive.training import interrupts
@@ -30,6 +31,7 @@ import jax
 from compressive import cli
 from compressive import config as config_lib
 from compressive import errors
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.scale import sharding
 from compressive.training import checkpoint as ckpt_lib
@@ -110,12 +112,13 @@ def train(config, workdir: str) -> None:
     result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile,
-                                          accept_changed_corpus=FLAGS.accept_changed_corpus)
+                                          accept_changed_corpus=FLAGS.accept_changed_corpus,
+                                          config_name=cli.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")
     if result and stopped is None:
-      print("final evaluation:", " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+      print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again
     signum = interrupts.received() or signal.SIGTERM
     cli.fail(f"stopped by {signal.Signals(signum).name} after step {stopped} of "

@@ -16,8 +16,10 @@ the value as typed, what the dtype made of it, and the range.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import time
 import warnings
 from typing import Any, Iterator
 
@@ -179,6 +181,38 @@ def hms(seconds: float) -> str:
 
 
 # -- Results as valid JSON. ---------------------------------------------------------
+
+
+class Progress:
+  """Progress lines for long first-use work (generating a corpus): the first
+  after `after` seconds, then one every `every` seconds, on the
+  "compressive" logger (`what`: 12,000 of 40,960 (29%), about 0:01:10
+  left); none for work done sooner."""
+
+  def __init__(self, what: str, total: int, after: float = 5.0, every: float = 15.0):
+    self.what, self.total, self.every, self.done = what, total, every, 0
+    self.start = time.monotonic()
+    self.next = self.start + after
+
+  def advance(self, n: int = 1) -> None:
+    self.done += n
+    now = time.monotonic()
+    if now < self.next or not self.total:
+      return
+    self.next = now + self.every
+    left = (now - self.start) * (self.total - self.done) / max(self.done, 1)
+    logging.getLogger("compressive").info(
+        "%s: %s of %s (%d%%), about %s left", self.what, f"{self.done:,}", f"{self.total:,}",
+        100 * self.done // self.total, hms(left))
+
+
+def metrics_text(metrics: dict[str, Any], sep: str = " ") -> str:
+  """Metrics for a log line: `name value` pairs (or `name=value`, sep "="),
+  counts as integers (`tokens 20480`), the rest to four decimals."""
+  def text(v: Any) -> str:
+    v = float(v)
+    return f"{v:.0f}" if v.is_integer() else f"{v:.4f}"
+  return "  ".join(f"{k}{sep}{text(v)}" for k, v in metrics.items())
 
 
 def non_finite(value: Any, prefix: str = "") -> list[str]:

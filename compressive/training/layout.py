@@ -19,6 +19,7 @@ A training workdir:
   checkpoints/             Orbax's step folders (checkpoint.py); skipped/, the
                            damaged steps moved aside; workdir.json, the
                            workdir whose run they hold (lock.py)
+  curves.png               the training curve, drawn at the end of a run (curves.py)
   eval_<split>_step<N>.json                  eval.py's result
   analysis_<name>_<split><sizes>.{json,png}  analyze.py's result and figure
 
@@ -44,6 +45,7 @@ OWNER_FILE = "workdir.json"
 SKIPPED_DIR = "skipped"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
+CURVES_FILE = "curves.png"
 # The metric streams a trainer writes: training's, and the evaluation's
 # every eval_every_steps.
 METRICS = ("train", "eval")
@@ -132,6 +134,10 @@ class Workdir:
   @property
   def profile(self) -> str:
     return self._path(PROFILE_DIR)
+
+  @property
+  def curves(self) -> str:
+    return self._path(CURVES_FILE)
 
   @property
   def side_files(self) -> tuple[str, ...]:

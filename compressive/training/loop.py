@@ -28,11 +28,13 @@ from typing import Any, Callable, Optional
 import jax
 
 from compressive import config as config_lib
+from compressive import values
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.errors import CheckpointError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import curves
 from compressive.training import interrupts
 from compressive.training import layout
 from compressive.training import lock as workdir_lock
@@ -57,6 +59,7 @@ class _Options:
   restore_intact: bool
   profile_steps: Optional[tuple[int, int]]
   accept_changed_corpus: bool
+  config_name: str = ""
 
 
 def train_and_evaluate(
@@ -68,6 +71,7 @@ def train_and_evaluate(
     restore_intact: bool = False,
     profile_steps: Optional[tuple[int, int]] = None,
     accept_changed_corpus: bool = False,
+    config_name: str = "",
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
@@ -92,6 +96,8 @@ def train_and_evaluate(
     accept_changed_corpus: resume even if the corpus's digest or the data
       config's generating fields differ from those the checkpoint was saved
       with (a warning instead of RunMismatchError).
+    config_name: the config as the command line named it, for the start's
+      first line (train.py's --config).
 
   Raises:
     NonFiniteError: a loss or gradient was not finite, or (found at a save)
@@ -106,7 +112,7 @@ def train_and_evaluate(
   """
   experiment = config_lib.experiment_of(config)
   options = _Options(stop_at_step, should_stop, restore_intact,
-                     config_lib.profile_steps(profile_steps), accept_changed_corpus)
+                     config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)
   is_main = jax.process_index() == 0
   fresh = not os.path.lexists(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -236,10 +242,7 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
   if is_main:  # only once the run is known to fit what the workdir holds
     ckpt_lib.save_config(workdir, config)
-  if start >= experiment.train.num_train_steps:
-    _log.info("the run is finished: step %d of %d is checkpointed in %s; nothing to train "
-              "(a larger --config.num_train_steps trains on)", start,
-              experiment.train.num_train_steps, workdir)
+  if runlog.finished(experiment.train, start, workdir):
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
   writer = MetricWriter(workdir, "train", enabled=is_main)
@@ -253,7 +256,11 @@ def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
       end = min(options.stop_at_step, end)
     run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
                eval_writer, profiler, end, options.accept_changed_corpus)
-    return _steps(run, start, restored, is_main, options.should_stop)
+    runlog.log_start(experiment, workdir, setup.num_params, start, end, options.config_name)
+    result = _steps(run, start, restored, is_main, options.should_stop)
+  if is_main:  # from the metrics files, closed above
+    curves.draw_at_the_end(workdir)
+  return result
 
 
 def _steps(run: _Run, start: int, restored, is_main: bool,
@@ -313,9 +320,10 @@ def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
   gradient accumulation logged)."""
   layout = setup.layout
   device = layout.mesh.devices.flat[0]
-  _log.info("mesh %s over %d %s devices (%s) in %d processes; this process reads rows [%d, %d)",
-            dict(layout.mesh.shape), layout.mesh.size, device.platform, device.device_kind,
-            jax.process_count(), train_iter.row_start, train_iter.row_start + train_iter.num_rows)
+  _log.info("mesh %s over %d %s devices (%s) in %d processes, JAX %s; this process reads rows "
+            "[%d, %d)", dict(layout.mesh.shape), layout.mesh.size, device.platform,
+            device.device_kind, jax.process_count(), jax.__version__, train_iter.row_start,
+            train_iter.row_start + train_iter.num_rows)
   if device.platform == "cpu" and experiment.model.dtype != "float32":
     _log.warning("model.dtype=%s on CPU devices: a config meant for a GPU or TPU (a preset: "
                  "gpu1, gpu8, tpu_v5e8), run here slowly and in another precision than there "
@@ -377,5 +385,5 @@ def _estimate(run: _Run, state, step: int) -> dict[str, float]:
   assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("eval", t_eval)
   _log.info("eval at step %d on %s: %s  (%.1f s)", step, experiment.eval.split,
-            "  ".join(f"{k} {v:.4f}" for k, v in result.items()), took)
+            values.metrics_text(result), took)
   return result

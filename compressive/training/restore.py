@@ -142,5 +142,5 @@ def start_state(experiment: config_lib.Experiment, setup: setup_lib.Setup, start
   state = train_step.init_train_state(experiment, setup.tx, setup.layout)
   memory = train_step.init_sharded_memory(experiment.model, experiment.train.batch_size,
                                           setup.layout)
-  _log.info("training from scratch in %s: %d parameters", workdir, setup.num_params)
+  _log.info("training from scratch in %s", workdir)
   return state, memory

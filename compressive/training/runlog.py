@@ -252,13 +252,14 @@ class MetricLog:
     elapsed = time.time() - clock.since
     steps = clock.steps
     nats, count = float(m["nats"].sum()), max(float(m["tokens"].sum()), 1.0)
-    updates = step * self.train.updates_per_step  # the optimizer's count after this step
+    # The rate of this step's last update (the optimizer's count before it).
+    last_update = step * self.train.updates_per_step - 1
     scalars = {
         "loss": nats / count,
         self.bits_name: nats / count / losses.LN2,
         "reconstruction_loss": float(np.mean(m["reconstruction_loss"])),
         "grad_norm": float(np.mean(m["grad_norm"])),
-        "learning_rate": float(self.schedule(updates)),
+        "learning_rate": float(self.schedule(last_update)),
         "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
     }
     mfu = ""
@@ -288,10 +289,40 @@ def truncate_metrics(path: str, step: int) -> None:
   truncate_jsonl(path, step)
 
 
+def finished(train: experiment_lib.TrainConfig, start: int, workdir: str) -> bool:
+  """Whether the run restored at `start` has no step left (said in a line)."""
+  if start < train.num_train_steps:
+    return False
+  _log.info("the run is finished: step %d of %d is checkpointed in %s; nothing to train "
+            "(a larger --config.num_train_steps trains on)", start, train.num_train_steps,
+            workdir)
+  return True
+
+
+def log_start(experiment: experiment_lib.Experiment, workdir: str, num_params: int,
+              start: int, end: int, config_name: str = "") -> None:
+  """The run's config, size and files, before its first step (the mesh
+  line, `_step_fn`'s, says where it runs)."""
+  train, model = experiment.train, experiment.model
+  segments = train.batch_size * train.segments_per_step
+  _log.info("%s%s parameters in %s; %s tokens per step (%d rows x %d segments x %d tokens); "
+            "steps %d-%d of %d", f"config {config_name}: " if config_name else "",
+            f"{num_params:,}", model.dtype,
+            f"{segments * model.segment_length:,}", train.batch_size, train.segments_per_step,
+            model.segment_length, start + 1, end, train.num_train_steps)
+  run = layout.Workdir(os.path.abspath(workdir))
+  _log.info("the run's files: %s, %s, %s and %s; TensorBoard: tensorboard --logdir %s",
+            run.config, run.log, run.metrics("train"), run.metrics("eval"), run.tensorboard())
+
+
 def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:
-  """A warmup as long as the run never reaches the peak learning rate."""
+  """A warmup as long as the run: its last update's rate, the one the
+  metrics log at the last step, is below the peak."""
   if train.optimizer.warmup_steps >= train.num_train_steps:
+    last = float(train_step.learning_rate_schedule(train)(
+        train.num_train_steps * train.updates_per_step - 1))
     _log.warning(
         "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
-        "up when the run ends and never reaches optimizer.learning_rate=%g",
-        train.optimizer.warmup_steps, train.num_train_steps, train.optimizer.learning_rate)
+        "up when the run ends; its last update's is %.4g, below optimizer.learning_rate=%g",
+        train.optimizer.warmup_steps, train.num_train_steps, last,
+        train.optimizer.learning_rate)

@@ -5,6 +5,7 @@ processes are tests/tools/test_entry_points.py's."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,16 +45,26 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
           "--config.model.compression=mean_pool")
   assert r.returncode == 0, r.stderr[-3000:]
   assert "final evaluation" in r.stdout
+  # The console: the time, then the line (absl's prefix only at -v 1); counts as integers.
+  assert re.search(rf"^\d\d:\d\d:\d\d config {re.escape(tiny_config_file)}: [\d,]+ parameters",
+                   r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(r"^\d\d:\d\d:\d\d step 4/4  loss ", r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(r"^\d\d:\d\d:\d\d eval at step 4 on validation: .*  tokens \d+  ",
+                   r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(r"^final evaluation: .*tokens=\d+  ", r.stdout, re.M), r.stdout
   saved = json.load(open(os.path.join(workdir, "config.json")))
   assert saved["model"]["compression"] == "mean_pool"
 
   # The same command again: the run is finished, says so, trains nothing and
-  # exits 0 (a retry loop stops; a stopped run exits 128 + its signal).
+  # exits 0 (a retry loop stops; a stopped run exits 128 + its signal). At
+  # absl's debug verbosity (-v 1) its own prefix comes back: level, date,
+  # thread, file and line.
   r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
           "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
-          "--config.model.compression=mean_pool")
+          "--config.model.compression=mean_pool", "-v=1")
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "the run is finished: step 4 of 4 is checkpointed" in r.stderr, r.stderr[-3000:]
+  assert re.search(r"^I\d{4} [\d:.]+ +\d+ runlog\.py:\d+\] the run is finished: step 4 of 4 "
+                   "is checkpointed", r.stderr, re.M), r.stderr[-3000:]
   assert "final evaluation" not in r.stdout and "resumed from" not in r.stderr
 
   r = run("eval.py", f"--workdir={workdir}", "--split=validation",
@@ -71,6 +82,17 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   assert os.path.exists(os.path.join(
       workdir, "analysis_loss_by_position_validation_compressed_memory_length0.json"))
   assert json.loads(r.stdout.strip().splitlines()[-1])["bits"]
+
+  # The training curve, drawn again from the metrics alone (no model loaded).
+  os.remove(os.path.join(workdir, "curves.png"))
+  r = run("analyze.py", f"--workdir={workdir}", "--analysis=curves")
+  assert r.returncode == 0, r.stderr[-3000:]
+  drawn = json.loads(r.stdout.strip().splitlines()[-1])
+  steps = [r["step"] for r in map(json.loads, open(os.path.join(workdir,
+                                                                  "metrics_train.jsonl")))]
+  assert drawn == {"figure": os.path.join(workdir, "curves.png"), "train_points": len(steps),
+                   "eval_points": 1} and steps[-1] == 4
+  assert open(drawn["figure"], "rb").read(4) == b"\x89PNG"
 
   # A finished run resumed with a longer schedule goes on from its last
   # checkpoint and keeps the checkpoints it had (3 are kept: 2, 4 and 6).

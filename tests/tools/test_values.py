@@ -6,6 +6,7 @@ flag of every tool, by one mechanism (compressive/values.py)."""
 
 import importlib
 import json
+import logging
 import math
 import pathlib
 import re
@@ -368,3 +369,36 @@ def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
                                            (100 * 3600, "100:00:00")])
 def test_a_duration_is_shown_as_hours_minutes_seconds(seconds, shown):
   assert values.hms(seconds) == shown
+
+
+def test_metrics_are_shown_with_counts_as_integers():
+  shown = values.metrics_text({"loss": 6.19702, "tokens": 20480.0, "bits_per_byte": 2.0})
+  assert shown == "loss 6.1970  tokens 20480  bits_per_byte 2"
+  assert values.metrics_text({"loss": 1.5, "tokens": 128}, sep="=") == "loss=1.5000  tokens=128"
+
+
+def test_long_work_reports_its_progress_only_when_it_takes_a_while(monkeypatch, caplog):
+  now = [100.0]
+  monkeypatch.setattr(values.time, "monotonic", lambda: now[0])
+  with caplog.at_level("INFO", logger="compressive"):
+    quick = values.Progress("quick", 10)
+    for _ in range(10):
+      now[0] += 0.1
+      quick.advance()
+    slow = values.Progress("recall/train: generating 400 documents", 400, after=5, every=15)
+    for _ in range(400):
+      now[0] += 0.125  # 50 s in all: lines after 5 s, then every 15 s
+      slow.advance()
+  lines = [r.getMessage() for r in caplog.records]
+  assert len(lines) == 4 and not any(line.startswith("quick") for line in lines)
+  assert lines[0] == "recall/train: generating 400 documents: 40 of 400 (10%), about 0:00:45 left"
+  assert lines[-1].endswith("400 of 400 (100%), about 0:00:00 left")
+
+
+def test_the_console_prefix_is_the_time_and_the_level_of_a_warning():
+  formatter = cli.ConsoleFormatter()
+  record = logging.LogRecord("compressive", logging.INFO, __file__, 1, "step %d", (4,), None)
+  record.created = time.mktime((2026, 12, 4, 5, 6, 7, 0, 0, -1))
+  assert formatter.format(record) == "05:06:07 step 4"
+  record.levelno, record.levelname = logging.WARNING, "WARNING"
+  assert formatter.format(record) == "05:06:07 warning: step 4"

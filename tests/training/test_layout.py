@@ -27,7 +27,7 @@ def test_a_finished_run_leaves_only_what_the_layout_names(tmp_path):
   run = layout.Workdir(str(workdir))
 
   named = {run.config, run.lock, run.log, run.checkpoints, run.owner, run.profile,
-           run.tensorboard(), *run.side_files, *run.side_folders,
+           run.curves, run.tensorboard(), *run.side_files, *run.side_folders,
            *(run.metrics(name) for name in layout.METRICS)}
   for path in sorted(named):
     assert os.path.lexists(path), f"{path}: named by the layout, not written by a run"
@@ -47,10 +47,11 @@ def test_a_finished_run_leaves_only_what_the_layout_names(tmp_path):
 def test_the_names_are_the_ones_on_disk():
   run, export = layout.Workdir("wd"), layout.Export("out")
   assert [run.config, run.lock, run.log, run.checkpoints, run.owner, run.skipped,
-          run.tensorboard(), run.tensorboard("eval"), run.events("train"), run.profile] == [
+          run.tensorboard(), run.tensorboard("eval"), run.events("train"), run.profile,
+          run.curves] == [
       "wd/config.json", "wd/train.lock", "wd/train.log", "wd/checkpoints",
       "wd/checkpoints/workdir.json", "wd/checkpoints/skipped", "wd/tensorboard",
-      "wd/tensorboard/eval", "wd/tensorboard/train/events", "wd/profile"]
+      "wd/tensorboard/eval", "wd/tensorboard/train/events", "wd/profile", "wd/curves.png"]
   assert [run.metrics(name) for name in layout.METRICS] == [
       "wd/metrics_train.jsonl", "wd/metrics_eval.jsonl"]
   assert run.side_files == ("wd/config.json", "wd/train.log", "wd/metrics_train.jsonl",

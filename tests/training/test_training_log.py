@@ -52,6 +52,14 @@ def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, cap
   steps = [line for line in lines if " step " in line and "/4  loss" in line]
   assert [line.split(" step ")[1].split("/")[0] for line in steps] == ["1", "2", "3", "4"]
   assert sum("resumed from step 2" in line for line in lines) == 1
+  # Each run's start says its size and where its files are, and its end
+  # draws the training curve from the metrics (steps 1-4, both runs').
+  sizes = [line for line in lines if "tokens per step" in line]
+  assert len(sizes) == 2 and "39,552 parameters in float32" in sizes[0], sizes
+  assert sizes[0].endswith("steps 1-2 of 4") and sizes[1].endswith("steps 3-4 of 4"), sizes
+  assert sum("the run's files:" in line and "tensorboard --logdir" in line for line in lines) == 2
+  assert (workdir / "curves.png").read_bytes().startswith(b"\x89PNG")
+  assert sum(line.endswith(f"training curve: {workdir}/curves.png") for line in lines) == 2
   # On CPU no peak is known: no MFU, in the line or the metrics.
   assert not any("MFU" in line for line in steps)
   assert not any("mfu" in r for r in read_jsonl(str(workdir / "metrics_train.jsonl")))
@@ -96,14 +104,28 @@ def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("warmup,warned", [(4, True), (9, True), (3, False)])
 def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warned):
-  config = tiny_experiment(**{"num_train_steps": 4, "optimizer.warmup_steps": warmup})
+  # The run as long as its warmup trains to its end: the rate the warning
+  # names is the one the metrics log at the last step (the rate of that
+  # step's update), below the peak.
+  whole = warmup == 4
+  config = tiny_experiment(**{"num_train_steps": 4, "optimizer.warmup_steps": warmup,
+                              "log_every_steps": 1, "eval_every_steps": 0,
+                              "checkpoint_every_steps": 0})
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "wd"), stop_at_step=0)  # no step
+    train_lib.train_and_evaluate(config, str(tmp_path / "wd"),
+                                 stop_at_step=None if whole else 0)
   found = [r for r in caplog.records if "warmup_steps" in r.getMessage()]
   assert len(found) == (1 if warned else 0)
   if warned:
     assert found[0].levelno == logging.WARNING
     assert "warmup_steps" in (tmp_path / "wd" / "train.log").read_text()
+  if whole:
+    last = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))[-1]
+    peak, updates = config.optimizer.learning_rate, 4 * config.segments_per_step
+    assert last["step"] == 4  # one update per segment: the last one's rate is below the peak
+    assert last["learning_rate"] == pytest.approx(peak * (updates - 1) / updates)
+    assert f"its last update's is {last['learning_rate']:.4g}, below " \
+        f"optimizer.learning_rate={peak:g}" in found[0].getMessage()
 
 
 @pytest.mark.slow
