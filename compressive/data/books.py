@@ -33,6 +33,7 @@ import configparser
 import dataclasses
 import gzip
 import hashlib
+import logging
 import io
 import lzma
 import os
@@ -277,6 +278,9 @@ ARCHIVES: tuple[Archive, ...] = (
 # -- Fetching. -----------------------------------------------------------------
 
 
+_log = logging.getLogger('compressive')
+
+
 class FetchError(DataError, RuntimeError):
   """An archive could not be downloaded (no network, a wrong checksum): a
   DataError, so an entry point prints it as one line; a RuntimeError, as it
@@ -324,8 +328,23 @@ def fetch(archive: Archive, cache_dir: str,
     raise DataError(_unwritable(folder, e)) from e
   if not os.access(folder, os.W_OK):
     raise DataError(_unwritable(folder, None))
-  download = download or _download
-  errors = []
+  errors: list[str] = []
+  fetched = _first_verified(archive, folder, download or _download, errors)
+  if fetched is not None:
+    _save(fetched, path, folder)
+    return fetched
+  raise FetchError(
+      f'could not fetch {archive.filename} for the books corpus ('
+      + '; '.join(errors)
+      + f'): on a machine with network access, download it from one of these URLs and '
+      f'place it at {path} (sha256 {archive.sha256}), or set data.books.cache_dir to a folder '
+      'whose books/ subfolder holds it')
+
+
+def _first_verified(archive: Archive, folder: str, download: Callable[[str], bytes],
+                    errors: list[str]) -> bytes | None:
+  """The archive's bytes from the first of its URLs that gives the pinned
+  sha256, or None; what went wrong with each URL tried is added to `errors`."""
   for url in archive.urls:
     try:
       data = download(url)
@@ -336,14 +355,10 @@ def fetch(archive: Archive, cache_dir: str,
     if digest != archive.sha256:
       errors.append(f'{url}: sha256 {digest}, expected {archive.sha256}')
       continue
-    _save(data, path, folder)
+    _log.info('downloaded %s (%s bytes) into %s: the books corpus, cached there from now on',
+              url, f'{len(data):,}', folder)
     return data
-  raise FetchError(
-      f'could not fetch {archive.filename} for the books corpus ('
-      + '; '.join(errors)
-      + f'): on a machine with network access, download it from one of these URLs and '
-      f'place it at {path} (sha256 {archive.sha256}), or set data.books.cache_dir to a folder '
-      'whose books/ subfolder holds it')
+  return None
 
 
 def _save(data: bytes, path: str, folder: str) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
   import tensorflow_datasets as tfds
 
 BUCKET = 'gs://deepmind-gutenberg'
+_log = logging.getLogger('compressive')
 
 # The official word totals of PG-19's evaluation splits (Rae et al. 2020,
 # Table 2; the "tokens" of DeepMind's pg19 release notes): the normaliser of
@@ -157,6 +159,9 @@ def get_builder(data_config: ml_collections.ConfigDict
           f'pg19 is not prepared in data.pg19.data_dir={c.data_dir!r}, and a tool that reads a '
           'saved run never prepares it (its config chose the folder): prepare it by training '
           'on this machine, or give the folder where it is prepared')
+    _log.info('preparing PG-19 in %s from %s, once (about 11 GB; TFDS reports its progress; '
+              'for a run of several processes, prepare it before: docs/SCALING.md)',
+              c.data_dir, raw_dir)
     builder.download_and_prepare(file_format='array_record')
   return builder
 

@@ -27,6 +27,7 @@ import string
 import ml_collections
 import numpy as np
 
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -137,9 +138,9 @@ def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
   alone teaches no recall."""
   distances = tuple(c.distances)
   requery = tuple(c.get("requery_distances", ()))
-  for name, values in (("distances", distances), ("requery_distances", requery)):
-    if not all(_is_int(d) for d in values) or (values and min(values) <= _EVENT_LEN):
-      raise error(f"data.recall.{name}={values} must be integers > {_EVENT_LEN} bytes each")
+  for name, given in (("distances", distances), ("requery_distances", requery)):
+    if not all(_is_int(d) for d in given) or (given and min(given) <= _EVENT_LEN):
+      raise error(f"data.recall.{name}={given} must be integers > {_EVENT_LEN} bytes each")
   if not distances:
     raise error("data.recall.distances=() is empty: give at least one distance")
   for name in ("doc_length", "facts"):
@@ -185,10 +186,13 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
   distances = tuple(int(d) for d in c.distances)
   requery = tuple(int(d) for d in c.get("requery_distances", ()))
   texts, queries = [], []
-  for _ in range(int(c.num_docs[k])):
+  count = int(c.num_docs[k])
+  progress = values.Progress(f"recall/{split}: generating {count:,} documents", count)
+  for _ in range(count):
     text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery)
     texts.append(text)
     queries.append(q)
+    progress.advance()
   if not any(queries):
     raise DataError(
         f"recall/{split}: no fact could be placed in its {len(texts)} documents of "
