@@ -183,12 +183,12 @@ RECALL_STUDY.update({
                "gradient_window=8, 8 segments per step), beside its attention-reconstruction "
                "loss; the Transformer-XL with the same window and data",
                _WINDOW, ("--config.model.memory_gradient=compressor",)),
-    # `taught` at `base`'s number of updates: 2,400 windows of 8 segments,
-    # 8 times `base`'s bytes (docs/RESULTS.md §2: 300 updates learned no
-    # retrieval at all, at any distance).
-    "taught_long": ("task-taught compression as in `taught`, at base's number of updates: "
-                    "2,400 steps of 8 segments (8x base's bytes); the Transformer-XL the same",
-                    _WINDOW[:2] + ("--config.num_train_steps=2400",),
+    # `taught` with more than three times its updates: 1,000 windows of 8
+    # segments, 3.3 times `base`'s bytes (docs/RESULTS.md §2: 300 updates
+    # learned no retrieval at all, at any distance).
+    "taught_long": ("task-taught compression as in `taught`, with 1,000 updates of 8 segments "
+                    "(3.3x base's bytes); the Transformer-XL the same",
+                    _WINDOW[:2] + ("--config.num_train_steps=1000",),
                     ("--config.model.memory_gradient=compressor",)),
     "taught_memories": ("task-taught memories: the LM loss of the next 7 segments reaches every "
                         "stored slot, the conv and the layers that wrote them "

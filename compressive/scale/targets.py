@@ -21,7 +21,10 @@ and the compiled object's `memory_analysis()` work), made by
 
 Neither libtpu nor the CUDA plugin is imported here at import time: only
 `devices()` of a tpu or gpu target loads them, and a missing one is a
-ConfigError that names `make aot-venv` (requirements-aot.txt, .venv-aot).
+ConfigError that names the `aot` extra of the package (`pip install
+"compressive[aot]"`: jax[tpu,cuda12], which brings libtpu, the CUDA 12 plugin,
+its compiler and cuDNN) and, in a checkout, `make aot-venv`
+(requirements-aot.txt, .venv-aot).
 
 Environment: `prepare_environment()` (which `Target.devices()` calls first)
 sets these with os.environ.setdefault, so a value the user set wins. Each
@@ -79,6 +82,11 @@ from compressive.errors import ConfigError
 # The GPUs' descriptions (GPU_SPECS, gpu_target_config), re-exported here.
 from compressive.scale.gpu_specs import (  # noqa: F401
     GPU_SPECS, GiB, KiB, MiB, gpu_target_config)
+
+
+# What a missing libtpu or CUDA plugin's error advises.
+AOT_ADVICE = ('install the AOT extra, pip install "compressive[aot]" (in a checkout: '
+              '`make aot-venv`, then run with .venv-aot/bin/python)')
 
 
 def _installed(module: str) -> bool:
@@ -175,9 +183,7 @@ def _topology_devices(name: str, topology) -> tuple:
   if isinstance(topology, TpuTopology):
     if not _installed("libtpu") and not os.environ.get("TPU_LIBRARY_PATH"):
       raise ConfigError(
-          f"target {name} needs libtpu (jax[tpu]), which is not installed: "
-          "build the AOT environment with `make aot-venv` and run with "
-          ".venv-aot/bin/python")
+          f"target {name} needs libtpu (jax[tpu]), which is not installed: " + AOT_ADVICE)
     topo = topologies.get_topology_desc(
         platform="tpu",
         topology_name=topology.topology_name,
@@ -191,8 +197,7 @@ def _topology_devices(name: str, topology) -> tuple:
   if not _cuda_plugin():
     raise ConfigError(
         f"target {name} needs jax's CUDA plugin (jax-cuda12-plugin, or jax-cuda13-plugin with "
-        "JAX 0.11), which is not installed: build the AOT environment with `make aot-venv` "
-        "and run with .venv-aot/bin/python")
+        "JAX 0.11), which is not installed: " + AOT_ADVICE)
   try:
     topo = topologies.get_topology_desc(
         platform="cuda",
