@@ -2,7 +2,8 @@
 
 import sys
 
-from compressive.model.config import ConfigError, ModelConfig
+from compressive.errors import ConfigError
+from compressive.model.config import ModelConfig
 from compressive.model.memory import Memory, init_memory, reset_rows
 from compressive.model.transformer import CompressiveTransformer
 from compressive.model import sampling

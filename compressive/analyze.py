@@ -28,6 +28,7 @@ from absl import flags
 from compressive.evaluation import analysis
 from compressive import cli
 from compressive import data as data_lib
+from compressive import cli_flags
 from compressive import files
 from compressive import reading
 from compressive import values
@@ -36,16 +37,16 @@ from compressive.training import curves
 from compressive.training import layout
 
 FLAGS = flags.FLAGS
-cli.define_workdir_flags()
+cli_flags.define_workdir_flags()
 flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall", "curves"],
                   "What to measure.")
-# The same default split as eval.py's (validation; see cli.define_split_flags).
-cli.define_split_flags("Split.", "Stop after this many segments per row.")
-cli.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
+# The same default split as eval.py's (validation; see cli_flags.define_split_flags).
+cli_flags.define_split_flags("Split.", "Stop after this many segments per row.")
+cli_flags.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
 flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
 flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
 for _name in ("buckets", "bucket_tokens"):
-  cli.validate_int_flag(_name, "[1, 2**31)", must=">= 1, below 2**31")
+  cli_flags.validate_int_flag(_name, "[1, 2**31)", must=">= 1, below 2**31")
 
 
 def plot_attention(result, path):

@@ -14,7 +14,7 @@ on JAX's persistent compilation cache (`--compilation_cache`, default
 ~/.cache/compressive/jax), so that a rerun loads its compiled programs.
 The flags several entry points share (--workdir, --step, the multi-host,
 memory and split flags) are defined once each, with the checks of their
-values, by compressive/cli_flags.py (define_*_flags, re-exported here); the
+values, by compressive/cli_flags.py (define_*_flags, which the tools import); the
 --config files are handled by compressive/cli_config.py.
 """
 
@@ -33,17 +33,12 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 from absl import app
 from absl import flags
 
-from compressive.cli_config import (  # noqa: F401  (re-exported)
-    CONFIG_DIR, DEFAULT_CONFIGS, config_argument, config_file_flags, config_file_line,
-    config_file_parser, config_names, install_override_rules, load_failure, parse_failure,
-    repeated_config, resolve_config, resolve_config_names, unloaded_config,
+from compressive.cli_config import (
+    CONFIG_DIR, DEFAULT_CONFIGS, config_file_flags, config_file_parser, config_names,
+    install_override_rules, parse_failure, repeated_config, resolve_config_names, unloaded_config,
     with_default_configs)
 from compressive import cli_xla
 from compressive import files
-from compressive.cli_flags import (  # noqa: F401  (re-exported)
-    SIZE_FLAG_MUST, check_int_flag, check_number_flag, define_memory_flags,
-    define_multihost_flags, define_split_flags, define_workdir_flags, reading_saved_run,
-    validate_int_flag, validate_number_flag)
 from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one

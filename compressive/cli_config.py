@@ -12,7 +12,7 @@ the config is read, so that its section, data.<name>, is there for its own
 fields' overrides; a source named only by the config file is not imported
 here.
 
-Base layer, beside cli.py (which re-exports the public names): it reads the
+Base layer, beside cli.py (the tools import it themselves): it reads the
 flags but reports nothing itself, so that cli.parse_flags stays the one place
 that prints an error and exits.
 """
@@ -342,7 +342,7 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     required = re.match(r"flag --(\w+)=None: Flag --\1 must have a value other than None", text)
     if required:
       return f"--{required.group(1)} is required"
-    # A flag's own check (cli.validate_int_flag ...): its line, which names
+    # A flag's own check (cli_flags.validate_int_flag ...): its line, which names
     # the flag and its value, without absl's `flag --name=VALUE: ` before it.
     checked = re.match(r"flag --(\w+)=.*?: (--\1=.*)$", text)
     if checked:

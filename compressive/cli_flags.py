@@ -5,8 +5,8 @@ validate_number_flag), run as the command line is parsed, so that a value
 out of range is one line `error: --name=VALUE ...` and exit code 2
 (cli.parse_flags) before a tool starts, and no tool checks them again.
 
-A base-layer module; compressive/cli.py re-exports its names
-(`cli.define_workdir_flags`, `cli.validate_int_flag`, ...).
+A base-layer module: the tools import it themselves
+(`cli_flags.define_workdir_flags`, `cli_flags.validate_int_flag`, ...).
 """
 
 from __future__ import annotations

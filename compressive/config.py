@@ -29,9 +29,8 @@ import ml_collections
 from compressive import data as data_lib
 from compressive import values
 from compressive.errors import ConfigError, DoesNotFitError, MeshError
-# Re-exported: check's result and its groups.
-from compressive.experiment import (  # noqa: F401
-    EvalConfig, Experiment, OptimizerConfig, TrainConfig)
+from compressive.experiment import (
+    EvalConfig, Experiment, TrainConfig)
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
 from compressive.model.transformer import CompressiveTransformer

@@ -24,6 +24,8 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+
+from compressive import cli_flags
 from compressive import data as data_lib
 from compressive import reading
 from compressive import values
@@ -32,16 +34,16 @@ from compressive.evaluation import evaluate as eval_lib
 from compressive.training import layout
 
 FLAGS = flags.FLAGS
-cli.define_workdir_flags()
-cli.define_split_flags("Split to evaluate.",
+cli_flags.define_workdir_flags()
+cli_flags.define_split_flags("Split to evaluate.",
                        "Stop after this many segments per row (a quick estimate).")
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
 for _name in ("batch_size", "segment_length"):
-  cli.validate_int_flag(_name, "[1, 2**31)", also=(-1,),
+  cli_flags.validate_int_flag(_name, "[1, 2**31)", also=(-1,),
                         must=">= 1 (or -1: the training run's), below 2**31")
-cli.define_memory_flags()
-cli.define_multihost_flags(refer_to_train=True)
+cli_flags.define_memory_flags()
+cli_flags.define_multihost_flags(refer_to_train=True)
 
 
 def main(argv):

@@ -15,10 +15,12 @@ from absl import flags
 
 from compressive import cli
 from compressive import reading
+
+from compressive import cli_flags
 from compressive.training import export as export_lib
 
 FLAGS = flags.FLAGS
-cli.define_workdir_flags()
+cli_flags.define_workdir_flags()
 flags.DEFINE_string("output", None, "The export's folder: new, or empty.")
 flags.mark_flag_as_required("output")
 

@@ -9,7 +9,7 @@ run opened.
 
 `tool` is the preamble: the libraries quiet, a user's mistake one line and
 exit code 2 (cli.user_errors), --plugin imported and nothing else imported
-on the saved config's say-so (cli.reading_saved_run), the tool's own flag
+on the saved config's say-so (cli_flags.reading_saved_run), the tool's own flag
 checks (each flag group checks its own ranges as it is parsed), the
 multi-host runtime joined where the tool has its flags, and progress lines
 on stderr. `saved_experiment` reads the workdir's (or export's) config.json,
@@ -34,9 +34,13 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
+from compressive import cli_flags
 from compressive.errors import CheckpointError
 from compressive.scale import sharding
 from compressive.training import checkpoint
+from compressive.training import runconfig
 from compressive.training import export as export_lib
 from compressive.training import opening
 
@@ -53,10 +57,10 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
   first); `progress`: progress lines (logging INFO) on stderr, from process
   0 only. What the tool prints after the body (its result) runs outside it."""
   cli.quiet_libraries()
-  with cli.user_errors(), cli.reading_saved_run():
+  with cli.user_errors(), cli_flags.reading_saved_run():
     if validate is not None:
       validate()
-    if "multihost" in FLAGS:  # the tool has the multi-host flags (cli.define_multihost_flags)
+    if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
       sharding.initialize_distributed(
           auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
           num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
@@ -68,8 +72,8 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
 
 def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
                      step_must_exist: bool = False,
-                     check: Optional[Callable[[checkpoint.SavedConfig], None]] = None
-                     ) -> config_lib.Experiment:
+                     check: Optional[Callable[[runconfig.SavedConfig], None]] = None
+                     ) -> experiment_lib.Experiment:
   """The saved config of --workdir (a workdir or an export) made ready and
   checked (config.check_saved): the evaluation sizes of the flags `sizes`
   (config.SIZE_FIELDS) and --mesh_shape applied, `split` set as eval.split;
@@ -79,7 +83,7 @@ def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMO
   (CheckpointError) before anything is loaded. Last, the config is compared
   with the identity the run recorded (model, data section, tokenizer): an
   edited config.json never chooses what is read."""
-  config = checkpoint.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+  config = runconfig.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
   if check is not None:
     check(config)
   if split is not None:
@@ -94,7 +98,7 @@ def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMO
   return experiment
 
 
-def open_run(experiment: config_lib.Experiment) -> opening.OpenRun:
+def open_run(experiment: experiment_lib.Experiment) -> opening.OpenRun:
   """--workdir's checkpoint --step (default the newest: a trainer may rotate
   it away meanwhile, and the newest that exists is read), opened as
   `experiment` (saved_experiment's)."""

@@ -17,6 +17,8 @@ from absl import flags
 
 from compressive import cli
 from compressive import files
+
+from compressive import cli_flags
 from compressive import data as data_lib
 from compressive import reading
 from compressive.errors import ConfigError
@@ -27,21 +29,21 @@ FLAGS = flags.FLAGS
 # The most of a --prompt_file read: a prompt is text that the model reads
 # once, at any length, into a memory of fixed size.
 PROMPT_BYTES = 64 << 20
-cli.define_workdir_flags()
+cli_flags.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
-cli.validate_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
+cli_flags.validate_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
 flags.DEFINE_float("temperature", 1.0, "0 means greedy.")
-cli.validate_number_flag("temperature", "[0, inf)", must="a finite number >= 0 (0: greedy)")
+cli_flags.validate_number_flag("temperature", "[0, inf)", must="a finite number >= 0 (0: greedy)")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
-cli.validate_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), below 2**31")
+cli_flags.validate_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), below 2**31")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
-cli.validate_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
+cli_flags.validate_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-cli.validate_int_flag("seed", "[0, 2**32)",
+cli_flags.validate_int_flag("seed", "[0, 2**32)",
                       must="an integer in [0, 2**32) (the PRNG key's 32 bits)")
-cli.define_memory_flags()
+cli_flags.define_memory_flags()
 
 
 def validate_flags() -> None:

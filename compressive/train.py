@@ -30,6 +30,10 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+
+from compressive import cli_flags
+
+from compressive import cli_config
 from compressive import errors
 from compressive import values
 from compressive.errors import ConfigError
@@ -40,8 +44,8 @@ from compressive.training import loop as train_lib
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
-cli.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
-cli.define_multihost_flags()
+cli_flags.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
+cli_flags.define_multihost_flags()
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
                   "from the newest one that can instead of stopping with an error.")
@@ -113,7 +117,7 @@ def train(config, workdir: str) -> None:
                                           restore_intact=FLAGS.restore_intact,
                                           profile_steps=profile,
                                           accept_changed_corpus=FLAGS.accept_changed_corpus,
-                                          config_name=cli.config_argument(sys.argv, "config"))
+                                          config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")

@@ -146,9 +146,9 @@ def run_identity_of(config=None):
   """The identity a trainer records in its checkpoints for `config`
   (default tiny_experiment()): for tests that save a checkpoint themselves."""
   from compressive import data as data_lib
-  from compressive.training import checkpoint as ckpt_lib
+  from compressive.training import integrity
   config = tiny_experiment() if config is None else config
-  return ckpt_lib.run_identity(config, data_lib.get_tokenizer(config.data).identity,
+  return integrity.run_identity(config, data_lib.get_tokenizer(config.data).identity,
                                data_lib.corpus_identity(config.data),
                                data_lib.data_identity(config.data))
 
@@ -160,6 +160,7 @@ def untrained_workdir(workdir, config=None, step=1):
   training run. Returns the workdir's path as a string."""
   from compressive import config as config_lib
   from compressive.training import checkpoint as ckpt_lib
+  from compressive.training import runconfig
   from compressive.training import setup as setup_lib
   from compressive.training import step as train_step
   config = tiny_experiment() if config is None else config
@@ -171,7 +172,7 @@ def untrained_workdir(workdir, config=None, step=1):
   checkpointer.save(step, state, memory, {"position": np.zeros(config.batch_size, np.int64)},
                     run_identity_of(config))
   checkpointer.close()
-  ckpt_lib.save_config(str(workdir), config)
+  runconfig.save_config(str(workdir), config)
   return str(workdir)
 
 

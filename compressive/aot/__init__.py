@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from compressive import config as config_lib
+from compressive import experiment as experiment_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.scale import flops as flops_lib
 from compressive.scale import sharding
@@ -41,7 +41,7 @@ def _abstract(tree, shardings):
                       tree, shardings)
 
 
-def lower_train_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowered:
+def lower_train_step(experiment: experiment_lib.Experiment, mesh) -> jax.stages.Lowered:
   """The checked experiment's train step on `mesh` (training's own), lowered
   from shapes."""
   train, cfg = experiment.train, experiment.model
@@ -58,7 +58,7 @@ def lower_train_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowe
                     _abstract(setup.abstract_memory, layout.memory), batch)
 
 
-def lower_eval_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lowered:
+def lower_eval_step(experiment: experiment_lib.Experiment, mesh) -> jax.stages.Lowered:
   """One segment of streaming evaluation at the config's evaluation sizes
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
@@ -79,7 +79,7 @@ def lower_eval_step(experiment: config_lib.Experiment, mesh) -> jax.stages.Lower
   return step.lower(params, carry, batch)
 
 
-def model_flops(experiment: config_lib.Experiment, step: str) -> float:
+def model_flops(experiment: experiment_lib.Experiment, step: str) -> float:
   """Our count of the step's model FLOPs (compressive/scale/flops.py), all devices."""
   train, cfg = experiment.train, experiment.model
   if step == "train":
@@ -188,7 +188,7 @@ def xla_flops(compiled) -> Optional[float]:
 
 def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
            compile_seconds: float, device_memory_bytes: Optional[int],
-           peak_flops_per_device: Optional[float], experiment: config_lib.Experiment) -> Report:
+           peak_flops_per_device: Optional[float], experiment: experiment_lib.Experiment) -> Report:
   memory = per_device_bytes(compiled.memory_analysis())
   per_device_flops = xla_flops(compiled)
   n = len(devices)
@@ -210,7 +210,7 @@ def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
 GIB = 1024**3
 
 
-def advice(experiment: config_lib.Experiment, step: str,
+def advice(experiment: experiment_lib.Experiment, step: str,
            per_device: Optional[dict[str, int]] = None) -> str:
   """What to change when a step does not fit, from what fills the device
   (per_device None: not known, as when the TPU compiler refuses)."""

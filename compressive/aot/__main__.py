@@ -34,6 +34,7 @@ import jax
 
 from compressive import cli
 from compressive import config as config_lib
+from compressive import experiment as experiment_lib
 from compressive.errors import DoesNotFitError
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def main(argv):
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))
 
 
-def _check(config, step: str, target, num_devices: int) -> config_lib.Experiment:
+def _check(config, step: str, target, num_devices: int) -> experiment_lib.Experiment:
   """The config for `target`, its size estimated against the target's memory
   before the model is built: a config whose shapes alone exceed it does not
   fit, said at once (exit 1, as for a compiled step that does not fit)."""
@@ -138,7 +139,7 @@ def run(config, target_name: str, step: str) -> int:
   return 0
 
 
-def _fail_too_big(what: str, result: "Report", experiment: config_lib.Experiment,
+def _fail_too_big(what: str, result: "Report", experiment: experiment_lib.Experiment,
                   step: str) -> NoReturn:
   """Exit 1 for a compiled step whose `result` does not fit."""
   from compressive import aot as aot_lib

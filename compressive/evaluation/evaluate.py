@@ -43,6 +43,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive import data as data_lib
 from compressive.values import hms
 from compressive.model import losses
@@ -249,7 +251,7 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
   return init, loss_step
 
 
-def stream_shapes(experiment: config_lib.Experiment, mesh: Mesh,
+def stream_shapes(experiment: experiment_lib.Experiment, mesh: Mesh,
                   num_documents: Optional[int] = None):
   """(B, T, init): a stream's rows and segment length at the evaluation
   sizes (`experiment.eval`), and init() -> its fresh memory. B is the eval

@@ -1,4 +1,4 @@
-"""Typed, validated view of the `model` config, and the project's ConfigError.
+"""Typed, validated view of the `model` config.
 
 Configs are ml_collections ConfigDicts (configs/*.py). The model reads them
 through `ModelConfig`, a frozen (hashable) dataclass, so that a bad value is
@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from compressive import values
-from compressive.errors import ConfigError  # re-exported: compressive.ConfigError
+from compressive.errors import ConfigError
 from compressive.model.losses import RECONSTRUCTION_LOSSES
 
 DTYPES = ("float32", "bfloat16")

@@ -79,9 +79,7 @@ import os
 from typing import Optional, Union
 
 from compressive.errors import ConfigError
-# The GPUs' descriptions (GPU_SPECS, gpu_target_config), re-exported here.
-from compressive.scale.gpu_specs import (  # noqa: F401
-    GPU_SPECS, GiB, KiB, MiB, gpu_target_config)
+from compressive.scale.gpu_specs import GPU_SPECS, GiB, gpu_target_config
 
 
 # What a missing libtpu or CUDA plugin's error advises.

@@ -21,14 +21,8 @@ import orbax.checkpoint as ocp
 
 from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
-# Used here, and re-exported: callers name them as the checkpoint's.
-from compressive.training.integrity import (  # noqa: F401
-    RUNTIME_MODEL_FIELDS, DamagedCheckpointError, RunMismatchError, compare_identity, fingerprint,
-    json_digest, run_identity)
-from compressive.training.orbax_errors import WRITE_ERRNOS, write_errno  # noqa: F401
-from compressive.training.trees import abstract  # noqa: F401
-from compressive.training.runconfig import (  # noqa: F401
-    CONFIG_FILE, SavedConfig, check_resume_config, load_config, save_config)
+from compressive.training.integrity import DamagedCheckpointError
+from compressive.training.orbax_errors import write_errno
 
 
 def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):

@@ -39,6 +39,9 @@ import orbax.checkpoint as ocp
 
 from compressive import files
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import trees
+from compressive.training import runconfig
+from compressive.training import orbax_errors
 from compressive.training import integrity as integrity_lib
 from compressive.training import layout, savedjson, sidefiles
 from compressive.scale import sharding
@@ -115,7 +118,7 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 
 def _manifest_digest(manifest: dict[str, Any]) -> str:
-  return ckpt_lib.json_digest({k: v for k, v in manifest.items() if k != "sha256"})
+  return integrity_lib.json_digest({k: v for k, v in manifest.items() if k != "sha256"})
 
 
 def _file_digest(path: str) -> Optional[str]:
@@ -127,7 +130,7 @@ def _file_digest(path: str) -> Optional[str]:
     return None
 
 
-def check_identity(path: str, config: ckpt_lib.SavedConfig,
+def check_identity(path: str, config: runconfig.SavedConfig,
                    step: Optional[int] = None) -> None:
   """RunMismatchError, before any corpus is read or model built, when the
   config (the saved one, as a reader made it ready) is not the one the
@@ -139,7 +142,7 @@ def check_identity(path: str, config: ckpt_lib.SavedConfig,
     where, saved = f"export {path}", read_manifest(path).get("identity")
   else:
     where, saved = inference.saved_identity(path, step)
-  ckpt_lib.compare_identity(where, saved, inference.reader_identity(config), ())
+  integrity_lib.compare_identity(where, saved, inference.reader_identity(config), ())
 
 
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
@@ -182,11 +185,11 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   if is_export(workdir):
     raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
                           "training workdir")
-  config = ckpt_lib.load_config(workdir)  # as saved: loading may refit its mesh
+  config = runconfig.load_config(workdir)  # as saved: loading may refit its mesh
   model, step = inference.open_workdir(workdir, inference.saved_experiment(workdir), step)
   identity = _identity_of(workdir, step, config)
   params = nnx.to_pure_dict(nnx.state(model))
-  integrity = ckpt_lib.fingerprint(params)
+  integrity = integrity_lib.fingerprint(params)
   output = os.path.abspath(output)
   parent = os.path.dirname(output)
   os.makedirs(parent, exist_ok=True)
@@ -202,7 +205,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
     with _write_errors(output):
       with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(written.params, params)
-      ckpt_lib.save_config(partial, config)
+      runconfig.save_config(partial, config)
       manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
                   "source": os.path.abspath(workdir), "integrity": integrity,
                   "identity": identity,
@@ -217,7 +220,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   return int(step)
 
 
-def _identity_of(workdir: str, step: int, config: ckpt_lib.SavedConfig) -> dict[str, Any]:
+def _identity_of(workdir: str, step: int, config: runconfig.SavedConfig) -> dict[str, Any]:
   """The identity to record in the export of `workdir`'s checkpoint `step`:
   the one the checkpoint recorded (just verified against this config), each
   part it left unknown taken from the config and the tokenizer here."""
@@ -273,7 +276,7 @@ def _write_errors(output: str):
   except OSError:
     raise
   except Exception as e:
-    code = ckpt_lib.write_errno(e)
+    code = orbax_errors.write_errno(e)
     if code is None:
       raise
     raise OSError(code, os.strerror(code), output) from None
@@ -326,11 +329,11 @@ def open_export(path: str, experiment, step: Optional[int] = None) -> tuple[Any,
   manifest = manifest_of_step(path, step)
   # The run's identity, as a checkpoint's is compared: another tokenizer
   # (a SentencePiece model retrained in place), model or data config.
-  ckpt_lib.compare_identity(f"export {path}", manifest.get("identity"),
+  integrity_lib.compare_identity(f"export {path}", manifest.get("identity"),
                             inference.reader_identity(experiment.config), ())
   setup = setup_lib.build_setup(experiment)
   params = _read_params(path, setup.abstract_state.params, setup.layout.state.params)
-  got = ckpt_lib.fingerprint(params)
+  got = integrity_lib.fingerprint(params)
   recorded = manifest["integrity"].get("sums")
   recorded = recorded if isinstance(recorded, dict) else {}
   bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
@@ -361,7 +364,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
                             "export the workdir again") from e
     _check_shapes(path, saved, abstract_params)
     try:
-      return checkpointer.restore(where, ckpt_lib.abstract(abstract_params, shardings))
+      return checkpointer.restore(where, trees.abstract(abstract_params, shardings))
     except Exception as e:
       raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); "

@@ -17,7 +17,11 @@ from typing import Optional
 import jax
 
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
+from compressive.training import integrity
 from compressive import data as data_lib
 from compressive.training import setup as setup_lib
 from compressive.errors import UserError
@@ -27,24 +31,24 @@ _log = logging.getLogger("compressive")
 
 
 def saved_experiment(path: str, config: Optional[config_lib.ConfigOrExperiment] = None
-                     ) -> config_lib.Experiment:
+                     ) -> experiment_lib.Experiment:
   """The Experiment a run (workdir or export) at `path` is opened as:
   `config` as it is when it is an Experiment (a tool's, config.check_saved's),
   else that config (default its saved config, refitted to this machine's
   devices when its mesh does not fit them), checked as a config read here,
   not trained (config.check with training=False; neither its data nor its
   size against this machine: reading parameters needs neither)."""
-  if isinstance(config, config_lib.Experiment):
+  if isinstance(config, experiment_lib.Experiment):
     return config
   if config is None:
-    config = ckpt_lib.load_config(path)
+    config = runconfig.load_config(path)
     if config_lib.fit_mesh_to_devices(config):
       _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
                 jax.device_count(), config.mesh.shape)
   return config_lib.check(config, training=False, here=False, num_devices=jax.device_count())
 
 
-def open_workdir(workdir: str, experiment: config_lib.Experiment, step: Optional[int] = None
+def open_workdir(workdir: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
                  ) -> tuple[CompressiveTransformer, int]:
   """(model, step) of `workdir`'s checkpoint `step` (default the newest),
   restored onto the run's setup (setup.build_setup: the experiment's
@@ -66,12 +70,12 @@ def model_of(setup: setup_lib.Setup, params) -> CompressiveTransformer:
   return model
 
 
-def reader_identity(config: ckpt_lib.SavedConfig) -> dict:
+def reader_identity(config: runconfig.SavedConfig) -> dict:
   """The identity a reader compares with the one a checkpoint or export
   recorded, from the config as written: the model config, the tokenizer (when it can be built here) and
   the data config's generating fields. Not the corpus's content: a reader
   measures the corpus as it is."""
-  return ckpt_lib.run_identity(config, _tokenizer_identity(config.data),
+  return integrity.run_identity(config, _tokenizer_identity(config.data),
                                data=data_lib.data_identity(config.data))
 
 

@@ -27,13 +27,18 @@ from typing import Any, Callable, Optional
 
 import jax
 
+from compressive import files
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive import values
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.errors import CheckpointError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
+from compressive.training import integrity
 from compressive.training import curves
 from compressive.training import interrupts
 from compressive.training import layout
@@ -46,7 +51,6 @@ from compressive.training import step as train_step
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 # Re-exported: the error train_and_evaluate raises.
-from compressive.errors import NonFiniteError  # noqa: F401
 
 _log = logging.getLogger("compressive")
 
@@ -156,9 +160,9 @@ def _remove_stub(workdir: str) -> None:
   owner record, and the workdir itself when nothing else is there."""
   run = layout.Workdir(workdir)
   for path in (run.lock, run.log):
-    if sidefiles.kind(path) == "file" and (path != run.log or not os.path.getsize(path)):
+    if files.kind(path) == "file" and (path != run.log or not os.path.getsize(path)):
       os.remove(path)
-  if sidefiles.kind(run.checkpoints) == "a folder":
+  if files.kind(run.checkpoints) == "a folder":
     if set(os.listdir(run.checkpoints)) <= {layout.OWNER_FILE}:
       shutil.rmtree(run.checkpoints)
   for folder in (*reversed(run.side_folders), workdir):
@@ -168,7 +172,7 @@ def _remove_stub(workdir: str) -> None:
       pass  # not there, or not empty: kept
 
 
-def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
+def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
   """What a start would do, checked as a start checks it (the data, every
   document read once; the model built abstractly on this machine's mesh; a
   resume's config against the workdir's), in one line; nothing is written,
@@ -188,11 +192,11 @@ def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
     steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
   if steps:
     try:
-      ckpt_lib.load_config(workdir)  # a damaged one a start would set aside: not here
+      runconfig.load_config(workdir)  # a damaged one a start would set aside: not here
     except (OSError, CheckpointError):
       pass
     else:
-      ckpt_lib.check_resume_config(workdir, experiment.config)
+      runconfig.check_resume_config(workdir, experiment.config)
   device = setup.layout.mesh.devices.flat[0]
   where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
   return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
@@ -206,7 +210,7 @@ def dry_run(experiment: config_lib.Experiment, workdir: str) -> str:
 class _Run:
   """What a run's steps use besides the state and memory (built by `_train`;
   the clock, metric log and window by `_steps`, once the state is ready)."""
-  experiment: config_lib.Experiment
+  experiment: experiment_lib.Experiment
   workdir: str
   checkpointer: ckpt_lib.Checkpointer
   setup: setup_lib.Setup
@@ -224,24 +228,24 @@ class _Run:
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _train(experiment: config_lib.Experiment, workdir, checkpointer, is_main,
+def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main,
            options: _Options) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
   config, data = experiment.config, experiment.data  # as written: config.json, the identity
   if checkpointer.all_steps():
-    ckpt_lib.check_resume_config(workdir, config)
+    runconfig.check_resume_config(workdir, config)
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
-  identity = ckpt_lib.run_identity(config, tokenizer.identity, data_lib.corpus_identity(data),
+  identity = integrity.run_identity(config, tokenizer.identity, data_lib.corpus_identity(data),
                                    data_lib.data_identity(data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
   if is_main:  # only once the run is known to fit what the workdir holds
-    ckpt_lib.save_config(workdir, config)
+    runconfig.save_config(workdir, config)
   if runlog.finished(experiment.train, start, workdir):
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
@@ -314,7 +318,7 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   return run.last_eval
 
 
-def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
+def _step_fn(experiment: experiment_lib.Experiment, setup: setup_lib.Setup,
              train_iter: data_lib.SegmentIterator):
   """The jitted train step on the run's layout (its mesh and, if any, its
   gradient accumulation logged)."""
@@ -343,7 +347,7 @@ def _step_fn(experiment: config_lib.Experiment, setup: setup_lib.Setup,
       grad_accum_steps=train.grad_accum_steps, gradient_window=train.gradient_window)
 
 
-def _save_due(train: config_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:
+def _save_due(train: experiment_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:
   every = train.checkpoint_every_steps
   return stopping or step == end or bool(every and step % every == 0)
 
@@ -366,7 +370,7 @@ def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]
   return None
 
 
-def _eval_due(train: config_lib.TrainConfig, step: int) -> bool:
+def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
   every = train.eval_every_steps
   return bool(every and step % every == 0) or step == train.num_train_steps
 

@@ -133,7 +133,7 @@ def append_line(path: str, line: str) -> None:
   refuses part way is cut back off, so the file stays whole lines."""
   data = (line + "\n").encode("utf-8")
   with _naming(path):
-    fd = sidefiles.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
       size = os.fstat(fd).st_size
       try:
@@ -174,7 +174,7 @@ def read_jsonl(path: str) -> list[dict]:
   record (a write cut short by a crash or a full disk, before append_line
   guarded against it, or any line savedjson.parse calls damaged) is left
   out with a warning: a side file never stops
-  a run or a tool. Only a regular file is read (sidefiles.NotAFileError
+  a run or a tool. Only a regular file is read (files.NotAFileError
   for anything else in its place, or one beyond sidefiles.METRICS_BYTES)."""
   if not os.path.lexists(path):
     return []
@@ -207,7 +207,7 @@ def truncate_jsonl(path: str, step: int) -> None:
   replacing the file at once; streamed, so a long run's file is never held
   in memory. A metrics file too large to read (sidefiles.METRICS_BYTES) is
   set aside with a warning, and the run starts a new one."""
-  if sidefiles.kind(path) is None:
+  if files.kind(path) is None:
     return
   try:
     with sidefiles.lines(path, sidefiles.METRICS_BYTES) as f:
@@ -223,7 +223,7 @@ def truncate_jsonl(path: str, step: int) -> None:
               yield json.dumps(record) + "\n"
 
       _replace_lines(path, kept())
-  except sidefiles.NotAFileError as e:
+  except files.NotAFileError as e:
     if e.path != path:
       raise
     sidefiles.set_aside(path, e.what)

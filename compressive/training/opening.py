@@ -16,6 +16,8 @@ import dataclasses
 from typing import Optional
 
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive.model.transformer import CompressiveTransformer
 from compressive.training import export as export_lib
 from compressive.training import inference
@@ -25,7 +27,7 @@ from compressive.training import inference
 class OpenRun:
   """A trained run, opened: the experiment it was opened as, its model with
   the step's parameters, and the step."""
-  experiment: config_lib.Experiment
+  experiment: experiment_lib.Experiment
   model: CompressiveTransformer
   step: int
 

@@ -18,10 +18,12 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive import data as data_lib
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity
 from compressive.training import layout
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
@@ -58,7 +60,7 @@ def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
   for step in reversed(steps):
     try:
       return step, checkpointer.restore(step, *targets, identity=identity, accept=accept)
-    except ckpt_lib.DamagedCheckpointError as e:
+    except integrity.DamagedCheckpointError as e:
       if not restore_intact:
         raise
       _log.warning("skipping checkpoint %d: %s", step, e)
@@ -118,7 +120,7 @@ def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, An
   return None
 
 
-def start_state(experiment: config_lib.Experiment, setup: setup_lib.Setup, start: int, restored,
+def start_state(experiment: experiment_lib.Experiment, setup: setup_lib.Setup, start: int, restored,
                 train_iter: data_lib.SegmentIterator, writer: MetricWriter, is_main: bool,
                 workdir: str, accept_changed_corpus: bool = False):
   """(state, memory) to train from: the restored ones, with the data iterator

@@ -19,7 +19,6 @@ from compressive.errors import CheckpointError, ConfigError
 from compressive.training import layout, savedjson, sidefiles
 from compressive.training.integrity import RUNTIME_MODEL_FIELDS
 
-CONFIG_FILE = layout.CONFIG_FILE  # checkpoint.py re-exports it to its callers
 
 # A config as written: what config.json holds, and what a checkpoint's
 # identity and the logged hyperparameters record (Experiment.config). The
@@ -38,7 +37,7 @@ def load_config(workdir: str) -> SavedConfig:
   """The config saved in a workdir or an export; one line naming what is
   wrong when `workdir` is not a folder holding a readable config.json.
   CheckpointError when it cannot be read as a config: damaged, or not a
-  regular file (a folder, a link, a FIFO: sidefiles.NotAFileError), or
+  regular file (a folder, a link, a FIFO: files.NotAFileError), or
   beyond sidefiles.CONFIG_BYTES."""
   path = layout.Workdir(workdir).config
   if not os.path.lexists(workdir):
@@ -50,7 +49,7 @@ def load_config(workdir: str) -> SavedConfig:
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
-    values = savedjson.parse(sidefiles.read_bytes(path, sidefiles.CONFIG_BYTES), path)
+    values = savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path)
     return ml_collections.ConfigDict(_tuples(values))
   except savedjson.DamagedJSONError as e:
     cause = e.cause

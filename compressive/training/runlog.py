@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive import files
 from compressive import experiment as experiment_lib
 from compressive import values
 from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
-from compressive.training import layout, sidefiles
+from compressive.training import layout
 from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value,
                                           truncate_jsonl)
 
@@ -38,13 +39,13 @@ LOG_FILE = layout.LOG_FILE
 
 class LogFile(logging.FileHandler):
   """WORKDIR/train.log: appends the logger's lines. Opened only as a regular
-  file (sidefiles.open_regular: never a link followed, never a FIFO waited
+  file (files.open_regular: never a link followed, never a FIFO waited
   on). A write that fails (a full disk) stops the file with one warning
   naming it instead of printing logging's traceback for every line; the
   console keeps the log, and closing the file never raises."""
 
   def _open(self):
-    fd = sidefiles.open_regular(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = files.open_regular(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
   def handleError(self, record):

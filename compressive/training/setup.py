@@ -21,12 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
-from compressive.training import checkpoint as ckpt_lib
+from compressive.training import trees
 from compressive.training import step as train_step
 
 
@@ -44,11 +45,11 @@ class Setup:
   def restore_targets(self) -> tuple[Any, Any]:
     """The abstract (state, memory) a checkpoint restores onto: this run's
     shapes on this run's mesh, whatever mesh wrote the checkpoint."""
-    return (ckpt_lib.abstract(self.abstract_state, self.layout.state),
-            ckpt_lib.abstract(self.abstract_memory, self.layout.memory))
+    return (trees.abstract(self.abstract_state, self.layout.state),
+            trees.abstract(self.abstract_memory, self.layout.memory))
 
 
-def build_setup(experiment: config_lib.Experiment,
+def build_setup(experiment: experiment_lib.Experiment,
                 mesh: Optional[jax.sharding.Mesh] = None) -> Setup:
   """Shapes and layout of training on `mesh` (default: the config's mesh over
   this run's devices; aot.py passes a target's), from the checked
@@ -68,7 +69,7 @@ def build_setup(experiment: config_lib.Experiment,
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 
-def train_data(experiment: config_lib.Experiment, layout: train_step.Layout, tokenizer):
+def train_data(experiment: experiment_lib.Experiment, layout: train_step.Layout, tokenizer):
   """(train iterator over this process's batch rows, evaluation documents)."""
   train, data, split = experiment.train, experiment.data, experiment.eval.split
   s, b, t = train.segments_per_step, train.batch_size, train.segment_length
@@ -87,7 +88,7 @@ def train_data(experiment: config_lib.Experiment, layout: train_step.Layout, tok
   return train_iter, eval_docs
 
 
-def step_batches(train: config_lib.TrainConfig, layout: train_step.Layout,
+def step_batches(train: experiment_lib.TrainConfig, layout: train_step.Layout,
                  train_iter: data_lib.SegmentIterator) -> prefetch.StepIterator:
   """Each step's global batch [S, B, ...], of which this process makes its
   rows and transfers them to the batch sharding (in the prefetch thread)."""

@@ -37,12 +37,6 @@ FOLDERS = layout.SIDE_FOLDERS
 CONFIG_BYTES = 16 << 20
 METRICS_BYTES = 2 << 30
 
-# The one way a file is opened for reading, re-exported for the side files'
-# readers and writers: regular files only, never through a link.
-NotAFileError = files.NotAFileError
-kind = files.kind
-open_regular = files.open_regular
-read_bytes = files.read_bytes
 
 
 def set_aside(path: str, why: str) -> str:
@@ -63,13 +57,13 @@ def prepare(workdir: str) -> None:
   nothing; anything else is set aside."""
   run = layout.Workdir(workdir)
   for path in run.side_files:
-    what = kind(path)
+    what = files.kind(path)
     if what not in (None, "file"):
       set_aside(path, f"{what}, not a file")
     elif what == "file" and os.lstat(path).st_nlink > 1:
       unshare(path)
   for path in run.side_folders:
-    what = kind(path)
+    what = files.kind(path)
     if what not in (None, "a folder"):
       set_aside(path, f"{'a file' if what == 'file' else what}, not a folder")
 
@@ -78,7 +72,7 @@ def unshare(path: str) -> None:
   """Makes the file at `path`, which has other names (a hard-linked copy of a
   workdir: `cp -al`, `rsync --link-dest`), a file of its own with the same
   bytes, so that appending to it never writes into the other workdir."""
-  fd = open_regular(path, os.O_RDONLY)
+  fd = files.open_regular(path, os.O_RDONLY)
   with os.fdopen(fd, "rb") as src, files.replacing(path, binary=True) as dst:
     shutil.copyfileobj(src, dst)
   _log.info("%s had other names (a hard-linked copy); it is now a file of its own", path)
@@ -87,10 +81,10 @@ def unshare(path: str) -> None:
 @contextlib.contextmanager
 def lines(path: str, limit: int) -> Iterator[Iterator[str]]:
   """The lines of the regular file `path` (text, undecodable bytes
-  replaced), streamed; NotAFileError when it holds more than `limit` bytes."""
-  fd = open_regular(path, os.O_RDONLY)
+  replaced), streamed; files.NotAFileError when it holds more than `limit` bytes."""
+  fd = files.open_regular(path, os.O_RDONLY)
   with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
     size = os.fstat(f.fileno()).st_size
     if size > limit:
-      raise NotAFileError(path, f"larger than the {limit >> 20} MiB read of it")
+      raise files.NotAFileError(path, f"larger than the {limit >> 20} MiB read of it")
     yield f

@@ -17,7 +17,8 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive.model.compression import COMPRESSIONS
-from compressive.model.config import ConfigError, ModelConfig
+from compressive.errors import ConfigError
+from compressive.model.config import ModelConfig
 from helpers import jitted_forward
 
 FIELDS = dict(

@@ -18,7 +18,8 @@ import compressive
 from compressive import config as config_lib
 from compressive.model import attention as attention_lib
 from compressive.scale import sharding
-from compressive.model.config import ConfigError, ModelConfig
+from compressive.errors import ConfigError
+from compressive.model.config import ModelConfig
 from compressive.model.sampling import Sampler
 from helpers import (greedy_without_cache, jitted_forward, make_model, run_segments,
                      tiny_model_config)
@@ -188,11 +189,11 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 
 
 def test_resuming_with_other_positions_names_the_field(tmp_path):
-  from compressive.training import checkpoint
+  from compressive.training import runconfig
   from compressive.configs import default, default_rope
-  checkpoint.save_config(str(tmp_path), default.get_config())
+  runconfig.save_config(str(tmp_path), default.get_config())
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
-    checkpoint.check_resume_config(str(tmp_path), default_rope.get_config())
+    runconfig.check_resume_config(str(tmp_path), default_rope.get_config())
 
 
 def test_attention_implementation_is_checked_before_anything_runs():

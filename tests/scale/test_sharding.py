@@ -28,7 +28,9 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
+from compressive import experiment as experiment_lib
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import trees
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
@@ -72,7 +74,7 @@ def abstract_training(config):
   """(abstract nnx state, abstract params, abstract train state) of a config,
   unchecked: its mesh may be another machine's."""
   state = abstract_state(config)
-  params, train = nnx.to_pure_dict(state), config_lib.TrainConfig.from_config(config)
+  params, train = nnx.to_pure_dict(state), experiment_lib.TrainConfig.from_config(config)
   return state, params, train_step.abstract_train_state(
       train, params, train_step.make_optimizer(train, params))
 
@@ -424,7 +426,7 @@ def step20_checkpoint(workdir):
   memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
   state = abstract_training(config)[2]
   here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  on_one = lambda tree: ckpt_lib.abstract(tree, jax.tree.map(lambda _: here, tree))
+  on_one = lambda tree: trees.abstract(tree, jax.tree.map(lambda _: here, tree))
   c = ckpt_lib.Checkpointer(workdir, create=False, read_only=True)
   try:
     return c.restore(20, on_one(state), on_one(memory))

@@ -14,7 +14,7 @@ from contextlib import redirect_stderr
 import pytest
 
 from compressive import config as config_lib
-from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
 from compressive import cli
 from compressive import data as data_lib
 import compressive
@@ -112,7 +112,7 @@ def damaged_newest(tmp):
 def stale_config(tmp):
   _one_step(tmp)
   narrow = tiny_experiment(**{"model.d_model": 16, "num_train_steps": 2})
-  ckpt_lib.save_config(str(tmp / "wd"), narrow)
+  runconfig.save_config(str(tmp / "wd"), narrow)
   train_lib.train_and_evaluate(narrow, str(tmp / "wd"), restore_intact=True)
 
 

@@ -149,7 +149,7 @@ def test_entry_points_run_from_another_directory(tmp_path, script, extra):
   assert r.stderr.strip().startswith("error: ") and "not a training workdir" in r.stderr
 
 
-# The flags cli.define_*_flags define for a tool are the tool's own: its
+# The flags cli_flags.define_*_flags define for a tool are the tool's own: its
 # --help lists them with their help (train.py's multi-host help in full, the
 # others' referring to it).
 SHARED_FLAGS = {

@@ -13,6 +13,8 @@ from absl import flags
 from compressive import cli
 from helpers import ROOT
 
+from compressive import cli_config
+
 DEFAULT = os.path.join(ROOT, 'configs', 'default.py')
 
 
@@ -31,7 +33,7 @@ def failure(*overrides, config=DEFAULT):
   argv = ['prog', f'--config={config}', *overrides]
   with pytest.raises(Exception) as e:
     parse(*overrides, config=config)
-  line = cli.parse_failure(argv, e.value)
+  line = cli_config.parse_failure(argv, e.value)
   assert line is not None and '\n' not in line, (line, e.value)
   return line
 

@@ -20,6 +20,8 @@ import pytest
 
 from compressive import cli
 from compressive.training import loop as train_lib
+
+from compressive import cli_config
 from helpers import ROOT, TESTS, tiny_experiment
 
 TIMEOUT = 600
@@ -35,17 +37,17 @@ def python(*args, cwd, env=None):
 
 def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  assert {"default", "enwik8", "gpu8"} <= set(cli.config_names())
-  assert cli.resolve_config("default") == os.path.join(cli.CONFIG_DIR, "default.py")
-  assert cli.resolve_config("gpu8:pg19") == os.path.join(cli.CONFIG_DIR, "gpu8.py") + ":pg19"
+  assert {"default", "enwik8", "gpu8"} <= set(cli_config.config_names())
+  assert cli_config.resolve_config("default") == os.path.join(cli_config.CONFIG_DIR, "default.py")
+  assert cli_config.resolve_config("gpu8:pg19") == os.path.join(cli_config.CONFIG_DIR, "gpu8.py") + ":pg19"
   # configs/paper.py is what the paper's configs share, with no get_config:
   # not a name a user can train.
-  assert "paper" not in cli.config_names()
+  assert "paper" not in cli_config.config_names()
   for value in ("configs/default.py", "default.py", "nope", "/x/default", "", "gpu8.py:pg19",
                 "paper"):
-    assert cli.resolve_config(value) == value
+    assert cli_config.resolve_config(value) == value
   (tmp_path / "default").write_text("")  # a file of that name here is the file
-  assert cli.resolve_config("default") == "default"
+  assert cli_config.resolve_config("default") == "default"
 
 
 @pytest.mark.slow
@@ -95,13 +97,13 @@ def test_no_folder_shadows_the_shipped_configs(tmp_path, monkeypatch, kind):
   for name in [m for m in sys.modules if m in ("configs", "compressive.configs")
                or m.startswith("compressive.configs.")]:
     monkeypatch.delitem(sys.modules, name)
-  for name in cli.config_names():
-    module = _load_file(cli.resolve_config(name))
+  for name in cli_config.config_names():
+    module = _load_file(cli_config.resolve_config(name))
     config = module.get_config("recall") if name in ("gpu1", "gpu8", "tpu_v5e8") else \
         module.get_config()
     assert config.model.d_model > 0
   assert "configs" not in sys.modules
-  assert sys.modules["compressive.configs.default"].__file__ == os.path.join(cli.CONFIG_DIR,
+  assert sys.modules["compressive.configs.default"].__file__ == os.path.join(cli_config.CONFIG_DIR,
                                                                             "default.py")
 
 
@@ -315,7 +317,7 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
       assert compressive.__file__.startswith(site), compressive.__file__
       shipped = os.path.join(site, "compressive", "configs")
       assert default.__file__.startswith(shipped), default.__file__
-      assert cli.resolve_config("enwik8") == os.path.join(shipped, "enwik8.py")
+      assert cli_config.resolve_config("enwik8") == os.path.join(shipped, "enwik8.py")
       # Nothing is installed under a name as common as `configs`.
       assert not os.path.exists(os.path.join(site, "configs"))
       assert logits.shape == (2, cfg.segment_length, cfg.vocab_size)

@@ -19,6 +19,10 @@ import pytest
 
 from compressive import cli
 from compressive import config as config_lib
+
+from compressive import cli_flags
+
+from compressive import cli_config
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
@@ -144,18 +148,18 @@ def flag():
 def test_a_float_flag_is_checked_as_float32(flag, value, interval, expected):
   flag.h31_float = value
   with pytest.raises(ConfigError) as raised:
-    cli.check_number_flag("h31_float", interval)
+    cli_flags.check_number_flag("h31_float", interval)
   assert str(raised.value).startswith(expected), str(raised.value)
 
 
 def test_an_integer_flag_is_checked_against_its_range(flag):
   flag.h31_int = 2**31
   with pytest.raises(ConfigError, match=r"^--h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)"):
-    cli.check_int_flag("h31_int", "[-1, 2**31)")
+    cli_flags.check_int_flag("h31_int", "[-1, 2**31)")
   flag.h31_int = -1
-  cli.check_int_flag("h31_int", "[0, 2**31)", also=(-1,))
+  cli_flags.check_int_flag("h31_int", "[0, 2**31)", also=(-1,))
   flag.h31_float = 1e300
-  cli.check_number_flag("h31_float", "[0, inf)", dtype="float64")  # a host-only value
+  cli_flags.check_number_flag("h31_float", "[0, inf)", dtype="float64")  # a host-only value
 
 
 TOOLS = ("eval", "sample", "analyze", "export", "train", "aot.__main__", "train_tokenizer")
@@ -180,21 +184,21 @@ def tool_flags():
     importlib.import_module(name)
     return {flag: flags.FLAGS[flag] for flag in set(flags.FLAGS) - before}
 
-  defaults = dict(cli.DEFAULT_CONFIGS)
+  defaults = dict(cli_config.DEFAULT_CONFIGS)
   yield define
   for name, before in imported:
     for flag in set(flags.FLAGS) - before:
       delattr(flags.FLAGS, flag)
     sys.modules.pop(name, None)
-  cli.DEFAULT_CONFIGS.clear()
-  cli.DEFAULT_CONFIGS.update(defaults)
+  cli_config.DEFAULT_CONFIGS.clear()
+  cli_config.DEFAULT_CONFIGS.update(defaults)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_every_numeric_flag_of_every_tool_checks_its_own_value(tool, tool_flags):
   # Each integer or float flag a tool defines (itself, or through the flag
-  # groups of cli.define_*_flags) carries its check, registered where it is
-  # defined (cli.validate_int_flag, cli.validate_number_flag): absl runs it
+  # groups of cli_flags.define_*_flags) carries its check, registered where it is
+  # defined (cli_flags.validate_int_flag, cli_flags.validate_number_flag): absl runs it
   # as the command line is parsed. A value beyond every range is refused,
   # naming the flag, so the check is a real one.
   numeric = {name: flag for name, flag in tool_flags(tool).items()
@@ -214,7 +218,7 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
   # entry points print the message alone (the table of user messages in
   # test_entry_point_errors.py runs the tools).
   error = flags.IllegalFlagValueError("flag --step=-1: --step=-1 must be >= 0, below 2**31")
-  assert cli.parse_failure(["eval.py", "--step=-1"], error) == "--step=-1 must be >= 0, below 2**31"
+  assert cli_config.parse_failure(["eval.py", "--step=-1"], error) == "--step=-1 must be >= 0, below 2**31"
 
 
 @pytest.mark.parametrize("address, processes, process, expected", [

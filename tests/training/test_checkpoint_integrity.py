@@ -16,10 +16,12 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
+from compressive.training import integrity
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
-from compressive.errors import CheckpointError
+from compressive.errors import CheckpointError, NonFiniteError
 from helpers import run_identity_of, tiny_experiment, tree_digest
 
 
@@ -72,7 +74,7 @@ def abstract_state():
 
 def orbax_alone(step_dir):
   """What Orbax itself restores, with no checks of ours: the arrays' bytes."""
-  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"), ckpt_lib.abstract(abstract_state()))
+  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"), trees.abstract(abstract_state()))
   return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
@@ -94,7 +96,7 @@ def test_flipped_bytes_are_named_never_restored(trained, tmp_path):
       silent += any((x != y).any() for x, y in zip(before, after))
     except Exception:
       pass  # this one the decoder notices
-    with pytest.raises(ckpt_lib.DamagedCheckpointError, match=r"checkpoints/6 is damaged"):
+    with pytest.raises(integrity.DamagedCheckpointError, match=r"checkpoints/6 is damaged"):
       compressive.load(str(workdir))
     compressive.load(str(workdir), 4)  # the older ones are intact
   assert silent >= 1
@@ -105,7 +107,7 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
     workdir, trained, tmp_path):
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
   longer = config(num_train_steps=8)
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"):
+  with pytest.raises(integrity.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"):
     train_lib.train_and_evaluate(longer, str(workdir))
   # --restore_intact resumes from step 4, and the damaged step is kept aside
   # (rotation would otherwise delete it as the oldest).
@@ -133,7 +135,7 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
   # config.json says d_model 16 (as if the checkpoints had been copied into
   # another run's workdir): the resume check passes, the shapes do not.
   narrow = config(**{"model.d_model": 16, "model.d_ff": 32, "num_train_steps": 8})
-  ckpt_lib.save_config(str(workdir), narrow)
+  runconfig.save_config(str(workdir), narrow)
   before = tree_digest(workdir / "checkpoints")
   for intact in (False, True):
     with pytest.raises(ckpt_lib.ShapeMismatchError) as info:
@@ -191,7 +193,7 @@ def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
     return real(self, step, state, *rest)
 
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", poisoned)
-  with pytest.raises(train_lib.NonFiniteError,
+  with pytest.raises(NonFiniteError,
                      match="at step 4 .* not saved; the newest intact checkpoint is step 2"):
     train_lib.train_and_evaluate(config(), str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "workdir.json"]
@@ -199,18 +201,18 @@ def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
 
 def test_the_fingerprint_is_the_same_on_any_layout_and_sees_one_bit():
   x = jax.random.normal(jax.random.PRNGKey(0), (64, 48))
-  a = ckpt_lib.fingerprint({"x": x})
-  assert a == ckpt_lib.fingerprint({"x": np.asarray(x)})
+  a = integrity.fingerprint({"x": x})
+  assert a == integrity.fingerprint({"x": np.asarray(x)})
   bits = np.asarray(x).view(np.uint32).copy()
   bits[17, 3] ^= 1 << 9
-  b = ckpt_lib.fingerprint({"x": bits.view(np.float32)})
+  b = integrity.fingerprint({"x": bits.view(np.float32)})
   assert a["sums"]["x"] != b["sums"]["x"]
   # Two swapped values keep the plain sum but not the position-weighted one.
   swapped = np.asarray(x).copy()
   swapped[[0, 1]] = swapped[[1, 0]]
-  c = ckpt_lib.fingerprint({"x": swapped})
+  c = integrity.fingerprint({"x": swapped})
   assert c["sums"]["x"][0] == a["sums"]["x"][0] and c["sums"]["x"][1] != a["sums"]["x"][1]
-  assert ckpt_lib.fingerprint({"x": x.at[0, 0].set(np.inf)})["nonfinite"] == ["x"]
+  assert integrity.fingerprint({"x": x.at[0, 0].set(np.inf)})["nonfinite"] == ["x"]
   assert json.loads(json.dumps(a)) == a  # stored as JSON beside the arrays
 
 
@@ -227,7 +229,7 @@ def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_p
   saver.close()
   reader = ckpt_lib.Checkpointer(str(tmp_path), read_only=True)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), memory)
-  _, restored, _ = reader.restore(1, ckpt_lib.abstract(state), abstract)
+  _, restored, _ = reader.restore(1, trees.abstract(state), abstract)
   for name in ("mem", "mem_mask", "cmem", "cmem_mask", "usage"):
     np.testing.assert_array_equal(getattr(restored, name), getattr(memory, name), err_msg=name)
   np.testing.assert_array_equal(restored.visits, np.zeros_like(memory.visits))

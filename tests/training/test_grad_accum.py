@@ -13,13 +13,15 @@ import optax
 import pytest
 
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive import data as data_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.model.config import ConfigError
+from compressive.errors import ConfigError
 from compressive.training.metrics import read_jsonl
 from helpers import (ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
                      tiny_experiment)
@@ -63,7 +65,7 @@ def _one_step(accum, recon, sgd, warmup=2):
   config = tiny_experiment(**{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
-  train = config_lib.TrainConfig.from_config(config)
+  train = experiment_lib.TrainConfig.from_config(config)
   graphdef, template, params = train_step.build_model(config.model, config.seed)
   tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(train, params)
   state = train_step.create_train_state(train, params, tx)

@@ -14,7 +14,7 @@ import pytest
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
 from compressive.training import layout
-from compressive.training import lock, loop, runconfig, runlog, sidefiles
+from compressive.training import lock, loop, runlog, sidefiles
 from helpers import ROOT, tiny_experiment
 
 
@@ -72,7 +72,6 @@ def test_the_modules_names_are_the_layouts():
   # The constants that callers import keep their values, from the one place.
   assert (lock.LOCK_FILE, lock.CHECKPOINT_DIR, lock.OWNER_FILE) == (
       layout.LOCK_FILE, layout.CHECKPOINT_DIR, layout.OWNER_FILE)
-  assert runconfig.CONFIG_FILE == ckpt_lib.CONFIG_FILE == layout.CONFIG_FILE
   assert runlog.LOG_FILE == layout.LOG_FILE
   assert (sidefiles.FILES, sidefiles.FOLDERS) == (layout.SIDE_FILES, layout.SIDE_FOLDERS)
   assert (export_lib.EXPORT_FILE, export_lib.PARAMS_DIR, export_lib.PARTIAL_PREFIX) == (

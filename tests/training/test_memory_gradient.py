@@ -21,6 +21,8 @@ import optax
 import pytest
 
 from compressive import config as config_lib
+
+from compressive import experiment as experiment_lib
 from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
 from compressive.model.transformer import merge_params
@@ -229,7 +231,7 @@ def test_the_schedule_counts_one_update_per_window():
   config = tiny_experiment(**{"segments_per_step": 4, "gradient_window": 2,
                               "model.memory_gradient": "compressor", "num_train_steps": 10,
                               "optimizer.warmup_steps": 3})
-  train = config_lib.TrainConfig.from_config(config)
+  train = experiment_lib.TrainConfig.from_config(config)
   assert (train.updates_per_step, train.num_updates) == (2, 20)
   schedule = train_step.learning_rate_schedule(train)
   peak = config.optimizer.learning_rate

@@ -16,6 +16,8 @@ import pytest
 
 import compressive
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
+from compressive.training import integrity
 from compressive import data as data_lib
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
@@ -113,7 +115,7 @@ def test_an_edited_data_position_is_damage(tmp_path):
   position = json.loads(path.read_text())
   position["offset"][0] += 3
   path.write_text(json.dumps(position))
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match="data position"):
+  with pytest.raises(integrity.DamagedCheckpointError, match="data position"):
     train_lib.train_and_evaluate(config(), str(workdir))
 
 
@@ -127,7 +129,7 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
   saved = json.loads(path.read_text())
   saved["model"]["memory_length"] = 16
   path.write_text(json.dumps(saved))
-  with pytest.raises(ckpt_lib.RunMismatchError, match="model.memory_length 8 -> 16"):
+  with pytest.raises(integrity.RunMismatchError, match="model.memory_length 8 -> 16"):
     compressive.load(str(workdir))
   r = inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"])
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -144,7 +146,7 @@ def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
   # Retrained in place on other texts: a vocabulary of the same size whose
   # ids mean other pieces.
   data_lib.train_sentencepiece(generated_texts(30, seed=1), 320, str(model))
-  with pytest.raises(ckpt_lib.RunMismatchError, match="the tokenizer differs"):
+  with pytest.raises(integrity.RunMismatchError, match="the tokenizer differs"):
     compressive.load(str(workdir))
 
 
@@ -157,7 +159,7 @@ def test_a_changed_corpus_is_named_on_resume_and_can_be_accepted(tmp_path):
   fields = {"data.source": "text_files", "data.text_files.path": str(texts)}
   workdir = half_trained(tmp_path, **fields)
   (texts / "book3.txt").write_text("Book 3, rewritten. " + "other words. " * 31)
-  with pytest.raises(ckpt_lib.RunMismatchError, match="the training corpus differs"):
+  with pytest.raises(integrity.RunMismatchError, match="the training corpus differs"):
     train_lib.train_and_evaluate(config(**fields), str(workdir))
   train_lib.train_and_evaluate(config(**fields), str(workdir), accept_changed_corpus=True)
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
@@ -170,7 +172,7 @@ def test_a_changed_number_of_documents_goes_on_when_accepted(tmp_path, caplog):
   # indexes goes on at the next epoch of every row.
   workdir = half_trained(tmp_path)
   more = {"data.synthetic.num_docs": (21, 4, 4)}
-  with pytest.raises(ckpt_lib.RunMismatchError, match="the data config differs"):
+  with pytest.raises(integrity.RunMismatchError, match="the data config differs"):
     train_lib.train_and_evaluate(config(**more), str(workdir))
   train_lib.train_and_evaluate(config(**more), str(workdir), accept_changed_corpus=True)
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
@@ -212,7 +214,7 @@ def test_a_damaged_config_json_is_set_aside_and_the_run_resumes(tmp_path, straig
   (workdir / "config.json").write_text('{"model": {"d_model": 3')
   train_lib.train_and_evaluate(config(), str(workdir))
   assert (workdir / "config.json.damaged").exists()
-  assert ckpt_lib.load_config(str(workdir)).model.d_model == config().model.d_model
+  assert runconfig.load_config(str(workdir)).model.d_model == config().model.d_model
   assert_same_params(workdir, straight)
 
 

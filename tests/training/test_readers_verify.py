@@ -25,6 +25,8 @@ from compressive import plugins
 from compressive.data import registry, tokenizers
 from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
+from compressive.training import integrity
 from compressive.training import export as export_lib
 from compressive.training import loop as train_lib
 from helpers import (generated_texts, run_identity_of, sentencepiece_run_fields,
@@ -91,11 +93,11 @@ def test_an_export_refuses_a_tokenizer_retrained_in_place(spm_run, tmp_path):
     # Retrained in place on other texts: the same vocabulary size, other pieces.
     data_lib.train_sentencepiece(generated_texts(30, seed=1), 320, str(model))
     for path in (workdir, out):
-      with pytest.raises(ckpt_lib.RunMismatchError, match="^the tokenizer differs"):
+      with pytest.raises(integrity.RunMismatchError, match="^the tokenizer differs"):
         compressive.load(path)
       # The tools compare it before any corpus is read or model built.
-      with pytest.raises(ckpt_lib.RunMismatchError, match="^the tokenizer differs"):
-        export_lib.check_identity(path, ckpt_lib.load_config(path))
+      with pytest.raises(integrity.RunMismatchError, match="^the tokenizer differs"):
+        export_lib.check_identity(path, runconfig.load_config(path))
   finally:
     model.write_bytes(original)
 
@@ -125,7 +127,7 @@ def test_a_field_removed_from_an_integrity_record_is_damage(run, tmp_path, field
   workdir = copy(run, tmp_path)
   edit_json(workdir / "checkpoints" / "1" / "integrity" / "metadata",
             lambda record: record.pop(field))
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match="integrity record lacks"):
+  with pytest.raises(integrity.DamagedCheckpointError, match="integrity record lacks"):
     compressive.load(str(workdir))
 
 
@@ -133,7 +135,7 @@ def test_an_identity_part_removed_is_damage_and_a_newer_record_is_named(run, tmp
   workdir = copy(run, tmp_path)
   record = workdir / "checkpoints" / "1" / "integrity" / "metadata"
   edit_json(record, lambda r: r["identity"].pop("data"))
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match="lacks identity.data"):
+  with pytest.raises(integrity.DamagedCheckpointError, match="lacks identity.data"):
     compressive.load(str(workdir))
   edit_json(record, lambda r: r.update(version=99))
   with pytest.raises(CheckpointError, match="newer version of compressive"):
@@ -160,14 +162,14 @@ def test_a_field_removed_from_an_export_is_damage(exported, tmp_path, field):
 def test_a_changed_data_section_does_not_resume(tmp_path, overrides, changed, expected):
   workdir = untrained_workdir(tmp_path / "wd", tiny_experiment(**overrides))
   expected = re.escape(expected)
-  with pytest.raises(ckpt_lib.RunMismatchError, match=f"^the data config differs.*{expected}"):
+  with pytest.raises(integrity.RunMismatchError, match=f"^the data config differs.*{expected}"):
     train_lib.train_and_evaluate(tiny_experiment(**overrides, **changed), workdir)
   # Readers refuse a config.json whose data section was edited the same way.
   section, field = list(changed)[0].split(".")[1:]
   value = list(changed.values())[0]
   edit_json(os.path.join(workdir, "config.json"),
             lambda c: c["data"][section].update({field: value}))
-  with pytest.raises(ckpt_lib.RunMismatchError, match=f"^the data config differs.*{expected}"):
+  with pytest.raises(integrity.RunMismatchError, match=f"^the data config differs.*{expected}"):
     compressive.load(workdir)
 
 
@@ -211,18 +213,18 @@ def test_a_plugin_source_is_identified_by_its_fields_and_its_hook(toy_source):
     c.source = "toy_id"
   assert data_lib.data_identity(c) == {"source": "toy_id", "toy_id": {"length": 5}}
   assert data_lib.corpus_identity(c) == "toy_id content 5"
-  saved = ckpt_lib.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  saved = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
                                 data_lib.data_identity(c))
   c.toy_id.folder = "/elsewhere"  # moved: the same data
-  same = ckpt_lib.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  same = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
                                data_lib.data_identity(c))
-  ckpt_lib.compare_identity("checkpoint x", saved, same, ())
+  integrity.compare_identity("checkpoint x", saved, same, ())
   c.toy_id.length = 6
-  other = ckpt_lib.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  other = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
                                 data_lib.data_identity(c))
-  with pytest.raises(ckpt_lib.RunMismatchError, match="data.toy_id.length 5 -> 6"):
-    ckpt_lib.compare_identity("checkpoint x", saved, other, ())
-  ckpt_lib.compare_identity("checkpoint x", saved, other, ("corpus", "data"))  # accepted
+  with pytest.raises(integrity.RunMismatchError, match="data.toy_id.length 5 -> 6"):
+    integrity.compare_identity("checkpoint x", saved, other, ())
+  integrity.compare_identity("checkpoint x", saved, other, ("corpus", "data"))  # accepted
 
 
 # -- A saved config never imports code or makes a reader download. ----------------
@@ -258,7 +260,7 @@ def test_a_saved_config_never_imports_the_module_it_names(run, exported, tmp_pat
     compressive.load(str(workdir))
   # The export's identity names the model config that differs, or the name
   # is refused as above: either way, before anything is imported.
-  with pytest.raises((ConfigError, ckpt_lib.RunMismatchError), match="h31_crafted_mod"):
+  with pytest.raises((ConfigError, integrity.RunMismatchError), match="h31_crafted_mod"):
     compressive.load(str(out))
   assert not crafted_module.exists()
   # Named by the user, it is imported (and the config is then checked as usual).
@@ -402,7 +404,7 @@ def test_a_config_json_that_cannot_be_parsed_is_one_line_for_every_reader(run, e
       reseal(str(target))  # else its digest names the edit first
     # compressive.load, and what eval.py, sample.py, analyze.py read first.
     assert_one_line(lambda t=str(target): compressive.load(t), f"{path} is damaged (")
-    assert_one_line(lambda t=str(target): ckpt_lib.load_config(t), f"{path} is damaged (")
+    assert_one_line(lambda t=str(target): runconfig.load_config(t), f"{path} is damaged (")
 
 
 RECORD = os.path.join("checkpoints", "1", "integrity", "metadata")
@@ -450,9 +452,9 @@ def test_a_null_identity_is_damage_not_another_corpus(run, tmp_path):
   edit_json(workdir / RECORD, lambda r: r.update(identity=None))
   seed_changed(workdir)
   for read in (lambda: compressive.load(str(workdir)),  # the tools compare before any corpus:
-               lambda: export_lib.check_identity(str(workdir), ckpt_lib.load_config(str(workdir))),
+               lambda: export_lib.check_identity(str(workdir), runconfig.load_config(str(workdir))),
                lambda: restore_as_trainer(workdir, tiny_experiment(**{"data.synthetic.seed": 1}))):
-    with pytest.raises(ckpt_lib.DamagedCheckpointError, match="record holds identity null"):
+    with pytest.raises(integrity.DamagedCheckpointError, match="record holds identity null"):
       read()
   assert_one_line(lambda: compressive.load(str(workdir)), "identity null")
 
@@ -471,9 +473,9 @@ def test_a_null_in_an_integrity_record_is_damage(run, tmp_path, edit, named):
   workdir = copy(run, tmp_path)
   edit_json(workdir / RECORD, edit)
   seed_changed(workdir)
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=re.escape(named)):
-    export_lib.check_identity(str(workdir), ckpt_lib.load_config(str(workdir)))
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=re.escape(named)):
+  with pytest.raises(integrity.DamagedCheckpointError, match=re.escape(named)):
+    export_lib.check_identity(str(workdir), runconfig.load_config(str(workdir)))
+  with pytest.raises(integrity.DamagedCheckpointError, match=re.escape(named)):
     restore_as_trainer(workdir, tiny_experiment(**{"data.synthetic.seed": 1}))
 
 
@@ -485,7 +487,7 @@ def test_a_null_corpus_digest_differs_from_a_measured_one(tmp_path):
   config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(folder)})
   workdir = untrained_workdir(tmp_path / "wd", config)
   edit_json(os.path.join(workdir, RECORD), lambda r: r["identity"].update(corpus=None))
-  with pytest.raises(ckpt_lib.RunMismatchError, match="training corpus differs .*none recorded"):
+  with pytest.raises(integrity.RunMismatchError, match="training corpus differs .*none recorded"):
     restore_as_trainer(workdir, config)
 
 
@@ -498,7 +500,7 @@ def test_an_export_with_its_checks_nulled_is_damage_not_another_corpus(exported,
     manifest["identity"]["data"] = None
   edit_json(out / "export.json", nulls)
   for read in (lambda: compressive.load(str(out)),
-               lambda: export_lib.check_identity(str(out), ckpt_lib.load_config(str(out)))):
+               lambda: export_lib.check_identity(str(out), runconfig.load_config(str(out)))):
     with pytest.raises(CheckpointError, match=re.escape(
         "export.json is damaged: it holds identity.data null, config_sha256 null, sha256 null")):
       read()

@@ -20,6 +20,7 @@ from compressive import cli
 from compressive import files
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import runconfig
 from compressive.training import loop as train_lib
 from compressive.training import metrics, runlog, sidefiles
 from helpers import tiny_experiment
@@ -61,9 +62,9 @@ def outside_things(tmp_path):
 # What the trainer does with each side file, in the order it does it:
 # sidefiles.prepare, then the writer or reader of that file.
 def use_config(wd):
-  ckpt_lib.check_resume_config(wd, tiny_experiment())
-  ckpt_lib.save_config(wd, tiny_experiment())
-  assert ckpt_lib.load_config(wd).model.d_model == tiny_experiment().model.d_model
+  runconfig.check_resume_config(wd, tiny_experiment())
+  runconfig.save_config(wd, tiny_experiment())
+  assert runconfig.load_config(wd).model.d_model == tiny_experiment().model.d_model
 
 
 def use_log(wd):
@@ -126,10 +127,10 @@ def test_a_reader_refuses_a_config_json_that_is_not_a_file_in_one_line(tmp_path,
   outside = outside_things(tmp_path)
   wd = tmp_path / "wd"
   wd.mkdir()
-  ckpt_lib.save_config(str(outside / "folder"), tiny_experiment())  # a config, but elsewhere
+  runconfig.save_config(str(outside / "folder"), tiny_experiment())  # a config, but elsewhere
   put(str(wd / "config.json"), kind, str(outside / "folder" / "config.json"))
   with no_waiting(), pytest.raises(CheckpointError, match=rf"config.json is a {kind}, not a file"):
-    ckpt_lib.load_config(str(wd))
+    runconfig.load_config(str(wd))
   with no_waiting(), pytest.raises(CheckpointError, match="not a file"):
     compressive.load(str(wd))
   assert sorted(os.listdir(wd)) == ["config.json"]  # readers never write
@@ -137,18 +138,18 @@ def test_a_reader_refuses_a_config_json_that_is_not_a_file_in_one_line(tmp_path,
 
 def test_side_files_are_read_only_up_to_a_bound(tmp_path, monkeypatch, caplog):
   wd = tmp_path / "wd"
-  ckpt_lib.save_config(str(wd), tiny_experiment())
+  runconfig.save_config(str(wd), tiny_experiment())
   path = wd / "metrics_train.jsonl"
   path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 50)))
   monkeypatch.setattr(sidefiles, "CONFIG_BYTES", 64)
   monkeypatch.setattr(sidefiles, "METRICS_BYTES", 256)
   with pytest.raises(CheckpointError, match="config.json is larger than"):
-    ckpt_lib.load_config(str(wd))
+    runconfig.load_config(str(wd))
   with pytest.raises(CheckpointError, match="metrics_train.jsonl is larger than"):
     metrics.read_jsonl(str(path))
   with caplog.at_level(logging.WARNING, logger="compressive"):
     runlog.truncate_metrics(str(path), 3)  # the trainer's resume: set aside, started again
-    ckpt_lib.check_resume_config(str(wd), tiny_experiment())
+    runconfig.check_resume_config(str(wd), tiny_experiment())
   assert not path.exists() and len((wd / "metrics_train.jsonl.aside").read_text()) > 256
   assert (wd / "config.json.damaged").exists() and not (wd / "config.json").exists()
 
@@ -218,7 +219,7 @@ def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
 
   monkeypatch.setattr(files, "_create_beside", on_a_full_disk)
   with pytest.raises(OSError) as e:
-    ckpt_lib.save_config(str(tmp_path), tiny_experiment())
+    runconfig.save_config(str(tmp_path), tiny_experiment())
   message = cli.describe_os_error(e.value)
   assert message.startswith(f"cannot write {tmp_path / 'config.json'}.tmp"), message
   assert not os.listdir(tmp_path)
@@ -241,7 +242,7 @@ def test_a_config_json_that_cannot_be_parsed_is_set_aside_by_a_resume(tmp_path, 
   wd.mkdir()
   (wd / "config.json").write_text(text)
   with caplog.at_level(logging.WARNING, logger="compressive"):
-    ckpt_lib.check_resume_config(str(wd), tiny_experiment())
+    runconfig.check_resume_config(str(wd), tiny_experiment())
   assert (wd / "config.json.damaged").read_text() == text and not (wd / "config.json").exists()
   assert "config.json is damaged" in caplog.text and "set aside" in caplog.text
 

@@ -15,6 +15,7 @@ import socket
 
 import pytest
 
+from compressive import files
 from compressive.training import loop as train_lib
 from compressive.errors import UserError
 from compressive.training import sidefiles
@@ -273,7 +274,7 @@ def test_a_side_file_of_a_hard_linked_copy_is_never_written_through(tmp_path, na
   (a / name).write_text("a's line\n")
   hard_linked_copy(a, b)
   sidefiles.prepare(str(b))
-  fd = sidefiles.open_regular(str(b / name), os.O_WRONLY | os.O_APPEND)
+  fd = files.open_regular(str(b / name), os.O_WRONLY | os.O_APPEND)
   with os.fdopen(fd, "a") as f:
     f.write("b's line\n")
   assert (a / name).read_text() == "a's line\n"
