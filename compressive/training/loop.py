@@ -254,7 +254,7 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
       runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
-      writer.write_hparams(runlog.hyperparameters(config))
+      writer.write_hparams(config)
     end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)

@@ -41,6 +41,14 @@ def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def hparams(config: Any) -> dict[str, bool | int | float | str]:
+  """A config (nested, as written: Experiment.config, every field as the
+  run's config.json records it, or already flat) as TensorBoard hparams:
+  dotted keys (flatten_config, the one flattener), values bool / int /
+  float / str (hparam_value: tuples, lists, None and the rest as str)."""
+  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
+
+
 def hparam_value(v: Any) -> bool | int | float | str:
   """A config value as a TensorBoard hparam: bool, number or string (tuples,
   lists, None and anything else as their str())."""
@@ -99,25 +107,22 @@ class MetricWriter:
         self._write_summary(tbx_summary.scalar(k, v), int(step))
       self._tensorboard().flush()
 
-  def write_hparams(self, config_dict_flat: Mapping[str, Any]) -> None:
-    """Logs the run's config as TensorBoard hparams, in this writer's event
-    directory (TensorBoard's HPARAMS tab: one row per run, its scalars as the
-    metrics). Call once per run, before or after the first `write`.
-
-    `config_dict_flat`: {"dotted.key": value}; a nested ConfigDict or dict is
-    flattened too. Values: bool, int, float and str as they are, anything else
-    (tuples, lists, None) as its str(). TensorBoard shows the first record of
-    a directory: writing again into it (a resumed run) adds one it ignores.
+  def write_hparams(self, config: Any) -> None:
+    """Logs the run's config as TensorBoard hparams (`hparams(config)`), in
+    this writer's event directory (TensorBoard's HPARAMS tab: one row per
+    run, its scalars as the metrics). Call once per run, before or after the
+    first `write`. TensorBoard shows the first record of a directory:
+    writing again into it (a resumed run) adds one it ignores.
     """
     if not self.enabled:
       return
     from tensorboardX import summary as tbx_summary
-    hparams = {k: hparam_value(v) for k, v in flatten_config(config_dict_flat).items()}
+    flat = hparams(config)
     # Only the session start info: without an experiment summary TensorBoard
     # infers the hparams and metrics of every run it sees, which compares runs
     # with different configs correctly. No session end info: close() cannot
     # tell a finished run from a failed one.
-    _, session_start, _ = tbx_summary.hparams(hparams, {})
+    _, session_start, _ = tbx_summary.hparams(flat, {})
     with _naming(self.logdir):
       self._write_summary(session_start)
       self._tensorboard().flush()

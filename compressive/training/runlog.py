@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +28,7 @@ from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
 from compressive.training import layout
-from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value,
-                                          truncate_jsonl)
+from compressive.training.metrics import (MetricWriter, truncate_jsonl)
 
 _log = logging.getLogger("compressive")
 
@@ -83,14 +82,6 @@ def add_log_file(workdir: str) -> Optional[logging.Handler]:
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
   _log.addHandler(handler)
   return handler
-
-
-def hyperparameters(config: Any) -> dict[str, Any]:
-  """The config as written (Experiment.config: every field, as the run's
-  config.json records it) flattened for MetricWriter.write_hparams: dotted keys
-  (metrics.flatten_config, the one flattener), values bool / int / float /
-  str (metrics.hparam_value: tuples, lists, None and the rest as str)."""
-  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
 
 
 class Profiler:

@@ -12,7 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from compressive.training.metrics import MetricWriter, flatten_config, hparam_value, read_jsonl
+from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value, hparams,
+                                          read_jsonl)
 from helpers import ROOT, TESTS, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
@@ -172,12 +173,11 @@ def test_disabled_writer_writes_nothing(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-def test_the_run_log_flattens_the_config_as_the_metric_writer_does():
-  # One flattener (metrics.flatten_config) for the hparams a run logs and the
-  # ones MetricWriter writes: a numpy scalar, a tuple and None come out the
-  # same either way (the run log's own copy turned np.float32(0.5) into "0.5").
-  from compressive.training import runlog
+def test_the_hparams_are_the_config_flattened_once():
+  # One function (metrics.hparams) for the hparams a run logs: a numpy
+  # scalar, a tuple and None come out as TensorBoard takes them, from the
+  # nested config or from one already flat.
   c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,
                                  "e": {}, "f": True})
-  assert runlog.hyperparameters(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
-  assert runlog.hyperparameters(c) == {k: hparam_value(v) for k, v in flatten_config(c).items()}
+  assert hparams(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
+  assert hparams(hparams(c)) == hparams(c) == hparams(flatten_config(c))

@@ -12,7 +12,7 @@ import pytest
 
 from compressive.scale import flops
 from compressive.training import loop as train_lib
-from compressive.training.metrics import MetricWriter, read_jsonl
+from compressive.training.metrics import MetricWriter, hparams, read_jsonl
 from helpers import tiny_experiment, write_config_file
 import inprocess
 
@@ -29,8 +29,8 @@ def messages(caplog):
 class RecordingWriter(MetricWriter):
   hparams: list = []
 
-  def write_hparams(self, flat):  # whether or not MetricWriter has one yet
-    RecordingWriter.hparams.append(dict(flat))
+  def write_hparams(self, config):  # what MetricWriter logs, recorded
+    RecordingWriter.hparams.append(hparams(config))
 
 
 @pytest.mark.slow
