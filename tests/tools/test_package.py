@@ -312,7 +312,7 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
   exe, site = installed
   code = README_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""
       import os
-      from compressive import cli
+      from compressive import cli_config
       site = {site!r}
       assert compressive.__file__.startswith(site), compressive.__file__
       shipped = os.path.join(site, "compressive", "configs")
