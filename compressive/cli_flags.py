@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 from absl import flags
 
-from compressive import values
+from compressive import files, values
 from compressive.errors import ConfigError
 
 
@@ -47,6 +47,21 @@ def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool
         "source the saved config names as module:Name (a saved config never imports code "
         "itself); repeat for several.", module_name=module)
   flags.mark_flag_as_required("workdir")
+  validate_path_flag("workdir", "a workdir")
+
+
+def validate_path_flag(name: str, what: str) -> None:
+  """Makes files.check_local the string flag's own check (`what` it names:
+  a workdir, an export, a prompt file), as validate_int_flag does."""
+
+  def check(value: Any) -> None:
+    if value is not None:
+      try:
+        files.check_local(value, what)
+      except ConfigError as e:
+        raise ConfigError(f"--{name}={e}") from None
+
+  _register(name, check)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
 flags.DEFINE_string("output", None, "The export's folder: new, or empty.")
 flags.mark_flag_as_required("output")
+cli_flags.validate_path_flag("output", "an export")
 
 
 def main(argv):

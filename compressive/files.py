@@ -32,11 +32,28 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import stat
 from typing import IO, Any, Iterator, Optional
 
-from compressive.errors import CheckpointError, naming
+from compressive.errors import CheckpointError, ConfigError, naming
+
+# `scheme://` begins a URL (gs://, s3://, http://): a store that the package
+# does not read or write runs, exports and prompts in (os.path would take
+# `gs://b/x` for the local folder `gs:/b/x`).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_local(path: Any, what: str) -> None:
+  """ConfigError unless `path` (a workdir, an export, a prompt file: `what`)
+  names a place on this machine's file system, not a URL."""
+  if isinstance(path, str) and _URL.match(path):
+    scheme = path.split("://", 1)[0]
+    raise ConfigError(
+        f"{path}: {what} on {scheme}:// is not supported; give a path on this machine's file "
+        "system (several hosts: one folder they all mount, e.g. NFS or Filestore; "
+        "docs/SCALING.md)")
 
 _FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
           | getattr(os, "O_CLOEXEC", 0))

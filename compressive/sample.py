@@ -32,6 +32,7 @@ PROMPT_BYTES = 64 << 20
 cli_flags.define_workdir_flags()
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
+cli_flags.validate_path_flag("prompt_file", "a prompt file")
 flags.DEFINE_integer("num_tokens", 200, "Tokens to generate.")
 cli_flags.validate_int_flag("num_tokens", "[1, 2**31)", must=">= 1, below 2**31")
 flags.DEFINE_float("temperature", 1.0, "0 means greedy.")

@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from compressive import files
+
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"
 LOG_FILE = "train.log"
@@ -89,6 +91,9 @@ class Workdir:
   caller that must name a file the same from any current directory passes
   an absolute root)."""
   root: str
+
+  def __post_init__(self):
+    files.check_local(self.root, "a workdir")
 
   def _path(self, *names: str) -> str:
     return os.path.join(self.root, *names)
@@ -160,6 +165,9 @@ class Workdir:
 class Export:
   """The paths of an export's files, under `root`."""
   root: str
+
+  def __post_init__(self):
+    files.check_local(self.root, "an export")
 
   @property
   def config(self) -> str:

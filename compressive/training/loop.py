@@ -114,6 +114,7 @@ def train_and_evaluate(
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
+  workdir = layout.Workdir(workdir).root  # a URL is refused before anything is made
   experiment = config_lib.experiment_of(config)
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)

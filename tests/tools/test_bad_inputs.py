@@ -220,3 +220,20 @@ def test_each_case_is_named_once_and_expects_a_line_of_its_own():
   assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
   assert all(len(expected.strip()) >= 8 for _, _, expected in CASES), [
       name for name, _, expected in CASES if len(expected.strip()) < 8]
+
+
+@pytest.mark.parametrize("run", [
+    lambda url: train_lib.train_and_evaluate(tiny_experiment(), url),
+    lambda url: compressive.load(url),
+], ids=["train_and_evaluate", "load"])
+def test_a_url_for_a_workdir_is_one_line_and_makes_no_local_folder(run, tmp_path, monkeypatch):
+  # os.path reads gs://b/run as the relative folder gs:/b/run: a run that
+  # went on would write its checkpoints there, in the current folder.
+  monkeypatch.chdir(tmp_path)
+  err = io.StringIO()
+  with redirect_stderr(err), pytest.raises(SystemExit) as info:
+    with cli.user_errors():
+      run("gs://bucket/run")
+  assert info.value.code == 2
+  assert "on gs:// is not supported" in err.getvalue()
+  assert os.listdir(tmp_path) == []
