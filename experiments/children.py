@@ -98,13 +98,17 @@ def train(workdir: str, config: str, *overrides: str) -> dict:
   return train_summary(workdir)
 
 
-def train_summary(workdir: str) -> dict:
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics_train.jsonl"))]
+def train_summary(workdir: str, since_step: int = 0) -> dict:
+  """Steps, seconds and tokens of a run's training from its metrics; with
+  since_step, of the steps after it only (a run resumed from another's
+  checkpoint with another number of segments per step)."""
+  rows = [r for r in map(json.loads, open(os.path.join(workdir, "metrics_train.jsonl")))
+          if r["step"] > since_step]
   seconds, tokens = 0.0, 0
   with open(os.path.join(workdir, "config.json")) as f:
     config = json.load(f)
   per_step = config["batch_size"] * config["segments_per_step"] * config["model"]["segment_length"]
-  prev = 0
+  prev = since_step
   curve = []
   for r in rows:
     n = (r["step"] - prev) * per_step

@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 
 from absl import app
 from absl import flags
@@ -57,8 +56,10 @@ from compressive.errors import ConfigError
 
 if __package__:  # imported as experiments.run (the tests)
   from experiments.children import Child, evaluate, run_tool, train, write_json
+  from experiments.recall_study import RECALL_STUDY, recall_study
 else:  # run as a script: its own folder is on sys.path
   from children import Child, evaluate, run_tool, train, write_json
+  from recall_study import RECALL_STUDY, recall_study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -124,206 +125,6 @@ def ct_vs_txl(out: str) -> dict:
     result[name]["test_bits_per_byte"] = ev["bits_per_byte"]
   _plot_curves(runs, f"{out}/curves.png")
   return result
-
-
-def recall_analysis(workdir: str, flags_: list[str] | tuple[str, ...] = ()) -> dict:
-  """analyze.py --analysis=recall on the test split; reuses an earlier run's output."""
-  suffix = "".join("_" + f[2:].replace("=", "") for f in flags_)
-  cached = f"{workdir}/analysis_recall_test{suffix}.json"
-  if os.path.exists(cached):
-    return json.load(open(cached))
-  return json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
-                          "--split=test", *flags_]).strip().splitlines()[-1])
-
-
-# The recall study: configs/recall.py (Compressive Transformer) against
-# configs/recall_txl.py (Transformer-XL, memory = CT memory + compressed
-# memory: equal attention cost), one thing changed at a time.
-# name -> (what changes, overrides of both models, overrides of the CT only)
-_REQUERY = ("--config.data.recall.requery_distances=(56,64,72)",
-            "--config.data.recall.facts=32")
-_MOST_USED = ("--config.model.compression=most_used",)
-RECALL_STUDY = {
-    "base": ("configs/recall.py as it is: rate 4, conv, attention loss, 600 steps", (), ()),
-    "post_norm": ("post-norm layers (the paper's, and the default experiment's)",
-                  ("--config.model.norm=post",), ()),
-    "rate2": ("compression rate 2 (compressed reach 128, not 256)", (),
-              ("--config.model.compression_rate=2",)),
-    "steps_x2": ("2x the training steps (1,200)", ("--config.num_train_steps=1200",), ()),
-    "most_used": ("most-used selection (keeps 1 in 4 evicted slots verbatim)", (), _MOST_USED),
-    "autoencoding": ("the auto-encoding loss for the conv", (),
-                     ("--config.model.reconstruction_loss=autoencoding",)),
-    "wide": ("a wider model: d_model 256, d_ff 1024",
-             ("--config.model.d_model=256", "--config.model.d_ff=1024"), ()),
-    "requery": ("each fact queried twice: at 56-72 bytes, then at 24-344 bytes after that "
-                "query (32 facts per document, so the events' density is unchanged)",
-                _REQUERY, ()),
-    # The requery setting's three near distances taught both models a
-    # positional shortcut (docs/RESULTS.md §2); here the first query is at one
-    # of 13 distances, 24-120 bytes, so that finding the fact takes its key.
-    "most_used_requery": ("most-used selection, and each fact queried twice: at 24-120 bytes "
-                          "(13 distances), then at 24-344 bytes after that query "
-                          "(32 facts per document)",
-                          ("--config.data.recall.requery_distances=" + str(tuple(range(24, 121, 8)))
-                           .replace(" ", ""), "--config.data.recall.facts=32"), _MOST_USED),
-}
-# The task-taught compression (model.memory_gradient, beyond the paper): one
-# update per window of 8 segments (512 bytes). A fact is compressed in the
-# segment after its own, and queried 264-344 bytes (4-6 segments) later, so
-# 3 to 5 of every 8 such pairs fall in one window. 8 segments per step and
-# 300 steps read the bytes `base` reads, in 300 updates of 8 segments (base:
-# 2,400 of one). Each Transformer-XL gets the same window and data; where
-# the memories keep their gradient, its memories do too (equal cost, equal
-# training signal).
-_WINDOW = ("--config.segments_per_step=8", "--config.gradient_window=8",
-           "--config.num_train_steps=300")
-RECALL_STUDY.update({
-    "taught": ("task-taught compression: the LM loss of the next 7 segments reaches the conv "
-               "through the compressed memory (model.memory_gradient=compressor, "
-               "gradient_window=8, 8 segments per step), beside its attention-reconstruction "
-               "loss; the Transformer-XL with the same window and data",
-               _WINDOW, ("--config.model.memory_gradient=compressor",)),
-    # `taught` with more than three times its updates: 1,000 windows of 8
-    # segments, 3.3 times `base`'s bytes (docs/RESULTS.md §2: 300 updates
-    # learned no retrieval at all, at any distance).
-    "taught_long": ("task-taught compression as in `taught`, with 1,000 updates of 8 segments "
-                    "(3.3x base's bytes); the Transformer-XL the same",
-                    _WINDOW[:2] + ("--config.num_train_steps=1000",),
-                    ("--config.model.memory_gradient=compressor",)),
-    "taught_memories": ("task-taught memories: the LM loss of the next 7 segments reaches every "
-                        "stored slot, the conv and the layers that wrote them "
-                        "(model.memory_gradient=memories, gradient_window=8), both models",
-                        _WINDOW + ("--config.model.memory_gradient=memories",), ()),
-})
-CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
-
-
-def beyond(acc: dict, reach: int) -> dict:
-  """Pooled accuracy over the distances > reach of an analyze.py recall result."""
-  sel = [i for i, d in enumerate(acc["distance"]) if d > reach]
-  n = sum(acc["queries"][i] for i in sel)
-  if not n:
-    return {"queries": 0, "answer_byte_accuracy": None, "whole_answer_accuracy": None}
-  pooled = lambda key: sum(acc[key][i] * acc["queries"][i] for i in sel) / n
-  return {"queries": n, "answer_byte_accuracy": pooled("byte_accuracy"),
-          "whole_answer_accuracy": pooled("exact_match")}
-
-
-def _slug(overrides) -> str:
-  return "_".join(o[len("--config."):].translate(str.maketrans(".,", "__", "=()"))
-                  for o in overrides) or "base"
-
-
-def recall_setting(out: str, name: str) -> dict:
-  what, both, ct_only = RECALL_STUDY[name]
-  ct_dir, txl_dir = f"{out}/{name}/ct", f"{out}/txl/{_slug(both)}"
-  runs = {"ct": (train(ct_dir, "configs/recall.py", *both, *ct_only), ct_dir, []),
-          "txl": (train(txl_dir, "configs/recall_txl.py", *both), txl_dir, [])}
-  # The same trained CT evaluated with its compressed memory removed: what
-  # recall the compressed slots carry.
-  runs["ct_no_compressed"] = (runs["ct"][0], ct_dir, ["--compressed_memory_length=0"])
-  with open(f"{ct_dir}/config.json") as f:
-    ct = json.load(f)
-  with open(f"{txl_dir}/config.json") as f:
-    txl = json.load(f)
-  m, mt = ct["model"], txl["model"]
-  assert mt["memory_length"] == m["memory_length"] + m["compressed_memory_length"], "equal cost"
-  # The Transformer-XL's whole reach, as the issue states it: layers x memory.
-  # Its one hop reaches memory + segment position (< memory + segment).
-  txl_reach = mt["num_layers"] * mt["memory_length"]
-  txl_one_hop = mt["memory_length"] + mt["segment_length"]
-  result = {"config": {
-      "what": what, "ct_overrides": list(both + ct_only), "txl_overrides": list(both),
-      "ct_workdir": os.path.relpath(ct_dir, ROOT), "txl_workdir": os.path.relpath(txl_dir, ROOT),
-      "num_layers": m["num_layers"], "d_model": m["d_model"], "segment_length": m["segment_length"],
-      "memory_length": m["memory_length"],
-      "compressed_memory_length": m["compressed_memory_length"],
-      "compression_rate": m["compression_rate"], "compression": m["compression"],
-      "reconstruction_loss": m["reconstruction_loss"], "txl_memory_length": mt["memory_length"],
-      "steps": ct["num_train_steps"], "requery_distances": list(
-          ct["data"]["recall"].get("requery_distances", ())),
-      "txl_reach": txl_reach, "txl_one_hop_reach": txl_one_hop,
-      "ct_one_hop_reach": m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]
-                          + m["segment_length"],
-      "chance": CHANCE, "gradient_window": ct.get("gradient_window", 1),
-      "memory_gradient": m.get("memory_gradient", "none"),
-      "txl_gradient_window": txl.get("gradient_window", 1),
-      "txl_memory_gradient": mt.get("memory_gradient", "none"),
-      # Both models' complete configs, as their workdirs' config.json hold them.
-      "ct_config": ct, "txl_config": txl}}
-  for model, (summary, workdir, flags_) in runs.items():
-    acc = recall_analysis(workdir, flags_)
-    far, mid = beyond(acc, txl_reach), beyond(acc, txl_one_hop)
-    result[model] = {
-        "steps": summary["steps"], "train_seconds": summary["train_seconds"],
-        "whole_answer_accuracy_beyond_txl_reach": far["whole_answer_accuracy"],
-        "answer_byte_accuracy_beyond_txl_reach": far["answer_byte_accuracy"],
-        "queries_beyond_txl_reach": far["queries"],
-        "whole_answer_accuracy_beyond_txl_one_hop": mid["whole_answer_accuracy"],
-        "answer_byte_accuracy_beyond_txl_one_hop": mid["answer_byte_accuracy"],
-        "queries_beyond_txl_one_hop": mid["queries"],
-        "by_distance": acc}
-  return result
-
-
-def plot_recall_study(name: str, r: dict, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(8, 4.5))
-  labels = {"ct": "Compressive Transformer", "txl": "Transformer-XL (equal attention cost)",
-            "ct_no_compressed": "Compressive Transformer, compressed memory removed"}
-  for model, label in labels.items():
-    acc = r[model]["by_distance"]
-    line, = ax.plot(acc["distance"], acc["exact_match"], marker="o", label=f"{label}: whole answers")
-    ax.plot(acc["distance"], acc["byte_accuracy"], marker=".", ls="--", color=line.get_color(),
-            label=f"{label}: answer bytes")
-  c = r["config"]
-  ax.axvline(c["txl_reach"], color="gray", ls=":", label=f"Transformer-XL's reach, layers x memory ({c['txl_reach']})")
-  ax.axhline(0.1, color="gray", lw=0.8)
-  ax.set_xlabel("bytes from the latest occurrence of the value to its query")
-  ax.set_ylabel("accuracy on the test split (chance: 0.1 per byte)")
-  ax.set_title(f"recall study, setting '{name}': {c['what']}", fontsize=8)
-  ax.set_ylim(0, 1)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-
-
-def study_table(study: dict) -> str:
-  """The study as the markdown table of docs/RESULTS.md (every figure from the JSON)."""
-  pct = lambda v, digits=1: "n/a" if v is None else f"{100 * v:.{digits}f}%"
-  rows = ["| setting | steps | CT whole answers / answer bytes | TXL | CT, compressed memory "
-          "removed | queries |", "|---|---|---|---|---|---|"]
-  for name, r in study["settings"].items():
-    cells = [f"{pct(r[m]['whole_answer_accuracy_beyond_txl_reach'], 2)} / "
-             f"{pct(r[m]['answer_byte_accuracy_beyond_txl_reach'])}"
-             for m in ("ct", "txl", "ct_no_compressed")]
-    rows.append(f"| `{name}`: {r['config']['what']} | {r['config']['steps']} | "
-                + " | ".join(cells) + f" | {r['ct']['queries_beyond_txl_reach']:,} |")
-  return "\n".join(rows)
-
-
-def recall_study(out: str) -> dict:
-  names = FLAGS.settings or list(RECALL_STUDY)
-  path = os.path.join(ROOT, FLAGS.results_dir, "recall_study.json")
-  load = lambda: json.load(open(path)) if os.path.exists(path) else {"settings": {}}
-  for name in names:
-    r = recall_setting(out, name)
-    # Read again just before writing: settings may run as concurrent commands.
-    study = load()
-    study["settings"][name] = r
-    write_json(path, study)  # after each setting: an interrupted study keeps what it measured
-  study = load()
-  best = max(study["settings"], key=lambda n: (
-      study["settings"][n]["ct"]["whole_answer_accuracy_beyond_txl_reach"] or 0.0,
-      study["settings"][n]["ct"]["answer_byte_accuracy_beyond_txl_reach"] or 0.0))
-  study["best"] = best
-  write_json(path, study)
-  plot_recall_study(best, study["settings"][best],
-                    os.path.join(ROOT, "docs", "figures", "recall_study.png"))
-  print(study_table(study), file=sys.stderr)
-  return study
 
 
 # Books: a compressed reach several times the Transformer-XL's at equal
@@ -434,7 +235,8 @@ def main(argv):
     validate_flags()
     out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
     os.makedirs(out, exist_ok=True)
-    result = {"ct_vs_txl": ct_vs_txl, "recall_study": recall_study,
+    study = lambda out: recall_study(out, FLAGS.settings or [], FLAGS.results_dir)
+    result = {"ct_vs_txl": ct_vs_txl, "recall_study": study,
               "books_reach": books_reach, "ablation": ablation,
               "positions": positions}[FLAGS.experiment](out)
     write_json(os.path.join(out, "results.json"), result)

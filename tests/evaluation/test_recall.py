@@ -76,7 +76,7 @@ def test_requery_distances_are_checked():
 
 
 def test_the_study_pools_accuracy_over_the_distances_beyond_a_reach():
-  from experiments import run
+  from experiments import recall_study as run
   acc = {"distance": [100, 200, 300], "byte_accuracy": [0.9, 0.5, 0.2],
          "exact_match": [0.8, 0.25, 0.0], "queries": [10, 30, 10]}
   far = run.beyond(acc, 150)
