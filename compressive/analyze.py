@@ -112,13 +112,13 @@ def main(argv):
     print(json.dumps(result))
     return
   with reading.tool(progress=True):
-    experiment = reading.saved_experiment(check=check_recall)
+    experiment = reading.flagged_experiment(check=check_recall)
     sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
     # The corpus before the model: a corpus that cannot be read fails before any loading.
     tokenizer = data_lib.get_tokenizer(experiment.data)
     documents = data_lib.get_documents(experiment.data, FLAGS.split, tokenizer)
-    result, plot = run(reading.open_run(experiment).model, documents, experiment)
+    result, plot = run(reading.open_flagged_run(experiment).model, documents, experiment)
   save(result, plot, suffix)
 
 

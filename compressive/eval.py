@@ -49,14 +49,14 @@ cli_flags.define_multihost_flags(refer_to_train=True)
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool(progress=True):
-    experiment = reading.saved_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,
+    experiment = reading.flagged_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,
                                           step_must_exist=True)
     data = experiment.data
     tokenizer = data_lib.get_tokenizer(data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(data, FLAGS.split, tokenizer)
     documents = data_lib.get_documents(data, FLAGS.split, tokenizer)
-    run = reading.open_run(experiment)
+    run = reading.open_flagged_run(experiment)
     step = run.step
     result = eval_lib.evaluate(run.model, documents, experiment, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)

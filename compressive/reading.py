@@ -3,19 +3,19 @@ analyze.py, export.py): one preamble, the saved config made ready, and the
 run opened.
 
     with reading.tool(progress=True):
-      experiment = reading.saved_experiment(split=FLAGS.split)
+      experiment = reading.flagged_experiment(split=FLAGS.split)
       ...  # the tool's own checks, its corpus
-      run = reading.open_run(experiment)
+      run = reading.open_flagged_run(experiment)
 
 `tool` is the preamble: the libraries quiet, a user's mistake one line and
 exit code 2 (cli.user_errors), --plugin imported and nothing else imported
 on the saved config's say-so (cli_flags.reading_saved_run), the tool's own flag
 checks (each flag group checks its own ranges as it is parsed), the
 multi-host runtime joined where the tool has its flags, and progress lines
-on stderr. `saved_experiment` reads the workdir's (or export's) config.json,
+on stderr. `flagged_experiment` reads the workdir's (or export's) config.json,
 applies the memory and mesh flags, checks it (config.check_saved) and
 compares it with what the run recorded, all before any corpus is read or
-model built. `open_run` restores the run onto that experiment
+model built. `open_flagged_run` restores the run onto that experiment
 (compressive/training/opening.py), building nothing twice.
 
 A tools-layer module (it reads the training layer); compressive/cli.py,
@@ -70,7 +70,7 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
     yield
 
 
-def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
+def flagged_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
                      step_must_exist: bool = False,
                      check: Optional[Callable[[runconfig.SavedConfig], None]] = None
                      ) -> experiment_lib.Experiment:
@@ -98,10 +98,10 @@ def saved_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMO
   return experiment
 
 
-def open_run(experiment: experiment_lib.Experiment) -> opening.OpenRun:
+def open_flagged_run(experiment: experiment_lib.Experiment) -> opening.OpenRun:
   """--workdir's checkpoint --step (default the newest: a trainer may rotate
   it away meanwhile, and the newest that exists is read), opened as
-  `experiment` (saved_experiment's)."""
+  `experiment` (flagged_experiment's)."""
   return opening.open_run(FLAGS.workdir, FLAGS.step, config=experiment)
 
 

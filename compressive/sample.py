@@ -85,12 +85,12 @@ def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool(validate_flags):
     prompt = read_prompt()
-    experiment = reading.saved_experiment()  # before any model is built
+    experiment = reading.flagged_experiment()  # before any model is built
     tokenizer = data_lib.get_tokenizer(experiment.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
-    model = reading.open_run(experiment).model
+    model = reading.open_flagged_run(experiment).model
     sizes = experiment.eval
     sampler = Sampler(model, batch_size=1, memory_length=sizes.memory_length,
                       compressed_memory_length=sizes.compressed_memory_length)
