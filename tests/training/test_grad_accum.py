@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -58,10 +59,11 @@ def _batches(config, steps):
 
 
 def _one_step(accum, recon, sgd, warmup=2):
-  """(params, memory, metrics) after `warmup` full-batch steps and then ONE
-  step with grad_accum_steps=accum, on a batch where row 0 starts a new
-  document: its micro-batch then evicts fewer valid memory slots, so the
-  reconstruction loss's micro-batches weigh differently."""
+  """((params, memory, metrics) with grad_accum_steps=1, the same with
+  `accum`): `warmup` full-batch steps, then ONE step of each kind from the
+  state they reached, on a batch where row 0 starts a new document: its
+  micro-batch then evicts fewer valid memory slots, so the reconstruction
+  loss's micro-batches weigh differently."""
   config = tiny_experiment(**{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
@@ -75,10 +77,13 @@ def _one_step(accum, recon, sgd, warmup=2):
   full = train_step.make_train_step(graphdef, template, tx, False)
   for batch in batches[:-1]:
     state, memory, _ = full(state, memory, batch)
-  step = full if accum == 1 else train_step.make_train_step(
-      graphdef, template, tx, False, grad_accum_steps=accum)
-  state, memory, metrics = step(state, memory, batches[-1])
-  return jax.device_get((state.params, memory, metrics))
+  accumulated = train_step.make_train_step(graphdef, template, tx, False, grad_accum_steps=accum)
+
+  def last(step):
+    s, m = jax.tree.map(jnp.copy, (state, memory))  # a step donates its inputs
+    s, m, metrics = step(s, m, batches[-1])
+    return jax.device_get((s.params, m, metrics))
+  return last(full), last(accumulated)
 
 
 def _max_abs(a, b):
@@ -89,8 +94,7 @@ def _max_abs(a, b):
 @pytest.mark.slow  # three whole train steps compiled per case
 @pytest.mark.parametrize("accum,recon", [(2, "attention"), (4, "autoencoding")])
 def test_accumulated_step_equals_the_full_batch_step(accum, recon):
-  ref = _one_step(1, recon, sgd=True)
-  got = _one_step(accum, recon, sgd=True)
+  ref, got = _one_step(accum, recon, sgd=True)
   assert _max_abs(ref[0], got[0]) < GRAD_TOLERANCE  # params - grads: the gradients
   assert _max_abs(ref[1], got[1]) < MEMORY_TOLERANCE  # every row keeps its own memory
   assert set(ref[2]) == set(got[2])
@@ -99,8 +103,7 @@ def test_accumulated_step_equals_the_full_batch_step(accum, recon):
                                rtol=METRIC_RTOL, atol=1e-7, err_msg=k)
   assert float(ref[2]["reconstruction_loss"][-1]) > 0  # the weighting was exercised
   # The config's optimizer (Adam) too: the same new parameters.
-  ref = _one_step(1, recon, sgd=False)
-  got = _one_step(accum, recon, sgd=False)
+  ref, got = _one_step(accum, recon, sgd=False)
   assert _max_abs(ref[0], got[0]) < ADAM_TOLERANCE
 
 
