@@ -99,13 +99,19 @@ RECALL_STUDY.update({
 # learned no retrieval in 300 windows; here its 600 steps go on for 300
 # windows of 8 segments with the LM loss reaching the conv (the
 # Transformer-XL: its `base`, the same window and data).
-WARM_START = {"taught_finetune": "base"}
+WARM_START = {"taught_finetune": "base", "taught_memories_finetune": "base"}
 RECALL_STUDY["taught_finetune"] = (
     "`base`'s models (600 steps), then 300 windows of 8 segments with the task-taught "
     "compression (model.memory_gradient=compressor, gradient_window=8); the Transformer-XL: "
     "its `base`, then the same window and data",
     _WINDOW[:2] + ("--config.num_train_steps=900",),
     ("--config.model.memory_gradient=compressor",))
+RECALL_STUDY["taught_memories_finetune"] = (
+    "`base`'s models (600 steps), then 300 windows of 8 segments with the task-taught "
+    "memories (model.memory_gradient=memories: the LM loss of the next 7 segments reaches "
+    "every stored slot, the conv and the layers that wrote them), both models",
+    _WINDOW[:2] + ("--config.num_train_steps=900", "--config.model.memory_gradient=memories"),
+    ())
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
 
