@@ -104,6 +104,14 @@ def define_multihost_flags(*, refer_to_train: bool = False) -> None:
   flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
 
 
+def multihost_arguments() -> dict[str, Any]:
+  """sharding.initialize_distributed's arguments from the multi-host flags
+  (define_multihost_flags): how train.py and the reading tools join the
+  distributed runtime, read in one place."""
+  return {"auto": flags.FLAGS.multihost, "coordinator_address": flags.FLAGS.coordinator_address,
+          "num_processes": flags.FLAGS.num_processes, "process_id": flags.FLAGS.process_id}
+
+
 # The memory flags' range: evaluation sizes (-1: the training run's), checked
 # here as numbers and by config.check_saved against the memory estimate.
 SIZE_FLAG_MUST = ">= 0 (or -1: the training run's), below 2**31"

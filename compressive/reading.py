@@ -61,9 +61,7 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
     if validate is not None:
       validate()
     if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
-      sharding.initialize_distributed(
-          auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
-          num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+      sharding.initialize_distributed(**cli_flags.multihost_arguments())
     if progress:
       logging.getLogger("compressive").setLevel(
           logging.INFO if jax.process_index() == 0 else logging.WARNING)

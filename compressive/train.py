@@ -70,9 +70,7 @@ flags.DEFINE_string("profile_steps", "",
 
 def initialize_distributed() -> None:
   """Before anything else touches JAX: joins the other processes, if any."""
-  sharding.initialize_distributed(
-      auto=FLAGS.multihost, coordinator_address=FLAGS.coordinator_address,
-      num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+  sharding.initialize_distributed(**cli_flags.multihost_arguments())
 
 
 def setup_logging() -> None:
