@@ -378,7 +378,7 @@ def evaluate(
   result = {
       "loss": total_nats / max(total_tokens, 1.0),
       "bits_per_token": total_nats / max(total_tokens, 1.0) / losses.LN2,
-      "tokens": total_tokens,
+      "tokens": int(total_tokens),  # a count: exact in float64, shown as one
   }
   if experiment.data.tokenizer == "bytes":
     result["bits_per_byte"] = result["bits_per_token"]
