@@ -85,3 +85,30 @@ def test_the_study_pools_accuracy_over_the_distances_beyond_a_reach():
   assert abs(far["whole_answer_accuracy"] - 0.25 * 30 / 40) < 1e-12
   assert run.beyond(acc, 300) == {"queries": 0, "answer_byte_accuracy": None,
                                   "whole_answer_accuracy": None}
+
+
+def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_step(tmp_path):
+  # A run resumed from another's checkpoint with 8 segments per step where
+  # the first 600 steps had 4: the steps after the start are counted at the
+  # copy's config, the ones before at the source's.
+  import json
+  from experiments import children
+  def workdir(name, segments, rows):
+    wd = tmp_path / name
+    wd.mkdir()
+    (wd / "config.json").write_text(json.dumps(
+        {"batch_size": 2, "segments_per_step": segments, "model": {"segment_length": 10}}))
+    (wd / "metrics_train.jsonl").write_text("".join(
+        json.dumps({"step": s, "tokens_per_second": tps, "bits_per_byte": 1.0}) + "\n"
+        for s, tps in rows))
+    return str(wd)
+  before = [(2, 40.0), (4, 40.0)]
+  source = workdir("source", 4, before)
+  copy = workdir("copy", 8, before + [(5, 80.0), (6, 160.0)])
+  whole = children.train_summary(source)
+  assert whole["steps"] == 4 and whole["train_tokens"] == 4 * 2 * 4 * 10
+  assert abs(whole["train_seconds"] - 2 * (2 * 80) / 40.0) < 1e-12  # 80 tokens a step
+  after = children.train_summary(copy, since_step=4)
+  assert after["steps"] == 6 and after["train_tokens"] == 2 * 2 * 8 * 10
+  assert abs(after["train_seconds"] - (160 / 80.0 + 160 / 160.0)) < 1e-12
+  assert [c[0] for c in after["curve"]] == [5, 6]
