@@ -39,6 +39,7 @@ from compressive.cli_config import (
     with_default_configs)
 from compressive import cli_xla
 from compressive import files
+from compressive import remote
 from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -64,7 +65,7 @@ def one_line(message: str) -> str:
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
   sys.stdout.flush()
-  print(f"error: {one_line(message)}", file=sys.stderr)
+  print(f"error: {one_line(remote.public(message))}", file=sys.stderr)
   sys.exit(code)
 
 
@@ -100,6 +101,10 @@ def quiet_libraries() -> None:
     return
   absl_logging.set_verbosity(absl_logging.FATAL)
   absl_logging.get_absl_handler().setFormatter(ConsoleFormatter())
+  # Cloud Storage's clients (remote.py): their INFO lines, and the errors
+  # (with tracebacks) that remote.StorageError reports in one line.
+  for name in ("fsspec", "gcsfs"):
+    logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def warn(message: str) -> None:
@@ -262,7 +267,26 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   flags belong to the command's script, as absl names it, and its --help
   starts with `doc`, the tool's docstring (absl prints __main__'s)."""
   sys.modules["__main__"].__doc__ = doc
-  app.run(_quiet_on_a_closed_pipe(main), flags_parser=parse_flags)
+  app.run(_quiet_on_a_closed_pipe(_on_cloud_storage(main)), flags_parser=parse_flags)
+
+
+def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """main, with a gs:// --workdir read and written through a local mirror
+  and a gs:// --output written locally and copied there at the end
+  (compressive/remote.py): the flags name the local folders while main
+  runs, and its one-line errors name the URLs."""
+  def run_main(argv: list[str]) -> Any:
+    with contextlib.ExitStack() as stack:
+      quiet_libraries()  # the clients' INFO lines while the mirror is made
+      for name in ("workdir", "output"):
+        value = flags.FLAGS[name].value if name in flags.FLAGS else None
+        if isinstance(value, str) and remote.is_remote(value):
+          place = remote.Mirror(value) if name == "workdir" else remote.Upload(
+              value, f"--output={value}")
+          with user_errors():  # a URL that cannot be read or written is one line
+            flags.FLAGS[name].value = stack.enter_context(place)
+      return main(argv)
+  return run_main
 
 
 def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:

@@ -47,17 +47,18 @@ def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool
         "source the saved config names as module:Name (a saved config never imports code "
         "itself); repeat for several.", module_name=module)
   flags.mark_flag_as_required("workdir")
-  validate_path_flag("workdir", "a workdir")
+  validate_path_flag("workdir", "a workdir", remote_ok=True)
 
 
-def validate_path_flag(name: str, what: str) -> None:
+def validate_path_flag(name: str, what: str, *, remote_ok: bool = False) -> None:
   """Makes files.check_local the string flag's own check (`what` it names:
-  a workdir, an export, a prompt file), as validate_int_flag does."""
+  a workdir, an export, a prompt file; `remote_ok`: a gs:// URL too), as
+  validate_int_flag does."""
 
   def check(value: Any) -> None:
     if value is not None:
       try:
-        files.check_local(value, what)
+        files.check_local(value, what, remote_ok=remote_ok)
       except ConfigError as e:
         raise ConfigError(f"--{name}={e}") from None
 

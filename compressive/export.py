@@ -15,6 +15,7 @@ from absl import flags
 
 from compressive import cli
 from compressive import reading
+from compressive import remote
 
 from compressive import cli_flags
 from compressive.training import export as export_lib
@@ -23,7 +24,7 @@ FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
 flags.DEFINE_string("output", None, "The export's folder: new, or empty.")
 flags.mark_flag_as_required("output")
-cli_flags.validate_path_flag("output", "an export")
+cli_flags.validate_path_flag("output", "an export", remote_ok=True)
 
 
 def main(argv):
@@ -34,8 +35,8 @@ def main(argv):
     step = export_lib.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
   size = sum(os.path.getsize(os.path.join(d, f))
              for d, _, files in os.walk(FLAGS.output) for f in files)
-  print(json.dumps({"workdir": FLAGS.workdir, "step": step, "output": FLAGS.output,
-                    "bytes": size}), flush=True)
+  print(json.dumps({"workdir": remote.public(FLAGS.workdir), "step": step,
+                    "output": remote.public(FLAGS.output), "bytes": size}), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,23 +37,27 @@ import secrets
 import stat
 from typing import IO, Any, Iterator, Optional
 
+from compressive import remote
 from compressive.errors import CheckpointError, ConfigError, naming
 
-# `scheme://` begins a URL (gs://, s3://, http://): a store that the package
-# does not read or write runs, exports and prompts in (os.path would take
-# `gs://b/x` for the local folder `gs:/b/x`).
+# `scheme://` begins a URL (gs://, s3://, http://): os.path would take
+# `gs://b/x` for the local folder `gs:/b/x`, so a URL is never a local path;
+# the package works in runs and exports on gs:// through compressive/remote.py.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def check_local(path: Any, what: str) -> None:
+def check_local(path: Any, what: str, *, remote_ok: bool = False) -> None:
   """ConfigError unless `path` (a workdir, an export, a prompt file: `what`)
-  names a place on this machine's file system, not a URL."""
+  names a place on this machine's file system, or (with `remote_ok`) a URL
+  of a store the package works in (remote.SCHEMES: gs://)."""
   if isinstance(path, str) and _URL.match(path):
     scheme = path.split("://", 1)[0]
-    raise ConfigError(
-        f"{path}: {what} on {scheme}:// is not supported; give a path on this machine's file "
-        "system (several hosts: one folder they all mount, e.g. NFS or Filestore; "
-        "docs/SCALING.md)")
+    if remote_ok and scheme in remote.SCHEMES:
+      return
+    where = ("give a path on this machine's file system or a gs:// URL" if remote_ok else
+             "give a path on this machine's file system")
+    raise ConfigError(f"{path}: {what} on {scheme}:// is not supported; {where} "
+                      "(docs/SCALING.md)")
 
 _FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
           | getattr(os, "O_CLOEXEC", 0))
@@ -201,7 +205,12 @@ def _size(limit: int) -> str:
 def read_bytes(path: str, limit: int, *, follow: bool = False) -> bytes:
   """The bytes of the regular file `path` (open_regular), refused
   (NotAFileError) when it holds more than `limit`: its size is looked at
-  before anything is read, and no more than `limit` + 1 bytes are read."""
+  before anything is read, and no more than `limit` + 1 bytes are read. A
+  gs:// URL is read whole, within the same bound (compressive/remote.py)."""
+  if remote.is_remote(path):  # a checkpoint's file on Cloud Storage: an object, never a link
+    if remote.size(path) > limit:
+      raise NotAFileError(path, f"larger than the {_size(limit)} read of it")
+    return remote.read_bytes(path)
   fd = open_regular(path, os.O_RDONLY, follow=follow)
   with os.fdopen(fd, "rb") as f:
     if os.fstat(f.fileno()).st_size > limit:

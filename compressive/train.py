@@ -35,6 +35,7 @@ from compressive import cli_flags
 
 from compressive import cli_config
 from compressive import errors
+from compressive import remote
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.scale import sharding
@@ -90,7 +91,7 @@ def main(argv):
     # where it was, once the save in flight (if any) was finished.
     signum = interrupts.received() or signal.SIGINT
     cli.fail(f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
-             f"from the newest checkpoint in {FLAGS.workdir}",
+             f"from the newest checkpoint in {remote.public(FLAGS.workdir)}",
              code=errors.exit_status(signum))
 
 
@@ -118,7 +119,8 @@ def train(config, workdir: str) -> None:
                                           config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
-    print(f"TensorBoard logs: tensorboard --logdir {layout.Workdir(workdir).tensorboard()}")
+    print("TensorBoard logs: tensorboard --logdir "
+          + remote.public(layout.Workdir(workdir).tensorboard()))
     if result and stopped is None:
       print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again

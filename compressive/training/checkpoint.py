@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 import orbax.checkpoint as ocp
 
+from compressive import remote
 from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training.integrity import DamagedCheckpointError
@@ -230,7 +231,7 @@ class Checkpointer:
 
   def _gone(self, step: int) -> bool:
     """Whether `step` has been deleted (or is being deleted) since it was listed."""
-    if not os.path.isdir(self.step_dir(step)):
+    if not remote.isdir(self.step_dir(step)):
       return True
     self.reload()
     return step not in self.all_steps()
@@ -281,7 +282,7 @@ class Checkpointer:
     """The steps in checkpoints/skipped/ (moved aside by --restore_intact),
     newest first: ints, and names such as '6.1' for a step skipped twice."""
     try:
-      names = os.listdir(self.skipped)
+      names = remote.listdir(self.skipped)
     except FileNotFoundError:
       return []
     steps = [int(n) if n.isdigit() else n for n in names]
@@ -291,13 +292,16 @@ class Checkpointer:
   def move_aside(self, step: int) -> str:
     """Moves a damaged step into checkpoints/skipped/ (where rotation never
     deletes it and restores never look); returns its new path."""
-    os.makedirs(self.skipped, exist_ok=True)
     target = os.path.join(self.skipped, str(step))
     n = 1
-    while os.path.exists(target):
+    while remote.exists(target):
       target = os.path.join(self.skipped, f"{step}.{n}")
       n += 1
-    os.replace(self.step_dir(step), target)
+    if remote.is_remote(target):  # Cloud Storage renames nothing: copied, then removed
+      remote.move(self.step_dir(step), target)
+    else:
+      os.makedirs(self.skipped, exist_ok=True)
+      os.replace(self.step_dir(step), target)
     self.reload()
     return target
 

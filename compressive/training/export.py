@@ -37,6 +37,7 @@ from flax import nnx
 import jax
 import orbax.checkpoint as ocp
 
+from compressive import remote
 from compressive import files
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import trees
@@ -350,8 +351,9 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
   they cannot be read."""
   # Orbax reads a relative folder's metadata as missing: give it the
   # absolute one (the messages keep the path as the user gave it).
-  where = os.path.abspath(layout.Export(path).params)
-  if not os.path.isdir(where):
+  where = layout.Export(path).params
+  where = where if remote.is_remote(where) else os.path.abspath(where)
+  if not remote.isdir(where):
     raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
                           "export the workdir again")
   with ocp.StandardCheckpointer() as checkpointer:

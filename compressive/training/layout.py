@@ -27,6 +27,11 @@ and, when something was in a file's place, what was set aside: a side
 file's `NAME.aside[.N]`, the lock record's `train.lock.set-aside-N`, an
 unreadable `config.json.damaged`.
 
+A workdir or an export on Cloud Storage is worked in through a local copy
+of its top-level files (compressive/remote.py), whose checkpoints and
+params/ are the bucket's: `Workdir.checkpoints` and `Export.params` name
+them there.
+
 An export: config.json, export.json (its manifest), params/ (export.py);
 written as `.compressive-export-partial-<pid>` beside its destination.
 The evaluation and analysis results of an export are named as a workdir's.
@@ -38,6 +43,7 @@ import dataclasses
 import os
 
 from compressive import files
+from compressive import remote
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"
@@ -112,16 +118,18 @@ class Workdir:
 
   @property
   def checkpoints(self) -> str:
-    return self._path(CHECKPOINT_DIR)
+    """The checkpoints folder: the URL's when `root` is the local mirror of
+    a workdir on Cloud Storage (compressive/remote.py)."""
+    return remote.beside(self.root, CHECKPOINT_DIR)
 
   @property
   def owner(self) -> str:
     """The checkpoints folder's record of the workdir whose run it holds."""
-    return self._path(CHECKPOINT_DIR, OWNER_FILE)
+    return os.path.join(self.checkpoints, OWNER_FILE)
 
   @property
   def skipped(self) -> str:
-    return self._path(CHECKPOINT_DIR, SKIPPED_DIR)
+    return os.path.join(self.checkpoints, SKIPPED_DIR)
 
   def metrics(self, name: str) -> str:
     return self._path(metrics_file(name))
@@ -179,7 +187,9 @@ class Export:
 
   @property
   def params(self) -> str:
-    return os.path.join(self.root, PARAMS_DIR)
+    """The parameters' folder: the URL's when `root` is the local mirror of
+    an export on Cloud Storage (compressive/remote.py)."""
+    return remote.beside(self.root, PARAMS_DIR)
 
   @staticmethod
   def partial(parent: str, pid: int) -> str:

@@ -39,6 +39,10 @@ another host in. A filesystem that cannot lock a folder makes the run say
 that only train.lock keeps a second trainer out; one that supports no
 locking at all makes `flock` fail with ENOLCK or EOPNOTSUPP, and training
 then goes on with a warning that nothing stops a second trainer.
+
+On Cloud Storage (a gs:// workdir, compressive/remote.py) there is no lock
+at all, and no owner record: the run says so in its log, and keeping a
+second trainer out is the job controller's.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import stat
 from typing import Optional
 
 from compressive import files
+from compressive import remote
 from compressive.errors import UserError
 from compressive.training import interrupts, layout, savedjson
 
@@ -327,8 +332,16 @@ def _read_record(folder: int) -> str:
 
 
 def lock_workdir(workdir: str, is_main: bool):
-  """Process 0 takes the workdir's lock; every process learns whether it could."""
+  """Process 0 takes the workdir's lock; every process learns whether it
+  could. A workdir on Cloud Storage (the local mirror of one, remote.py)
+  has no lock: that is said in the log, and None returned."""
   lock, busy = None, None
+  url = remote.url_of(workdir)
+  if url is not None:
+    if is_main:
+      _log.info("%s is on Cloud Storage, which has no lock: nothing keeps a second trainer out "
+                "of it (docs/SCALING.md)", url)
+    return None
   if is_main:
     try:
       lock = WorkdirLock(workdir).acquire()

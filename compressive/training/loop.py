@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import jax
 
 from compressive import files
+from compressive import remote
 from compressive import config as config_lib
 
 from compressive import experiment as experiment_lib
@@ -114,10 +115,20 @@ def train_and_evaluate(
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
-  workdir = layout.Workdir(workdir).root  # a URL is refused before anything is made
-  experiment = config_lib.experiment_of(config)
+  files.check_local(workdir, "a workdir", remote_ok=True)  # another URL: before anything is made
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)
+  if remote.is_remote(workdir):  # gs://: in a local mirror of its files (remote.py)
+    with remote.Mirror(workdir) as local:
+      return _train_in(config, local, options)
+  return _train_in(config, workdir, options)
+
+
+def _train_in(config: config_lib.ConfigOrExperiment, workdir: str,
+              options: _Options) -> dict[str, float]:
+  """train_and_evaluate in the workdir folder `workdir` (a mirror's too)."""
+  workdir = layout.Workdir(workdir).root
+  experiment = config_lib.experiment_of(config)
   is_main = jax.process_index() == 0
   fresh = not os.path.lexists(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -189,7 +200,7 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
     data_lib.check_documents(data, split, tokenizer)
     counts[split] = len(docs)
   steps = []
-  if os.path.isdir(layout.Workdir(workdir).checkpoints):
+  if remote.isdir(layout.Workdir(workdir).checkpoints):
     steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
   if steps:
     try:
@@ -365,6 +376,8 @@ def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]
   except ckpt_lib.NonFiniteStateError as e:
     return e.names
   assert run.clock is not None  # _steps, the only caller, set it
+  if jax.process_index() == 0:  # a workdir on Cloud Storage: its side files copied there
+    remote.push(run.workdir)
   took = run.clock.exclude("save", t_save)
   _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
             "in the background)", step, took)

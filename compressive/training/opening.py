@@ -16,6 +16,8 @@ import dataclasses
 from typing import Optional
 
 from compressive import config as config_lib
+from compressive import files
+from compressive import remote
 
 from compressive import experiment as experiment_lib
 from compressive.model.transformer import CompressiveTransformer
@@ -42,7 +44,8 @@ def open_run(path: str, step: Optional[int] = None, *,
              config: Optional[config_lib.ConfigOrExperiment] = None
              ) -> OpenRun:
   """The run at `path` (a training workdir or an export), at its checkpoint
-  `step` (default the newest; an export holds one), as an OpenRun.
+  `step` (default the newest; an export holds one), as an OpenRun. `path`
+  may be a gs:// URL (compressive/remote.py).
 
   `config`: the Experiment to open it as (a tool's, from
   config.check_saved), or a config replacing the saved one (its model must
@@ -50,6 +53,10 @@ def open_run(path: str, step: Optional[int] = None, *,
   its mesh does not fit them). What is read is verified: checksums, finite
   values, the run's identity (model, data config, tokenizer).
   """
+  files.check_local(path, "a workdir or an export", remote_ok=True)
+  if remote.is_remote(path):  # gs://: its small files read through a local mirror
+    with remote.Mirror(path) as local:
+      return open_run(local, step, config=config)
   is_export = export_lib.is_export(path)
   if is_export:  # a damaged export, or one of another step, is named before the rest
     export_lib.manifest_of_step(path, step)

@@ -233,7 +233,8 @@ def test_a_url_for_a_workdir_is_one_line_and_makes_no_local_folder(run, tmp_path
   err = io.StringIO()
   with redirect_stderr(err), pytest.raises(SystemExit) as info:
     with cli.user_errors():
-      run("gs://bucket/run")
+      run("s3://bucket/run")
   assert info.value.code == 2
-  assert "on gs:// is not supported" in err.getvalue()
+  assert "on s3:// is not supported; give a path on this machine's file system or a gs:// URL" \
+      in err.getvalue()
   assert os.listdir(tmp_path) == []

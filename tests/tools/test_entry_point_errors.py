@@ -379,17 +379,22 @@ CASES = [
              os.path.join(ctx["tmp"], "gone.txt"), os.path.join(ctx["tmp"], "texts", "z.txt")))),
     # A URL where a path goes: refused as the flag is parsed (os.path would
     # take gs://b/run for the local folder gs:/b/run), from any folder.
-    Case("train: workdir on gs://", "train.py", [CFG, "--workdir=gs://bucket/run"],
-         "--workdir=gs://bucket/run: a workdir on gs:// is not supported", outside_root=True),
+    # (gs:// is a store the package works in: training/test_remote.py.)
+    Case("train: workdir on s3://", "train.py", [CFG, "--workdir=s3://bucket/run"],
+         "--workdir=s3://bucket/run: a workdir on s3:// is not supported; give a path on this "
+         "machine's file system or a gs:// URL", outside_root=True),
     Case("eval: workdir on s3://", "eval.py", ["--workdir=s3://bucket/run"],
          "--workdir=s3://bucket/run: a workdir on s3:// is not supported", outside_root=True),
-    Case("analyze: workdir on gs://", "analyze.py", ["--workdir=gs://b/r", "--analysis=recall"],
-         "a workdir on gs:// is not supported"),
+    Case("analyze: workdir on az://", "analyze.py", ["--workdir=az://b/r", "--analysis=recall"],
+         "a workdir on az:// is not supported"),
     Case("sample: prompt file over http://", "sample.py",
          ["--workdir={wd}", "--prompt_file=http://example.com/p.txt"],
-         "a prompt file on http:// is not supported"),
-    Case("export: output on gs://", "export.py", ["--workdir={wd}", "--output=gs://b/e"],
-         "--output=gs://b/e: an export on gs:// is not supported", outside_root=True),
+         "a prompt file on http:// is not supported; give a path on this machine's file system"),
+    Case("sample: prompt file on gs://", "sample.py",
+         ["--workdir={wd}", "--prompt_file=gs://b/p.txt"],
+         "a prompt file on gs:// is not supported; give a path on this machine's file system"),
+    Case("export: output on s3://", "export.py", ["--workdir={wd}", "--output=s3://b/e"],
+         "--output=s3://b/e: an export on s3:// is not supported", outside_root=True),
     # export.py.
     Case("export: empty output", "export.py", ["--workdir={wd}", "--output="],
          "--output= is empty"),

@@ -1,0 +1,227 @@
+"""Workdirs and exports on Cloud Storage (compressive/remote.py), against a
+Cloud Storage server the tests start (fake-gcs-server, tests/gcs_server.py):
+gcsfs and TensorStore talk to it as they would to Google's."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import compressive
+from compressive import remote
+from compressive.errors import DataError
+from compressive.training import layout
+from compressive.training import loop as train_lib
+from compressive.training import setup as setup_lib
+from helpers import (ROOT, assert_same_params, params_of, process_env, tiny_experiment,
+                     write_config_file)
+import gcs_server
+import inprocess
+
+STEPS = 12
+# Every test here talks to the server, a process of its own: none is in
+# `make test-fast`, which starts no process.
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gcs():
+  """The server, its bucket `runs`, and this process's clients pointed at it."""
+  with gcs_server.serve() as server:
+    saved = {name: os.environ.get(name) for name in server.env()}
+    os.environ.update(server.env())
+    try:
+      server.create_bucket("runs")
+      yield server
+    finally:
+      for name, value in saved.items():
+        if value is None:
+          os.environ.pop(name, None)
+        else:
+          os.environ[name] = value
+
+
+def new_url() -> str:
+  return f"gs://runs/{uuid.uuid4().hex[:8]}"
+
+
+def under(server, url: str) -> list[str]:
+  """The objects under `url` (gs://runs/PREFIX), relative to it."""
+  prefix = url.removeprefix("gs://runs/") + "/"
+  return [n[len(prefix):] for n in server.objects("runs") if n.startswith(prefix)]
+
+
+def steps_logged(lines: str) -> list[int]:
+  return [json.loads(line)["step"] for line in lines.splitlines() if line.strip()]
+
+
+# -- In process. -------------------------------------------------------------------
+
+
+def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_path, caplog):
+  caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
+  url = new_url()
+  train_lib.train_and_evaluate(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2), url)
+  objects = under(gcs, url)
+  for name in ("config.json", "train.log", "metrics_train.jsonl", "curves.png"):
+    assert name in objects, objects
+  assert {"2", "4"} <= {n.split("/")[1] for n in objects if n.startswith("checkpoints/")}
+  assert any(n.startswith("tensorboard/train/events") for n in objects), objects
+  assert not remote._OPEN  # the mirror closed, its folder gone
+  # The side files there are the run's whole: the log names the URL, never
+  # the local mirror, and the metrics reach the last step.
+  log = remote.read_bytes(f"{url}/train.log").decode()
+  assert f"the run's files: {url}/config.json" in log and "compressive-mirror-" not in log
+  assert steps_logged(remote.read_bytes(f"{url}/metrics_train.jsonl").decode())[-1] == 4
+  # The library reads it from the bucket as it reads a workdir on disk.
+  config, model = compressive.load(url)
+  assert config.num_train_steps == 4 and model is not None
+  train_lib.train_and_evaluate(tiny_experiment(num_train_steps=4), tmp_path / "local")
+  assert_same_params(url, tmp_path / "local")
+
+
+def test_a_start_that_fails_before_its_run_begins_leaves_nothing_in_the_bucket(gcs, monkeypatch):
+  url = new_url()
+
+  def no_data(*args, **kwargs):
+    raise DataError("no documents")
+
+  monkeypatch.setattr(setup_lib, "train_data", no_data)
+  with pytest.raises(DataError):
+    train_lib.train_and_evaluate(tiny_experiment(num_train_steps=2), url)
+  assert under(gcs, url) == []
+  assert not remote._OPEN
+
+
+def test_a_mirror_copies_back_only_what_changed_and_never_the_checkpoints(gcs):
+  url = new_url()
+  remote._epath(f"{url}/config.json").write_text("{}")
+  remote._epath(f"{url}/metrics_train.jsonl").write_text('{"step": 1}\n')
+  remote._epath(f"{url}/checkpoints/1/x").write_text("a checkpoint's file")
+  with remote.Mirror(url) as local:
+    assert sorted(os.listdir(local)) == ["config.json", "metrics_train.jsonl"]
+    assert layout.Workdir(local).checkpoints == f"{url}/checkpoints"
+    assert layout.Workdir(local).config == os.path.join(local, "config.json")
+    assert remote.public(f"cannot read {local}/x") == f"cannot read {url}/x"
+    # Another writer replaces the metrics in the bucket meanwhile: this
+    # mirror did not change them, so it never copies its old ones back.
+    remote._epath(f"{url}/metrics_train.jsonl").write_text('{"step": 2}\n')
+    with open(os.path.join(local, "eval_test_step1.json"), "w") as f:
+      f.write("{}")
+  assert not os.path.exists(local)
+  assert remote.read_bytes(f"{url}/metrics_train.jsonl") == b'{"step": 2}\n'
+  assert remote.read_bytes(f"{url}/eval_test_step1.json") == b"{}"
+
+
+def test_a_damaged_checkpoint_on_cloud_storage_is_moved_aside_by_restore_intact(gcs, caplog):
+  caplog.set_level(logging.INFO, logger="compressive")
+  url = new_url()
+  config = tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)
+  train_lib.train_and_evaluate(config, url)
+  record = f"{url}/checkpoints/4/integrity/metadata"
+  remote._epath(record).write_text("{ not json")
+  config.num_train_steps = 6
+  train_lib.train_and_evaluate(config, url, restore_intact=True)
+  objects = under(gcs, url)
+  assert "checkpoints/skipped/4/integrity/metadata" in objects, objects
+  assert "resumed from step 2" in remote.read_bytes(f"{url}/train.log").decode()
+  assert {"4", "6"} <= {n.split("/")[1] for n in objects if n.startswith("checkpoints/")}
+
+
+def test_tools_name_the_url_in_their_one_line_errors(gcs):
+  missing = new_url()
+  r = inprocess.run("eval.py", [f"--workdir={missing}"])
+  assert r.returncode == 2, r.stderr
+  [line] = r.stderr.strip().splitlines()
+  assert line.startswith("error: ") and missing in line and "compressive-mirror-" not in line
+  for flag, what in (("workdir", "a workdir"), ("output", "an export")):
+    args = ["--workdir=s3://b/run"] if flag == "workdir" else [
+        f"--workdir={missing}", "--output=s3://b/export"]
+    r = inprocess.run("export.py", args + (["--output=/tmp/x"] if flag == "workdir" else []))
+    assert r.returncode == 2 and "gs://" in r.stderr and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(gcs, tmp_path):
+  r = inprocess.run("train.py", [f"--config={write_config_file(tmp_path / 'c.py')}",
+                                 "--workdir=gs://no-such-bucket/run"])
+  assert r.returncode == 2 and r.stderr.strip() == (
+      "error: gs://no-such-bucket/run: the bucket no-such-bucket does not exist, or these "
+      "credentials cannot see it; create it first (gcloud storage buckets create "
+      "gs://no-such-bucket)"), r.stderr
+  assert gcs.buckets() == ["runs"]  # none was made
+
+
+def test_an_export_to_a_place_on_cloud_storage_that_holds_something_is_refused(gcs):
+  url = new_url()
+  remote._epath(f"{url}/something").write_text("x")
+  r = inprocess.run("export.py", [f"--workdir={new_url()}", f"--output={url}"])
+  assert r.returncode == 2 and r.stderr.strip() == (
+      f"error: --output={url} exists and is not empty: give a new or empty place"), r.stderr
+  assert under(gcs, url) == ["something"]
+
+
+# -- As a user runs the tools. -------------------------------------------------------
+
+
+def tool(script, *args, env):
+  p = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  return p.stdout
+
+
+def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_run(gcs, tmp_path):
+  """train.py on gs:// stopped by SIGTERM (143) and resumed, then eval.py
+  and export.py on it: the same parameters, evaluation and metrics as a
+  straight run in a local workdir; sample.py and analyze.py read there."""
+  env = process_env(**gcs.env())
+  config = write_config_file(tmp_path / "c.py", {"num_train_steps": STEPS,
+                                                  "checkpoint_every_steps": 2})
+  local = tmp_path / "local"
+  straight = subprocess.Popen(  # beside the stopped one
+      [sys.executable, "train.py", f"--config={config}", f"--workdir={local}"], cwd=ROOT,
+      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  url = new_url()
+  p = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
+                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  for line in p.stderr:
+    if "step 6/" in line:
+      break
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+  stopped = int(err.strip().splitlines()[-1].split("after step ")[1].split()[0])
+  assert 6 <= stopped < STEPS and f"{url}" in err and "compressive-mirror-" not in err
+  assert steps_logged(remote.read_bytes(f"{url}/metrics_train.jsonl").decode())[-1] >= 6
+  resumed = subprocess.run([sys.executable, "train.py", f"--config={config}",
+                            f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0 and f"resumed from step {stopped}" in resumed.stderr
+  assert straight.wait(timeout=600) == 0, straight.stderr.read()[-3000:]
+  # Every logged step once, in order, as in the local run.
+  metrics = remote.read_bytes(f"{url}/metrics_train.jsonl").decode()
+  assert steps_logged(metrics) == steps_logged((local / "metrics_train.jsonl").read_text())
+  on_gcs = json.loads(tool("eval.py", f"--workdir={url}", env=env))
+  on_disk = json.loads(tool("eval.py", f"--workdir={local}", env=env))
+  assert on_gcs == on_disk
+  assert json.loads(remote.read_bytes(f"{url}/eval_validation_step{STEPS}.json")) == on_gcs
+  exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export",
+                             env=env))
+  assert exported["workdir"] == url and exported["output"] == f"{url}-export"
+  assert_same_params(f"{url}-export", local)
+  # The other tools on the bucket: a sample from the export, the curve
+  # redrawn from the workdir's metrics there.
+  assert tool("sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4",
+              env=env).startswith("ab")
+  tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env)
+  assert remote.size(f"{url}/curves.png") > 0
+  for a, b in zip(params_of(url), params_of(local)):
+    np.testing.assert_array_equal(a, b)
