@@ -1,7 +1,8 @@
 """The session's set-up: float32 matmuls at highest precision, one JAX
 compilation cache for the test processes and the processes they start,
-JAX's `jax_disable_most_optimizations`, and a count of the processes tests
-start: a test that starts one must be marked `slow`.
+JAX's `jax_disable_most_optimizations`, etils.epath's Cloud Storage through
+gcsfs, and a count of the processes tests start: a test that starts one
+must be marked `slow`.
 
 `compressive` and `configs` are imported as installed (`pip install -e .`,
 which `make test` runs). The tests' shared helpers are in helpers.py, which
@@ -35,6 +36,11 @@ import tempfile
 # `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite as JAX
 # compiles by default.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# The suite's Cloud Storage is the server training/test_remote.py starts,
+# which etils.epath (and Orbax through it) reaches through gcsfs; with
+# TensorFlow installed epath would take TensorFlow's file layer, which knows
+# no such server, and it decides once per process, at its first path.
+os.environ.setdefault("EPATH_USE_TF", "false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

