@@ -13,6 +13,7 @@ where a check value belongs, is damage.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive.errors import CheckpointError
+from compressive.errors import CheckpointError, ConfigError
 
 
 class RunMismatchError(CheckpointError):
@@ -98,14 +99,59 @@ def _flat(value: Any, prefix: str) -> dict[str, Any]:
   return out
 
 
+def _model_fields(model: Any) -> dict[str, Any]:
+  """Every field of a model section (a ConfigDict or a mapping), those it
+  left out at their defaults: a config written before a field existed ran
+  with its default. A section this version cannot read is compared as it
+  is written."""
+  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  try:
+    return dataclasses.asdict(ModelConfig.from_config(model))
+  except (ConfigError, TypeError):
+    return dict(model.to_dict()) if hasattr(model, "to_dict") else dict(model or {})
+
+
+def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+  """{parameter path: shape} of the model `fields` build (abstract: nothing
+  is allocated)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
+  return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
+          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def model_differences(saved: Any, current: Any) -> list[str]:
+  """The one rule for which model fields a checkpoint's run fixes, as
+  "model.FIELD SAVED -> CURRENT": every field of the two model sections
+  (their defaults filled in) that differs, but the run-time knobs
+  (RUNTIME_MODEL_FIELDS), unless a knob's change alone gives the saved model
+  another parameter tree (scan_layers stacks the layers). The resume check
+  (runconfig.py) and the identity check of every restore keep it."""
+  a, b = _model_fields(saved), _model_fields(current)
+  differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+  names = [k for k in differ if k not in RUNTIME_MODEL_FIELDS]
+  knobs = [k for k in differ if k in RUNTIME_MODEL_FIELDS]
+  if knobs and not names:
+    try:
+      tree = _parameter_shapes(a)
+      if _parameter_shapes(b) != tree:
+        names = [k for k in knobs if _parameter_shapes({**a, k: b[k]}) != tree] or knobs
+    except (ConfigError, TypeError):  # a config of another version: the knobs may matter
+      names = knobs
+  return [f"model.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in differ if k in names]
+
+
 def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   """What differs between the saved `a` and current `b` of a part, or None
-  when nothing that matters does (the model's run-time knobs)."""
-  if part in ("model", "data") and isinstance(a, dict) and isinstance(b, dict):
-    prefix = "model" if part == "model" else "data"
-    fa, fb = _flat(a, prefix), _flat(b, prefix)
-    fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k) and not (
-        part == "model" and k.split(".", 1)[1] in RUNTIME_MODEL_FIELDS))
+  when nothing that matters does (model_differences: the model's run-time
+  knobs, a field left out at its default)."""
+  if part == "model" and isinstance(a, dict) and isinstance(b, dict):
+    return "; ".join(model_differences(a, b)[:4]) or None
+  if part == "data" and isinstance(a, dict) and isinstance(b, dict):
+    fa, fb = _flat(a, "data"), _flat(b, "data")
+    fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None
     return "; ".join(f"{k} {fa.get(k)!r} -> {fb.get(k)!r}" for k in fields[:4])

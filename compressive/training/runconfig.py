@@ -17,7 +17,7 @@ import ml_collections
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import layout, savedjson, sidefiles
-from compressive.training.integrity import RUNTIME_MODEL_FIELDS
+from compressive.training import integrity
 
 
 # A config as written: what config.json holds, and what a checkpoint's
@@ -75,8 +75,8 @@ def _tuples(value):
 # Config fields outside the model that fix the shapes of what a checkpoint
 # holds besides the parameters (optimizer state, memory rows, data position):
 # resuming with other values cannot work, and is reported by name. The model
-# fields are derived (`_model_diffs`): every one but the run-time knobs, and
-# those knobs that change the parameter tree.
+# fields are derived (integrity.model_differences, the one rule the
+# checkpoints' identity check keeps too).
 RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
 
 
@@ -85,46 +85,6 @@ def _get(config, dotted: str):
   for part in dotted.split("."):
     value = value.get(part) if hasattr(value, "get") else None
   return value
-
-
-def _model_fields(model_config) -> dict[str, Any]:
-  """Every model field, those a config left out at their defaults (a
-  config.json written before a field existed ran with its default)."""
-  from compressive.model.config import ModelConfig
-  try:
-    return dataclasses.asdict(ModelConfig.from_config(model_config))
-  except ConfigError:  # an older or edited config: compare what it says
-    return dict(model_config.to_dict()) if hasattr(model_config, "to_dict") else {}
-
-
-def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-  """{parameter path: shape} of the model `fields` build (abstract: nothing
-  is allocated)."""
-  from flax import nnx
-  from compressive.model.config import ModelConfig
-  from compressive.model.transformer import CompressiveTransformer
-  model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
-  return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
-          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-
-
-def _model_diffs(saved, current) -> list[str]:
-  """The model fields that differ and fix what a checkpoint holds: every one
-  but the run-time knobs (RUNTIME_MODEL_FIELDS), and a knob whose change
-  alone gives the saved model another parameter tree (e.g. scan_layers
-  stacks the layers)."""
-  a, b = _model_fields(saved), _model_fields(current)
-  differ = [k for k in a if k in b and a[k] != b[k]]
-  names = [k for k in differ if k not in RUNTIME_MODEL_FIELDS]
-  knobs = [k for k in differ if k in RUNTIME_MODEL_FIELDS]
-  if knobs and not names:
-    try:
-      tree = _parameter_shapes(a)
-      if _parameter_shapes(b) != tree:
-        names = [k for k in knobs if _parameter_shapes({**a, k: b[k]}) != tree] or knobs
-    except (ConfigError, TypeError):  # a config of another version: the knobs may matter
-      names = knobs
-  return [f"model.{k} {a[k]!r} -> {b[k]!r}" for k in differ if k in names]
 
 
 def check_resume_config(workdir: str, config: SavedConfig) -> None:
@@ -147,7 +107,8 @@ def check_resume_config(workdir: str, config: SavedConfig) -> None:
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  diffs = _model_diffs(saved.get("model", ml_collections.ConfigDict()), config.model) + [
+  diffs = integrity.model_differences(saved.get("model", ml_collections.ConfigDict()),
+                                      config.model) + [
       f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
       for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
   if diffs:
