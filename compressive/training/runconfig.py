@@ -7,10 +7,9 @@ the run (integrity.py) is what a resume finally trusts."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import ml_collections
 
