@@ -18,7 +18,7 @@ from compressive import reading
 from compressive import remote
 
 from compressive import cli_flags
-from compressive.training import export as export_lib
+from compressive.training import exporting
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
@@ -31,8 +31,8 @@ def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool():
     # Cheap checks first: a mistaken --output is found before any restore.
-    export_lib.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
-    step = export_lib.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
+    exporting.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
+    step = exporting.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
   size = sum(os.path.getsize(os.path.join(d, f))
              for d, _, files in os.walk(FLAGS.output) for f in files)
   print(json.dumps({"workdir": remote.public(FLAGS.workdir), "step": step,

@@ -13,9 +13,9 @@ An export is a folder holding
                  "config_sha256": config.json's digest, "sha256": this
                  record's own digest}.
 
-It is written into a temporary folder beside its destination and renamed into
-place when complete, so a folder named as the output is either a whole export
-or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
+It is written (exporting.py) into a temporary folder beside its destination
+and renamed into place when complete, so a folder named as the output is
+either a whole export or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
 checksums are verified on every load, like a checkpoint's, and the identity
 is compared as a checkpoint's is: a SentencePiece model retrained in place
 since the export, or another model or data config, is refused by every
@@ -26,14 +26,10 @@ version 1 exports (no identity) are not read at all.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import shutil
 from typing import Any, Optional
 
-from flax import nnx
 import jax
 import orbax.checkpoint as ocp
 
@@ -42,11 +38,10 @@ from compressive import files
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import trees
 from compressive.training import runconfig
-from compressive.training import orbax_errors
 from compressive.training import integrity as integrity_lib
 from compressive.training import layout, savedjson, sidefiles
 from compressive.scale import sharding
-from compressive.errors import CheckpointError, ConfigError
+from compressive.errors import CheckpointError
 
 FORMAT = "compressive-params"
 VERSION = 2
@@ -109,20 +104,20 @@ def read_manifest(path: str) -> dict[str, Any]:
                           "not a file; export the workdir again")
   # The manifest itself and the config beside it must be as written (an
   # edit is refused, by name).
-  if manifest["sha256"] != _manifest_digest(manifest):
+  if manifest["sha256"] != manifest_digest(manifest):
     raise CheckpointError(f"{name} was changed since it was written (its digest differs); "
                           "export the workdir again")
-  if manifest["config_sha256"] != _file_digest(config_path):
+  if manifest["config_sha256"] != file_digest(config_path):
     raise CheckpointError(f"{config_path} was changed since the export was written (its digest "
                           "differs from export.json's); export the workdir again")
   return manifest
 
 
-def _manifest_digest(manifest: dict[str, Any]) -> str:
+def manifest_digest(manifest: dict[str, Any]) -> str:
   return integrity_lib.json_digest({k: v for k, v in manifest.items() if k != "sha256"})
 
 
-def _file_digest(path: str) -> Optional[str]:
+def file_digest(path: str) -> Optional[str]:
   """The digest of the regular file at `path` (never through a link, never
   past a config's bound); None when there is none there."""
   try:
@@ -144,143 +139,6 @@ def check_identity(path: str, config: runconfig.SavedConfig,
   else:
     where, saved = inference.saved_identity(path, step)
   integrity_lib.compare_identity(where, saved, inference.reader_identity(config), ())
-
-
-def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
-  """ConfigError unless `output` can receive an export of `workdir`: a new
-  folder, or an empty one, with a name the filesystem takes, and not inside
-  the workdir's checkpoints. `label` names it in the message (default: the
-  path)."""
-  label = label or output
-  if not output:
-    raise ConfigError(f"{label or 'the output'} is empty: give the export's folder")
-  name = os.path.basename(os.path.abspath(output))
-  parent = os.path.dirname(os.path.abspath(output))
-  limit = _name_max(parent)
-  if len(os.fsencode(name)) > limit:
-    raise ConfigError(f"{label}: the folder's name is {len(os.fsencode(name))} bytes long; this "
-                      f"filesystem takes at most {limit}")
-  if os.path.lexists(output):
-    if not os.path.isdir(output):
-      raise ConfigError(f"{label} exists and is not a folder: give a new or empty folder")
-    if os.listdir(output):
-      raise ConfigError(f"{label} exists and is not empty: give a new or empty folder")
-  target = os.path.realpath(output)
-  source = os.path.realpath(workdir)
-  checkpoints = layout.Workdir(source).checkpoints
-  if target == source or target == checkpoints or target.startswith(checkpoints + os.sep):
-    raise ConfigError(f"{label} is inside the workdir {workdir}'s checkpoints: give a folder "
-                      "outside them")
-
-
-def export(workdir: str, output: str, step: Optional[int] = None) -> int:
-  """Writes the parameters of `workdir`'s checkpoint `step` (default the
-  newest) and its config to `output` (a new or empty folder); returns the step.
-
-  The checkpoint is verified as it is read (checksums, finite values); the
-  arrays are written as they are (same dtypes), from whatever mesh this
-  machine's devices give.
-  """
-  from compressive.training import inference
-  check_output(output, workdir)
-  if is_export(workdir):
-    raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
-                          "training workdir")
-  config = runconfig.load_config(workdir)  # as saved: loading may refit its mesh
-  model, step = inference.open_workdir(workdir, inference.saved_experiment(workdir), step)
-  identity = _identity_of(workdir, step, config)
-  params = nnx.to_pure_dict(nnx.state(model))
-  integrity = integrity_lib.fingerprint(params)
-  output = os.path.abspath(output)
-  parent = os.path.dirname(output)
-  os.makedirs(parent, exist_ok=True)
-  _remove_abandoned_partials(parent)
-  # A short name of its own (an output's name may be as long as the
-  # filesystem allows), found and removed by the next export if this
-  # process is killed.
-  partial = layout.Export.partial(parent, os.getpid())
-  written = layout.Export(partial)
-  shutil.rmtree(partial, ignore_errors=True)  # a previous attempt of this pid
-  os.mkdir(partial)
-  try:
-    with _write_errors(output):
-      with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(written.params, params)
-      runconfig.save_config(partial, config)
-      manifest = {"format": FORMAT, "version": VERSION, "step": int(step),
-                  "source": os.path.abspath(workdir), "integrity": integrity,
-                  "identity": identity,
-                  "config_sha256": _file_digest(written.config)}
-      manifest["sha256"] = _manifest_digest(manifest)
-      with open(written.manifest, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-      os.replace(partial, output)  # onto an empty folder, or a new name
-  except BaseException:
-    shutil.rmtree(partial, ignore_errors=True)
-    raise
-  return int(step)
-
-
-def _identity_of(workdir: str, step: int, config: runconfig.SavedConfig) -> dict[str, Any]:
-  """The identity to record in the export of `workdir`'s checkpoint `step`:
-  the one the checkpoint recorded (just verified against this config), each
-  part it left unknown taken from the config and the tokenizer here."""
-  from compressive.training import inference
-  _, saved = inference.saved_identity(workdir, step)
-  here = inference.reader_identity(config)
-  saved = saved or {}
-  identity = {part: saved.get(part) if saved.get(part) is not None else here.get(part)
-              for part in integrity_lib.IDENTITY_PARTS}
-  _, wrong = integrity_lib.field_problems({"identity": identity},
-                                          {"identity": integrity_lib.IDENTITY_FIELDS})
-  if wrong:  # e.g. an old checkpoint's SentencePiece model not on this machine
-    raise CheckpointError(f"cannot export {workdir}: the run's identity is not known whole "
-                          f"({', '.join(wrong)}), and an export never records a null there; "
-                          "export it where its tokenizer can be read")
-  return identity
-
-
-def _name_max(folder: str) -> int:
-  """The longest file name (bytes) the filesystem of `folder` (or of its
-  nearest existing ancestor) takes."""
-  while folder and not os.path.isdir(folder):
-    folder = os.path.dirname(folder)
-  try:
-    return os.pathconf(folder or "/", "PC_NAME_MAX")
-  except (OSError, ValueError):
-    return 255
-
-
-def _remove_abandoned_partials(parent: str) -> None:
-  """Removes what exports killed mid-write left in `parent`: partial folders
-  whose process no longer runs."""
-  for name in os.listdir(parent):
-    if not name.startswith(PARTIAL_PREFIX):
-      continue
-    try:
-      pid = int(name[len(PARTIAL_PREFIX):])
-      os.kill(pid, 0)
-      continue  # another export is writing it
-    except ProcessLookupError:
-      pass
-    except (ValueError, PermissionError):
-      continue
-    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _write_errors(output: str):
-  """A write the disk refused (full, read-only, not ours), also when Orbax
-  reports it from its threads, as one OSError naming the export."""
-  try:
-    yield
-  except OSError:
-    raise
-  except Exception as e:
-    code = orbax_errors.write_errno(e)
-    if code is None:
-      raise
-    raise OSError(code, os.strerror(code), output) from None
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:

@@ -2,7 +2,7 @@
 export of one (export.py), as a model in evaluation mode.
 
 Every reader opens a run here: `compressive.load`, eval.py, sample.py,
-analyze.py, and export.py (through inference.open_workdir). The run is
+analyze.py, and export.py (exporting.export). The run is
 opened as an Experiment (the tools pass the one config.check_saved made
 ready; a library caller's config, or the saved one, is checked here as a
 config read on this machine), whose setup (setup.build_setup: the train

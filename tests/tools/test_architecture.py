@@ -382,7 +382,7 @@ def test_configdict_mentions_stay_under_the_ceiling():
 # or added with what it renames.
 RENAMES_THAT_ARE_NOT_WRITES = {
     "compressive/training/lock.py _set_aside": "a non-lock in the lock file's place, aside",
-    "compressive/training/export.py export": "an export's finished folder into place",
+    "compressive/training/exporting.py export": "an export's finished folder into place",
     "compressive/training/checkpoint.py move_aside": "a damaged checkpoint's folder, aside",
     "compressive/training/sidefiles.py set_aside": "a non-file in a side file's place, aside",
     "compressive/training/runconfig.py check_resume_config": "an unreadable config.json, aside",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.training import export as export_lib
+from compressive.training import exporting
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from helpers import tiny_experiment, write_config_file
@@ -81,7 +81,7 @@ def test_export_is_a_third_of_the_checkpoint(workdir, exported):
 def test_export_of_an_older_step_into_an_empty_folder(workdir, tmp_path):
   out = tmp_path / "empty"
   out.mkdir()
-  assert export_lib.export(workdir, str(out), step=2) == 2
+  assert exporting.export(workdir, str(out), step=2) == 2
   config, model, step = compressive.load_with_step(str(out))
   _, original = compressive.load(workdir, 2)
   assert step == 2

@@ -20,6 +20,7 @@ from compressive.training import runconfig
 from compressive.training import integrity
 from compressive import data as data_lib
 from compressive.training import export as export_lib
+from compressive.training import exporting
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl
@@ -182,7 +183,7 @@ def test_a_changed_number_of_documents_goes_on_when_accepted(tmp_path, caplog):
 @pytest.mark.slow
 def test_an_edited_export_is_refused(tmp_path, straight):
   out = tmp_path / "export"
-  export_lib.export(str(straight), str(out))
+  exporting.export(str(straight), str(out))
   compressive.load(str(out))
   for name, edit in (("export.json", lambda m: m.update(step=5)),
                      ("config.json", lambda c: c["model"].update(dropout_rate=0.5))):
@@ -256,7 +257,7 @@ def test_an_export_killed_mid_write_is_cleaned_up_by_the_next(tmp_path, straight
   dead.wait()  # a pid that no longer runs
   abandoned = tmp_path / f"{export_lib.PARTIAL_PREFIX}{dead.pid}"
   (abandoned / "params").mkdir(parents=True)
-  export_lib.export(str(straight), str(tmp_path / "out"))
+  exporting.export(str(straight), str(tmp_path / "out"))
   assert sorted(os.listdir(tmp_path)) == ["out"]
 
 

@@ -28,6 +28,7 @@ from compressive.training import checkpoint as ckpt_lib
 from compressive.training import runconfig
 from compressive.training import integrity
 from compressive.training import export as export_lib
+from compressive.training import exporting
 from compressive.training import loop as train_lib
 from helpers import (generated_texts, run_identity_of, sentencepiece_run_fields,
                      tiny_experiment, untrained_workdir)
@@ -42,7 +43,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(run, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("exported") / "out")
-  export_lib.export(run, out)
+  exporting.export(run, out)
   return out
 
 
@@ -63,8 +64,8 @@ def reseal(export):
   """Writes the digests of an export's config.json and export.json again, as
   someone crafting an export would."""
   def fix(manifest):
-    manifest["config_sha256"] = export_lib._file_digest(os.path.join(export, "config.json"))
-    manifest["sha256"] = export_lib._manifest_digest(manifest)
+    manifest["config_sha256"] = export_lib.file_digest(os.path.join(export, "config.json"))
+    manifest["sha256"] = export_lib.manifest_digest(manifest)
   edit_json(os.path.join(export, "export.json"), fix)
 
 
@@ -81,7 +82,7 @@ def spm_run(tmp_path_factory):
   config = tiny_experiment(**fields)
   workdir = untrained_workdir(tmp / "wd", config)
   out = str(tmp / "out")
-  export_lib.export(workdir, out)
+  exporting.export(workdir, out)
   return workdir, out, model
 
 
