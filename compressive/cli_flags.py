@@ -33,10 +33,12 @@ def _caller() -> str:
   return sys.argv[0] if name == "__main__" else name
 
 
-def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True) -> None:
-  """--workdir (required) and, with `step` (the tools that read a run),
-  --step (the checkpoint to read: >= 0, checked as it is parsed) and
-  --plugin (see `reading_saved_run`)."""
+def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True,
+                         required: bool = True) -> None:
+  """--workdir (required, unless the tool checks that itself: `required`)
+  and, with `step` (the tools that read a run), --step (the checkpoint to
+  read: >= 0, checked as it is parsed) and --plugin (see
+  `reading_saved_run`)."""
   module = _caller()
   flags.DEFINE_string("workdir", None, help_string, module_name=module)
   if step:
@@ -46,7 +48,8 @@ def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool
         "plugin", [], "A module to import before the run is read, whose compression or data "
         "source the saved config names as module:Name (a saved config never imports code "
         "itself); repeat for several.", module_name=module)
-  flags.mark_flag_as_required("workdir")
+  if required:
+    flags.mark_flag_as_required("workdir")
   validate_path_flag("workdir", "a workdir", remote_ok=True)
 
 

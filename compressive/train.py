@@ -45,7 +45,9 @@ from compressive.training import loop as train_lib
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
-cli_flags.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False)
+# Required, but for --print_config, which writes nothing (main checks it).
+cli_flags.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False,
+                               required=False)
 cli_flags.define_multihost_flags()
 flags.DEFINE_bool("restore_intact", False,
                   "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
@@ -83,6 +85,8 @@ def setup_logging() -> None:
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
+  if FLAGS.workdir is None and not FLAGS.print_config:
+    cli.fail("--workdir is required (only --print_config runs without one)")
   try:
     interrupts.release_early_signals()
     train(FLAGS.config, FLAGS.workdir)

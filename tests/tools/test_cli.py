@@ -184,6 +184,12 @@ def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
   assert "  compression_rate: 2" in r.stdout  # the whole config, as YAML
   r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=0")
   assert r.returncode == 2 and "batch_size" in r.stderr.strip().splitlines()[-1]
+  # The index's advice (python -m compressive) needs no workdir; training does.
+  r = run("train.py", "--config=default", "--print_config")
+  assert r.returncode == 0 and "\nbatch_size: 16\n" in "\n" + r.stdout, r.stderr[-3000:]
+  r = run("train.py", "--config=default")
+  assert r.returncode == 2 and r.stderr.strip() == (
+      "error: --workdir is required (only --print_config runs without one)"), r.stderr
   # One input.txt too short for the batch's 16 rows, then long enough.
   own = ("--dry_run", "--config.data.source=text_files",
          f"--config.data.text_files.path={tmp_path}/input.txt")
