@@ -296,7 +296,11 @@ def recall_study(out: str, names: list[str], results_dir: str) -> dict:
     study["settings"][name] = r
     write_json(path, study)  # after each setting: an interrupted study keeps what it measured
   study = load()
-  best = max(study["settings"], key=lambda n: (
+  # The best among the settings whose three models were all measured (a
+  # comparison needs its Transformer-XL: `taught`'s did not finish).
+  measured = [n for n, r in study["settings"].items()
+              if all("by_distance" in r.get(m, {}) for m in ("ct", "txl", "ct_no_compressed"))]
+  best = max(measured, key=lambda n: (
       study["settings"][n]["ct"]["whole_answer_accuracy_beyond_txl_reach"] or 0.0,
       study["settings"][n]["ct"]["answer_byte_accuracy_beyond_txl_reach"] or 0.0))
   study["best"] = best
