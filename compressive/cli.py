@@ -276,15 +276,16 @@ def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]],
   (compressive/remote.py): the flags name the local folders while main
   runs, and its one-line errors name the URLs."""
   def run_main(argv: list[str]) -> Any:
+    urls: dict[str, str] = {
+        name: str(flags.FLAGS[name].value) for name in ("workdir", "output")
+        if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)}
     with contextlib.ExitStack() as stack:
-      quiet_libraries()  # the clients' INFO lines while the mirror is made
-      for name in ("workdir", "output"):
-        value = flags.FLAGS[name].value if name in flags.FLAGS else None
-        if isinstance(value, str) and remote.is_remote(value):
-          place = remote.Mirror(value) if name == "workdir" else remote.Upload(
-              value, f"--output={value}")
-          with user_errors():  # a URL that cannot be read or written is one line
-            flags.FLAGS[name].value = stack.enter_context(place)
+      if urls:
+        quiet_libraries()  # the storage clients' INFO lines while the mirror is made
+      for name, url in urls.items():
+        place = remote.Mirror(url) if name == "workdir" else remote.Upload(url, f"--output={url}")
+        with user_errors():  # a URL that cannot be read or written is one line
+          flags.FLAGS[name].value = stack.enter_context(place)
       return main(argv)
   return run_main
 

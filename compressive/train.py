@@ -95,7 +95,7 @@ def main(argv):
     # where it was, once the save in flight (if any) was finished.
     signum = interrupts.received() or signal.SIGINT
     cli.fail(f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
-             f"from the newest checkpoint in {remote.public(FLAGS.workdir)}",
+             f"from the newest checkpoint in {FLAGS.workdir}",
              code=errors.exit_status(signum))
 
 

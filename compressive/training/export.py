@@ -15,11 +15,11 @@ An export is a folder holding
 
 It is written (exporting.py) into a temporary folder beside its destination
 and renamed into place when complete, so a folder named as the output is
-either a whole export or untouched. `compressive.load(folder)` reads it as it reads a workdir; the
-checksums are verified on every load, like a checkpoint's, and the identity
-is compared as a checkpoint's is: a SentencePiece model retrained in place
-since the export, or another model or data config, is refused by every
-reader. A version 2 export.json lacking any of its fields, or holding a
+either a whole export or untouched. `compressive.load(folder)` reads it as
+it reads a workdir; the checksums are verified on every load, like a
+checkpoint's, and the identity is compared as a checkpoint's is: a
+SentencePiece model retrained in place since the export, or another model
+or data config, is refused by every reader. A version 2 export.json lacking any of its fields, or holding a
 null where a check value belongs, is damaged, never read as version 1's;
 version 1 exports (no identity) are not read at all.
 """

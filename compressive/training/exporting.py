@@ -16,6 +16,7 @@ from flax import nnx
 import orbax.checkpoint as ocp
 
 from compressive import config as config_lib
+from compressive import remote
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import export as export_lib
 from compressive.training import integrity as integrity_lib
@@ -87,7 +88,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
         checkpointer.save(written.params, params)
       runconfig.save_config(partial, config)
       manifest = {"format": export_lib.FORMAT, "version": export_lib.VERSION, "step": int(step),
-                  "source": os.path.abspath(workdir), "integrity": integrity,
+                  "source": remote.url_of(workdir) or os.path.abspath(workdir), "integrity": integrity,
                   "identity": identity,
                   "config_sha256": export_lib.file_digest(written.config)}
       manifest["sha256"] = export_lib.manifest_digest(manifest)

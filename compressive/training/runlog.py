@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive import remote
 from compressive import files
 from compressive import experiment as experiment_lib
 from compressive import values
@@ -304,10 +303,8 @@ def log_start(experiment: experiment_lib.Experiment, workdir: str, num_params: i
             f"{segments * model.segment_length:,}", train.batch_size, train.segments_per_step,
             model.segment_length, start + 1, end, train.num_train_steps)
   run = layout.Workdir(os.path.abspath(workdir))
-  # A mirror's files by their URLs: where they are copied (remote.py).
-  _log.info(remote.public(f"the run's files: {run.config}, {run.log}, {run.metrics('train')} "
-                          f"and {run.metrics('eval')}; TensorBoard: tensorboard --logdir "
-                          f"{run.tensorboard()}"))
+  _log.info("the run's files: %s, %s, %s and %s; TensorBoard: tensorboard --logdir %s",
+            run.config, run.log, run.metrics("train"), run.metrics("eval"), run.tensorboard())
 
 
 def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:

@@ -216,6 +216,8 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export",
                              env=env))
   assert exported["workdir"] == url and exported["output"] == f"{url}-export"
+  manifest = json.loads(remote.read_bytes(f"{url}-export/export.json"))
+  assert manifest["source"] == url  # the workdir's URL, never its local copy
   assert_same_params(f"{url}-export", local)
   # The other tools on the bucket: a sample from the export, the curve
   # redrawn from the workdir's metrics there.
