@@ -26,6 +26,7 @@ import sys
 from absl import flags
 
 from compressive.evaluation import analysis
+from compressive import remote
 from compressive import cli
 from compressive import data as data_lib
 from compressive import cli_flags
@@ -109,7 +110,7 @@ def main(argv):
         raise ConfigError(f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
                           f"{os.path.basename(metrics)} (an export keeps none)")
       result = curves.draw(FLAGS.workdir)
-    print(json.dumps(result))
+    print(remote.public(json.dumps(result)))  # a workdir on gs:// by its URL
     return
   with reading.tool(progress=True):
     experiment = reading.flagged_experiment(check=check_recall)
@@ -166,7 +167,7 @@ def save(result, plot, suffix: str) -> None:
     cli.warn(f"the result is saved but not its figure: cannot write {figure}: "
              f"{e.strerror or e}")
     return
-  print(f"figure: {figure}", file=sys.stderr)
+  print(f"figure: {remote.public(figure)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def quiet_libraries() -> None:
 
 
 def warn(message: str) -> None:
-  print(f"warning: {one_line(message)}", file=sys.stderr)
+  print(f"warning: {one_line(remote.public(message))}", file=sys.stderr)
 
 
 def write_result(result: Any, path: str) -> bool:

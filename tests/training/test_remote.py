@@ -223,7 +223,7 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   # redrawn from the workdir's metrics there.
   assert tool("sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4",
               env=env).startswith("ab")
-  tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env)
-  assert remote.size(f"{url}/curves.png") > 0
+  curve = json.loads(tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env))
+  assert curve["figure"] == f"{url}/curves.png" and remote.size(curve["figure"]) > 0
   for a, b in zip(params_of(url), params_of(local)):
     np.testing.assert_array_equal(a, b)
