@@ -26,8 +26,10 @@ __all__ = [
 
 
 def load(workdir: str, step=None, *, config=None, plugins=()):
-  """(config, model) of a training workdir's latest (or given) checkpoint, or
-  of an export (export.py: parameters only) made from one.
+  """(experiment, model) of a training workdir's latest (or given)
+  checkpoint, or of an export (export.py: parameters only) made from one:
+  the run's saved config, checked (an Experiment: its typed groups), and
+  the model in evaluation mode.
 
   The parameters are restored onto the saved config's mesh, or, if that
   does not fit this machine, data parallel over all its devices; `config`
@@ -37,15 +39,15 @@ def load(workdir: str, step=None, *, config=None, plugins=()):
   `module:Name` never imports its module: import it first, or name it in
   `plugins` (modules to import, as the tools' --plugin flag).
   """
-  config, model, _ = load_with_step(workdir, step, config=config, plugins=plugins)
-  return config, model
+  experiment, model, _ = load_with_step(workdir, step, config=config, plugins=plugins)
+  return experiment, model
 
 
 def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
-  """(config, model, step): `load`, and the step whose parameters it holds."""
+  """(experiment, model, step): `load`, and the step whose parameters it holds."""
   from compressive import plugins as plugins_lib
   from compressive.training import opening
   plugins_lib.trust(plugins)
   with plugins_lib.saved_config():
     run = opening.open_run(workdir, step, config=config)
-  return run.config, run.model, run.step
+  return run.experiment, run.model, run.step

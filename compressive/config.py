@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping, Optional, Sequence, TypeGuard, Union
+from typing import Any, Mapping, Optional, Sequence, TypeGuard, Union
 
 from flax import nnx
 import jax
@@ -29,8 +29,8 @@ import ml_collections
 from compressive import data as data_lib
 from compressive import values
 from compressive.errors import ConfigError, DoesNotFitError, MeshError
-from compressive.experiment import (
-    EvalConfig, Experiment, TrainConfig)
+from compressive import experiment as experiment_lib
+from compressive.experiment import EvalConfig, Experiment, TrainConfig
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
 from compressive.model.transformer import CompressiveTransformer
@@ -51,91 +51,20 @@ def experiment_of(config: ConfigOrExperiment, **check_args) -> Experiment:
   return config if isinstance(config, Experiment) else check(config, **check_args)
 
 
-_INT32_MAX = 2**31 - 1
-
-
-def _is_int(value) -> TypeGuard[int]:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def validate_training_config(config: ml_collections.ConfigDict) -> None:
-  """The training and optimizer fields, each against its meaningful range."""
-  for name in ("batch_size", "num_train_steps", "segments_per_step", "log_every_steps",
-               "keep_checkpoints"):
-    value = config.get(name)
-    if not _is_int(value) or not 1 <= value <= _INT32_MAX:
-      raise ConfigError(f"{name}={value!r} must be a positive integer below 2**31")
-  for name in ("eval_every_steps", "checkpoint_every_steps"):
-    value = config.get(name)
-    if not _is_int(value) or not 0 <= value <= _INT32_MAX:
-      raise ConfigError(f"{name}={value!r} must be an integer >= 0 (0: never), below 2**31")
-  updates = config.num_train_steps * config.segments_per_step
-  if updates > _INT32_MAX:
-    raise ConfigError(
-        f"num_train_steps x segments_per_step = {config.num_train_steps} x "
-        f"{config.segments_per_step} = {updates} optimizer updates; the update counter is a "
-        "32-bit integer: make it below 2**31")
-  # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
-  # dropout's key is seed + 1.
-  values.integer("seed", config.get("seed"), "[0, 2**32 - 1)")
-  opt = config.optimizer
-  if opt.name not in ("adam", "adamw"):
-    raise ConfigError(f"optimizer.name={opt.name!r} is unknown; choose adam or adamw")
-  _check_optimizer_values(opt)
-  values.integer("optimizer.warmup_steps", opt.get("warmup_steps"), "[0, 2**31)",
-                 must="an integer >= 0, below 2**31")
-  accum = grad_accum_steps(config)
-  if not _is_int(accum) or accum < 1:
-    raise ConfigError(f"grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
-  _check_gradient_window(config.get("gradient_window", 1), config.segments_per_step, accum)
-  if config.batch_size % accum:
-    raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
-                      f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
-                      "grad_accum_steps rows")
-
-
-def _check_gradient_window(window, segments_per_step: int, accum: int) -> None:
-  """gradient_window: whole windows in every step, without accumulation."""
-  if not _is_int(window) or not 1 <= window <= _INT32_MAX:
-    raise ConfigError(f"gradient_window={window!r} must be a positive integer (segments per "
-                      "update; 1: one update per segment, the paper's)")
-  if segments_per_step % window:
-    raise ConfigError(f"segments_per_step={segments_per_step} is not a multiple of "
-                      f"gradient_window={window}: a step makes one update per whole window")
-  if window > 1 and accum > 1:
-    raise ConfigError(f"gradient_window={window} with grad_accum_steps={accum}: a window's "
-                      "gradient is not accumulated over micro-batches; set one of them to 1")
-
-
-# Each optimizer value's range, checked on its float32 (the optimizer's dtype).
-OPTIMIZER_RANGES = {  # field: (interval, what it must be)
-    "learning_rate": ("(0, inf)", "a finite number > 0"),
-    "final_lr_fraction": ("[0, 1]", "in [0, 1] (a fraction of the peak)"),
-    "b1": ("[0, 1)", "in [0, 1)"),
-    "b2": ("[0, 1)", "in [0, 1)"),
-    "eps": ("(0, inf)", "a finite number > 0"),
-    "weight_decay": ("[0, inf)", "a finite number >= 0"),
-    "grad_clip_norm": ("(0, inf]", "> 0 (inf: no clipping)"),
-}
-
-
-def _check_optimizer_values(opt: ml_collections.ConfigDict) -> None:
-  """The optimizer's numbers as float32 holds them, and the products the
-  update computes from them (the decayed rate, the decay term's rate)."""
-  held = {name: values.number(f"optimizer.{name}", opt.get(name), interval, must=must)
-          for name, (interval, must) in OPTIMIZER_RANGES.items()}
-  for other, what in (("final_lr_fraction", "the final learning rate"),
-                      ("weight_decay", "the weight decay's rate")):
-    if held[other]:
-      product = float(f"{held['learning_rate'] * held[other]:.6g}")
-      values.number(f"optimizer.learning_rate x optimizer.{other}", product, "(0, inf)",
-                    must=f"a finite number > 0 ({what})")
-
-
-def grad_accum_steps(config: ml_collections.ConfigDict) -> int:
-  """config.grad_accum_steps (None when a config lacks it: validation then
-  names the field)."""
-  return config.get("grad_accum_steps")
+def groups(config: Any) -> tuple[ModelConfig, TrainConfig, EvalConfig, MeshConfig]:
+  """The config's typed groups (experiment.py), each checking its own
+  fields as it is made (ConfigError naming the first bad one): the model,
+  training (the top level and the optimizer), evaluation as written (sizes
+  unresolved) and the mesh (its default where the config has none)."""
+  top = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  for name in ("model", "data"):
+    if not isinstance(top.get(name), Mapping):
+      raise ConfigError(f"the config has no {name} section")
+  model = ModelConfig.from_config(top["model"])
+  train = TrainConfig.from_dict(top, model.segment_length)
+  written = {k: v for k, v in (top.get("eval") or {}).items() if v is not None}  # None: -1
+  evaluation = experiment_lib.from_dict(EvalConfig, written, "eval.")
+  return model, train, evaluation, MeshConfig.from_config(top.get("mesh") or {})
 
 
 def check(config: ml_collections.ConfigDict, *, training: bool = True,
@@ -157,13 +86,13 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   too) is refused in a moment, never after minutes of building.
   """
   here = num_devices is None if here is None else here
-  cfg = ModelConfig.from_config(config.model)
+  cfg, train, written, mesh = groups(config)
   _check_plugins(cfg)
-  validate_training_config(config)
   if here:
     data_lib.validate_data_config(config.data)
   _check_vocabulary(config.data, cfg, here)
-  validate_eval_config(config, cfg)
+  evaluation = written.resolved(cfg, train.batch_size)
+  _check_eval_sizes(evaluation, cfg)
   values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
@@ -173,34 +102,26 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
     raise ConfigError(
         "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
         f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
-  accum = grad_accum_steps(config)
   if here or capacity is not None:
-    _check_fits(config, cfg, accum, training, capacity or _capacity_per_device(),
+    _check_fits(cfg, train, evaluation, training, capacity or _capacity_per_device(),
                 num_devices or jax.device_count())
-  graphdef, abstract_state = abstract_model(cfg, config.seed)
-  mesh = MeshConfig.from_config(config.mesh)
-  shape = sharding.validate(mesh, abstract_state, batch_size=config.batch_size, model=cfg,
+  graphdef, abstract_state = abstract_model(cfg, train.seed)
+  shape = sharding.validate(mesh, abstract_state, batch_size=train.batch_size, model=cfg,
                             num_devices=num_devices)
   if training:
-    _check_training_split(config, accum, mesh, sharding.data_parallel_size(mesh, shape))
-  sizes = eval_sizes(config)
-  return Experiment(
-      config=config, model=cfg, train=TrainConfig.from_config(config),
-      eval=EvalConfig(**sizes, split=config.eval.split, max_segments=config.eval.max_segments),
-      mesh=mesh, mesh_shape=tuple(shape), graphdef=graphdef, abstract_state=abstract_state)
+    _check_micro_batches(train, mesh, sharding.data_parallel_size(mesh, shape))
+  return Experiment(model=cfg, train=train, eval=evaluation, mesh=mesh, data=config.data,
+                    mesh_shape=tuple(shape), graphdef=graphdef, abstract_state=abstract_state)
 
 
-def _check_training_split(config, accum: int, mesh: MeshConfig, dp: int) -> None:
-  """What only training's step needs: the prefetch depth, and each
-  micro-batch's rows splitting along the data axes."""
-  value = config.get("prefetch_steps")
-  if not _is_int(value) or not 0 <= value <= 64:
-    raise ConfigError(f"prefetch_steps={value!r} must be an integer in [0, 64] (steps' "
-                      "batches made ahead in a background thread; 0: none)")
-  if accum > 1 and (config.batch_size // accum) % dp:
+def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:
+  """What only training's step needs: each micro-batch's rows splitting
+  along the data axes."""
+  accum = train.grad_accum_steps
+  if accum > 1 and train.micro_batch_rows % dp:
     raise ConfigError(
-        f"batch_size / grad_accum_steps = {config.batch_size} / {accum} = "
-        f"{config.batch_size // accum} rows per micro-batch is not divisible by {dp}, the "
+        f"batch_size / grad_accum_steps = {train.batch_size} / {accum} = "
+        f"{train.micro_batch_rows} rows per micro-batch is not divisible by {dp}, the "
         f"devices along mesh.data_axes={mesh.data_axes}; "
         "lower grad_accum_steps or raise batch_size")
 
@@ -219,14 +140,10 @@ def _check_vocabulary(data_config, cfg: ModelConfig, here: bool) -> None:
 
 
 def default_mesh_config() -> ml_collections.ConfigDict:
-  """`config.mesh` of every experiment unless it says otherwise (configs/default.py
-  writes it out; tests/tools/test_configs.py holds the two equal)."""
-  mesh = ml_collections.ConfigDict()
-  mesh.axes = ("data", "fsdp", "tensor")
-  mesh.shape = (-1, 1, 1)  # -1: the devices the other axes leave
-  mesh.data_axes = ("data", "fsdp")  # batch and memory rows are split along these
-  mesh.logical_axis_rules = sharding.DEFAULT_LOGICAL_AXIS_RULES
-  return mesh
+  """`config.mesh` of every experiment unless it says otherwise: MeshConfig's
+  defaults (configs/default.py writes them out; tests/tools/test_configs.py
+  holds the two equal)."""
+  return ml_collections.ConfigDict(experiment_lib.to_dict(MeshConfig()))
 
 
 def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:
@@ -236,14 +153,13 @@ def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional
   changed the config. Training never does this: there a misfit is an error.
   """
   try:
-    sharding.mesh_shape(config, num_devices)
+    sharding.mesh_shape(MeshConfig.from_config(config.get("mesh") or {}), num_devices)
     return False
-  except ConfigError:
-    if "mesh" not in config:
-      raise
+  except MeshError:
     axes = tuple(config.mesh.axes)
     config.mesh.shape = (-1,) + (1,) * (len(axes) - 1)
-    sharding.mesh_shape(config, num_devices)  # still a misfit: the error is about mesh.axes etc.
+    # Still a misfit: the error is about mesh.axes etc.
+    sharding.mesh_shape(MeshConfig.from_config(config.mesh), num_devices)
     return True
 
 
@@ -278,8 +194,8 @@ def _parameter_count(cfg: ModelConfig) -> int:
       4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
 
 
-def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
-                               accum: int, num_devices: Optional[int] = None) -> int:
+def training_bytes_lower_bound(cfg: ModelConfig, train: TrainConfig,
+                               num_devices: Optional[int] = None) -> int:
   """Bytes training needs at the least, per device, from shapes alone: the
   parameters with their gradients and Adam's two moments (float32), the
   memory, one step's batch, the residual stream every layer keeps for the
@@ -287,9 +203,9 @@ def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConf
   device (a lower bound: what the compiled step holds is more)."""
   d, layers, itemsize = cfg.d_model, cfg.num_layers, jnp.dtype(cfg.dtype).itemsize
   params = _parameter_count(cfg)
-  b, t, s = config.batch_size, cfg.segment_length, config.segments_per_step
-  rows = b // max(accum, 1)
-  window = config.get("gradient_window", 1)  # a window keeps its segments' activations
+  b, t, s = train.batch_size, cfg.segment_length, train.segments_per_step
+  rows = train.micro_batch_rows
+  window = train.gradient_window  # a window keeps its segments' activations
   keys = cfg.compressed_memory_length + cfg.memory_length + t
   queries = cfg.attention_chunk_size or t
   total = (16 * params
@@ -300,15 +216,14 @@ def training_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConf
   return total // (num_devices or jax.device_count())
 
 
-def evaluation_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelConfig,
+def evaluation_bytes_lower_bound(cfg: ModelConfig, evaluation: EvalConfig,
                                  num_devices: Optional[int] = None) -> int:
-  """Bytes evaluation at the config's evaluation sizes (eval_sizes: eval.*,
-  or eval.py's --memory_length ...) needs at the least, per device: the
-  float32 parameters, every layer's memory and compressed memory, one
-  segment's residual stream and one layer's attention scores."""
-  sizes = eval_sizes(config)
-  b, t = sizes["batch_size"], sizes["segment_length"]
-  slots = sizes["memory_length"] + sizes["compressed_memory_length"]
+  """Bytes evaluation at `evaluation`'s (resolved) sizes (eval.*, or eval.py's
+  --memory_length ...) needs at the least, per device: the float32
+  parameters, every layer's memory and compressed memory, one segment's
+  residual stream and one layer's attention scores."""
+  b, t = evaluation.batch_size, evaluation.segment_length
+  slots = evaluation.memory_length + evaluation.compressed_memory_length
   itemsize = jnp.dtype(cfg.dtype).itemsize
   queries = min(cfg.attention_chunk_size or t, t)
   total = (4 * _parameter_count(cfg)
@@ -318,32 +233,35 @@ def evaluation_bytes_lower_bound(config: ml_collections.ConfigDict, cfg: ModelCo
   return total // (num_devices or jax.device_count())
 
 
-def _check_fits(config: ml_collections.ConfigDict, cfg: ModelConfig, accum: int, training: bool,
+def _check_fits(cfg: ModelConfig, train: TrainConfig, evaluation: EvalConfig, training: bool,
                 capacity: tuple[int, str], num_devices: int) -> None:
   """ConfigError, before anything is built or allocated, when training (with
   `training`) or evaluation at the evaluation sizes cannot fit `capacity`
   (bytes per device, what) by the lower bounds above."""
   have, what = capacity
-  need = training_bytes_lower_bound(config, cfg, accum, num_devices) if training else 0
+  need = training_bytes_lower_bound(cfg, train, num_devices) if training else 0
   if need > have:
     raise DoesNotFitError(
         f"training this config needs at least {need / 2**30:,.1f} GiB per device "
         f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
-        f"(now {config.batch_size}) or the model's sizes, raise grad_accum_steps (now {accum}), "
-        "or use more devices", need, have)
-  need = evaluation_bytes_lower_bound(config, cfg, num_devices)
+        f"(now {train.batch_size}) or the model's sizes, raise grad_accum_steps (now "
+        f"{train.grad_accum_steps}), or use more devices", need, have)
+  need = evaluation_bytes_lower_bound(cfg, evaluation, num_devices)
   if training:  # the in-loop estimate runs beside the optimizer state
     need += 12 * _parameter_count(cfg) // num_devices
   if need > have:
-    sizes = eval_sizes(config)
     raise DoesNotFitError(
         f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
-        f"(parameters, {sizes['memory_length']} + {sizes['compressed_memory_length']} memory "
-        f"slots x {cfg.num_layers} layers x {sizes['batch_size']} rows, activations), "
+        f"(parameters, {evaluation.memory_length} + {evaluation.compressed_memory_length} "
+        f"memory slots x {cfg.num_layers} layers x {evaluation.batch_size} rows, activations), "
         f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
         "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
         " a tool's --memory_length ...) or the model's sizes", need, have)
+
+
+def _is_int(value) -> TypeGuard[int]:
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def profile_steps(value) -> Optional[tuple[int, int]]:
@@ -368,34 +286,12 @@ def profile_steps(value) -> Optional[tuple[int, int]]:
 SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memory_length")
 
 
-def eval_sizes(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """Evaluation segment and memory sizes. -1 (or unset) takes training's; so does 0 for
-  the batch and segment sizes (0 memory slots is a size: no memory)."""
-  ev, m = config.eval, config.model
-  pick = lambda v, default: default if v is None or v < 0 else v
-  return dict(
-      batch_size=pick(ev.batch_size, config.batch_size) or config.batch_size,
-      segment_length=pick(ev.segment_length, m.segment_length) or m.segment_length,
-      memory_length=pick(ev.memory_length, m.memory_length),
-      compressed_memory_length=pick(ev.compressed_memory_length, m.compressed_memory_length),
-  )
-
-
-def validate_eval_config(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
-  for name in SIZE_FIELDS:
-    value = config.eval.get(name)
-    if value is not None:
-      values.integer(f"eval.{name}", value, "[-1, 2**31)",
-                     must="-1 (the training run's size) or a size >= 0, below 2**31")
-  values.integer("eval.max_segments", config.eval.get("max_segments"), "[-2**31, 2**31)",
-                 must="an integer below 2**31 (<= 0: the whole split)")
-  sizes = eval_sizes(config)
-  check_memory_sizes(cfg, sizes["memory_length"], sizes["compressed_memory_length"],
-                     sizes["batch_size"], prefix="eval")
-  check_segment_length(cfg, sizes["segment_length"], sizes["compressed_memory_length"],
+def _check_eval_sizes(evaluation: EvalConfig, cfg: ModelConfig) -> None:
+  """Evaluation's resolved sizes against the model's rules for them."""
+  check_memory_sizes(cfg, evaluation.memory_length, evaluation.compressed_memory_length,
+                     evaluation.batch_size, prefix="eval")
+  check_segment_length(cfg, evaluation.segment_length, evaluation.compressed_memory_length,
                        "eval.segment_length")
-  if config.eval.split not in ("train", "validation", "test"):
-    raise ConfigError(f"eval.split={config.eval.split!r} must be train, validation or test")
 
 
 def check_saved(config: ml_collections.ConfigDict, *,

@@ -1,8 +1,9 @@
 """The checked experiment: typed, frozen config groups, built once by `config.check`.
 
-An experiment config is a ConfigDict (configs/*.py) while it is written,
-overridden and checked; `config.check` reads it once and returns an
-`Experiment`, whose groups are what the layers below the entry points take:
+An experiment config is a ConfigDict (configs/*.py) while it is written and
+overridden on the command line; `config.check` reads it once into an
+`Experiment`, whose groups are all that the layers below the entry points
+take, and all that is recorded:
 
     experiment.model   ModelConfig   (compressive/model/config.py)
     experiment.train   TrainConfig   batch, steps, accumulation, cadences,
@@ -12,44 +13,66 @@ overridden and checked; `config.check` reads it once and returns an
     experiment.data    the data section, which the data sources own (each
                        source's section is its own schema: docs/DESIGN.md)
 
-The ConfigDict itself (`experiment.config`) is kept only for what records the
-config as written: config.json, the run's identity in every checkpoint, and
-the hyperparameters logged. Each group copies its fields' values as the
-config holds them (no conversion), so a run computes exactly what it did
-from the config.
-
-The groups are built from a config that `check` has checked (their
-`from_config` reads, and checks nothing), so a field is named by `check` in
-one line before any group exists.
+Each group checks itself when it is made (`__post_init__`): a field's range
+is declared on the field (`whole`, `real`: values.integer and values.number,
+float32-aware), and the rules between a group's own fields follow; `check`
+keeps only the rules that span groups or ask the machine. `from_dict` reads a
+group from its section of a config (a field it does not know is an error, a
+field it lacks takes the default), copying each value as the config holds it
+(no conversion), so a run computes exactly what its config says (these
+helpers live in values.py, where the mesh's group takes them too).
+`Experiment.to_dict()` is the config as the run understood it: what a
+workdir's config.json, a checkpoint's identity and the logged hyperparameters
+record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Mapping
 
 from flax import nnx
 
+from compressive import values
+from compressive.errors import ConfigError
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
+
+_INT32 = "[1, 2**31)"
+whole, real, check_fields, from_dict, to_dict = (
+    values.whole, values.real, values.check_fields, values.from_dict, values.to_dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """`config.optimizer`: Adam(W) with warmup and cosine decay (training/step.py)."""
-  name: str  # adam | adamw
-  learning_rate: float  # the peak, after warmup
-  warmup_steps: int  # in train steps
-  final_lr_fraction: float  # the decay's end, as a fraction of the peak
-  b1: float
-  b2: float
-  eps: float
-  weight_decay: float  # adamw's
-  grad_clip_norm: float  # inf: no clipping
+  """`config.optimizer`: Adam(W) with warmup and cosine decay (training/step.py).
+  Each number is checked as the optimizer's float32 holds it."""
+  name: str = "adamw"  # adam | adamw
+  learning_rate: float = real(2e-3, "(0, inf)", "a finite number > 0")  # the peak
+  warmup_steps: int = whole(30, "[0, 2**31)", "an integer >= 0, below 2**31")  # train steps
+  # the decay's end, as a fraction of the peak
+  final_lr_fraction: float = real(0.05, "[0, 1]", "in [0, 1] (a fraction of the peak)")
+  b1: float = real(0.9, "[0, 1)", "in [0, 1)")
+  b2: float = real(0.98, "[0, 1)", "in [0, 1)")
+  eps: float = real(1e-9, "(0, inf)", "a finite number > 0")
+  weight_decay: float = real(0.0, "[0, inf)", "a finite number >= 0")  # adamw's
+  grad_clip_norm: float = real(0.5, "(0, inf]", "> 0 (inf: no clipping)")
 
-  @classmethod
-  def from_config(cls, section: Any) -> "OptimizerConfig":
-    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+  def __post_init__(self):
+    if self.name not in ("adam", "adamw"):
+      raise ConfigError(f"optimizer.name={self.name!r} is unknown; choose adam or adamw")
+    held = check_fields(self, "optimizer.")
+    # The products the update computes: the decayed rate, the decay term's rate.
+    for other, what in (("final_lr_fraction", "the final learning rate"),
+                        ("weight_decay", "the weight decay's rate")):
+      if held[other]:
+        product = float(f"{held['learning_rate'] * held[other]:.6g}")
+        values.number(f"optimizer.learning_rate x optimizer.{other}", product, "(0, inf)",
+                      must=f"a finite number > 0 ({what})")
+
+
+_POSITIVE = "a positive integer below 2**31"
+_NEVER = "an integer >= 0 (0: never), below 2**31"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,39 +80,69 @@ class TrainConfig:
   """Training's fields of the config (its top level and `optimizer`).
 
   `segment_length` is the model's (model.segment_length), here for the
-  derived sizes. `prefetch_steps` is checked only for a config checked to
-  train (`check(training=True)`).
+  derived sizes (`from_dict(..., segment_length=...)`; not a field of the
+  config's top level).
   """
-  seed: int
-  batch_size: int  # global rows per step
-  num_train_steps: int
-  segments_per_step: int  # consecutive segments per step
-  grad_accum_steps: int  # micro-batches per segment's update
-  gradient_window: int  # segments per update, the loss reaching back through the memory
-  segment_length: int
-  log_every_steps: int
-  eval_every_steps: int  # 0: never (but at the end)
-  checkpoint_every_steps: int  # 0: never (but at the end and on a stop)
-  keep_checkpoints: int
-  prefetch_steps: Optional[int]  # steps' batches made ahead; 0: none
-  optimizer: OptimizerConfig
+  # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
+  # dropout's key is seed + 1.
+  seed: int = whole(0, "[0, 2**32 - 1)")
+  batch_size: int = whole(16, _INT32, _POSITIVE)  # global rows per step
+  num_train_steps: int = whole(260, _INT32, _POSITIVE)
+  segments_per_step: int = whole(4, _INT32, _POSITIVE)  # consecutive segments per step
+  # Micro-batches per segment's update, each of batch_size / grad_accum_steps
+  # rows (with its rows' memory), summed into one update: the same update
+  # with less activation memory.
+  grad_accum_steps: int = whole(1, _INT32, "a positive integer (1: no accumulation)")
+  # Segments per update, the loss reaching back through the memory within
+  # the window as model.memory_gradient allows (docs/DESIGN.md
+  # §Task-taught compression); 1: one update per segment, the paper's.
+  gradient_window: int = whole(1, _INT32, "a positive integer (segments per update; 1: one "
+                                          "update per segment, the paper's)")
+  log_every_steps: int = whole(25, _INT32, _POSITIVE)
+  # A quick estimate on eval.max_segments rows; 0: never (but at the end).
+  eval_every_steps: int = whole(100, "[0, 2**31)", _NEVER)
+  # 0: never (but at the end and on a stop).
+  checkpoint_every_steps: int = whole(100, "[0, 2**31)", _NEVER)
+  keep_checkpoints: int = whole(3, _INT32, _POSITIVE)
+  # Steps' batches made ahead in a background thread (tokenized, stacked and
+  # transferred to the devices) while the device computes; 0: none.
+  prefetch_steps: int = whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made ahead "
+                                            "in a background thread; 0: none)")
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  segment_length: int = dataclasses.field(default=0, metadata={"derived": True})
+
+  def __post_init__(self):
+    check_fields(self, "")
+    updates = self.num_train_steps * self.segments_per_step
+    if updates > 2**31 - 1:
+      raise ConfigError(
+          f"num_train_steps x segments_per_step = {self.num_train_steps} x "
+          f"{self.segments_per_step} = {updates} optimizer updates; the update counter is a "
+          "32-bit integer: make it below 2**31")
+    window, accum = self.gradient_window, self.grad_accum_steps
+    if self.segments_per_step % window:
+      raise ConfigError(f"segments_per_step={self.segments_per_step} is not a multiple of "
+                        f"gradient_window={window}: a step makes one update per whole window")
+    if window > 1 and accum > 1:
+      raise ConfigError(f"gradient_window={window} with grad_accum_steps={accum}: a window's "
+                        "gradient is not accumulated over micro-batches; set one of them to 1")
+    if self.batch_size % accum:
+      raise ConfigError(f"batch_size={self.batch_size} is not divisible by "
+                        f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
+                        "grad_accum_steps rows")
 
   @classmethod
-  def from_config(cls, config: Any) -> "TrainConfig":
-    """From a (checked) experiment config."""
-    return cls(
-        seed=config.seed, batch_size=config.batch_size, num_train_steps=config.num_train_steps,
-        segments_per_step=config.segments_per_step, grad_accum_steps=config.grad_accum_steps,
-        gradient_window=config.get("gradient_window", 1),
-        segment_length=config.model.segment_length, log_every_steps=config.log_every_steps,
-        eval_every_steps=config.eval_every_steps,
-        checkpoint_every_steps=config.checkpoint_every_steps,
-        keep_checkpoints=config.keep_checkpoints, prefetch_steps=config.get("prefetch_steps"),
-        optimizer=OptimizerConfig.from_config(config.optimizer))
+  def from_dict(cls, top: Mapping[str, Any], segment_length: int) -> "TrainConfig":
+    """From a config's top level (its fields, and the optimizer section;
+    the other sections are other groups')."""
+    fields = {k: v for k, v in top.items() if k not in OTHER_SECTIONS}
+    if "optimizer" in fields:
+      fields["optimizer"] = from_dict(OptimizerConfig, fields["optimizer"], "optimizer.")
+    return from_dict(cls, fields, "", segment_length=segment_length)
 
   @property
   def micro_batch_rows(self) -> int:
-    """Rows per micro-batch: batch_size / grad_accum_steps (check: divisible)."""
+    """Rows per micro-batch: batch_size / grad_accum_steps (divisible: checked)."""
     return self.batch_size // self.grad_accum_steps
 
   @property
@@ -109,16 +162,42 @@ class TrainConfig:
     return self.num_train_steps * self.updates_per_step
 
 
+# The config's sections that are groups of their own (the rest of its top
+# level is training's).
+OTHER_SECTIONS = ("model", "data", "eval", "mesh")
+SPLITS = ("train", "validation", "test")
+_SIZE = "-1 (the training run's size) or a size >= 0, below 2**31"
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Evaluation's fields (`config.eval`), its sizes resolved (`config.eval_sizes`:
-  -1 takes training's)."""
-  batch_size: int
-  segment_length: int
-  memory_length: int
-  compressed_memory_length: int
-  split: str  # train | validation | test
-  max_segments: int  # per row, for training's periodic estimate; <= 0: the whole split
+  """Evaluation's fields (`config.eval`). As written, a size of -1 takes
+  training's (0 too for the batch and the segment; 0 memory slots is a
+  size: no memory); the Experiment holds them resolved (`resolved`)."""
+  split: str = "validation"  # train | validation | test
+  batch_size: int = whole(-1, "[-1, 2**31)", _SIZE)
+  segment_length: int = whole(-1, "[-1, 2**31)", _SIZE)
+  memory_length: int = whole(-1, "[-1, 2**31)", _SIZE)
+  compressed_memory_length: int = whole(-1, "[-1, 2**31)", _SIZE)
+  # Per row, for training's periodic estimate; <= 0: the whole split.
+  max_segments: int = whole(40, "[-2**31, 2**31)", "an integer below 2**31 (<= 0: the whole "
+                                                   "split)")
+
+  def __post_init__(self):
+    check_fields(self, "eval.")
+    if self.split not in SPLITS:
+      raise ConfigError(f"eval.split={self.split!r} must be train, validation or test")
+
+  def resolved(self, model: ModelConfig, batch_size: int) -> "EvalConfig":
+    """The sizes a -1 leaves to training's made training's (`model`, the
+    training `batch_size`)."""
+    pick = lambda v, default: default if v < 0 else v
+    return dataclasses.replace(
+        self, batch_size=pick(self.batch_size, batch_size) or batch_size,
+        segment_length=pick(self.segment_length, model.segment_length) or model.segment_length,
+        memory_length=pick(self.memory_length, model.memory_length),
+        compressed_memory_length=pick(self.compressed_memory_length,
+                                      model.compressed_memory_length))
 
   @property
   def sizes(self) -> dict[str, int]:
@@ -133,26 +212,29 @@ class Experiment:
   """A checked experiment config: `config.check`'s result.
 
   Attributes:
-    config: the ConfigDict as checked: what a workdir's config.json records,
-      a checkpoint's identity and the logged hyperparameters are read from;
-      nothing else reads it.
-    model, train, eval, mesh: the typed groups (this module's docstring).
+    model, train, eval, mesh: the typed groups (this module's docstring);
+      `eval` with its sizes resolved.
+    data: the data section (`config.data`): the data sources' own schema.
     mesh_shape: devices along each of mesh.axes, -1 resolved (against the
       devices `check` was given).
     graphdef, abstract_state: the model's structure and its parameters'
       shapes and logical axes (`config.abstract_model`), built once by
       `check`; the shardings are read from them.
   """
-  config: Any
   model: ModelConfig
   train: TrainConfig
   eval: EvalConfig
   mesh: MeshConfig
+  data: Any
   mesh_shape: tuple[int, ...]
   graphdef: nnx.GraphDef
   abstract_state: nnx.State
 
-  @property
-  def data(self) -> Any:
-    """The data section (`config.data`): the data sources' own schema."""
-    return self.config.data
+  def to_dict(self) -> dict[str, Any]:
+    """The config as this run understands it, every group's every field
+    (evaluation's sizes resolved): what config.json, a checkpoint's
+    identity and the logged hyperparameters record; `config.check` reads it
+    back to the same Experiment."""
+    data = self.data.to_dict() if hasattr(self.data, "to_dict") else dict(self.data)
+    return dict(to_dict(self.train), model=dataclasses.asdict(self.model), data=data,
+                eval=to_dict(self.eval), mesh=to_dict(self.mesh))

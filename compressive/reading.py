@@ -92,7 +92,7 @@ def flagged_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = ME
     print(note, file=sys.stderr)
   if step_must_exist:
     _check_step()
-  export_lib.check_identity(FLAGS.workdir, config, FLAGS.step)
+  export_lib.check_identity(FLAGS.workdir, experiment, FLAGS.step)
   return experiment
 
 

@@ -16,12 +16,13 @@ the value as typed, what the dtype made of it, and the range.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
 import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -168,6 +169,66 @@ def config_floats(config: Any) -> None:
   own range): a field nobody listed is still checked as the device sees it."""
   for name, value in float_fields(config):
     number(name, value, "[-inf, inf]", must="a number that float32 holds")
+
+
+# -- Config groups: dataclasses whose fields declare their ranges. ------------------
+
+
+def whole(default: Any, interval: str, must: str = "") -> Any:
+  """A dataclass field holding an integer in `interval` (`integer`),
+  checked by the group's `__post_init__` (`check_fields`); `must` is the
+  error's wording of the range."""
+  return dataclasses.field(default=default,
+                           metadata={"kind": "int", "interval": interval, "must": must})
+
+
+def real(default: Any, interval: str, must: str = "") -> Any:
+  """A dataclass field holding a number in `interval` as float32 holds it
+  (`number`), checked like `whole`'s."""
+  return dataclasses.field(default=default,
+                           metadata={"kind": "float", "interval": interval, "must": must})
+
+
+def check_fields(group: Any, prefix: str) -> dict[str, Any]:
+  """Every declared field of `group` against its range, in field order;
+  ConfigError naming `PREFIXfield`. Returns {field: the value as checked}
+  (a float as float32 holds it)."""
+  held = {}
+  for f in dataclasses.fields(group):
+    if "interval" in f.metadata:
+      check = integer if f.metadata["kind"] == "int" else number
+      held[f.name] = check(prefix + f.name, getattr(group, f.name), f.metadata["interval"],
+                           must=f.metadata["must"])
+  return held
+
+
+def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
+  """`cls` (a group's dataclass) from its config section (a mapping or a
+  ConfigDict), each value as written; ConfigError for a field it does not
+  know (`derived` fields come from other groups, never from the section)."""
+  if hasattr(section, "to_dict"):
+    section = section.to_dict()
+  if not isinstance(section, Mapping):
+    raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a section of fields, "
+                      f"not {type(section).__name__}")
+  known = {f.name for f in dataclasses.fields(cls) if f.init} - set(derived)
+  unknown = sorted(set(section) - known)
+  if unknown:
+    raise ConfigError(f"{prefix}{unknown[0]} is not a field of this version's config "
+                      f"({prefix.rstrip('.') or 'top level'}: {', '.join(sorted(known))})")
+  return cls(**{k: v for k, v in section.items()}, **derived)
+
+
+def to_dict(group: Any) -> dict[str, Any]:
+  """A group's fields as its config section holds them (derived ones left
+  out; nested groups as sections)."""
+  out = {}
+  for f in dataclasses.fields(group):
+    if f.metadata.get("derived"):
+      continue
+    value = getattr(group, f.name)
+    out[f.name] = to_dict(value) if dataclasses.is_dataclass(value) else value
+  return out
 
 
 # -- Durations as the logs show them. -----------------------------------------------

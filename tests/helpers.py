@@ -142,13 +142,22 @@ def tiny_experiment(**overrides):
   return c
 
 
+def checked(config):
+  """`config` (a ConfigDict) as the Experiment a reader makes of it
+  (config.check, not to train, nothing asked of this machine)."""
+  from compressive import config as config_lib
+  return config_lib.check(config, training=False, here=False, num_devices=1)
+
+
 def run_identity_of(config=None):
   """The identity a trainer records in its checkpoints for `config`
   (default tiny_experiment()): for tests that save a checkpoint themselves."""
   from compressive import data as data_lib
+  from compressive.model.config import ModelConfig
   from compressive.training import integrity
   config = tiny_experiment() if config is None else config
-  return integrity.run_identity(config, data_lib.get_tokenizer(config.data).identity,
+  return integrity.run_identity(ModelConfig.from_config(config.model),
+                               data_lib.get_tokenizer(config.data).identity,
                                data_lib.corpus_identity(config.data),
                                data_lib.data_identity(config.data))
 
@@ -172,7 +181,7 @@ def untrained_workdir(workdir, config=None, step=1):
   checkpointer.save(step, state, memory, {"position": np.zeros(config.batch_size, np.int64)},
                     run_identity_of(config))
   checkpointer.close()
-  runconfig.save_config(str(workdir), config)
+  runconfig.save_config(str(workdir), experiment)
   return str(workdir)
 
 

@@ -203,13 +203,13 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
   graphdef, template = nnx.split(model)
   t = segment_length or model.config.segment_length
   if mesh is not None:
+    assert mesh_config is not None, "a mesh comes with its MeshConfig"
     specs = sharding.param_specs(mesh_config, template)
     param_shardings = sharding.shardings(mesh, specs)
     gathered = sharding.shardings(mesh, sharding.gathered_specs(mesh_config, specs))
     abstract_carry = jax.eval_shape(
         lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
         nnx.to_pure_dict(template), abstract_memory)
-    assert mesh_config is not None  # param_specs has read it
     carries = carry_shardings(mesh, mesh_config, abstract_carry)
     out_shardings = (carries, sharding.replicated(mesh))
 

@@ -24,8 +24,8 @@ over ('data', 'fsdp'). Every mesh runs the same program: only the layout
 changes, so losses agree across meshes up to float reduction order.
 
 Everything here takes the mesh's `MeshConfig` (an Experiment's `mesh`,
-built once by `config.check`; or anything holding one, or a mesh section, as
-`.mesh`: `mesh_config`) or a built Mesh as an argument; the entry points
+built once by `config.check`; `MeshConfig.from_config` reads one from a
+config's mesh section) or a built Mesh as an argument; the entry points
 decide about multi-host initialisation and call `initialize_distributed`
 before anything else touches JAX.
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from flax import nnx
 import jax
@@ -65,7 +65,8 @@ DEFAULT_LOGICAL_AXIS_RULES = (
 class MeshConfig:
   """The config's mesh section (`config.mesh`), typed and frozen: built once
   by `config.check` (`Experiment.mesh`), its fields checked against each
-  other by `mesh_shape`.
+  other as it is made (a field left out takes its default: the default
+  config's mesh, data parallel over every device).
 
   Attributes:
     axes: the mesh axis names.
@@ -74,61 +75,53 @@ class MeshConfig:
     data_axes: the axes that split batch rows, and with them the memory.
     logical_axis_rules: (logical axis, mesh axes) pairs.
   """
-  axes: tuple
-  shape: tuple
-  data_axes: tuple
-  logical_axis_rules: tuple
+  axes: tuple = ("data", "fsdp", "tensor")
+  shape: tuple = (-1, 1, 1)  # -1: the devices the other axes leave
+  data_axes: tuple = ("data", "fsdp")  # batch and memory rows are split along these
+  # Each parameter's logical axis -> mesh axes (None: replicated).
+  logical_axis_rules: tuple = DEFAULT_LOGICAL_AXIS_RULES
+
+  def __post_init__(self):
+    """The fields against each other (against the devices: `mesh_shape`)."""
+    axes, shape = self.axes, self.shape
+    if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
+      raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
+    if len(shape) != len(axes):
+      raise MeshError(
+          f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
+    for n in shape:
+      if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+        raise MeshError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
+    if shape.count(-1) > 1:
+      raise MeshError(f"mesh.shape={shape!r} has more than one -1")
+    for a in self.data_axes:
+      if a not in axes:
+        raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
+    for rule in self.logical_axis_rules:
+      if len(rule) != 2 or not isinstance(rule[0], str):
+        raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
+      for a in _names(rule[1]):
+        if a not in axes:
+          raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}")
 
   @classmethod
   def from_config(cls, section: Any) -> "MeshConfig":
-    """From the config's mesh section (anything with these four fields as
-    attributes), read as it is: `mesh_shape` checks it."""
-    return cls(axes=tuple(section.axes), shape=tuple(section.shape),
-               data_axes=tuple(section.data_axes),
-               logical_axis_rules=tuple(section.logical_axis_rules))
-
-
-def mesh_config(holder: Any) -> MeshConfig:
-  """The MeshConfig of `holder`: a MeshConfig itself, anything holding one
-  (an Experiment) or a mesh section (a library caller's config) as `.mesh`,
-  or a mesh section itself."""
-  if isinstance(holder, MeshConfig):
-    return holder
-  section = holder.mesh if hasattr(holder, "mesh") else holder
-  return section if isinstance(section, MeshConfig) else MeshConfig.from_config(section)
+    """From the config's mesh section (a mapping or a ConfigDict; a field it
+    lacks takes the default), each as a tuple; ConfigError for a field it
+    does not know."""
+    section = section.to_dict() if hasattr(section, "to_dict") else section
+    if isinstance(section, Mapping):
+      section = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
+    return values.from_dict(cls, section, "mesh.")
 
 
 # -- The mesh. ----------------------------------------------------------------
 
 
-def _check_mesh_fields(mc: MeshConfig) -> None:
-  axes, shape = mc.axes, mc.shape
-  if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
-    raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
-  if len(shape) != len(axes):
-    raise MeshError(
-        f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
-  for n in shape:
-    if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
-      raise MeshError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
-  if shape.count(-1) > 1:
-    raise MeshError(f"mesh.shape={shape!r} has more than one -1")
-  for a in mc.data_axes:
-    if a not in axes:
-      raise ConfigError(f"mesh.data_axes={tuple(mc.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
-  for rule in mc.logical_axis_rules:
-    if len(rule) != 2 or not isinstance(rule[0], str):
-      raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
-    for a in _names(rule[1]):
-      if a not in axes:
-        raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}")
-
-
-def mesh_shape(mesh: Any, num_devices: Optional[int] = None) -> tuple[int, ...]:
-  """`mesh.shape` of a MeshConfig (or what holds one, `mesh_config`) with
+def mesh_shape(mesh: MeshConfig, num_devices: Optional[int] = None) -> tuple[int, ...]:
+  """`mesh.shape` of a MeshConfig with
   its -1 resolved; ConfigError if it does not fit."""
-  mc = mesh_config(mesh)
-  _check_mesh_fields(mc)
+  mc = mesh
   n = jax.device_count() if num_devices is None else num_devices
   shape = tuple(mc.shape)
   known = math.prod(s for s in shape if s != -1)
@@ -145,8 +138,8 @@ def mesh_shape(mesh: Any, num_devices: Optional[int] = None) -> tuple[int, ...]:
   return shape
 
 
-def make_mesh(mesh: Any, devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """The device mesh of a MeshConfig (`mesh_config`) over all devices (of
+def make_mesh(mesh: MeshConfig, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """The device mesh of a MeshConfig over all devices (of
   every process).
 
   Axes are Auto: the program is written for one device and XLA partitions
@@ -155,7 +148,7 @@ def make_mesh(mesh: Any, devices: Optional[Sequence[Any]] = None) -> Mesh:
   """
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh, len(devices))
-  axes = mesh_config(mesh).axes
+  axes = mesh.axes
   return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
                        devices=devices)
 
@@ -170,11 +163,10 @@ def _axis_sizes(mc: MeshConfig, shape) -> dict[str, int]:
   return dict(zip(mc.axes, shape))
 
 
-def data_parallel_size(config: Any, mesh: Mesh | Sequence[int]) -> int:
+def data_parallel_size(mc: MeshConfig, mesh: Mesh | Sequence[int]) -> int:
   """How many ways batch rows are split: the product of the data axes' sizes
-  (of `config`'s MeshConfig, `mesh_config`) in `mesh` (a Mesh, or a resolved
+  (of the MeshConfig `mc`) in `mesh` (a Mesh, or a resolved
   mesh shape in the order of mesh.axes)."""
-  mc = mesh_config(config)
   sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else _axis_sizes(mc, mesh)
   return math.prod(sizes[a] for a in mc.data_axes)
 
@@ -204,10 +196,10 @@ def logical_axes(state: nnx.State) -> dict[str, tuple[str, ...]]:
   return table
 
 
-def spec_for_axes(config: Any, axes: Sequence[str], name: str) -> P:
+def spec_for_axes(mc: MeshConfig, axes: Sequence[str], name: str) -> P:
   """The PartitionSpec of logical `axes` under mesh.logical_axis_rules (of
-  `config`'s MeshConfig, `mesh_config`)."""
-  rules = dict(mesh_config(config).logical_axis_rules)
+  the MeshConfig `mc`)."""
+  rules = dict(mc.logical_axis_rules)
   entries = []
   for a in axes:
     if a not in rules:
@@ -222,16 +214,16 @@ def spec_for_axes(config: Any, axes: Sequence[str], name: str) -> P:
   return P(*entries) if used else P()  # replicated: one spelling, P()
 
 
-def param_specs(config: Any, state: nnx.State) -> Any:
+def param_specs(mc: MeshConfig, state: nnx.State) -> Any:
   """A PartitionSpec for every parameter of the model's (abstract) `state`,
   as a pure dict shaped like `nnx.to_pure_dict(state)` (the params)."""
-  table, mc = logical_axes(state), mesh_config(config)
+  table = logical_axes(state)
   return jax.tree_util.tree_map_with_path(
       lambda path, _: spec_for_axes(mc, table[path_str(path)], path_str(path)),
       nnx.to_pure_dict(state))
 
 
-def state_specs(config: Any, state: nnx.State, tree: Any) -> Any:
+def state_specs(mc: MeshConfig, state: nnx.State, tree: Any) -> Any:
   """PartitionSpecs for a tree holding the parameters of `state` and state
   shaped like them (a TrainState: its params, and Adam's mu and nu inside
   the optimizer state).
@@ -242,7 +234,7 @@ def state_specs(config: Any, state: nnx.State, tree: Any) -> Any:
   everything else (step, counts, RNG keys, factored statistics) is
   replicated.
   """
-  specs, params = param_specs(config, state), nnx.to_pure_dict(state)
+  specs, params = param_specs(mc, state), nnx.to_pure_dict(state)
   treedef = jax.tree.structure(params)
   masked = lambda x: isinstance(x, optax.MaskedNode)
   # jaxlib ships no types for PyTreeDef, whose == mypy then refuses.
@@ -258,7 +250,7 @@ def state_specs(config: Any, state: nnx.State, tree: Any) -> Any:
   return jax.tree.map(follow, tree, is_leaf=like_params)
 
 
-def gathered_specs(config: Any, specs: Any) -> Any:
+def gathered_specs(mc: MeshConfig, specs: Any) -> Any:
   """The specs with the data axes dropped: how parameters are laid out while
   the step computes with them.
 
@@ -267,7 +259,7 @@ def gathered_specs(config: Any, specs: Any) -> Any:
   all-gathers them, and reduce-scatters their gradients), while 'tensor'
   splits stay in place as the model's heads and hidden units.
   """
-  data = set(mesh_config(config).data_axes)
+  data = set(mc.data_axes)
 
   def drop(entry):
     kept = tuple(a for a in _names(entry) if a not in data)
@@ -316,16 +308,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def rows_sharding(mesh: Mesh, config: Any, ndim: int, axis: int) -> NamedSharding:
+def rows_sharding(mesh: Mesh, mc: MeshConfig, ndim: int, axis: int) -> NamedSharding:
   """Rows (dimension `axis` of an ndim array) split along the data axes."""
   spec: list[Any] = [None] * ndim
-  spec[axis] = tuple(mesh_config(config).data_axes)
+  spec[axis] = tuple(mc.data_axes)
   return NamedSharding(mesh, P(*spec))
 
 
-def memory_shardings(mesh: Mesh, config: Any, memory: Any) -> Any:
+def memory_shardings(mesh: Mesh, mc: MeshConfig, memory: Any) -> Any:
   """Every memory field is [L, B, ...]: rows split exactly like the batch."""
-  return jax.tree.map(lambda x: rows_sharding(mesh, config, len(x.shape), 1), memory)
+  return jax.tree.map(lambda x: rows_sharding(mesh, mc, len(x.shape), 1), memory)
 
 
 # -- Process-local rows. --------------------------------------------------------
@@ -358,13 +350,13 @@ def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Seque
 # -- Checks before anything compiles. ---------------------------------------------
 
 
-def validate(mesh: Any, state: nnx.State, *, batch_size: int, model: Any,
+def validate(mesh: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
              num_devices: Optional[int] = None) -> tuple[int, ...]:
   """ConfigError, naming the field, if the mesh does not fit the devices or a
   batch, head, hidden or width size does not divide along its axes.
 
   Args:
-    mesh: the MeshConfig (or what holds one, `mesh_config`).
+    mesh: the MeshConfig.
     state: the model's nnx state (an abstract one suffices: shapes and the
       parameters' logical axes).
     batch_size: training's rows per step.
@@ -375,7 +367,7 @@ def validate(mesh: Any, state: nnx.State, *, batch_size: int, model: Any,
   Returns:
     The resolved mesh shape.
   """
-  mc = mesh_config(mesh)
+  mc = mesh
   shape = mesh_shape(mc, num_devices)
   sizes = _axis_sizes(mc, shape)
   where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"

@@ -37,7 +37,6 @@ from compressive import remote
 from compressive import files
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import trees
-from compressive.training import runconfig
 from compressive.training import integrity as integrity_lib
 from compressive.training import layout, savedjson, sidefiles
 from compressive.scale import sharding
@@ -126,10 +125,9 @@ def file_digest(path: str) -> Optional[str]:
     return None
 
 
-def check_identity(path: str, config: runconfig.SavedConfig,
-                   step: Optional[int] = None) -> None:
+def check_identity(path: str, experiment: Any, step: Optional[int] = None) -> None:
   """RunMismatchError, before any corpus is read or model built, when the
-  config (the saved one, as a reader made it ready) is not the one the
+  experiment (the saved config, as a reader made it ready) is not the one the
   export at `path`, or the workdir's checkpoint `step` (default the
   newest), was saved with: an edited config.json's model or data section,
   or a tokenizer retrained in place. The load compares the same again."""
@@ -138,7 +136,7 @@ def check_identity(path: str, config: runconfig.SavedConfig,
     where, saved = f"export {path}", read_manifest(path).get("identity")
   else:
     where, saved = inference.saved_identity(path, step)
-  integrity_lib.compare_identity(where, saved, inference.reader_identity(config), ())
+  integrity_lib.compare_identity(where, saved, inference.reader_identity(experiment), ())
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -189,7 +187,7 @@ def open_export(path: str, experiment, step: Optional[int] = None) -> tuple[Any,
   # The run's identity, as a checkpoint's is compared: another tokenizer
   # (a SentencePiece model retrained in place), model or data config.
   integrity_lib.compare_identity(f"export {path}", manifest.get("identity"),
-                            inference.reader_identity(experiment.config), ())
+                            inference.reader_identity(experiment), ())
   setup = setup_lib.build_setup(experiment)
   params = _read_params(path, setup.abstract_state.params, setup.layout.state.params)
   got = integrity_lib.fingerprint(params)

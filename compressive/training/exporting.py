@@ -68,7 +68,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   config_lib.fit_mesh_to_devices(reading)
   run = opening.open_run(workdir, step, config=reading)
   step = run.step
-  identity = _identity_of(workdir, step, config)
+  identity = _identity_of(workdir, step, run.experiment)
   params = nnx.to_pure_dict(nnx.state(run.model))
   integrity = integrity_lib.fingerprint(params)
   output = os.path.abspath(output)
@@ -86,7 +86,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
     with _write_errors(output):
       with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(written.params, params)
-      runconfig.save_config(partial, config)
+      runconfig.write_config(partial, config.to_dict())  # as the run saved it
       manifest = {"format": export_lib.FORMAT, "version": export_lib.VERSION, "step": int(step),
                   "source": remote.url_of(workdir) or os.path.abspath(workdir), "integrity": integrity,
                   "identity": identity,
@@ -101,12 +101,13 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   return int(step)
 
 
-def _identity_of(workdir: str, step: int, config: runconfig.SavedConfig) -> dict[str, Any]:
+def _identity_of(workdir: str, step: int, experiment: Any) -> dict[str, Any]:
   """The identity to record in the export of `workdir`'s checkpoint `step`:
   the one the checkpoint recorded (just verified against this config), each
-  part it left unknown taken from the config and the tokenizer here."""
+  part it left unknown taken from the experiment it was read as and the
+  tokenizer here."""
   _, saved = inference.saved_identity(workdir, step)
-  here = inference.reader_identity(config)
+  here = inference.reader_identity(experiment)
   saved = saved or {}
   identity = {part: saved.get(part) if saved.get(part) is not None else here.get(part)
               for part in integrity_lib.IDENTITY_PARTS}

@@ -54,7 +54,7 @@ def open_workdir(workdir: str, experiment: experiment_lib.Experiment, step: Opti
   restored onto the run's setup (setup.build_setup: the experiment's
   shapes on its mesh) and verified (checksums, finite values, identity)."""
   setup = setup_lib.build_setup(experiment)
-  identity = reader_identity(experiment.config)
+  identity = reader_identity(experiment)
   checkpointer = ckpt_lib.Checkpointer(workdir, read_only=True)
   try:
     step, state = _restore_newest(checkpointer, step, setup.restore_targets()[0], identity)
@@ -70,13 +70,13 @@ def model_of(setup: setup_lib.Setup, params) -> CompressiveTransformer:
   return model
 
 
-def reader_identity(config: runconfig.SavedConfig) -> dict:
+def reader_identity(experiment: experiment_lib.Experiment) -> dict:
   """The identity a reader compares with the one a checkpoint or export
-  recorded, from the config as written: the model config, the tokenizer (when it can be built here) and
-  the data config's generating fields. Not the corpus's content: a reader
-  measures the corpus as it is."""
-  return integrity.run_identity(config, _tokenizer_identity(config.data),
-                               data=data_lib.data_identity(config.data))
+  recorded, from the experiment it opens the run as: the model config, the
+  tokenizer (when it can be built here) and the data config's generating
+  fields. Not the corpus's content: a reader measures the corpus as it is."""
+  return integrity.run_identity(experiment.model, _tokenizer_identity(experiment.data),
+                               data=data_lib.data_identity(experiment.data))
 
 
 def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:

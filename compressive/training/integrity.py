@@ -50,12 +50,12 @@ RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
 
-def run_identity(config: Any, tokenizer_identity: Optional[str] = None,
+def run_identity(model: Any, tokenizer_identity: Optional[str] = None,
                  corpus: Optional[str] = None,
                  data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
   """What a checkpoint's numbers mean beyond their shapes: the model config
-  as written (`config`: the run's ConfigDict, Experiment.config or
-  config.json's; its model section recorded as JSON) (a post-norm model read as pre-norm has the same shapes), the tokenizer
+  (`model`: the run's ModelConfig, every field recorded as JSON; a post-norm
+  model read as pre-norm has the same shapes), the tokenizer
   (a SentencePiece model retrained in place keeps its vocabulary size), the
   data config's generating fields (`data`: data.source and its section
   without the fields that only say where the files are, so another
@@ -64,7 +64,7 @@ def run_identity(config: Any, tokenizer_identity: Optional[str] = None,
   present. A reader leaves the parts it cannot know None (not compared); a
   checkpoint records each but the corpus, which is None only for a source
   without a digest (record())."""
-  return {"model": json.loads(config.model.to_json()), "tokenizer": tokenizer_identity,
+  return {"model": json.loads(json.dumps(dataclasses.asdict(model))), "tokenizer": tokenizer_identity,
           "data": data, "corpus": corpus}
 
 

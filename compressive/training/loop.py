@@ -208,7 +208,7 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
     except (OSError, CheckpointError):
       pass
     else:
-      runconfig.check_resume_config(workdir, experiment.config)
+      runconfig.check_resume_config(workdir, experiment)
   device = setup.layout.mesh.devices.flat[0]
   where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
   return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
@@ -244,20 +244,20 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
            options: _Options) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
-  config, data = experiment.config, experiment.data  # as written: config.json, the identity
+  data = experiment.data
   if checkpointer.all_steps():
-    runconfig.check_resume_config(workdir, config)
+    runconfig.check_resume_config(workdir, experiment)
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
-  identity = integrity.run_identity(config, tokenizer.identity, data_lib.corpus_identity(data),
+  identity = integrity.run_identity(experiment.model, tokenizer.identity, data_lib.corpus_identity(data),
                                    data_lib.data_identity(data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
   if is_main:  # only once the run is known to fit what the workdir holds
-    runconfig.save_config(workdir, config)
+    runconfig.save_config(workdir, experiment)
   if runlog.finished(experiment.train, start, workdir):
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
@@ -266,7 +266,7 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   with contextlib.closing(writer), contextlib.closing(eval_writer), \
       runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler:
     if is_main and hasattr(writer, "write_hparams"):
-      writer.write_hparams(config)
+      writer.write_hparams(experiment.to_dict())
     end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)

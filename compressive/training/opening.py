@@ -33,12 +33,6 @@ class OpenRun:
   model: CompressiveTransformer
   step: int
 
-  @property
-  def config(self):
-    """The config as written (Experiment.config: `compressive.load`'s first
-    result, the run's config.json as this machine reads it)."""
-    return self.experiment.config
-
 
 def open_run(path: str, step: Optional[int] = None, *,
              config: Optional[config_lib.ConfigOrExperiment] = None

@@ -7,29 +7,37 @@ the run (integrity.py) is what a resume finally trusts."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from typing import TypeAlias
+from typing import Any, Mapping, TypeAlias
 
 import ml_collections
 
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
+from compressive.experiment import Experiment
 from compressive.training import layout, savedjson, sidefiles
 from compressive.training import integrity
 
 
-# A config as written: what config.json holds, and what a checkpoint's
-# identity and the logged hyperparameters record (Experiment.config). The
-# code that reads a run's fields reads the Experiment's typed groups instead.
+# A saved config as read back (config.json), for `config.check_saved` to
+# make ready and check: the code that reads a run's fields reads the checked
+# Experiment's typed groups instead.
 SavedConfig: TypeAlias = ml_collections.ConfigDict
 
 
-def save_config(workdir: str, config: SavedConfig) -> None:
-  """Writes WORKDIR/config.json whole (a temporary file renamed over it); a
-  write the disk refuses names the file."""
+def save_config(workdir: str, experiment: Experiment) -> None:
+  """Writes WORKDIR/config.json whole from the experiment's groups
+  (Experiment.to_dict: every field, as the run understands it)."""
+  write_config(workdir, experiment.to_dict())
+
+
+def write_config(workdir: str, values: Mapping[str, Any]) -> None:
+  """Writes WORKDIR/config.json (a config's fields, nested) whole (a
+  temporary file renamed over it); a write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
-  files.write_text(layout.Workdir(workdir).config, config.to_json(indent=2))
+  files.write_text(layout.Workdir(workdir).config, json.dumps(values, indent=2) + "\n")
 
 
 def load_config(workdir: str) -> SavedConfig:
@@ -86,7 +94,7 @@ def _get(config, dotted: str):
   return value
 
 
-def check_resume_config(workdir: str, config: SavedConfig) -> None:
+def check_resume_config(workdir: str, experiment: Experiment) -> None:
   """ConfigError naming the fields that differ from the run being resumed.
 
   A config.json that cannot be read (a crash or a full disk while it was
@@ -106,10 +114,10 @@ def check_resume_config(workdir: str, config: SavedConfig) -> None:
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  diffs = integrity.model_differences(saved.get("model", ml_collections.ConfigDict()),
-                                      config.model) + [
-      f"{name} {_get(saved, name)!r} -> {_get(config, name)!r}"
-      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(config, name)]
+  current = experiment.to_dict()
+  diffs = integrity.model_differences(saved.get("model") or {}, experiment.model) + [
+      f"{name} {_get(saved, name)!r} -> {_get(current, name)!r}"
+      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(current, name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)

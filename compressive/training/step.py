@@ -123,8 +123,7 @@ class Layout:
 def make_layout(config: sharding.MeshConfig, mesh: Mesh, state_template: nnx.State,
                 abstract_state: TrainState, abstract_memory) -> Layout:
   """Shardings of the train state, memory and batch (shapes suffice) on
-  `mesh`, built from `config` (the MeshConfig, or what holds one:
-  sharding.mesh_config), from the parameters' logical axes in the model's
+  `mesh`, built from `config` (the MeshConfig), from the parameters' logical axes in the model's
   (abstract) `state_template`."""
   specs = sharding.state_specs(config, state_template, abstract_state)
   state = sharding.shardings(mesh, specs)

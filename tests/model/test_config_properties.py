@@ -10,7 +10,6 @@ import math
 from flax import nnx
 from hypothesis import given, settings, strategies as st
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -197,9 +196,8 @@ def float32_held(x: float):
 @settings(max_examples=400, deadline=None)
 @given(st.fixed_dictionaries(TRAINING_FIELDS), st.fixed_dictionaries(OPTIMIZER_FIELDS))
 def test_training_validation_accepts_exactly_the_meaningful_ranges(values, opt):
-  from compressive import config as config_lib
-  config = ml_collections.ConfigDict(dict(values, seed=0, grad_accum_steps=1,
-                                          optimizer=dict(opt, name="adam")))
+  from compressive.experiment import TrainConfig
+  config = dict(values, seed=0, grad_accum_steps=1, optimizer=dict(opt, name="adam"))
   assert_rejects_exactly(
-      lambda: config_lib.validate_training_config(config), expected_training_problems(values, opt),
+      lambda: TrainConfig.from_dict(config, 8), expected_training_problems(values, opt),
       lambda message: {message.split("=", 1)[0]})

@@ -21,8 +21,13 @@ from compressive.scale import sharding
 from compressive.errors import ConfigError
 from compressive.model.config import ModelConfig
 from compressive.model.sampling import Sampler
-from helpers import (greedy_without_cache, jitted_forward, make_model, run_segments,
+from helpers import (checked, greedy_without_cache, jitted_forward, make_model, run_segments,
                      tiny_model_config)
+
+
+def mesh_of(config):
+  """The MeshConfig of a (test) config's mesh section."""
+  return sharding.MeshConfig.from_config(config.mesh)
 
 
 def rope_config(**overrides):
@@ -58,9 +63,9 @@ def test_rope_has_no_position_parameters_and_partitions():
   config.mesh.shape = (1, 2, 2)
   state = nnx.state(nnx.eval_shape(
       lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))))
-  assert sharding.validate(config.mesh, state, batch_size=4, model=config.model,
+  assert sharding.validate(mesh_of(config), state, batch_size=4, model=config.model,
                            num_devices=4) == (1, 2, 2)
-  att = sharding.param_specs(config, state)["blocks"][0]["attention"]
+  att = sharding.param_specs(mesh_of(config), state)["blocks"][0]["attention"]
   P = jax.sharding.PartitionSpec
   assert att["wq"] == P("fsdp", "tensor", None) and att["wo"] == P("tensor", None, "fsdp")
   assert "wr" not in att
@@ -191,9 +196,9 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 def test_resuming_with_other_positions_names_the_field(tmp_path):
   from compressive.training import runconfig
   from compressive.configs import default, default_rope
-  runconfig.save_config(str(tmp_path), default.get_config())
+  runconfig.save_config(str(tmp_path), checked(default.get_config()))
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
-    runconfig.check_resume_config(str(tmp_path), default_rope.get_config())
+    runconfig.check_resume_config(str(tmp_path), checked(default_rope.get_config()))
 
 
 def test_attention_implementation_is_checked_before_anything_runs():

@@ -62,6 +62,11 @@ NOISE_CEILING = 1e-3
 MESHES = {"m811": (8, 1, 1), "m412": (4, 1, 2), "m222": (2, 2, 2)}
 
 
+def mesh_of(config):
+  """The MeshConfig of a (test) config's mesh section."""
+  return sharding.MeshConfig.from_config(config.mesh)
+
+
 # -- Rules, mesh shapes and errors (no devices needed). ---------------------------
 
 
@@ -74,20 +79,20 @@ def abstract_training(config):
   """(abstract nnx state, abstract params, abstract train state) of a config,
   unchecked: its mesh may be another machine's."""
   state = abstract_state(config)
-  params, train = nnx.to_pure_dict(state), experiment_lib.TrainConfig.from_config(config)
+  params, train = nnx.to_pure_dict(state), experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   return state, params, train_step.abstract_train_state(
       train, params, train_step.make_optimizer(train, params))
 
 
 def validate(config, state, num_devices):
   """sharding.validate of a config's mesh, batch and model."""
-  return sharding.validate(config.mesh, state, batch_size=config.batch_size,
+  return sharding.validate(mesh_of(config), state, batch_size=config.batch_size,
                            model=config.model, num_devices=num_devices)
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   config = sharding_experiment()
-  specs = sharding.param_specs(config, abstract_state(config))
+  specs = sharding.param_specs(mesh_of(config), abstract_state(config))
   P = jax.sharding.PartitionSpec
   att = specs["blocks"][0]["attention"]
   for name in ("wq", "wk", "wv", "wr"):
@@ -103,14 +108,14 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert norms["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
 
   dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
-  kernel = sharding.param_specs(dilated, abstract_state(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
+  kernel = sharding.param_specs(mesh_of(dilated), abstract_state(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
   assert kernel == P(None, None, "fsdp", None)  # [n, 2, d, d]
 
 
 def test_optimizer_state_follows_its_parameter():
   config = sharding_experiment()
   template, _, state = abstract_training(config)
-  specs = sharding.state_specs(config, template, state)
+  specs = sharding.state_specs(mesh_of(config), template, state)
   P = jax.sharding.PartitionSpec
   assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
   found = {}
@@ -134,7 +139,7 @@ def test_optimizer_state_follows_its_parameter():
     ((-1, 1, 1), (8, 1, 1)), ((2, -1, 2), (2, 2, 2)), ((1, 8, 1), (1, 8, 1))])
 def test_minus_one_takes_the_remaining_devices(shape, resolved):
   config = sharding_experiment(**{"mesh.shape": shape})
-  assert sharding.mesh_shape(config, num_devices=8) == resolved
+  assert sharding.mesh_shape(mesh_of(config), num_devices=8) == resolved
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -480,7 +485,7 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   monkeypatch.setattr(layers.FeedForward, "__init__", with_a_bare_parameter)
   config = sharding_experiment()
   state = abstract_state(config)
-  for read in (sharding.logical_axes, lambda s: sharding.param_specs(config, s),
+  for read in (sharding.logical_axes, lambda s: sharding.param_specs(mesh_of(config), s),
                lambda s: validate(config, s, num_devices=1)):
     with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
       read(state)
@@ -505,7 +510,7 @@ def _old_logical_axes(model_config):
 def _old_param_specs(config, params):
   table = _old_logical_axes(ModelConfig.from_config(config.model))
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: sharding.spec_for_axes(config, table[sharding.path_str(path)], ""), params)
+      lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""), params)
 
 
 def _old_state_specs(config, params, tree):
@@ -549,16 +554,16 @@ def compare_specs(config, mesh=None):
   template, params, state = abstract_training(config)
   is_spec = lambda x: isinstance(x, P)
   old_params, old_state = _old_param_specs(config, params), _old_state_specs(config, params, state)
-  assert sharding.param_specs(config, template) == old_params
-  new_state = sharding.state_specs(config, template, state)
+  assert sharding.param_specs(mesh_of(config), template) == old_params
+  new_state = sharding.state_specs(mesh_of(config), template, state)
   assert jax.tree.structure(new_state, is_leaf=is_spec) == jax.tree.structure(old_state, is_leaf=is_spec)
   assert jax.tree.leaves(new_state, is_leaf=is_spec) == jax.tree.leaves(old_state, is_leaf=is_spec)
   if mesh is not None:
     memory = jax.eval_shape(lambda: compressive.init_memory(config.model, config.batch_size))
-    layout = train_step.make_layout(config, mesh, template, state, memory)
+    layout = train_step.make_layout(mesh_of(config), mesh, template, state, memory)
     assert layout.state == sharding.shardings(mesh, old_state)
     assert layout.compute_params == sharding.shardings(
-        mesh, sharding.gathered_specs(config, old_params))
+        mesh, sharding.gathered_specs(mesh_of(config), old_params))
   return len(jax.tree.leaves(new_state, is_leaf=is_spec))
 
 
@@ -574,7 +579,7 @@ def compare_all_specs_on_eight_devices():
   """Run by the test below in a process with 8 fake devices."""
   assert jax.device_count() == 8
   for name, config in spec_cases().items():
-    compare_specs(config, sharding.make_mesh(config))
+    compare_specs(config, sharding.make_mesh(mesh_of(config)))
     print("same", name)
 
 

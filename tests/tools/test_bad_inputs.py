@@ -19,7 +19,7 @@ from compressive import cli
 from compressive import data as data_lib
 import compressive
 from compressive.training import loop as train_lib
-from helpers import tiny_experiment
+from helpers import checked, tiny_experiment
 
 
 def set_fields(**fields):
@@ -112,7 +112,7 @@ def damaged_newest(tmp):
 def stale_config(tmp):
   _one_step(tmp)
   narrow = tiny_experiment(**{"model.d_model": 16, "num_train_steps": 2})
-  runconfig.save_config(str(tmp / "wd"), narrow)
+  runconfig.save_config(str(tmp / "wd"), checked(narrow))
   train_lib.train_and_evaluate(narrow, str(tmp / "wd"), restore_intact=True)
 
 

@@ -15,6 +15,7 @@ import compressive
 from compressive import cli_config
 from compressive import data
 from compressive import config as config_lib
+from compressive import values as values_lib
 import helpers
 
 # Every config the package ships (configs/*.py defining get_config; a preset
@@ -92,12 +93,30 @@ def test_check_builds_the_typed_frozen_groups_once():
   assert (e.eval.split, e.eval.max_segments) == ("test", 4)
   assert e.mesh.axes == tuple(config.mesh.axes) and e.mesh.data_axes == ("data", "fsdp")
   assert e.mesh_shape == (1, 1, 1)
-  # Nothing below the config is a ConfigDict but the config itself (config.json's).
-  assert list(_config_dicts(e)) == ["experiment.config"]
+  # Nothing in the experiment is a ConfigDict but the data section, which the
+  # data sources read.
+  assert list(_config_dicts(e)) == ["experiment.data"]
   for group, field in ((e.train, "batch_size"), (e.train.optimizer, "b1"), (e.eval, "split"),
                        (e.mesh, "axes"), (e.model, "d_model")):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(group, field, getattr(group, field))
+
+
+def test_what_a_run_records_is_its_groups_and_reads_back_to_the_same_experiment(tmp_path):
+  # config.json, the identity and the hparams come from Experiment.to_dict:
+  # every field of every group (the ones the config left out at their
+  # defaults, evaluation's sizes resolved), and checking it again gives it back.
+  from compressive.training import runconfig
+  config = helpers.tiny_experiment()
+  del config.gradient_window, config.optimizer.b1
+  e = config_lib.check(config)
+  written = e.to_dict()
+  assert written["gradient_window"] == 1 and written["optimizer"]["b1"] == 0.9
+  assert written["eval"]["memory_length"] == 8 and "segment_length" not in {
+      k for k, v in written.items() if not isinstance(v, dict)}
+  runconfig.save_config(str(tmp_path), e)
+  saved = runconfig.load_config(str(tmp_path))
+  assert config_lib.check(saved).to_dict() == written == saved.to_dict()
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused_by_check(tmp_path):
@@ -201,3 +220,20 @@ def test_config_files_import_only_ml_collections_and_each_other():
                 if n not in ("ml_collections", "importlib", "os", "compressive.configs")
                 and not n.startswith("compressive.configs.")]
   assert wrong == []
+
+
+def test_the_default_config_writes_out_every_training_and_evaluation_default():
+  # A training, optimizer or evaluation field is declared once, on its group
+  # (compressive/experiment.py: type, default, range); configs/default.py,
+  # plain data, writes it out, held here to the group's default, field for
+  # field: a field added to a group and not to the default config (or the
+  # other way round) fails here.
+  from compressive.configs import default
+  from compressive.experiment import EvalConfig, OptimizerConfig, TrainConfig
+  config = default.get_config()
+  top = {k: v for k, v in config.items() if not isinstance(v, ml_collections.ConfigDict)}
+  for written, group in ((top, TrainConfig()), (config.optimizer.to_dict(), OptimizerConfig()),
+                         (config.eval.to_dict(), EvalConfig())):
+    expected = values_lib.to_dict(group)
+    expected.pop("optimizer", None)
+    assert written == expected, type(group).__name__

@@ -23,7 +23,7 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
-from helpers import ROOT, tiny_experiment
+from helpers import checked, ROOT, tiny_experiment
 
 
 PLUGIN = '''
@@ -313,27 +313,27 @@ def test_word_perplexity_is_asked_of_the_source(plugin):
 
 @pytest.mark.parametrize('field,other', [('scan_layers', {False: True}), ('norm', {'post': 'pre'})])
 def test_a_resume_that_changes_the_parameter_tree_is_refused(tmp_path, field, other):
-  runconfig.save_config(str(tmp_path), tiny_experiment())
+  runconfig.save_config(str(tmp_path), checked(tiny_experiment()))
   saved = tiny_experiment().model[field]
   value = other[saved]
   with pytest.raises(ConfigError, match=rf"model\.{field} {saved!r} -> {value!r}\. Use another") as e:
-    runconfig.check_resume_config(str(tmp_path), tiny_experiment(**{f'model.{field}': value}))
+    runconfig.check_resume_config(str(tmp_path), checked(tiny_experiment(**{f'model.{field}': value})))
   assert '\n' not in str(e.value) and str(e.value).count('model.') == 1
 
 
 def test_run_time_knobs_and_a_config_of_before_resume(tmp_path):
   saved = tiny_experiment()
-  runconfig.save_config(str(tmp_path), saved)
-  runconfig.check_resume_config(str(tmp_path), tiny_experiment(
+  runconfig.save_config(str(tmp_path), checked(saved))
+  runconfig.check_resume_config(str(tmp_path), checked(tiny_experiment(
       **{'model.dtype': 'bfloat16', 'model.remat': 'full', 'model.attention_chunk_size': 4,
-         'model.dropout_rate': 0.1}))
+         'model.dropout_rate': 0.1})))
   # A config.json written before model.norm existed ran with its default.
   values = json.load(open(tmp_path / 'config.json'))
   del values['model']['norm']
   (tmp_path / 'config.json').write_text(json.dumps(values))
-  runconfig.check_resume_config(str(tmp_path), tiny_experiment(**{'model.norm': 'pre'}))
+  runconfig.check_resume_config(str(tmp_path), checked(tiny_experiment(**{'model.norm': 'pre'})))
   with pytest.raises(ConfigError, match=r"model\.norm 'pre' -> 'post'"):
-    runconfig.check_resume_config(str(tmp_path), tiny_experiment(**{'model.norm': 'post'}))
+    runconfig.check_resume_config(str(tmp_path), checked(tiny_experiment(**{'model.norm': 'post'})))
 
 
 @pytest.mark.slow

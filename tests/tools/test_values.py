@@ -58,11 +58,24 @@ def test_every_float_field_is_checked_as_float32(field, bad, what):
 
 
 def test_a_float_field_nobody_listed_is_checked_too():
-  config = tiny_experiment()
-  config.new_scale = 1e39
-  assert "overflows to inf in float32" in refused(config, "new_scale")
-  config.new_scale = 3.0e38  # float32 holds it
+  # data.books is not the source's section here: no validator reads it.
+  config = tiny_experiment(**{"data.books.heldout_fraction": 1e39})
+  assert "overflows to inf in float32" in refused(config, "data.books.heldout_fraction")
+  config.data.books.heldout_fraction = 3.0e38  # float32 holds it
   config_lib.check(config)
+
+
+def test_a_field_no_group_has_is_refused_by_name():
+  for section, where in ((None, "top level"), ("optimizer", "optimizer"), ("eval", "eval"),
+                         ("mesh", "mesh")):
+    config = tiny_experiment()
+    target = config if section is None else config[section]
+    target.new_scale = 1.0
+    with pytest.raises(ConfigError) as raised:
+      config_lib.check(config)
+    name = "new_scale" if section is None else f"{section}.new_scale"
+    assert str(raised.value).startswith(f"{name} is not a field of this version's config "
+                                        f"({where}: "), str(raised.value)
 
 
 @pytest.mark.parametrize("field, value, expected", [

@@ -22,7 +22,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
 from compressive.errors import CheckpointError, NonFiniteError
-from helpers import run_identity_of, tiny_experiment, tree_digest
+from helpers import checked, run_identity_of, tiny_experiment, tree_digest
 
 
 def config(**overrides):
@@ -135,7 +135,7 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
   # config.json says d_model 16 (as if the checkpoints had been copied into
   # another run's workdir): the resume check passes, the shapes do not.
   narrow = config(**{"model.d_model": 16, "model.d_ff": 32, "num_train_steps": 8})
-  runconfig.save_config(str(workdir), narrow)
+  runconfig.save_config(str(workdir), checked(narrow))
   before = tree_digest(workdir / "checkpoints")
   for intact in (False, True):
     with pytest.raises(ckpt_lib.ShapeMismatchError) as info:

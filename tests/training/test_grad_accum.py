@@ -67,7 +67,7 @@ def _one_step(accum, recon, sgd, warmup=2):
   config = tiny_experiment(**{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
-  train = experiment_lib.TrainConfig.from_config(config)
+  train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   graphdef, template, params = train_step.build_model(config.model, config.seed)
   tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(train, params)
   state = train_step.create_train_state(train, params, tx)

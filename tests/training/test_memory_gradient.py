@@ -231,7 +231,7 @@ def test_the_schedule_counts_one_update_per_window():
   config = tiny_experiment(**{"segments_per_step": 4, "gradient_window": 2,
                               "model.memory_gradient": "compressor", "num_train_steps": 10,
                               "optimizer.warmup_steps": 3})
-  train = experiment_lib.TrainConfig.from_config(config)
+  train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   assert (train.updates_per_step, train.num_updates) == (2, 20)
   schedule = train_step.learning_rate_schedule(train)
   peak = config.optimizer.learning_rate

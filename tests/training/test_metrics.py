@@ -14,7 +14,7 @@ import pytest
 
 from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value, hparams,
                                           read_jsonl)
-from helpers import ROOT, TESTS, tiny_experiment
+from helpers import checked, ROOT, TESTS, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
@@ -129,7 +129,10 @@ def test_training_writes_the_config_as_hparams(workdir):
   groups = _hparams_plugin_session_groups(workdir / "tensorboard")
   assert [g.name for g in groups] == ["train"]
   got = _hparams(groups[0])
-  assert got == {k: hparam_value(v) for k, v in flatten_config(tiny_experiment(**OVERRIDES)).items()}
+  # Every field of every group, as config.json records it (Experiment.to_dict).
+  recorded = checked(tiny_experiment(**OVERRIDES)).to_dict()
+  assert got == {k: hparam_value(v) for k, v in flatten_config(recorded).items()}
+  assert got["eval.memory_length"] == tiny_experiment().model.memory_length  # -1 resolved
   assert got["model.d_model"] == 32 and got["data.source"] == "synthetic"
   assert got["data.synthetic.num_docs"] == "(16, 4, 4)"
   # The run's scalars are its metrics: the last logged value of each.

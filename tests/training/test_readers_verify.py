@@ -30,7 +30,7 @@ from compressive.training import integrity
 from compressive.training import export as export_lib
 from compressive.training import exporting
 from compressive.training import loop as train_lib
-from helpers import (generated_texts, run_identity_of, sentencepiece_run_fields,
+from helpers import (checked, generated_texts, run_identity_of, sentencepiece_run_fields,
                      tiny_experiment, untrained_workdir)
 import inprocess
 
@@ -98,7 +98,7 @@ def test_an_export_refuses_a_tokenizer_retrained_in_place(spm_run, tmp_path):
         compressive.load(path)
       # The tools compare it before any corpus is read or model built.
       with pytest.raises(integrity.RunMismatchError, match="^the tokenizer differs"):
-        export_lib.check_identity(path, runconfig.load_config(path))
+        export_lib.check_identity(path, checked(runconfig.load_config(path)))
   finally:
     model.write_bytes(original)
 
@@ -214,14 +214,14 @@ def test_a_plugin_source_is_identified_by_its_fields_and_its_hook(toy_source):
     c.source = "toy_id"
   assert data_lib.data_identity(c) == {"source": "toy_id", "toy_id": {"length": 5}}
   assert data_lib.corpus_identity(c) == "toy_id content 5"
-  saved = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  saved = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
                                 data_lib.data_identity(c))
   c.toy_id.folder = "/elsewhere"  # moved: the same data
-  same = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  same = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
                                data_lib.data_identity(c))
   integrity.compare_identity("checkpoint x", saved, same, ())
   c.toy_id.length = 6
-  other = integrity.run_identity(tiny_experiment(), "bytes", data_lib.corpus_identity(c),
+  other = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
                                 data_lib.data_identity(c))
   with pytest.raises(integrity.RunMismatchError, match="data.toy_id.length 5 -> 6"):
     integrity.compare_identity("checkpoint x", saved, other, ())

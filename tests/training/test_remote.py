@@ -80,8 +80,8 @@ def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_
   assert f"the run's files: {url}/config.json" in log and "compressive-mirror-" not in log
   assert steps_logged(remote.read_bytes(f"{url}/metrics_train.jsonl").decode())[-1] == 4
   # The library reads it from the bucket as it reads a workdir on disk.
-  config, model = compressive.load(url)
-  assert config.num_train_steps == 4 and model is not None
+  experiment, model = compressive.load(url)
+  assert experiment.train.num_train_steps == 4 and model is not None
   train_lib.train_and_evaluate(tiny_experiment(num_train_steps=4), tmp_path / "local")
   assert_same_params(url, tmp_path / "local")
 

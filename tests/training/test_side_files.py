@@ -23,7 +23,7 @@ from compressive.training import checkpoint as ckpt_lib
 from compressive.training import runconfig
 from compressive.training import loop as train_lib
 from compressive.training import metrics, runlog, sidefiles
-from helpers import tiny_experiment
+from helpers import checked, tiny_experiment
 
 
 @contextlib.contextmanager
@@ -62,8 +62,8 @@ def outside_things(tmp_path):
 # What the trainer does with each side file, in the order it does it:
 # sidefiles.prepare, then the writer or reader of that file.
 def use_config(wd):
-  runconfig.check_resume_config(wd, tiny_experiment())
-  runconfig.save_config(wd, tiny_experiment())
+  runconfig.check_resume_config(wd, checked(tiny_experiment()))
+  runconfig.save_config(wd, checked(tiny_experiment()))
   assert runconfig.load_config(wd).model.d_model == tiny_experiment().model.d_model
 
 
@@ -127,7 +127,7 @@ def test_a_reader_refuses_a_config_json_that_is_not_a_file_in_one_line(tmp_path,
   outside = outside_things(tmp_path)
   wd = tmp_path / "wd"
   wd.mkdir()
-  runconfig.save_config(str(outside / "folder"), tiny_experiment())  # a config, but elsewhere
+  runconfig.save_config(str(outside / "folder"), checked(tiny_experiment()))  # a config, but elsewhere
   put(str(wd / "config.json"), kind, str(outside / "folder" / "config.json"))
   with no_waiting(), pytest.raises(CheckpointError, match=rf"config.json is a {kind}, not a file"):
     runconfig.load_config(str(wd))
@@ -138,7 +138,7 @@ def test_a_reader_refuses_a_config_json_that_is_not_a_file_in_one_line(tmp_path,
 
 def test_side_files_are_read_only_up_to_a_bound(tmp_path, monkeypatch, caplog):
   wd = tmp_path / "wd"
-  runconfig.save_config(str(wd), tiny_experiment())
+  runconfig.save_config(str(wd), checked(tiny_experiment()))
   path = wd / "metrics_train.jsonl"
   path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 50)))
   monkeypatch.setattr(sidefiles, "CONFIG_BYTES", 64)
@@ -149,7 +149,7 @@ def test_side_files_are_read_only_up_to_a_bound(tmp_path, monkeypatch, caplog):
     metrics.read_jsonl(str(path))
   with caplog.at_level(logging.WARNING, logger="compressive"):
     runlog.truncate_metrics(str(path), 3)  # the trainer's resume: set aside, started again
-    runconfig.check_resume_config(str(wd), tiny_experiment())
+    runconfig.check_resume_config(str(wd), checked(tiny_experiment()))
   assert not path.exists() and len((wd / "metrics_train.jsonl.aside").read_text()) > 256
   assert (wd / "config.json.damaged").exists() and not (wd / "config.json").exists()
 
@@ -219,7 +219,7 @@ def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
 
   monkeypatch.setattr(files, "_create_beside", on_a_full_disk)
   with pytest.raises(OSError) as e:
-    runconfig.save_config(str(tmp_path), tiny_experiment())
+    runconfig.save_config(str(tmp_path), checked(tiny_experiment()))
   message = cli.describe_os_error(e.value)
   assert message.startswith(f"cannot write {tmp_path / 'config.json'}.tmp"), message
   assert not os.listdir(tmp_path)
@@ -242,7 +242,7 @@ def test_a_config_json_that_cannot_be_parsed_is_set_aside_by_a_resume(tmp_path, 
   wd.mkdir()
   (wd / "config.json").write_text(text)
   with caplog.at_level(logging.WARNING, logger="compressive"):
-    runconfig.check_resume_config(str(wd), tiny_experiment())
+    runconfig.check_resume_config(str(wd), checked(tiny_experiment()))
   assert (wd / "config.json.damaged").read_text() == text and not (wd / "config.json").exists()
   assert "config.json is damaged" in caplog.text and "set aside" in caplog.text
 
