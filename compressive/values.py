@@ -203,8 +203,8 @@ def check_fields(group: Any, prefix: str) -> dict[str, Any]:
 
 
 def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
-  """`cls` (a group's dataclass) from its config section (a mapping or a
-  ConfigDict), each value as written; ConfigError for a field it does not
+  """`cls` (a group's dataclass) from its config section (a mapping, or
+  what has to_dict), each value as written; ConfigError for a field it does not
   know (`derived` fields come from other groups, never from the section)."""
   if hasattr(section, "to_dict"):
     section = section.to_dict()

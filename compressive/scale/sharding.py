@@ -106,7 +106,7 @@ class MeshConfig:
 
   @classmethod
   def from_config(cls, section: Any) -> "MeshConfig":
-    """From the config's mesh section (a mapping or a ConfigDict; a field it
+    """From the config's mesh section (a mapping, or what has to_dict; a field it
     lacks takes the default), each as a tuple; ConfigError for a field it
     does not know."""
     section = section.to_dict() if hasattr(section, "to_dict") else section

@@ -100,7 +100,7 @@ def _flat(value: Any, prefix: str) -> dict[str, Any]:
 
 
 def _model_fields(model: Any) -> dict[str, Any]:
-  """Every field of a model section (a ConfigDict or a mapping), those it
+  """Every field of a model section (a ModelConfig, or a mapping as a saved config holds it), those it
   left out at their defaults: a config written before a field existed ran
   with its default. A section this version cannot read is compared as it
   is written."""
