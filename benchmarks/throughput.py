@@ -113,6 +113,7 @@ def measure_throughput() -> dict:
 
 def measure_stream() -> dict:
   """Peak RSS while one long document streams through eval_lib.evaluate."""
+  from compressive import config as config_lib
   from compressive import data as data_lib
   from compressive.evaluation import evaluate as eval_lib
   from compressive.training import step as train_step
@@ -129,10 +130,11 @@ def measure_stream() -> dict:
   graphdef, template, params = train_step.build_model(config.model, config.seed)
   model = merge_params(graphdef, template, params)
   t = config.model.segment_length
+  experiment = config_lib.check(config, training=False)
   points = []
   for n in counts:
     start = time.perf_counter()
-    out = eval_lib.evaluate(model, documents, config, max_segments=n // t)
+    out = eval_lib.evaluate(model, documents, experiment, max_segments=n // t)
     seconds = time.perf_counter() - start
     points.append({"tokens": out["tokens"], "peak_rss_mib": common.peak_rss_mib(),
                    "rss_mib": common.rss_mib(), "tokens_per_s": out["tokens"] / seconds})

@@ -46,8 +46,10 @@ def load(workdir: str, step=None, *, config=None, plugins=()):
 def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   """(experiment, model, step): `load`, and the step whose parameters it holds."""
   from compressive import plugins as plugins_lib
+  from compressive import config as config_lib
   from compressive.training import opening
   plugins_lib.trust(plugins)
   with plugins_lib.saved_config():
-    run = opening.open_run(workdir, step, config=config)
+    experiment = None if config is None else config_lib.check_to_read(config)
+    run = opening.open_run(workdir, step, experiment=experiment)
   return run.experiment, run.model, run.step

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Optional, Sequence, TypeGuard, Union
+from typing import Any, Mapping, Optional, Sequence, TypeGuard
 
 from flax import nnx
 import jax
@@ -40,15 +40,12 @@ from compressive.scale.sharding import MeshConfig
 _log = logging.getLogger("compressive")
 
 
-# What the library's entry functions take: a checked Experiment, or a config
-# to check (a library caller's).
-ConfigOrExperiment = Union[ml_collections.ConfigDict, Experiment]
-
-
-def experiment_of(config: ConfigOrExperiment, **check_args) -> Experiment:
-  """`config` as an Experiment: checked now when it is a ConfigDict (a
-  library caller's), as it is when an entry point already checked it."""
-  return config if isinstance(config, Experiment) else check(config, **check_args)
+def check_to_read(config: ml_collections.ConfigDict) -> Experiment:
+  """A trained run's config (its saved one, or one replacing it) checked as
+  a config read on this machine, not trained: neither its data nor its
+  size against this machine (reading parameters needs neither), its mesh
+  against every device."""
+  return check(config, training=False, here=False, num_devices=jax.device_count())
 
 
 def groups(config: Any) -> tuple[ModelConfig, TrainConfig, EvalConfig, MeshConfig]:

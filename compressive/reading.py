@@ -100,7 +100,7 @@ def open_flagged_run(experiment: experiment_lib.Experiment) -> opening.OpenRun:
   """--workdir's checkpoint --step (default the newest: a trainer may rotate
   it away meanwhile, and the newest that exists is read), opened as
   `experiment` (flagged_experiment's)."""
-  return opening.open_run(FLAGS.workdir, FLAGS.step, config=experiment)
+  return opening.open_run(FLAGS.workdir, FLAGS.step, experiment=experiment)
 
 
 def _check_step() -> None:

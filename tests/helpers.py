@@ -231,6 +231,7 @@ def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, str
   (assert_resumed_like_straight). Returns the logged steps."""
   from compressive.training import loop
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  config = to_train(config)
   loop.train_and_evaluate(config, str(straight))
   loop.train_and_evaluate(config, str(resumed), stop_at_step=stop_at_step)
   loop.train_and_evaluate(config, str(resumed))
@@ -332,3 +333,17 @@ def sentencepiece_run_fields(folder) -> dict:
   return {"data.source": "text_files", "data.text_files.path": str(texts),
           "data.tokenizer": "sentencepiece", "data.spm_model": str(model),
           "model.vocab_size": 320}
+
+
+def to_train(config):
+  """`config` checked to train here (config.check), as train.py checks it
+  before `train_and_evaluate`."""
+  from compressive import config as config_lib
+  return config_lib.check(config)
+
+
+def to_evaluate(config):
+  """`config` checked to evaluate here (config.check, training=False), as
+  the tools check one before `evaluate` and the analyses."""
+  from compressive import config as config_lib
+  return config_lib.check(config, training=False)

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from compressive import config as config_lib
+from compressive import experiment as experiment_lib
 from compressive import data as data_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.transformer import BANKS
@@ -35,7 +35,7 @@ def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def attention_by_bucket(
-    model, documents: data_lib.Documents, experiment: config_lib.ConfigOrExperiment, *,
+    model, documents: data_lib.Documents, experiment: experiment_lib.Experiment, *,
     buckets: int = 6, max_segments: Optional[int] = None, progress_every_s: float = 10.0,
 ) -> dict:
   """Average attention weight per position bucket, per layer (§5.5 figure).
@@ -43,7 +43,6 @@ def attention_by_bucket(
   Returns {"layers": [[3 * buckets values], ...], "mean": [...], "labels": [...],
   "rows": rows counted}. Within a bank, buckets run oldest to newest.
   """
-  experiment = config_lib.experiment_of(experiment, training=False)
   c_len, m_len = experiment.eval.compressed_memory_length, experiment.eval.memory_length
   total, rows = None, 0
   for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
@@ -68,7 +67,7 @@ def attention_by_bucket(
 
 
 def loss_by_position(
-    model, documents: data_lib.Documents, experiment: config_lib.ConfigOrExperiment, *,
+    model, documents: data_lib.Documents, experiment: experiment_lib.Experiment, *,
     bucket_tokens: int = 1024, max_segments: Optional[int] = None,
     progress_every_s: float = 10.0,
 ) -> dict:
@@ -77,7 +76,6 @@ def loss_by_position(
   Bucket edges are bucket_tokens * 2**k; returns their start positions, mean
   nats and token counts.
   """
-  experiment = config_lib.experiment_of(experiment, training=False)
   t = experiment.eval.segment_length
   nats: dict[int, float] = {}
   counts: dict[int, int] = {}
@@ -105,7 +103,7 @@ def loss_by_position(
           "tokens": [counts[k] for k in keys]}
 
 
-def recall_accuracy(model, documents, experiment: config_lib.ConfigOrExperiment, *,
+def recall_accuracy(model, documents, experiment: experiment_lib.Experiment, *,
                     max_segments: Optional[int] = None, progress_every_s: float = 10.0) -> dict:
   """Accuracy on the answers of `recall` documents, by fact-to-query distance.
 
@@ -113,7 +111,6 @@ def recall_accuracy(model, documents, experiment: config_lib.ConfigOrExperiment,
   "queries": [...]}: per distance, the share of answer bytes predicted
   (argmax) and of queries with every answer byte right.
   """
-  experiment = config_lib.experiment_of(experiment, training=False)
   t = experiment.eval.segment_length
   docs_seen: Optional[np.ndarray] = None  # [B]
   row_pos: Optional[np.ndarray] = None  # [B]

@@ -42,7 +42,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from compressive import config as config_lib
 
 from compressive import experiment as experiment_lib
 from compressive import data as data_lib
@@ -278,7 +277,7 @@ def segment_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig) -> dict[str,
 def stream(
     model,
     documents: data_lib.Documents,
-    experiment: config_lib.ConfigOrExperiment,
+    experiment: experiment_lib.Experiment,
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
@@ -297,8 +296,7 @@ def stream(
   split (the extra rows are all padding).
 
   Args:
-    experiment: the checked Experiment, or a config to check
-      (config.experiment_of, as a config evaluated here).
+    experiment: the checked Experiment (config.check, training=False).
     max_segments: stop after this many segments per row (a quick periodic
       estimate during training); None or <= 0 streams the whole split.
     mesh: where to run; default the experiment's mesh over all devices. In a
@@ -308,7 +306,6 @@ def stream(
     progress_every_s: seconds between progress lines (`Progress`), which
       are labelled `what`.
   """
-  experiment = config_lib.experiment_of(experiment, training=False)
   mc = experiment.mesh
   model.eval()
   mesh = sharding.make_mesh(mc) if mesh is None else mesh
@@ -346,7 +343,7 @@ def stream(
 def evaluate(
     model,
     documents: data_lib.Documents,
-    experiment: config_lib.ConfigOrExperiment,
+    experiment: experiment_lib.Experiment,
     *,
     max_segments: Optional[int] = None,
     mesh: Optional[Mesh] = None,
@@ -361,7 +358,6 @@ def evaluate(
   complete pass over PG-19's validation or test split reports
   `word_perplexity` over the official word total (`word_perplexity_of`).
   """
-  experiment = config_lib.experiment_of(experiment, training=False)
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []  # read every 64 segments: reading waits for the device
   for segment in stream(model, documents, experiment, max_segments=max_segments, mesh=mesh,

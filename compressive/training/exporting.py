@@ -66,7 +66,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   # Read through the one door, as a copy refitted to this machine's devices.
   reading = config.copy_and_resolve_references()
   config_lib.fit_mesh_to_devices(reading)
-  run = opening.open_run(workdir, step, config=reading)
+  run = opening.open_run(workdir, step, experiment=config_lib.check_to_read(reading))
   step = run.step
   identity = _identity_of(workdir, step, run.experiment)
   params = nnx.to_pure_dict(nnx.state(run.model))

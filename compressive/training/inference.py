@@ -30,22 +30,16 @@ from compressive.model.transformer import CompressiveTransformer, merge_params
 _log = logging.getLogger("compressive")
 
 
-def saved_experiment(path: str, config: Optional[config_lib.ConfigOrExperiment] = None
-                     ) -> experiment_lib.Experiment:
-  """The Experiment a run (workdir or export) at `path` is opened as:
-  `config` as it is when it is an Experiment (a tool's, config.check_saved's),
-  else that config (default its saved config, refitted to this machine's
-  devices when its mesh does not fit them), checked as a config read here,
-  not trained (config.check with training=False; neither its data nor its
-  size against this machine: reading parameters needs neither)."""
-  if isinstance(config, experiment_lib.Experiment):
-    return config
-  if config is None:
-    config = runconfig.load_config(path)
-    if config_lib.fit_mesh_to_devices(config):
-      _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
-                jax.device_count(), config.mesh.shape)
-  return config_lib.check(config, training=False, here=False, num_devices=jax.device_count())
+def saved_experiment(path: str) -> experiment_lib.Experiment:
+  """The Experiment a run (workdir or export) at `path` is opened as when
+  none is given: its saved config, refitted to this machine's devices when
+  its mesh does not fit them, checked as a config read here
+  (config.check_to_read)."""
+  config = runconfig.load_config(path)
+  if config_lib.fit_mesh_to_devices(config):
+    _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
+              jax.device_count(), config.mesh.shape)
+  return config_lib.check_to_read(config)
 
 
 def open_workdir(workdir: str, experiment: experiment_lib.Experiment, step: Optional[int] = None

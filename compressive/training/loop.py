@@ -68,7 +68,7 @@ class _Options:
 
 
 def train_and_evaluate(
-    config: config_lib.ConfigOrExperiment,
+    experiment: experiment_lib.Experiment,
     workdir: str,
     *,
     stop_at_step: Optional[int] = None,
@@ -85,8 +85,8 @@ def train_and_evaluate(
   metrics and logs, and all processes write the checkpoints together.
 
   Args:
-    config: the experiment: checked (an Experiment, config.check's), or a
-      config (configs/*.py, a ConfigDict) to be checked here.
+    experiment: the checked experiment (`config.check(config)` of a
+      config file's ConfigDict, as train.py does).
     workdir: checkpoints, metrics and TensorBoard logs go here (shared by
       all processes).
     stop_at_step: return after this step (checkpointed) instead of running to
@@ -120,15 +120,14 @@ def train_and_evaluate(
                      config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)
   if remote.is_remote(workdir):  # gs://: in a local mirror of its files (remote.py)
     with remote.Mirror(workdir) as local:
-      return _train_in(config, local, options)
-  return _train_in(config, workdir, options)
+      return _train_in(experiment, local, options)
+  return _train_in(experiment, workdir, options)
 
 
-def _train_in(config: config_lib.ConfigOrExperiment, workdir: str,
+def _train_in(experiment: experiment_lib.Experiment, workdir: str,
               options: _Options) -> dict[str, float]:
   """train_and_evaluate in the workdir folder `workdir` (a mirror's too)."""
   workdir = layout.Workdir(workdir).root
-  experiment = config_lib.experiment_of(config)
   is_main = jax.process_index() == 0
   fresh = not os.path.lexists(workdir)
   os.makedirs(workdir, exist_ok=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from compressive import config as config_lib
 from compressive import files
 from compressive import remote
 
@@ -35,26 +34,25 @@ class OpenRun:
 
 
 def open_run(path: str, step: Optional[int] = None, *,
-             config: Optional[config_lib.ConfigOrExperiment] = None
-             ) -> OpenRun:
+             experiment: Optional[experiment_lib.Experiment] = None) -> OpenRun:
   """The run at `path` (a training workdir or an export), at its checkpoint
   `step` (default the newest; an export holds one), as an OpenRun. `path`
   may be a gs:// URL (compressive/remote.py).
 
-  `config`: the Experiment to open it as (a tool's, from
-  config.check_saved), or a config replacing the saved one (its model must
-  match), or None for the saved one (refitted to this machine's devices when
-  its mesh does not fit them). What is read is verified: checksums, finite
+  `experiment`: the Experiment to open it as (a tool's, from
+  config.check_saved; a library caller's, from config.check_to_read: its
+  model must match the run's), or None for the saved config (refitted to
+  this machine's devices when its mesh does not fit them). What is read is verified: checksums, finite
   values, the run's identity (model, data config, tokenizer).
   """
   files.check_local(path, "a workdir or an export", remote_ok=True)
   if remote.is_remote(path):  # gs://: its small files read through a local mirror
     with remote.Mirror(path) as local:
-      return open_run(local, step, config=config)
+      return open_run(local, step, experiment=experiment)
   is_export = export_lib.is_export(path)
   if is_export:  # a damaged export, or one of another step, is named before the rest
     export_lib.manifest_of_step(path, step)
-  experiment = inference.saved_experiment(path, config)
+  experiment = experiment or inference.saved_experiment(path)
   opener = export_lib.open_export if is_export else inference.open_workdir
   model, step = opener(path, experiment, step)
   return OpenRun(experiment=experiment, model=model, step=step)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from compressive import data
+from helpers import to_evaluate
 
 tfds = pytest.importorskip('tensorflow_datasets')
 
@@ -128,7 +129,7 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
     kwargs['split'] = split
   model = compressive.CompressiveTransformer(m, rngs=nnx.Rngs(0))
   docs = data.get_documents(config.data, split, data.get_tokenizer(config.data))
-  return eval_lib.evaluate(model, docs, config, **kwargs), docs
+  return eval_lib.evaluate(model, docs, to_evaluate(config), **kwargs), docs
 
 
 def counted_words(docs):

@@ -7,7 +7,7 @@ from compressive.evaluation import analysis
 from compressive import data as data_lib
 from compressive.data import recall as recall_source
 from compressive.errors import ConfigError
-from helpers import make_model, tiny_experiment
+from helpers import to_evaluate, make_model, tiny_experiment
 
 
 def recall_config():
@@ -39,7 +39,7 @@ def test_facts_are_planted_at_the_stated_distances():
 def test_an_oracle_free_model_is_scored_on_every_answer():
   c = recall_config()
   docs = data_lib.get_documents(c.data, "validation", data_lib.get_tokenizer(c.data))
-  result = analysis.recall_accuracy(make_model(c.model), docs, c)
+  result = analysis.recall_accuracy(make_model(c.model), docs, to_evaluate(c))
   assert sum(result["queries"]) == sum(len(docs.queries(i)) for i in range(len(docs)))
   assert set(result["distance"]) <= {20, 60}
   assert all(0.0 <= a <= 1.0 for a in result["byte_accuracy"])

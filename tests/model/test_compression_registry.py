@@ -17,7 +17,7 @@ from compressive.training import loop as train_lib
 from compressive.model.compression import COMPRESSIONS, Compression, register
 from compressive.model.config import ModelConfig
 from compressive.model.layers import param
-from helpers import make_model, tiny_experiment, tiny_model_config
+from helpers import to_train, make_model, tiny_experiment, tiny_model_config
 
 
 class ScaledLast(Compression):
@@ -50,7 +50,7 @@ def test_a_compression_registered_here_trains_and_restores(registered, tmp_path)
       ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)))
   table = sharding.logical_axes(nnx.state(model))
   assert table["blocks/0/compressor/fn/gain"] == ("norm",)
-  train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+  train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   _, model = compressive.load(str(tmp_path / "wd"))
   gains = [np.asarray(block.compressor.fn.gain[...]) for block in model.blocks]
   # The reconstruction loss reached the gains and only training moved them.

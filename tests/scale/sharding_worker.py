@@ -33,14 +33,14 @@ from compressive import cli  # noqa: E402
 cli.use_compilation_cache(None)
 
 from compressive.training import loop as train_lib  # noqa: E402
-from helpers import sharding_experiment  # noqa: E402
+from helpers import to_train, sharding_experiment  # noqa: E402
 
 
 def main(runs_json: str) -> None:
   results = []
   for run in json.loads(runs_json):
     config = sharding_experiment(**{"mesh.shape": tuple(run["mesh"])})
-    results.append(train_lib.train_and_evaluate(config, run["workdir"]))
+    results.append(train_lib.train_and_evaluate(to_train(config), run["workdir"]))
   print(json.dumps({"devices": jax.device_count(), "results": results}))
 
 

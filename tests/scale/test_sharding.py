@@ -38,7 +38,7 @@ from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from compressive.training.metrics import read_jsonl
-from helpers import (ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
+from helpers import (to_train, to_evaluate, ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
                      write_config_file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
@@ -236,7 +236,7 @@ def runs(tmp_path_factory):
   wd = {name: str(base / name) for name in ("ref", *MESHES, "mp")}
 
   # The reference: one device, 20 steps.
-  train_lib.train_and_evaluate(sharding_experiment(), wd["ref"])
+  train_lib.train_and_evaluate(to_train(sharding_experiment()), wd["ref"])
   # 1 device -> 8: resume the reference's step-10 checkpoint on mesh (4, 1, 2).
   wd["from1"] = without_step(wd["ref"], base / "from1", 20)
 
@@ -253,7 +253,7 @@ def runs(tmp_path_factory):
 
   # 8 devices -> 1: resume mesh (2, 2, 2)'s step-10 checkpoint here.
   wd["from8"] = without_step(wd["m222"], base / "from8", 20)
-  train_lib.train_and_evaluate(sharding_experiment(), wd["from8"])
+  train_lib.train_and_evaluate(to_train(sharding_experiment()), wd["from8"])
 
   # Two processes x 2 CPU devices on localhost, mesh (2, 1, 2), through train.py.
   cfg = write_config_file(base / "cfg.py", factory="helpers:sharding_experiment")
@@ -348,11 +348,11 @@ def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   from compressive import data as data_lib
   from compressive.evaluation import evaluate as eval_lib
   wd = runs["workdirs"]["m222"]
-  config, model = compressive.load(wd)
-  assert tuple(config.mesh.shape) == (-1, 1, 1)
-  docs = data_lib.get_documents(config.data, config.eval.split, data_lib.get_tokenizer(config.data))
+  experiment, model = compressive.load(wd)
+  assert tuple(experiment.mesh.shape) == (-1, 1, 1)
+  docs = data_lib.get_documents(experiment.data, experiment.eval.split, data_lib.get_tokenizer(experiment.data))
   # The same quick estimate the training run logged at its last step.
-  result = eval_lib.evaluate(model, docs, config, max_segments=config.eval.max_segments)
+  result = eval_lib.evaluate(model, docs, experiment, max_segments=experiment.eval.max_segments)
   trained = read_jsonl(os.path.join(wd, "metrics_eval.jsonl"))[-1]
   assert abs(result["loss"] - trained["loss"]) / trained["loss"] <= TOLERANCE
 

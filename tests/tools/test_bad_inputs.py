@@ -19,7 +19,7 @@ from compressive import cli
 from compressive import data as data_lib
 import compressive
 from compressive.training import loop as train_lib
-from helpers import checked, tiny_experiment
+from helpers import to_train, checked, tiny_experiment
 
 
 def set_fields(**fields):
@@ -70,14 +70,14 @@ def enwik8_file(size, name="enwik8", zipped=False):
 
 def resume_with(**fields):
   def run(tmp):
-    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
-    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 2, **fields}), str(tmp / "wd"))
+    train_lib.train_and_evaluate(to_train(tiny_experiment(**{"num_train_steps": 1})), str(tmp / "wd"))
+    train_lib.train_and_evaluate(to_train(tiny_experiment(**{"num_train_steps": 2, **fields})), str(tmp / "wd"))
   return run
 
 
 def load_step(step):
   def run(tmp):
-    train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1}), str(tmp / "wd"))
+    train_lib.train_and_evaluate(to_train(tiny_experiment(**{"num_train_steps": 1})), str(tmp / "wd"))
     compressive.load(str(tmp / "wd"), step)
   return run
 
@@ -86,11 +86,11 @@ def second_trainer(tmp):
   from compressive.training.lock import WorkdirLock
   os.makedirs(tmp / "wd")
   with WorkdirLock(str(tmp / "wd")):  # as a running train.py holds it
-    train_lib.train_and_evaluate(tiny_experiment(), str(tmp / "wd"))
+    train_lib.train_and_evaluate(to_train(tiny_experiment()), str(tmp / "wd"))
 
 
 def _one_step(tmp):
-  train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 1, "eval_every_steps": 0}),
+  train_lib.train_and_evaluate(to_train(tiny_experiment(**{"num_train_steps": 1, "eval_every_steps": 0})),
                                str(tmp / "wd"))
 
 
@@ -113,13 +113,13 @@ def stale_config(tmp):
   _one_step(tmp)
   narrow = tiny_experiment(**{"model.d_model": 16, "num_train_steps": 2})
   runconfig.save_config(str(tmp / "wd"), checked(narrow))
-  train_lib.train_and_evaluate(narrow, str(tmp / "wd"), restore_intact=True)
+  train_lib.train_and_evaluate(to_train(narrow), str(tmp / "wd"), restore_intact=True)
 
 
 def nothing_intact(tmp):
   _one_step(tmp)
   _flip(tmp)
-  train_lib.train_and_evaluate(tiny_experiment(**{"num_train_steps": 2}), str(tmp / "wd"),
+  train_lib.train_and_evaluate(to_train(tiny_experiment(**{"num_train_steps": 2})), str(tmp / "wd"),
                                restore_intact=True)
 
 
@@ -223,7 +223,7 @@ def test_each_case_is_named_once_and_expects_a_line_of_its_own():
 
 
 @pytest.mark.parametrize("run", [
-    lambda url: train_lib.train_and_evaluate(tiny_experiment(), url),
+    lambda url: train_lib.train_and_evaluate(to_train(tiny_experiment()), url),
     lambda url: compressive.load(url),
 ], ids=["train_and_evaluate", "load"])
 def test_a_url_for_a_workdir_is_one_line_and_makes_no_local_folder(run, tmp_path, monkeypatch):

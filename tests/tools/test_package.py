@@ -22,7 +22,7 @@ from compressive import cli
 from compressive.training import loop as train_lib
 
 from compressive import cli_config
-from helpers import ROOT, TESTS, tiny_experiment
+from helpers import to_train, ROOT, TESTS, tiny_experiment
 
 TIMEOUT = 600
 
@@ -283,8 +283,8 @@ def installed(tmp_path_factory):
 def trained(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("trained") / "wd")
   train_lib.train_and_evaluate(
-      tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
-                      log_every_steps=1), workdir)
+      to_train(tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
+                      log_every_steps=1)), workdir)
   return workdir
 
 

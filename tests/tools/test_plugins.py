@@ -23,7 +23,7 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
-from helpers import checked, ROOT, tiny_experiment
+from helpers import to_train, to_evaluate, checked, ROOT, tiny_experiment
 
 
 PLUGIN = '''
@@ -295,17 +295,17 @@ def test_word_perplexity_is_asked_of_the_source(plugin):
   data.validate_data_config(config.data)
   model = compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))
   docs = data.get_documents(config.data, 'validation', data.ByteTokenizer())
-  result = eval_lib.evaluate(model, docs, config, split='validation')
+  result = eval_lib.evaluate(model, docs, to_evaluate(config), split='validation')
   assert result['words'] == sum(docs.num_words(i) for i in range(3))
   assert result['words_official'] == 1000  # the source's, and a warning: far off
   assert result['word_perplexity'] == pytest.approx(
       math.exp(result['loss'] * result['tokens'] / 1000), rel=1e-6)
   train = eval_lib.evaluate(model, data.get_documents(config.data, 'train', data.ByteTokenizer()),
-                            config, split='train')
+                            to_evaluate(config), split='train')
   assert 'words_official' not in train and train['word_perplexity'] > 1
   synthetic = tiny_experiment()
   docs = data.get_documents(synthetic.data, 'validation', data.ByteTokenizer())
-  assert 'word_perplexity' not in eval_lib.evaluate(model, docs, synthetic)
+  assert 'word_perplexity' not in eval_lib.evaluate(model, docs, to_evaluate(synthetic))
 
 
 # -- The resume check. -------------------------------------------------------------
@@ -341,10 +341,10 @@ def test_the_trainer_refuses_a_resume_with_scanned_layers_before_training(tmp_pa
   from compressive.training import loop as train_lib
   workdir = str(tmp_path / 'wd')
   config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0)
-  train_lib.train_and_evaluate(config, workdir)
+  train_lib.train_and_evaluate(to_train(config), workdir)
   steps = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
   config.model.scan_layers = True
   config.num_train_steps = 4
   with pytest.raises(ConfigError, match=r"model\.scan_layers False -> True\. Use another"):
-    train_lib.train_and_evaluate(config, workdir)
+    train_lib.train_and_evaluate(to_train(config), workdir)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == steps

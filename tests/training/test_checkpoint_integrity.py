@@ -22,7 +22,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training import trees
 from compressive.errors import CheckpointError, NonFiniteError
-from helpers import checked, run_identity_of, tiny_experiment, tree_digest
+from helpers import to_train, checked, run_identity_of, tiny_experiment, tree_digest
 
 
 def config(**overrides):
@@ -36,7 +36,7 @@ def config(**overrides):
 def trained(tmp_path_factory):
   """A workdir with checkpoints 2, 4 and 6 (copied before each test changes it)."""
   workdir = tmp_path_factory.mktemp("trained") / "wd"
-  train_lib.train_and_evaluate(config(), str(workdir))
+  train_lib.train_and_evaluate(to_train(config()), str(workdir))
   return workdir
 
 
@@ -108,15 +108,15 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
   longer = config(num_train_steps=8)
   with pytest.raises(integrity.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"):
-    train_lib.train_and_evaluate(longer, str(workdir))
+    train_lib.train_and_evaluate(to_train(longer), str(workdir))
   # --restore_intact resumes from step 4, and the damaged step is kept aside
   # (rotation would otherwise delete it as the oldest).
-  train_lib.train_and_evaluate(longer, str(workdir), restore_intact=True)
+  train_lib.train_and_evaluate(to_train(longer), str(workdir), restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["6"]
   straight = tmp_path / "straight"  # as if step 6 had never been saved
   shutil.copytree(trained, straight)
   shutil.rmtree(straight / "checkpoints" / "6")
-  train_lib.train_and_evaluate(longer, str(straight))
+  train_lib.train_and_evaluate(to_train(longer), str(straight))
   a, b = params_of(compressive.load(str(workdir))[1]), params_of(compressive.load(str(straight))[1])
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
@@ -139,7 +139,7 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
   before = tree_digest(workdir / "checkpoints")
   for intact in (False, True):
     with pytest.raises(ckpt_lib.ShapeMismatchError) as info:
-      train_lib.train_and_evaluate(narrow, str(workdir), restore_intact=intact)
+      train_lib.train_and_evaluate(to_train(narrow), str(workdir), restore_intact=intact)
     message = str(info.value)
     assert "parameter shapes differ" in message and "restore_intact" not in message
     assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
@@ -154,7 +154,7 @@ def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
         open(os.path.join(root, name), "wb").close()
   with pytest.raises(CheckpointError,
                      match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged.*nothing was trained"):
-    train_lib.train_and_evaluate(config(num_train_steps=8), str(workdir), restore_intact=True)
+    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir), restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4", "6"]
   assert not os.path.exists(workdir / "checkpoints" / "8")
 
@@ -195,7 +195,7 @@ def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", poisoned)
   with pytest.raises(NonFiniteError,
                      match="at step 4 .* not saved; the newest intact checkpoint is step 2"):
-    train_lib.train_and_evaluate(config(), str(tmp_path))
+    train_lib.train_and_evaluate(to_train(config()), str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "workdir.json"]
 
 

@@ -17,7 +17,7 @@ import compressive
 from compressive.training import exporting
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
-from helpers import tiny_experiment, write_config_file
+from helpers import to_train, tiny_experiment, write_config_file
 import inprocess
 
 
@@ -39,8 +39,8 @@ def folder_bytes(path) -> int:
 def workdir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("export") / "wd")
   train_lib.train_and_evaluate(
-      tiny_experiment(num_train_steps=4, checkpoint_every_steps=2, eval_every_steps=0,
-                      log_every_steps=2), path)
+      to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2, eval_every_steps=0,
+                      log_every_steps=2)), path)
   return path
 
 

@@ -24,7 +24,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import (ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
+from helpers import (to_train, ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
                      tiny_experiment)
 
 
@@ -134,9 +134,9 @@ def test_a_run_resumes_with_another_grad_accum_steps(tmp_path):
   values = {"grad_accum_steps": 2, "num_train_steps": 6, "checkpoint_every_steps": 3,
             "eval_every_steps": 0, "optimizer.eps": 1e-6}
   config = tiny_experiment(**values)
-  train_lib.train_and_evaluate(config, str(tmp_path / "straight"))
-  train_lib.train_and_evaluate(config, str(tmp_path / "other"), stop_at_step=3)
-  train_lib.train_and_evaluate(tiny_experiment(**dict(values, grad_accum_steps=1)),
+  train_lib.train_and_evaluate(to_train(config), str(tmp_path / "straight"))
+  train_lib.train_and_evaluate(to_train(config), str(tmp_path / "other"), stop_at_step=3)
+  train_lib.train_and_evaluate(to_train(tiny_experiment(**dict(values, grad_accum_steps=1))),
                                str(tmp_path / "other"))
   a = read_jsonl(str(tmp_path / "straight" / "metrics_train.jsonl"))
   c = read_jsonl(str(tmp_path / "other" / "metrics_train.jsonl"))

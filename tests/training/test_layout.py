@@ -15,7 +15,7 @@ from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
 from compressive.training import layout
 from compressive.training import lock, loop, runlog, sidefiles
-from helpers import ROOT, tiny_experiment
+from helpers import to_train, ROOT, tiny_experiment
 
 
 @pytest.mark.slow
@@ -23,7 +23,7 @@ def test_a_finished_run_leaves_only_what_the_layout_names(tmp_path):
   workdir = tmp_path / "wd"
   config = tiny_experiment(**{"num_train_steps": 4, "checkpoint_every_steps": 2,
                               "eval_every_steps": 2})
-  loop.train_and_evaluate(config, str(workdir), profile_steps=(2, 3))
+  loop.train_and_evaluate(to_train(config), str(workdir), profile_steps=(2, 3))
   run = layout.Workdir(str(workdir))
 
   named = {run.config, run.lock, run.log, run.checkpoints, run.owner, run.profile,

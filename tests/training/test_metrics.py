@@ -43,11 +43,11 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
 
     sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
     sys.path[:0] = [ROOT, TESTS]
-    from helpers import tiny_experiment
+    from helpers import tiny_experiment, to_train
     from compressive import cli
     from compressive.training import loop as train_lib
     cli.use_compilation_cache(None)  # the session's, as the entry points find it
-    train_lib.train_and_evaluate(tiny_experiment(**OVERRIDES), WORKDIR)
+    train_lib.train_and_evaluate(to_train(tiny_experiment(**OVERRIDES)), WORKDIR)
     print("trained without tensorflow")
 """)
 

@@ -21,7 +21,7 @@ from compressive.training import runlog
 from compressive.training import step as train_step
 from compressive.data import prefetch
 from compressive.errors import DataError
-from helpers import assert_same_params, tiny_experiment
+from helpers import to_train, assert_same_params, tiny_experiment
 
 STEPS = 12
 
@@ -96,7 +96,7 @@ def test_the_next_step_is_dispatched_while_the_last_one_computes(tmp_path, monke
   # Each step computes about a second longer than the host needs between
   # two dispatches, so only waiting would find it done.
   watch = StepWatch(monkeypatch, busy_s=1.0)
-  train_lib.train_and_evaluate(config(), str(tmp_path))
+  train_lib.train_and_evaluate(to_train(config()), str(tmp_path))
   ordinary = [s for s in range(1, STEPS) if not due(s)]
   assert ordinary == [1, 2, 3, 5, 7, 9, 10, 11]
   assert [s for s in ordinary if watch.ready_at_next_dispatch[s]] == []
@@ -126,7 +126,7 @@ def test_an_ordinary_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
   monkeypatch.setattr(array_lib.ArrayImpl, "block_until_ready", wait)
   monkeypatch.setattr(jax, "block_until_ready",
                       lambda x: (waits.append(watch.step), real_block(x))[1])
-  train_lib.train_and_evaluate(config(), str(tmp_path))
+  train_lib.train_and_evaluate(to_train(config()), str(tmp_path))
   in_steps = {s for s in reads + waits if s is not None}
   assert in_steps and all(due(s) for s in in_steps), sorted(in_steps)
   assert {4, 6, 8, 12} <= set(reads)  # the due steps do read: the check is alive
@@ -184,12 +184,12 @@ def test_the_prefetcher_runs_ahead_and_reports_what_was_consumed():
 @pytest.mark.slow
 def test_a_run_resumed_from_a_prefetched_stop_equals_one_without_prefetching(tmp_path):
   straight = tmp_path / "straight"
-  train_lib.train_and_evaluate(config(prefetch_steps=0), str(straight))
+  train_lib.train_and_evaluate(to_train(config(prefetch_steps=0)), str(straight))
   resumed = tmp_path / "resumed"
   # Stopped at step 5 with up to 8 steps' batches made ahead: the checkpoint
   # holds the position after step 5's batch, not after those.
-  train_lib.train_and_evaluate(config(prefetch_steps=8), str(resumed), stop_at_step=5)
-  train_lib.train_and_evaluate(config(prefetch_steps=8), str(resumed))
+  train_lib.train_and_evaluate(to_train(config(prefetch_steps=8)), str(resumed), stop_at_step=5)
+  train_lib.train_and_evaluate(to_train(config(prefetch_steps=8)), str(resumed))
   assert_same_params(resumed, straight)
   reader = ckpt_lib.Checkpointer(str(resumed), read_only=True)
   assert reader.all_steps() == [5, 6, 12]
@@ -212,7 +212,7 @@ def test_an_error_in_the_prefetcher_reaches_the_loop_and_leaves_no_thread(tmp_pa
   monkeypatch.setattr(data_lib.TokenDocuments, "_load_tokens", failing)
   before = set(threading.enumerate())
   with pytest.raises(DataError, match=r"cannot read \(Input/output error\)"):
-    train_lib.train_and_evaluate(config(checkpoint_every_steps=2, num_train_steps=60),
+    train_lib.train_and_evaluate(to_train(config(checkpoint_every_steps=2, num_train_steps=60)),
                                  str(tmp_path))
   assert set(threading.enumerate()) <= before
   saved = ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps()

@@ -24,7 +24,7 @@ from compressive.training import exporting
 from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
 from compressive.training.metrics import read_jsonl
-from helpers import ROOT, assert_same_params, tiny_experiment, write_config_file
+from helpers import to_train, ROOT, assert_same_params, tiny_experiment, write_config_file
 import inprocess
 
 
@@ -38,13 +38,13 @@ def config(**overrides):
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("straight") / "wd"
-  train_lib.train_and_evaluate(config(), str(workdir))
+  train_lib.train_and_evaluate(to_train(config()), str(workdir))
   return workdir
 
 
 def half_trained(tmp_path, **overrides):
   workdir = tmp_path / "wd"
-  train_lib.train_and_evaluate(config(**overrides), str(workdir), stop_at_step=4)
+  train_lib.train_and_evaluate(to_train(config(**overrides)), str(workdir), stop_at_step=4)
   return workdir
 
 
@@ -117,7 +117,7 @@ def test_an_edited_data_position_is_damage(tmp_path):
   position["offset"][0] += 3
   path.write_text(json.dumps(position))
   with pytest.raises(integrity.DamagedCheckpointError, match="data position"):
-    train_lib.train_and_evaluate(config(), str(workdir))
+    train_lib.train_and_evaluate(to_train(config()), str(workdir))
 
 
 @pytest.mark.slow
@@ -161,8 +161,8 @@ def test_a_changed_corpus_is_named_on_resume_and_can_be_accepted(tmp_path):
   workdir = half_trained(tmp_path, **fields)
   (texts / "book3.txt").write_text("Book 3, rewritten. " + "other words. " * 31)
   with pytest.raises(integrity.RunMismatchError, match="the training corpus differs"):
-    train_lib.train_and_evaluate(config(**fields), str(workdir))
-  train_lib.train_and_evaluate(config(**fields), str(workdir), accept_changed_corpus=True)
+    train_lib.train_and_evaluate(to_train(config(**fields)), str(workdir))
+  train_lib.train_and_evaluate(to_train(config(**fields)), str(workdir), accept_changed_corpus=True)
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
 
 
@@ -174,8 +174,8 @@ def test_a_changed_number_of_documents_goes_on_when_accepted(tmp_path, caplog):
   workdir = half_trained(tmp_path)
   more = {"data.synthetic.num_docs": (21, 4, 4)}
   with pytest.raises(integrity.RunMismatchError, match="the data config differs"):
-    train_lib.train_and_evaluate(config(**more), str(workdir))
-  train_lib.train_and_evaluate(config(**more), str(workdir), accept_changed_corpus=True)
+    train_lib.train_and_evaluate(to_train(config(**more)), str(workdir))
+  train_lib.train_and_evaluate(to_train(config(**more)), str(workdir), accept_changed_corpus=True)
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step() == 6
   assert "every row goes on at the start of its next epoch" in caplog.text
 
@@ -204,7 +204,7 @@ def test_a_metrics_line_cut_short_does_not_block_the_resume(tmp_path, straight):
   workdir = half_trained(tmp_path)
   with open(workdir / "metrics_train.jsonl", "a") as f:
     f.write('{"step": 5, "loss": 3.1')  # a crash in the middle of the write
-  train_lib.train_and_evaluate(config(), str(workdir))
+  train_lib.train_and_evaluate(to_train(config()), str(workdir))
   assert [r["step"] for r in read_jsonl(str(workdir / "metrics_train.jsonl"))] == list(range(1, 7))
   assert_same_params(workdir, straight)
 
@@ -213,7 +213,7 @@ def test_a_metrics_line_cut_short_does_not_block_the_resume(tmp_path, straight):
 def test_a_damaged_config_json_is_set_aside_and_the_run_resumes(tmp_path, straight):
   workdir = half_trained(tmp_path)
   (workdir / "config.json").write_text('{"model": {"d_model": 3')
-  train_lib.train_and_evaluate(config(), str(workdir))
+  train_lib.train_and_evaluate(to_train(config()), str(workdir))
   assert (workdir / "config.json.damaged").exists()
   assert runconfig.load_config(str(workdir)).model.d_model == config().model.d_model
   assert_same_params(workdir, straight)
@@ -243,7 +243,7 @@ def test_a_second_restore_intact_stops_the_same_way(tmp_path):
         open(os.path.join(root, name), "wb").close()
   for _ in range(2):  # a scheduler's retry of the same command
     with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores.*nothing was trained"):
-      train_lib.train_and_evaluate(config(), str(workdir), restore_intact=True)
+      train_lib.train_and_evaluate(to_train(config()), str(workdir), restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4"]
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).all_steps() == []
 

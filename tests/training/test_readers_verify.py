@@ -30,7 +30,7 @@ from compressive.training import integrity
 from compressive.training import export as export_lib
 from compressive.training import exporting
 from compressive.training import loop as train_lib
-from helpers import (checked, generated_texts, run_identity_of, sentencepiece_run_fields,
+from helpers import (to_train, checked, generated_texts, run_identity_of, sentencepiece_run_fields,
                      tiny_experiment, untrained_workdir)
 import inprocess
 
@@ -164,7 +164,7 @@ def test_a_changed_data_section_does_not_resume(tmp_path, overrides, changed, ex
   workdir = untrained_workdir(tmp_path / "wd", tiny_experiment(**overrides))
   expected = re.escape(expected)
   with pytest.raises(integrity.RunMismatchError, match=f"^the data config differs.*{expected}"):
-    train_lib.train_and_evaluate(tiny_experiment(**overrides, **changed), workdir)
+    train_lib.train_and_evaluate(to_train(tiny_experiment(**overrides, **changed)), workdir)
   # Readers refuse a config.json whose data section was edited the same way.
   section, field = list(changed)[0].split(".")[1:]
   value = list(changed.values())[0]

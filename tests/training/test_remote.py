@@ -19,7 +19,7 @@ from compressive.errors import DataError
 from compressive.training import layout
 from compressive.training import loop as train_lib
 from compressive.training import setup as setup_lib
-from helpers import (ROOT, assert_same_params, params_of, process_env, tiny_experiment,
+from helpers import (to_train, ROOT, assert_same_params, params_of, process_env, tiny_experiment,
                      write_config_file)
 import gcs_server
 import inprocess
@@ -67,7 +67,7 @@ def steps_logged(lines: str) -> list[int]:
 def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_path, caplog):
   caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
   url = new_url()
-  train_lib.train_and_evaluate(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2), url)
+  train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
   objects = under(gcs, url)
   for name in ("config.json", "train.log", "metrics_train.jsonl", "curves.png"):
     assert name in objects, objects
@@ -82,7 +82,7 @@ def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_
   # The library reads it from the bucket as it reads a workdir on disk.
   experiment, model = compressive.load(url)
   assert experiment.train.num_train_steps == 4 and model is not None
-  train_lib.train_and_evaluate(tiny_experiment(num_train_steps=4), tmp_path / "local")
+  train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=4)), tmp_path / "local")
   assert_same_params(url, tmp_path / "local")
 
 
@@ -94,7 +94,7 @@ def test_a_start_that_fails_before_its_run_begins_leaves_nothing_in_the_bucket(g
 
   monkeypatch.setattr(setup_lib, "train_data", no_data)
   with pytest.raises(DataError):
-    train_lib.train_and_evaluate(tiny_experiment(num_train_steps=2), url)
+    train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=2)), url)
   assert under(gcs, url) == []
   assert not remote._OPEN
 
@@ -123,11 +123,11 @@ def test_a_damaged_checkpoint_on_cloud_storage_is_moved_aside_by_restore_intact(
   caplog.set_level(logging.INFO, logger="compressive")
   url = new_url()
   config = tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)
-  train_lib.train_and_evaluate(config, url)
+  train_lib.train_and_evaluate(to_train(config), url)
   record = f"{url}/checkpoints/4/integrity/metadata"
   remote._epath(record).write_text("{ not json")
   config.num_train_steps = 6
-  train_lib.train_and_evaluate(config, url, restore_intact=True)
+  train_lib.train_and_evaluate(to_train(config), url, restore_intact=True)
   objects = under(gcs, url)
   assert "checkpoints/skipped/4/integrity/metadata" in objects, objects
   assert "resumed from step 2" in remote.read_bytes(f"{url}/train.log").decode()

@@ -17,7 +17,7 @@ from compressive.training import runconfig
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError, NonFiniteError
-from helpers import (ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
+from helpers import (to_train, ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
                      tree_digest, write_config_file, process_env, DEFAULT_LEVEL)
 import inprocess
 
@@ -220,7 +220,7 @@ def test_non_finite_loss_stops_without_saving_it(tmp_path, monkeypatch):
   config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0})
   inject_nan_at(monkeypatch, 5)
   with pytest.raises(NonFiniteError, match="at step 5; the newest intact checkpoint is step 4"):
-    train_lib.train_and_evaluate(config, str(tmp_path))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).latest_step() == 4
   assert all(np.isfinite(p).all() for p in params_of(tmp_path))
 
@@ -243,27 +243,27 @@ def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 9, "checkpoint_every_steps": 3,
                               "eval_every_steps": 0})
   straight = tmp_path / "straight"
-  train_lib.train_and_evaluate(config, str(straight))
+  train_lib.train_and_evaluate(to_train(config), str(straight))
   broken = tmp_path / "broken"
-  train_lib.train_and_evaluate(config, str(broken), stop_at_step=6)
+  train_lib.train_and_evaluate(to_train(config), str(broken), stop_at_step=6)
   # Truncate every file of the newest checkpoint's state.
   newest = broken / "checkpoints" / "6" / "state"
   for root, _, files in os.walk(newest):
     for name in files:
       open(os.path.join(root, name), "wb").close()
   with pytest.raises(CheckpointError, match=r"checkpoints/6 is damaged.*--restore_intact"):
-    train_lib.train_and_evaluate(config, str(broken))
-  train_lib.train_and_evaluate(config, str(broken), restore_intact=True)
+    train_lib.train_and_evaluate(to_train(config), str(broken))
+  train_lib.train_and_evaluate(to_train(config), str(broken), restore_intact=True)
   assert_same_params(broken, straight)
 
 
 @pytest.mark.slow
 def test_resuming_with_other_shapes_names_the_fields(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 3})
-  train_lib.train_and_evaluate(config, str(tmp_path))
+  train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   other = tiny_experiment(**{"num_train_steps": 6, "model.d_model": 16, "batch_size": 2})
   with pytest.raises(ConfigError) as info:
-    train_lib.train_and_evaluate(other, str(tmp_path))
+    train_lib.train_and_evaluate(to_train(other), str(tmp_path))
   assert "model.d_model 32 -> 16" in str(info.value) and "batch_size 4 -> 2" in str(info.value)
   assert runconfig.load_config(str(tmp_path)).model.d_model == 32  # the saved config is kept
 
@@ -309,11 +309,11 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0})
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(WorkdirBusyError, match=r"in use by another trainer \(pid \d+ on host"):
-      train_lib.train_and_evaluate(config, str(tmp_path))
+      train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   # Nothing read or written (checkpoints/ is the holder's: its lock made and holds it).
   assert sorted(os.listdir(tmp_path)) == ["checkpoints", "train.lock"]
   assert os.listdir(tmp_path / "checkpoints") == ["workdir.json"]  # the holder's record
-  train_lib.train_and_evaluate(config, str(tmp_path))  # free again: trains
+  train_lib.train_and_evaluate(to_train(config), str(tmp_path))  # free again: trains
   with pytest.raises(ValueError):  # and an exception inside releases it too
     with WorkdirLock(str(tmp_path)):
       raise ValueError
@@ -494,7 +494,7 @@ def test_a_bad_file_deep_in_a_text_split_stops_before_anything_compiles(tmp_path
   monkey.setattr(train_step, "make_train_step", lambda *a, **k: compiled.append(1) or real(*a, **k))
   try:
     with pytest.raises(DataError, match="zz_bad.txt"):
-      train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+      train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   finally:
     monkey.undo()
   assert not compiled

@@ -12,7 +12,7 @@ import pytest
 from compressive.errors import NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
-from helpers import inject_nan_at, run_identity_of, tiny_experiment
+from helpers import to_train, inject_nan_at, run_identity_of, tiny_experiment
 
 
 def _data_state():
@@ -45,7 +45,7 @@ def test_finite_loss_with_non_finite_parameters_stops_at_the_save_and_keeps_the_
   # Its loss and gradient finite, its returned parameters inf.
   inject_nan_at(monkeypatch, 4, value=float("inf"), after=True)
   with pytest.raises(NonFiniteError) as raised:
-    train_lib.train_and_evaluate(config, str(tmp_path))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   message = str(raised.value)
   assert message.startswith("non-finite parameters or optimizer state at step 4 (state/params/")
   assert "though its loss and gradient were finite: not saved; the newest intact checkpoint is " \

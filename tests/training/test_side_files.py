@@ -23,7 +23,7 @@ from compressive.training import checkpoint as ckpt_lib
 from compressive.training import runconfig
 from compressive.training import loop as train_lib
 from compressive.training import metrics, runlog, sidefiles
-from helpers import checked, tiny_experiment
+from helpers import to_train, checked, tiny_experiment
 
 
 @contextlib.contextmanager
@@ -159,7 +159,7 @@ def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
   config = tiny_experiment(**{"num_train_steps": 4, "checkpoint_every_steps": 2,
                               "eval_every_steps": 2, "log_every_steps": 1})
   wd = tmp_path / "wd"
-  train_lib.train_and_evaluate(config, str(wd), stop_at_step=2)
+  train_lib.train_and_evaluate(to_train(config), str(wd), stop_at_step=2)
   outside = outside_things(tmp_path)
   for name in ("metrics_train.jsonl", "config.json", os.path.join("tensorboard", "train")):
     path = wd / name
@@ -175,7 +175,7 @@ def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
   put(str(wd / "config.json"), "link", str(outside / "file"))
   put(str(wd / "tensorboard" / "train"), "link", str(outside / "folder"))
   with no_waiting(600):
-    train_lib.train_and_evaluate(config, str(wd))
+    train_lib.train_and_evaluate(to_train(config), str(wd))
   assert ckpt_lib.Checkpointer(str(wd), read_only=True).all_steps() == [2, 4]
   assert [r["step"] for r in metrics.read_jsonl(str(wd / "metrics_train.jsonl"))] == [3, 4]
   for name in ("metrics_train.jsonl", "metrics_eval.jsonl", "train.log", "config.json",

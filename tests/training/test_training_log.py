@@ -13,7 +13,7 @@ import pytest
 from compressive.scale import flops
 from compressive.training import loop as train_lib
 from compressive.training.metrics import MetricWriter, hparams, read_jsonl
-from helpers import tiny_experiment, write_config_file
+from helpers import to_train, tiny_experiment, write_config_file
 import inprocess
 
 
@@ -41,8 +41,8 @@ def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, cap
                               "checkpoint_every_steps": 2})
   workdir = tmp_path / "wd"
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(workdir), stop_at_step=2)
-    train_lib.train_and_evaluate(config, str(workdir))  # resumed in the same process
+    train_lib.train_and_evaluate(to_train(config), str(workdir), stop_at_step=2)
+    train_lib.train_and_evaluate(to_train(config), str(workdir))  # resumed in the same process
   assert not [h for h in logging.getLogger("compressive").handlers
               if isinstance(h, logging.FileHandler)]  # removed on return
   lines = (workdir / "train.log").read_text().splitlines()
@@ -81,7 +81,7 @@ def test_evaluation_time_is_logged(tmp_path, caplog):
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 1,
                               "checkpoint_every_steps": 0, "eval.max_segments": 2})
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   evals = [m for m in messages(caplog) if m.startswith("eval at step")]
   assert len(evals) == 2 and all(m.endswith(" s)") for m in evals)
   total = [m for m in messages(caplog) if m.startswith("steps 1-2 took")]
@@ -93,7 +93,7 @@ def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_p
                                                                           dtype, warned):
   config = tiny_experiment(**{"num_train_steps": 4, "model.dtype": dtype})
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "wd"), stop_at_step=0)  # no step
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"), stop_at_step=0)  # no step
   assert any(re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
              for m in messages(caplog)), messages(caplog)
   found = [r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in
@@ -112,7 +112,7 @@ def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warne
                               "log_every_steps": 1, "eval_every_steps": 0,
                               "checkpoint_every_steps": 0})
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "wd"),
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"),
                                  stop_at_step=None if whole else 0)
   found = [r for r in caplog.records if "warmup_steps" in r.getMessage()]
   assert len(found) == (1 if warned else 0)
@@ -135,7 +135,7 @@ def test_mfu_is_logged_where_the_peak_is_known(tmp_path, caplog, monkeypatch):
   config = tiny_experiment(**{"num_train_steps": 3, "log_every_steps": 1, "eval_every_steps": 0,
                               "checkpoint_every_steps": 0})
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "wd"))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   steps = [m for m in messages(caplog) if m.startswith("step ")]
   # Step 1's compilation is left out of its time (jit compiles before it
   # dispatches, and the clock starts when dispatch returns), so every step

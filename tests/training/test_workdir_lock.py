@@ -20,7 +20,7 @@ from compressive.training import loop as train_lib
 from compressive.errors import UserError
 from compressive.training import sidefiles
 from compressive.training.lock import LOCK_FILE, OWNER_FILE, WorkdirBusyError, WorkdirLock
-from helpers import tiny_experiment
+from helpers import to_train, tiny_experiment
 
 BUSY = r"in use by another trainer \(pid \d+ on host"
 
@@ -159,7 +159,7 @@ def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path)
   with WorkdirLock(str(first)):
     os.symlink(first / "checkpoints", second / "checkpoints")
     with pytest.raises(WorkdirBusyError, match="belongs to one run"):
-      train_lib.train_and_evaluate(tiny_experiment(), str(second))
+      train_lib.train_and_evaluate(to_train(tiny_experiment()), str(second))
   assert os.listdir(first / "checkpoints") == [OWNER_FILE]
   assert sorted(os.listdir(second)) == ["checkpoints", LOCK_FILE]
 
@@ -293,9 +293,9 @@ def test_a_start_that_fails_before_the_run_begins_leaves_no_stub(tmp_path):
   config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(texts),
                               "batch_size": 16})
   with pytest.raises(UserError, match="documents but the batch has 16 rows"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "new"))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "new"))
   assert not os.path.lexists(tmp_path / "new")
   os.makedirs(tmp_path / "mine")
   with pytest.raises(UserError, match="documents but the batch has 16 rows"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "mine"))
+    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "mine"))
   assert os.path.isdir(tmp_path / "mine")
