@@ -38,7 +38,7 @@ from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from compressive.training.metrics import read_jsonl
-from helpers import (to_train, to_evaluate, ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
+from helpers import (to_train, ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
                      write_config_file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
