@@ -19,6 +19,7 @@ that prints an error and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import ast
 import os
 import re
@@ -222,14 +223,14 @@ def add_plugin_section(config: Any, source: Optional[str]) -> None:
     return
   found = plugins.lookup(
       "data.source", source, {},
-      lambda s: isinstance(getattr(s, "name", None), str) and callable(getattr(s, "default_config", None)),
+      lambda s: isinstance(getattr(s, "name", None), str) and callable(getattr(s, "schema", None)),
       "a compressive.data.registry.Source")
   if found.name in data:
     return
   try:
-    section = found.default_config()
+    section = dataclasses.asdict(found.schema())
   except Exception as e:  # the plugin's
-    raise ConfigError(f"data.source={source!r}: its default_config() raised "
+    raise ConfigError(f"data.source={source!r}: its schema's defaults raised "
                       f"{type(e).__name__}: {' '.join(str(e).split())}") from None
   with data.unlocked():
     data[found.name] = section

@@ -85,9 +85,10 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   here = num_devices is None if here is None else here
   cfg, train, written, mesh = groups(config)
   _check_plugins(cfg)
+  data = data_lib.DataConfig.from_dict(config.data)
   if here:
-    data_lib.validate_data_config(config.data)
-  _check_vocabulary(config.data, cfg, here)
+    data_lib.validate_data_config(data)
+  _check_vocabulary(data, cfg, here)
   evaluation = written.resolved(cfg, train.batch_size)
   _check_eval_sizes(evaluation, cfg)
   values.config_floats(config)  # every float field as float32 holds it, listed or not
@@ -107,7 +108,7 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
                             num_devices=num_devices)
   if training:
     _check_micro_batches(train, mesh, sharding.data_parallel_size(mesh, shape))
-  return Experiment(model=cfg, train=train, eval=evaluation, mesh=mesh, data=config.data,
+  return Experiment(model=cfg, train=train, eval=evaluation, mesh=mesh, data=data,
                     mesh_shape=tuple(shape), graphdef=graphdef, abstract_state=abstract_state)
 
 
@@ -123,7 +124,7 @@ def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:
         "lower grad_accum_steps or raise batch_size")
 
 
-def _check_vocabulary(data_config, cfg: ModelConfig, here: bool) -> None:
+def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: bool) -> None:
   """The tokenizer's vocabulary fits model.vocab_size: bytes' 256 anywhere;
   another tokenizer's (a SentencePiece model's file) where it is read,
   `here`."""

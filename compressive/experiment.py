@@ -10,8 +10,9 @@ take, and all that is recorded:
                                      prefetch, seed, optimizer (OptimizerConfig)
     experiment.eval    EvalConfig    evaluation's sizes (resolved), split, max_segments
     experiment.mesh    MeshConfig    (compressive/scale/sharding.py)
-    experiment.data    the data section, which the data sources own (each
-                       source's section is its own schema: docs/DESIGN.md)
+    experiment.data    DataConfig    (compressive/data/config.py: the shared
+                                     fields, and each source's section as
+                                     its schema declares it)
 
 Each group checks itself when it is made (`__post_init__`): a field's range
 is declared on the field (`whole`, `real`: values.integer and values.number,
@@ -35,6 +36,7 @@ from flax import nnx
 
 from compressive import values
 from compressive.errors import ConfigError
+from compressive.data.config import DataConfig
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
 
@@ -214,7 +216,8 @@ class Experiment:
   Attributes:
     model, train, eval, mesh: the typed groups (this module's docstring);
       `eval` with its sizes resolved.
-    data: the data section (`config.data`): the data sources' own schema.
+    data: the data section (`config.data`, compressive/data/config.py): the
+      shared fields, and each source's section as its schema.
     mesh_shape: devices along each of mesh.axes, -1 resolved (against the
       devices `check` was given).
     graphdef, abstract_state: the model's structure and its parameters'
@@ -225,7 +228,7 @@ class Experiment:
   train: TrainConfig
   eval: EvalConfig
   mesh: MeshConfig
-  data: Any
+  data: DataConfig
   mesh_shape: tuple[int, ...]
   graphdef: nnx.GraphDef
   abstract_state: nnx.State
@@ -235,6 +238,5 @@ class Experiment:
     (evaluation's sizes resolved): what config.json, a checkpoint's
     identity and the logged hyperparameters record; `config.check` reads it
     back to the same Experiment."""
-    data = self.data.to_dict() if hasattr(self.data, "to_dict") else dict(self.data)
-    return dict(to_dict(self.train), model=dataclasses.asdict(self.model), data=data,
+    return dict(to_dict(self.train), model=dataclasses.asdict(self.model), data=self.data.to_dict(),
                 eval=to_dict(self.eval), mesh=to_dict(self.mesh))

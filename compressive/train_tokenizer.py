@@ -21,21 +21,12 @@ from compressive.errors import ConfigError
 _CONFIG = cli.define_config_flag(required=True)
 
 
-def validate(data_config) -> None:
-  """The fields this step reads, and the output path, before any reading."""
+def validate(data_config: data.DataConfig) -> None:
+  """The fields this step reads (their ranges DataConfig checked as it was
+  made), and the output path, before any reading."""
   data.validate_data_config(data_config, need_tokenizer_model=False)
   if not data_config.spm_model:
     raise ConfigError('data.spm_model (the output path) is empty')
-  for name in ('spm_vocab_size', 'spm_train_max_bytes'):
-    value = data_config[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ConfigError(f'data.{name}={value!r} must be an integer >= 1')
-  if data_config.spm_model_type not in ('unigram', 'bpe', 'char', 'word'):
-    raise ConfigError(f'data.spm_model_type={data_config.spm_model_type!r} must be '
-                      'unigram, bpe, char or word')
-  coverage = data_config.spm_character_coverage
-  if not isinstance(coverage, (int, float)) or not 0 < coverage <= 1:
-    raise ConfigError(f'data.spm_character_coverage={coverage!r} must be in (0, 1]')
   if os.path.isdir(data_config.spm_model):
     raise ConfigError(f'data.spm_model={data_config.spm_model!r} is a folder: give the path of '
                       'the .model file to write')
@@ -49,7 +40,7 @@ def main(argv):
   with cli.user_errors():
     if 'data' not in _CONFIG.value:
       raise ConfigError('the config has no data section (config.data)')
-    data_config = _CONFIG.value.data
+    data_config = data.DataConfig.from_dict(_CONFIG.value.data)
     validate(data_config)
     texts = data.iter_texts(data_config, 'train',
                             max_bytes=data_config.spm_train_max_bytes,

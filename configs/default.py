@@ -11,6 +11,10 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
+  # Training's, the optimizer's and evaluation's fields are declared (type,
+  # default, range) on their groups in compressive/experiment.py;
+  # tests/tools/test_configs.py holds the values written here equal to those
+  # defaults, as it holds the data and mesh sections to the library's.
   config.seed = 0
   config.batch_size = 16  # global rows; each row streams one book at a time
   config.num_train_steps = 260  # jitted steps; each makes segments_per_step updates

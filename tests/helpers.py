@@ -152,14 +152,14 @@ def checked(config):
 def run_identity_of(config=None):
   """The identity a trainer records in its checkpoints for `config`
   (default tiny_experiment()): for tests that save a checkpoint themselves."""
-  from compressive import data as data_lib
   from compressive.model.config import ModelConfig
   from compressive.training import integrity
   config = tiny_experiment() if config is None else config
+  from compressive import data as data_lib
+  data = data_of(config.data)
   return integrity.run_identity(ModelConfig.from_config(config.model),
-                               data_lib.get_tokenizer(config.data).identity,
-                               data_lib.corpus_identity(config.data),
-                               data_lib.data_identity(config.data))
+                               data_lib.get_tokenizer(data).identity,
+                               data_lib.corpus_identity(data), data_lib.data_identity(data))
 
 
 def untrained_workdir(workdir, config=None, step=1):
@@ -347,3 +347,10 @@ def to_evaluate(config):
   the tools check one before `evaluate` and the analyses."""
   from compressive import config as config_lib
   return config_lib.check(config, training=False)
+
+
+def data_of(section):
+  """A config's data section (a ConfigDict) as the typed DataConfig that
+  config.check builds and every data function takes."""
+  from compressive import data as data_lib
+  return data_lib.DataConfig.from_dict(section)

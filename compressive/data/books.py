@@ -40,9 +40,8 @@ import os
 import re
 import tarfile
 import urllib.request
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import ml_collections
 
 from compressive import files
 from compressive import values
@@ -51,6 +50,9 @@ from compressive.data import documents as documents_lib
 from compressive.data import rdata
 from compressive.data import registry
 from compressive.data import tokenizers
+
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,20 +400,20 @@ def load_books(cache_dir: str,
 # -- The `books` data source. --------------------------------------------------
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.cache_dir = ''  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.books`: where the archives are cached, and the held-out share."""
+  cache_dir: str = ''  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
   # Held-out share of works for each of validation and test.
-  c.heldout_fraction = 0.05
-  return c
+  heldout_fraction: float = 0.05
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   c = data_config.books
   values.number('data.books.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.TextDocuments:
   registry.check_split(split)
   c = data_config.books
@@ -429,5 +431,5 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # Pinned archives, parsed in full by get_documents: check_documents has
 # nothing more to find.
 registry.register(registry.Source(
-    name='books', default_config=default_config, validate=validate,
+    name='books', schema=Config, validate=validate,
     get_documents=get_documents, location_fields=('cache_dir',)))

@@ -1,19 +1,24 @@
-"""The data section of an experiment config: every field and its default.
+"""The data section of an experiment config: `DataConfig`, every field and its default.
 
-`default_data_config()` is what the experiment configs hold as `config.data`
-(configs/default.py writes it out, as plain data, and
-tests/tools/test_configs.py holds the two equal), so that `--config.data.source=enwik8` style overrides are
-checked against this list (a typo is an error, not a new key). It holds the
-fields every source shares at `config.data.<field>`, and one section per
-registered source at `config.data.<source>.<field>` (registry.py), built by
-that source; e.g. `--config.data.enwik8.path=/data/enwik8.zip`. The meaning
-of each field is documented in `compressive/data/__init__.py` and in the
-source's module.
+`DataConfig` is the data section typed and frozen, as `config.check`
+builds it (`Experiment.data`) and every data function takes it: the fields
+every source shares, and one section per registered source, an instance of
+that source's schema (registry.Source.schema: a frozen dataclass whose
+defaults are the one copy of its fields), read as `data_config.<source>`.
+`default_data_config()` is the same defaults as a config file holds them
+(`config.data`, a locked ConfigDict: configs/default.py writes it out, as
+plain data, and tests/tools/test_configs.py holds the two equal), so that
+`--config.data.source=enwik8` style overrides are checked against this list
+(a typo is an error, not a new key); e.g.
+`--config.data.enwik8.path=/data/enwik8.zip`. The meaning of each field is
+documented in `compressive/data/__init__.py` and in the source's module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any, Mapping
 
 import ml_collections
 import numpy as np
@@ -21,42 +26,98 @@ import numpy as np
 from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
+from compressive.errors import ConfigError
 
 TOKENIZERS = ('bytes', 'sentencepiece')
+SPM_MODEL_TYPES = ('unigram', 'bpe', 'char', 'word')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """The data section (`config.data`), typed and frozen: built once by
+  `config.check` (`Experiment.data`) and what every data function takes.
+
+  The fields every source shares are its own; each source's fields are its
+  section, an instance of the source's schema (registry.Source.schema),
+  read as `data_config.<source>` (e.g. `data_config.enwik8.path`). A field
+  the config leaves out takes its default (the schema's), so a section or
+  field added after a config was saved is read at its default.
+  """
+  source: str = 'books'  # which corpus: a registered source, or module:Name
+  tokenizer: str = 'bytes'  # TOKENIZERS
+  spm_model: str = ''  # path of a SentencePiece .model (tokenizer=sentencepiece)
+  # SentencePiece training (train_tokenizer.py; the paper uses 32k subwords
+  # on PG-19): at most spm_train_max_bytes of the train split, sampled in
+  # seeded document order. Its seed is a uint32, the coverage a float32.
+  spm_vocab_size: int = values.whole(32000, '[1, 2**31)', 'an integer >= 1 (pieces), below 2**31')
+  spm_model_type: str = 'unigram'
+  spm_character_coverage: float = values.real(0.9999, '(0, 1]')
+  spm_train_max_bytes: int = values.whole(100_000_000, '[1, 2**63)', 'an integer >= 1 (bytes)')
+  spm_train_seed: int = values.whole(0, '[0, 2**32)')
+  # Tokenized documents kept in memory, in tokens; least recently used
+  # documents are dropped beyond this.
+  cache_tokens: int = values.whole(1 << 26, '[0, 2**63)', 'an integer >= 0 (tokens kept in memory)')
+  # {source name: its section}: every registered source's (at its schema's
+  # defaults where the config has none), and any other the config holds (a
+  # plugin's, typed when it is asked for: registry.section).
+  sections: dict[str, Any] = dataclasses.field(
+      default_factory=lambda: {name: registry.get(name).schema() for name in registry.names()})
+
+  def __post_init__(self):
+    if self.tokenizer not in TOKENIZERS:
+      raise ConfigError(f"data.tokenizer={self.tokenizer!r} is unknown; choose one of "
+                        f"{', '.join(TOKENIZERS)}")
+    if self.spm_model_type not in SPM_MODEL_TYPES:
+      raise ConfigError(f'data.spm_model_type={self.spm_model_type!r} must be '
+                        'unigram, bpe, char or word')
+    values.check_fields(self, 'data.')
+
+  def __getattr__(self, name: str) -> Any:
+    sections = self.__dict__.get('sections', {})
+    if name in sections:
+      return sections[name]
+    raise AttributeError(f'the data config has no field or section {name!r}')
+
+  @classmethod
+  def from_dict(cls, given: Any) -> 'DataConfig':
+    """From a config's data section (a mapping, or what has to_dict): the
+    shared fields, and each registered source's section typed by its
+    schema (at its defaults when the config has none); ConfigError naming
+    a field a section does not know."""
+    given = dict(given.to_dict() if hasattr(given, 'to_dict') else given)
+    shared = {f.name for f in dataclasses.fields(cls)} - {'sections'}
+    sections = {name: registry.get(name).schema() for name in registry.names()}
+    for key in [k for k in given if k not in shared]:
+      section = given.pop(key)
+      if key in sections:
+        sections[key] = values.from_dict(registry.get(key).schema, section, f'data.{key}.')
+      elif isinstance(section, Mapping) or hasattr(section, 'to_dict'):
+        sections[key] = section  # a plugin's: typed when asked for (registry.section)
+      else:
+        raise ConfigError(f'data.{key} is not a field of this version\'s data config '
+                          f"(shared: {', '.join(sorted(shared))})")
+    return values.from_dict(cls, given, 'data.', sections=sections)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The section as a config holds it: the shared fields, then each
+    source's section."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != 'sections'}
+    for name, section in self.sections.items():
+      out[name] = (values.to_dict(section) if dataclasses.is_dataclass(section)
+                   else dict(section.to_dict() if hasattr(section, 'to_dict') else section))
+    return out
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-  """Returns the data ConfigDict with all fields at their defaults.
+  """The data section as a config file holds it: every field of DataConfig
+  and of each registered source's schema at its default, locked (setting a
+  field that does not exist, a typo, is an error rather than a new field
+  that nothing reads).
 
   The defaults describe the small default experiment: a byte-level model on
   the public-domain `books` corpus, fetched once into `~/.cache/compressive`.
-  The result is locked: setting a field that does not exist (a typo, or a
-  field of the flat layout before per-source sections) is an error rather
-  than a new field that nothing reads.
   """
-  c = ml_collections.ConfigDict()
-  # Which corpus and which tokenizer.
-  c.source = 'books'
-  c.tokenizer = 'bytes'
-  c.spm_model = ''  # Path of a SentencePiece .model (tokenizer=sentencepiece).
-
-  # SentencePiece training (train_tokenizer.py); the paper uses 32k subwords
-  # on PG-19. Training reads at most spm_train_max_bytes of the train split.
-  c.spm_vocab_size = 32000
-  c.spm_model_type = 'unigram'
-  c.spm_character_coverage = 0.9999
-  c.spm_train_max_bytes = 100_000_000
-  c.spm_train_seed = 0
-
-  # Tokenized documents kept in memory (in tokens); least recently used
-  # documents are dropped beyond this.
-  c.cache_tokens = 1 << 26
-
-  # Each source's own fields, in a section named after it.
-  for name in registry.names():
-    if name in c:
-      raise ValueError(f'data source {name!r} has the name of a shared data field')
-    c[name] = registry.get(name).default_config()
+  c = ml_collections.ConfigDict(DataConfig().to_dict())
   c.lock()
   return c
 
@@ -70,16 +131,11 @@ def _is_byte_count(value) -> bool:
               and value >= 0)
 
 
-def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> None:
+def _check_host_bytes(c: DataConfig, source: registry.Source) -> None:
   """ConfigError when a size of the data config cannot fit this host's
   memory, before anything is generated or read: the source's documents by
   its estimate from its fields (Source.host_bytes), the token cache's
   bound, and the text SentencePiece's training reads."""
-  from compressive.errors import ConfigError
-  values.integer('data.spm_vocab_size', c.spm_vocab_size, '[1, 2**31)',
-                 must='an integer >= 1 (pieces), below 2**31')
-  values.integer('data.spm_train_max_bytes', c.spm_train_max_bytes, '[1, 2**63)',
-                 must='an integer >= 1 (bytes)')
   have = _host_memory()
   sizes = [(f'the documents of data.{source.name} (by their lengths and counts)',
             registry.call_hook(c.source, source, 'host_bytes', c, returns=(
@@ -94,27 +150,18 @@ def _check_host_bytes(c: ml_collections.ConfigDict, source: registry.Source) -> 
           f"{have / 2**30:,.1f} GiB of this host's memory: lower the data config's sizes")
 
 
-def validate_data_config(c: ml_collections.ConfigDict, *, need_tokenizer_model: bool = True) -> None:
+def validate_data_config(c: DataConfig, *, need_tokenizer_model: bool = True) -> None:
   """Checks names and paths before anything is read; ConfigError naming the field.
 
-  The shared fields, the section of data.source by that source's own
+  (The shared fields' ranges DataConfig checks as it is made.) The section
+  of data.source by that source's own
   validator (the other sections are not read, so they are not checked),
   then the SentencePiece model, read once to see that it is one.
   need_tokenizer_model=False skips the model (for the step that trains it).
   """
-  import os
-  from compressive.errors import ConfigError, DataError
+  from compressive.errors import DataError
 
   source = registry.get(c.source)
-  if c.tokenizer not in TOKENIZERS:
-    raise ConfigError(
-        f"data.tokenizer={c.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZERS)}")
-  # SentencePiece's fields, used by train_tokenizer.py: its seed is a uint32,
-  # the coverage a float32.
-  values.number('data.spm_character_coverage', c.spm_character_coverage, '(0, 1]')
-  values.integer('data.spm_train_seed', c.spm_train_seed, '[0, 2**32)')
-  values.integer('data.cache_tokens', c.cache_tokens, '[0, 2**63)',
-                 must='an integer >= 0 (tokens kept in memory)')
   registry.section(c, source.name)
   source.validate(c)
   _check_host_bytes(c, source)

@@ -21,10 +21,11 @@ shard starts cost little). Shards are permuted per epoch like any documents.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
 import os
 import zipfile
 
-import ml_collections
 import numpy as np
 
 from compressive.errors import ConfigError
@@ -34,21 +35,24 @@ from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
 
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.path = ''  # The enwik8 or enwik8.zip file.
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.enwik8`: the file, and how it is cut into splits and documents."""
+  path: str = ''  # The enwik8 or enwik8.zip file.
   # Split sizes in bytes (train, validation, test), which must add up to the
   # file size, and how many contiguous documents each split is cut into.
   # Training rows need at least batch_size documents to stay busy;
   # evaluation on one document is the paper's single-stream evaluation.
-  c.split_bytes = (90_000_000, 5_000_000, 5_000_000)
-  c.train_shards = 128
-  c.eval_shards = 1
-  return c
+  split_bytes: tuple = (90_000_000, 5_000_000, 5_000_000)
+  train_shards: int = 128
+  eval_shards: int = 1
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   c = data_config.enwik8
   if not c.path:
     raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
@@ -63,11 +67,11 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
     values.integer(f'data.enwik8.split_bytes[{k}]', sizes[k], '[0, 2**63)',
                    must=f'an integer >= 0 (bytes of {split})')
   for name in ('train_shards', 'eval_shards'):
-    values.integer(f'data.enwik8.{name}', c[name], '[1, 2**63)',
+    values.integer(f'data.enwik8.{name}', getattr(c, name), '[1, 2**63)',
                    must='an integer >= 1 (documents of a split)')
 
 
-def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+def host_bytes(data_config: 'DataConfig') -> int:
   """The file's bytes as split_bytes gives them (a zip is read into memory)
   and every split's document bounds (int64 pairs)."""
   c = data_config.enwik8
@@ -121,7 +125,7 @@ def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
   return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.ByteStreamDocuments:
   registry.check_split(split)
@@ -138,7 +142,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # Held in memory (or memory-mapped): counting every document's tokens is
 # cheap, and finds a shard too short before training does.
 registry.register(registry.Source(
-    name='enwik8', default_config=default_config, validate=validate,
+    name='enwik8', schema=Config, validate=validate,
     get_documents=get_documents,
     check_documents=registry.checks_every_document(get_documents),
     location_fields=('path',), host_bytes=host_bytes))

@@ -38,13 +38,12 @@ the two (compressive/evaluation/evaluate.py).
 
 from __future__ import annotations
 
+import dataclasses
 import csv
 import io
 import logging
 import os
 from typing import TYPE_CHECKING, Any
-
-import ml_collections
 
 from compressive.errors import ConfigError
 from compressive.errors import DataError
@@ -54,6 +53,8 @@ from compressive.data import tokenizers
 
 if TYPE_CHECKING:
   import tensorflow_datasets as tfds
+
+  from compressive.data.config import DataConfig
 
 BUCKET = 'gs://deepmind-gutenberg'
 _log = logging.getLogger('compressive')
@@ -65,14 +66,14 @@ _log = logging.getLogger('compressive')
 OFFICIAL_WORDS = {'validation': 3_007_061, 'test': 6_966_499}
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.data_dir = ''  # The TFDS data_dir holding (or to hold) the prepared dataset.
-  c.raw_dir = ''  # A local copy of the raw bucket; '' = the bucket itself.
-  return c
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.pg19`: where the prepared dataset and the raw files are."""
+  data_dir: str = ''  # The TFDS data_dir holding (or to hold) the prepared dataset.
+  raw_dir: str = ''  # A local copy of the raw bucket; '' = the bucket itself.
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   if not data_config.pg19.data_dir:
     raise ConfigError('data.pg19.data_dir is empty: give the TFDS data_dir for pg19')
 
@@ -138,7 +139,7 @@ def _local_builder_class(raw_dir: str):
   return LocalPg19
 
 
-def get_builder(data_config: ml_collections.ConfigDict
+def get_builder(data_config: 'DataConfig'
                 ) -> 'tfds.core.DatasetBuilder':
   """The pg19 builder over data.pg19.data_dir, preparing it if needed."""
   c = data_config.pg19
@@ -174,7 +175,7 @@ def _as_str(value) -> str:
   return str(value)
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
   registry.check_split(split)
@@ -203,6 +204,6 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 # Prepared by TFDS, whose records get_documents reads on demand: there is
 # nothing to check up front short of reading the 11 GB train split.
 registry.register(registry.Source(
-    name='pg19', default_config=default_config, validate=validate,
+    name='pg19', schema=Config, validate=validate,
     get_documents=get_documents, official_words=OFFICIAL_WORDS.get,
     location_fields=('data_dir', 'raw_dir')))

@@ -22,9 +22,9 @@ validation, test), seed.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 import string
 
-import ml_collections
 import numpy as np
 
 from compressive import values
@@ -32,6 +32,9 @@ from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import registry
+
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
 
 KEY_LEN = VALUE_LEN = 4
 _EVENT_LEN = 1 + KEY_LEN + 1 + VALUE_LEN + 1  # "<KEY=VALUE>"
@@ -108,21 +111,21 @@ class RecallDocuments(documents_lib.TextDocuments):
     return self._queries[i]
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.recall`: the recall task's documents."""
   # Bytes from a fact to its query; one drawn per fact.
-  c.distances = (64, 256, 1024)
+  distances: tuple = (64, 256, 1024)
   # Empty: one query per fact. Else a first query at one of these distances
   # from the fact, and the second at one of `distances` from the first.
-  c.requery_distances = ()
-  c.doc_length = 4096  # bytes per document
-  c.facts = 8  # facts per document
-  c.num_docs = (64, 8, 8)  # (train, validation, test)
-  c.seed = 0
-  return c
+  requery_distances: tuple = ()
+  doc_length: int = 4096  # bytes per document
+  facts: int = 8  # facts per document
+  num_docs: tuple = (64, 8, 8)  # (train, validation, test)
+  seed: int = 0
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   if data_config.tokenizer != "bytes":
     raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
   _check(data_config.recall, ConfigError)
@@ -132,22 +135,22 @@ def _is_int(value) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
+def _check(c: Config, error: type[Exception]) -> None:
   """`error` naming the field unless every fact, with its queries, fits a
   document: a fact that cannot would be left out, and a document of filler
   alone teaches no recall."""
   distances = tuple(c.distances)
-  requery = tuple(c.get("requery_distances", ()))
+  requery = tuple(c.requery_distances)
   for name, given in (("distances", distances), ("requery_distances", requery)):
     if not all(_is_int(d) for d in given) or (given and min(given) <= _EVENT_LEN):
       raise error(f"data.recall.{name}={given} must be integers > {_EVENT_LEN} bytes each")
   if not distances:
     raise error("data.recall.distances=() is empty: give at least one distance")
   for name in ("doc_length", "facts"):
-    if not _is_int(c.get(name)) or c.get(name) < 1:
-      raise error(f"data.recall.{name}={c.get(name)!r} must be a positive integer")
-  if not _is_int(c.get("seed")) or not 0 <= c.seed < 2**63:  # NumPy's SeedSequence's range
-    raise error(f"data.recall.seed={c.get('seed')!r} must be an integer in [0, 2**63)")
+    if not _is_int(getattr(c, name)) or getattr(c, name) < 1:
+      raise error(f"data.recall.{name}={getattr(c, name)!r} must be a positive integer")
+  if not _is_int(c.seed) or not 0 <= c.seed < 2**63:  # NumPy's SeedSequence's range
+    raise error(f"data.recall.seed={c.seed!r} must be an integer in [0, 2**63)")
   num_docs = tuple(c.num_docs)
   if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
     raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
@@ -168,13 +171,13 @@ def _check(c: ml_collections.ConfigDict, error: type[Exception]) -> None:
         f"{span} or lower data.recall.distances")
 
 
-def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+def host_bytes(data_config: 'DataConfig') -> int:
   """Every document's text and its placement mask, a byte each per byte."""
   c = data_config.recall
   return sum(c.num_docs) * 2 * c.doc_length
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer) -> RecallDocuments:
+def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDocuments:
   registry.check_split(split)
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
@@ -184,7 +187,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
   rng = np.random.default_rng(seed)
   _check(c, DataError)
   distances = tuple(int(d) for d in c.distances)
-  requery = tuple(int(d) for d in c.get("requery_distances", ()))
+  requery = tuple(int(d) for d in c.requery_distances)
   texts, queries = [], []
   count = int(c.num_docs[k])
   progress = values.Progress(f"recall/{split}: generating {count:,} documents", count)
@@ -203,6 +206,6 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str, tokenizer)
 
 # Built in memory: counting every document's tokens costs a moment.
 registry.register(registry.Source(
-    name="recall", default_config=default_config, validate=validate,
+    name="recall", schema=Config, validate=validate,
     get_documents=get_documents,
     check_documents=registry.checks_every_document(get_documents), host_bytes=host_bytes))

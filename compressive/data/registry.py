@@ -3,14 +3,15 @@
 A data source is one module that registers itself once, at import:
 
     registry.register(registry.Source(
-        name='enwik8', default_config=default_config, validate=validate,
+        name='enwik8', schema=Config, validate=validate,
         get_documents=get_documents, check_documents=...))
 
 and is imported by `compressive/data/__init__.py`, so that it is registered
 whenever `compressive.data` is. A Source defined outside this package is
 named `module:Name` in data.source and imported on demand (`get`). Its name is a value of `config.data.source`,
-and its fields live in their own section, `config.data.<name>` (built by
-`default_config`, so `--config.data.enwik8.path=...` overrides it), apart
+and its fields live in their own section, `config.data.<name>` (its
+`schema`: a frozen dataclass whose defaults are the one copy of its fields,
+so `--config.data.enwik8.path=...` overrides it), apart
 from the fields every source shares (source, tokenizer, spm_*,
 cache_tokens). The data config's defaults and validation, `get_documents`,
 `check_documents` and `iter_texts` (sources.py) and the tests all read this
@@ -25,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-import ml_collections
-
 from compressive import plugins
+from compressive import values
 from compressive.errors import ConfigError, DataError, UserError
 
 # Annotations name `Documents` (data/documents.py, which imports this module)
 # and `Tokenizer` (data/tokenizers.py), imported for the type checker only:
 # no import when the code runs, no cycle.
 if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
   from compressive.data.documents import Documents
   from compressive.data.tokenizers import Tokenizer
 
@@ -48,7 +49,7 @@ def check_split(split: str) -> None:
     raise DataError(f'split must be one of {SPLITS}, got {split!r}')
 
 
-def _no_checks(data_config: ml_collections.ConfigDict) -> None:
+def _no_checks(data_config: 'DataConfig') -> None:
   del data_config
 
 
@@ -56,13 +57,17 @@ def _no_checks(data_config: ml_collections.ConfigDict) -> None:
 class Source:
   """What a data source provides.
 
-  Every function takes the whole data config (`config.data`): a source reads
-  its own section `data_config[name]` and, where it needs them, the shared
-  fields (tokenizer, cache_tokens).
+  Every function takes the whole data config (a DataConfig,
+  `Experiment.data`): a source reads its own section `data_config.<name>`
+  (an instance of its schema) and, where it needs them, the shared fields
+  (tokenizer, cache_tokens).
 
   Attributes:
     name: the value of data.source, and the name of the section.
-    default_config: () -> the section with every field at its default.
+    schema: the section's frozen dataclass: each field with its type and
+      default (the one copy of the source's fields; the default config's
+      section is its defaults, data.default_data_config); a field the
+      config does not know is an error naming it.
     get_documents: (data_config, split, tokenizer) -> Documents of the split.
     validate: (data_config) -> None; checks the section before anything is
       read and raises ConfigError naming the field as `data.<name>.<field>`
@@ -99,16 +104,15 @@ class Source:
       word-level perplexity.
   """
   name: str
-  default_config: Callable[[], ml_collections.ConfigDict]
-  get_documents: Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], 'Documents']
-  validate: Callable[[ml_collections.ConfigDict], None] = _no_checks
-  check_documents: Optional[Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], object]] = None
-  iter_texts: Optional[Callable[[ml_collections.ConfigDict, str, Optional[int], int],
-                                Iterator[str]]] = None
-  identity: Optional[Callable[[ml_collections.ConfigDict], str]] = None
+  schema: type
+  get_documents: Callable[['DataConfig', str, 'Tokenizer'], 'Documents']
+  validate: Callable[['DataConfig'], None] = _no_checks
+  check_documents: Optional[Callable[['DataConfig', str, 'Tokenizer'], object]] = None
+  iter_texts: Optional[Callable[['DataConfig', str, Optional[int], int], Iterator[str]]] = None
+  identity: Optional[Callable[['DataConfig'], str]] = None
   location_fields: tuple[str, ...] = ()
   official_words: Optional[Callable[[str], Optional[int]]] = None
-  host_bytes: Optional[Callable[[ml_collections.ConfigDict], int]] = None
+  host_bytes: Optional[Callable[['DataConfig'], int]] = None
 
 
 _SOURCES: dict[str, Source] = {}
@@ -128,6 +132,9 @@ def register(source: Source) -> Source:
                      '(it names the config section data.<name>)')
   if source.name in _SOURCES:
     raise ValueError(f'data source {source.name!r} is already registered')
+  if not dataclasses.is_dataclass(source.schema):
+    raise ValueError(f'data source {source.name!r}: its schema must be a dataclass (its '
+                     'fields and their defaults)')
   _SOURCES[source.name] = source
   return source
 
@@ -187,32 +194,35 @@ def get(name: str) -> Source:
                         'a compressive.data.registry.Source')
 
 
-def section(data_config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """data_config.<name>, the source's own fields; ConfigError when the config
-  was built without it (by hand, or before the source registered).
+def section(data_config: 'DataConfig', name: str) -> Any:
+  """data_config.<name>, the source's own fields (an instance of its
+  schema; at its defaults where the config has none); ConfigError when no
+  source of that name is registered or named by data.source.
 
-  A source named `module:Name` is not in the config built before its import:
-  its section is added here, at its defaults, the first time it is asked for
-  (a config file that wants other values builds the section itself)."""
-  if name not in data_config and ':' in str(data_config.get('source', '')):
-    source = get(data_config.source)
-    if source.name == name:
-      with data_config.unlocked():
-        data_config[name] = source.default_config()
-  if name not in data_config:
-    raise ConfigError(
-        f'the data config has no section data.{name} for data.source={name!r}: build it '
-        'with compressive.data.default_data_config() after the source is registered')
-  return data_config[name]
+  A source named `module:Name` is not registered when the config is read:
+  its section is typed here, the first time it is asked for."""
+  sections = data_config.sections
+  source = _SOURCES.get(name)
+  if source is None and ':' in data_config.source:
+    plugin = get(data_config.source)
+    source = plugin if plugin.name == name else None
+  if source is None:
+    raise ConfigError(f'the data config has no section data.{name}: no data source of that '
+                      'name is registered')
+  if name not in sections:  # a source registered after the config was read
+    sections[name] = source.schema()
+  if not dataclasses.is_dataclass(sections[name]):  # a plugin's, as the config wrote it
+    sections[name] = values.from_dict(source.schema, sections[name], f'data.{name}.')
+  return sections[name]
 
 
 def checks_every_document(get_documents: Callable[..., 'Documents']
-                          ) -> Callable[[ml_collections.ConfigDict, str, 'Tokenizer'], None]:
+                          ) -> Callable[['DataConfig', str, 'Tokenizer'], None]:
   """A check_documents for sources built in memory: builds the split and
   counts every document's tokens, a moment's work that turns a document of
   fewer than 2 tokens into a DataError naming it before training starts."""
 
-  def check(data_config: ml_collections.ConfigDict, split: str, tokenizer: 'Tokenizer') -> None:
+  def check(data_config: 'DataConfig', split: str, tokenizer: 'Tokenizer') -> None:
     docs = get_documents(data_config, split, tokenizer)
     for i in range(len(docs)):
       docs.num_tokens(i)

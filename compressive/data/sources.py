@@ -7,10 +7,10 @@ Each dispatches through the registry (registry.py) to the source named by
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import ml_collections
 
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -18,8 +18,11 @@ from compressive.data import iterator as iterator_lib
 from compressive.data import registry
 from compressive.data import tokenizers
 
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
 
-def _source(data_config: ml_collections.ConfigDict, split: str) -> registry.Source:
+
+def _source(data_config: 'DataConfig', split: str) -> registry.Source:
   """The registered source of data.source, once split and section are known good."""
   registry.check_split(split)
   source = registry.get(data_config.source)
@@ -27,7 +30,7 @@ def _source(data_config: ml_collections.ConfigDict, split: str) -> registry.Sour
   return source
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.Documents:
   """The documents of `split` (one of registry.SPLITS) of data.source; a
   split without any is a DataError naming it, found when the split is opened
@@ -47,7 +50,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
   return docs
 
 
-def check_documents(data_config: ml_collections.ConfigDict, split: str,
+def check_documents(data_config: 'DataConfig', split: str,
                     tokenizer: tokenizers.Tokenizer) -> None:
   """Finds up front what reading `split` would otherwise find mid-run.
 
@@ -70,7 +73,7 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
     registry.call_hook(data_config.source, source, 'check_documents', data_config, split, tokenizer)
 
 
-def iter_texts(data_config: ml_collections.ConfigDict, split: str,
+def iter_texts(data_config: 'DataConfig', split: str,
                max_bytes: int | None = None, seed: int = 0) -> Iterator[str]:
   """Yields original texts of a split (e.g. to train a tokenizer).
 
@@ -97,7 +100,7 @@ def iter_texts(data_config: ml_collections.ConfigDict, split: str,
       return
 
 
-def corpus_identity(data_config: ml_collections.ConfigDict) -> str | None:
+def corpus_identity(data_config: 'DataConfig') -> str | None:
   """The source's digest of its corpus (registry.Source.identity), or None
   when the source's data cannot change under the same config."""
   source = registry.get(data_config.source)
@@ -110,7 +113,7 @@ def corpus_identity(data_config: ml_collections.ConfigDict) -> str | None:
                f'a str of 1 to {registry.IDENTITY_CHARS} characters'))
 
 
-def data_identity(data_config: ml_collections.ConfigDict) -> dict:
+def data_identity(data_config: 'DataConfig') -> dict:
   """What the data config says the corpus is: {"source": data.source,
   <section>: its generating fields} (the section without the source's
   location_fields, registry.Source). Recorded with every checkpoint and
@@ -119,7 +122,7 @@ def data_identity(data_config: ml_collections.ConfigDict) -> dict:
   other documents."""
   source = registry.get(data_config.source)
   section = registry.section(data_config, source.name)
-  fields = json.loads(section.to_json()) if hasattr(section, 'to_json') else dict(section)
+  fields = json.loads(json.dumps(dataclasses.asdict(section)))  # tuples as JSON lists
   for name in source.location_fields:
     fields.pop(name, None)
   return {'source': data_config.source, source.name: fields}

@@ -14,7 +14,8 @@ one word and one byte.
 
 from __future__ import annotations
 
-import ml_collections
+import dataclasses
+from typing import TYPE_CHECKING
 import numpy as np
 
 from compressive import values
@@ -24,21 +25,24 @@ from compressive.data import documents as documents_lib
 from compressive.data import registry
 from compressive.data import tokenizers
 
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
+
 KINDS = ('random', 'copy')
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.kind = 'random'  # 'random' | 'copy' (a repeated random block).
-  c.num_docs = (64, 8, 8)  # (train, validation, test)
-  c.min_length = 2
-  c.max_length = 2048
-  c.period = 64  # Block length of kind 'copy'.
-  c.seed = 0
-  return c
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.synthetic`: generated token documents."""
+  kind: str = 'random'  # 'random' | 'copy' (a repeated random block).
+  num_docs: tuple = (64, 8, 8)  # (train, validation, test)
+  min_length: int = 2
+  max_length: int = 2048
+  period: int = 64  # Block length of kind 'copy'.
+  seed: int = 0
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   c = data_config.synthetic
   if c.kind not in KINDS:
     raise ConfigError(f"data.synthetic.kind={c.kind!r} must be 'random' or 'copy'")
@@ -54,7 +58,7 @@ def validate(data_config: ml_collections.ConfigDict) -> None:
   values.integer('data.synthetic.seed', c.seed, '[0, 2**63)')
 
 
-def host_bytes(data_config: ml_collections.ConfigDict) -> int:
+def host_bytes(data_config: 'DataConfig') -> int:
   """The documents' expected bytes: int32 tokens of the mean length, each
   document's drawn length (int64), and the int64 block a 'copy' draws."""
   c = data_config.synthetic
@@ -88,7 +92,7 @@ def make_documents(num_docs: int, min_length: int, max_length: int,
   return docs
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TokenDocuments:
   registry.check_split(split)
@@ -107,6 +111,6 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
 
 # Built in memory: counting every document's tokens costs a moment.
 registry.register(registry.Source(
-    name='synthetic', default_config=default_config, validate=validate,
+    name='synthetic', schema=Config, validate=validate,
     get_documents=get_documents,
     check_documents=registry.checks_every_document(get_documents), host_bytes=host_bytes))

@@ -25,13 +25,14 @@ document_bytes (16384: the pieces of one file).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
 import codecs
 import functools
 import hashlib
 import json
 import os
 
-import ml_collections
 
 from compressive import values
 from compressive.errors import ConfigError
@@ -40,26 +41,29 @@ from compressive.data import documents as documents_lib
 from compressive.data import registry
 from compressive.data import tokenizers
 
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
+
 TEXT_ERRORS = ('strict', 'replace')
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.path = ''  # The folder of *.txt files (or of train/, validation/, test/).
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """`data.text_files`: the text, its split and its decoding."""
+  path: str = ''  # The folder of *.txt files (or of train/, validation/, test/).
   # Held-out share of documents for each of validation and test when the
   # split is made by hash.
-  c.heldout_fraction = 0.05
+  heldout_fraction: float = 0.05
   # How undecodable UTF-8 is handled: 'strict' raises an error naming the
   # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
   # of U+FFFD, since num_bytes measures the text the model sees).
-  c.text_errors = 'strict'
+  text_errors: str = 'strict'
   # When path is one file: it is cut into documents of at most this many
   # bytes, at line ends (a 1 MB file gives about 64 documents).
-  c.document_bytes = 16384
-  return c
+  document_bytes: int = 16384
 
 
-def validate(data_config: ml_collections.ConfigDict) -> None:
+def validate(data_config: 'DataConfig') -> None:
   c = data_config.text_files
   if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
     raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
@@ -227,7 +231,7 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   return [os.path.join(path, names[i]) for i in chosen]
 
 
-def _split_paths(data_config: ml_collections.ConfigDict, split: str) -> tuple[list[str], str]:
+def _split_paths(data_config: 'DataConfig', split: str) -> tuple[list[str], str]:
   """The split's file paths and text_errors, the latter checked now rather
   than at the first read."""
   c = data_config.text_files
@@ -309,7 +313,7 @@ def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocu
       cache_tokens=data_config.cache_tokens)
 
 
-def get_documents(data_config: ml_collections.ConfigDict, split: str,
+def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
   if os.path.isfile(data_config.text_files.path or ''):
@@ -323,7 +327,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str,
       cache_tokens=data_config.cache_tokens)
 
 
-def check_documents(data_config: ml_collections.ConfigDict, split: str,
+def check_documents(data_config: 'DataConfig', split: str,
                     tokenizer: tokenizers.Tokenizer | None = None) -> int:
   """Reads every file of the split now, as training would later (one file at
   a time, streamed): DataError naming the first file that cannot be read,
@@ -345,7 +349,7 @@ def check_documents(data_config: ml_collections.ConfigDict, split: str,
   return len(paths)
 
 
-def identity(data_config: ml_collections.ConfigDict) -> str:
+def identity(data_config: 'DataConfig') -> str:
   """The corpus's files, by split folder, name and size, as a digest (and
   their count and bytes, to read): what a resume compares."""
   path = data_config.text_files.path
@@ -369,6 +373,6 @@ def identity(data_config: ml_collections.ConfigDict) -> str:
 
 
 registry.register(registry.Source(
-    name='text_files', default_config=default_config, validate=validate,
+    name='text_files', schema=Config, validate=validate,
     get_documents=get_documents, check_documents=check_documents, identity=identity,
     location_fields=('path',)))

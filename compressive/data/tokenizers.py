@@ -16,13 +16,15 @@ import hashlib
 import io
 import os
 import re
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
-import ml_collections
 import numpy as np
 
 from compressive import files
 from compressive.errors import DataError
+
+if TYPE_CHECKING:
+  from compressive.data.config import DataConfig
 
 # The most of a SentencePiece model read (a 32k vocabulary's is under 1 MiB).
 SPM_BYTES = 256 << 20
@@ -111,7 +113,7 @@ class SentencePieceTokenizer:
     return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
 
 
-def get_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
+def get_tokenizer(data_config: 'DataConfig') -> Tokenizer:
   """The tokenizer named by `data_config.tokenizer` ('bytes'|'sentencepiece')."""
   name = data_config.tokenizer
   if name == 'bytes':

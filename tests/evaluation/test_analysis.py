@@ -4,13 +4,13 @@ import numpy as np
 
 from compressive.evaluation import analysis
 from compressive import data as data_lib
-from helpers import to_evaluate, make_model, tiny_experiment
+from helpers import data_of, to_evaluate, make_model, tiny_experiment
 
 
 def test_attention_buckets_cover_all_banks_and_sum_to_one():
   config = tiny_experiment()
   model = make_model(config.model)
-  docs = data_lib.get_documents(config.data, "validation", data_lib.get_tokenizer(config.data))
+  docs = data_lib.get_documents(data_of(config.data), "validation", data_lib.get_tokenizer(config.data))
   result = analysis.attention_by_bucket(model, docs, to_evaluate(config), buckets=2)
   assert len(result["layers"]) == config.model.num_layers and result["rows"] > 0
   assert len(result["mean"]) == 6
@@ -24,7 +24,7 @@ def test_attention_buckets_cover_all_banks_and_sum_to_one():
 def test_loss_by_position_counts_every_prediction_once():
   config = tiny_experiment()
   model = make_model(config.model)
-  docs = data_lib.get_documents(config.data, "validation", data_lib.get_tokenizer(config.data))
+  docs = data_lib.get_documents(data_of(config.data), "validation", data_lib.get_tokenizer(config.data))
   result = analysis.loss_by_position(model, docs, to_evaluate(config), bucket_tokens=16)
   assert sum(result["tokens"]) == sum(docs.num_tokens(i) - 1 for i in range(len(docs)))
   assert result["start"][:3] == [0, 16, 32]

@@ -7,7 +7,7 @@ from compressive.evaluation import analysis
 from compressive import data as data_lib
 from compressive.data import recall as recall_source
 from compressive.errors import ConfigError
-from helpers import to_evaluate, make_model, tiny_experiment
+from helpers import data_of, to_evaluate, make_model, tiny_experiment
 
 
 def recall_config():
@@ -22,7 +22,7 @@ def recall_config():
 
 def test_facts_are_planted_at_the_stated_distances():
   c = recall_config()
-  docs = data_lib.get_documents(c.data, "validation", data_lib.get_tokenizer(c.data))
+  docs = data_lib.get_documents(data_of(c.data), "validation", data_lib.get_tokenizer(c.data))
   for i in range(len(docs)):
     text = docs.text(i)
     assert len(text.encode()) == 200
@@ -38,7 +38,7 @@ def test_facts_are_planted_at_the_stated_distances():
 
 def test_an_oracle_free_model_is_scored_on_every_answer():
   c = recall_config()
-  docs = data_lib.get_documents(c.data, "validation", data_lib.get_tokenizer(c.data))
+  docs = data_lib.get_documents(data_of(c.data), "validation", data_lib.get_tokenizer(c.data))
   result = analysis.recall_accuracy(make_model(c.model), docs, to_evaluate(c))
   assert sum(result["queries"]) == sum(len(docs.queries(i)) for i in range(len(docs)))
   assert set(result["distance"]) <= {20, 60}
@@ -49,7 +49,7 @@ def test_an_oracle_free_model_is_scored_on_every_answer():
 def test_a_requeried_fact_is_measured_from_its_latest_occurrence():
   c = recall_config()
   c.data.recall.requery_distances = (15, 25)
-  docs = data_lib.get_documents(c.data, "validation", data_lib.get_tokenizer(c.data))
+  docs = data_lib.get_documents(data_of(c.data), "validation", data_lib.get_tokenizer(c.data))
   seconds = 0
   for i in range(len(docs)):
     text = docs.text(i)
@@ -72,7 +72,7 @@ def test_requery_distances_are_checked():
   c = recall_config()
   c.data.recall.requery_distances = (5,)
   with pytest.raises(ConfigError, match="requery_distances"):
-    recall_source.validate(c.data)
+    recall_source.validate(data_of(c.data))
 
 
 def test_the_study_pools_accuracy_over_the_distances_beyond_a_reach():

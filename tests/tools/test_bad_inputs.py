@@ -19,7 +19,7 @@ from compressive import cli
 from compressive import data as data_lib
 import compressive
 from compressive.training import loop as train_lib
-from helpers import to_train, checked, tiny_experiment
+from helpers import data_of, to_train, checked, tiny_experiment
 
 
 def set_fields(**fields):
@@ -37,10 +37,10 @@ def read_split(make_config, split="train"):
   splits when None: a file lands in one split by the hash of its name)."""
   def run(tmp):
     config = make_config(tmp)
-    data_lib.validate_data_config(config.data)
-    tokenizer = data_lib.get_tokenizer(config.data)
+    data_lib.validate_data_config(data_of(config.data))
+    tokenizer = data_lib.get_tokenizer(data_of(config.data))
     for s in (split,) if split else ("train", "validation", "test"):
-      docs = data_lib.get_documents(config.data, s, tokenizer)
+      docs = data_lib.get_documents(data_of(config.data), s, tokenizer)
       for i in range(len(docs)):
         docs.tokens(i)
   return run

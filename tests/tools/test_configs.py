@@ -17,6 +17,7 @@ from compressive import data
 from compressive import config as config_lib
 from compressive import values as values_lib
 import helpers
+from helpers import data_of
 
 # Every config the package ships (configs/*.py defining get_config; a preset
 # taking an experiment gets its default), from the package's own listing, so
@@ -93,9 +94,10 @@ def test_check_builds_the_typed_frozen_groups_once():
   assert (e.eval.split, e.eval.max_segments) == ("test", 4)
   assert e.mesh.axes == tuple(config.mesh.axes) and e.mesh.data_axes == ("data", "fsdp")
   assert e.mesh_shape == (1, 1, 1)
-  # Nothing in the experiment is a ConfigDict but the data section, which the
-  # data sources read.
-  assert list(_config_dicts(e)) == ["experiment.data"]
+  # Nothing in the experiment is a ConfigDict: the data section is a
+  # DataConfig, each source's section an instance of its schema.
+  assert list(_config_dicts(e)) == []
+  assert type(e.data).__name__ == "DataConfig" and e.data.synthetic.period == 12
   for group, field in ((e.train, "batch_size"), (e.train.optimizer, "b1"), (e.eval, "split"),
                        (e.mesh, "axes"), (e.model, "d_model")):
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -124,7 +126,7 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_by_check(tmp_path):
   # check, before anything is built: for a SentencePiece model (its file read
   # on the machine that runs the config) as for bytes (256, known anywhere).
   fields = helpers.sentencepiece_run_fields(tmp_path)
-  vocab = data.get_tokenizer(helpers.tiny_experiment(**fields).data).vocab_size
+  vocab = data.get_tokenizer(data_of(helpers.tiny_experiment(**fields).data)).vocab_size
   assert 256 < vocab <= 320
   config = helpers.tiny_experiment(**dict(fields, **{"model.vocab_size": vocab - 1}))
   with pytest.raises(compressive.ConfigError, match=rf"model.vocab_size={vocab - 1} is smaller "

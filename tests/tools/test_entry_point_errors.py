@@ -28,7 +28,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from helpers import ROOT, tiny_experiment, write_config_file
+from helpers import data_of, ROOT, tiny_experiment, write_config_file
 import inprocess
 
 TIMEOUT = 300
@@ -634,7 +634,7 @@ def corpus(tmp_path, files):
 def check_all_splits(data_config, tokenizer=None):
   tokenizer = tokenizer or data_lib.ByteTokenizer()
   for split in ("train", "validation", "test"):
-    data_lib.check_documents(data_config, split, tokenizer)
+    data_lib.check_documents(data_of(data_config), split, tokenizer)
 
 
 @pytest.mark.parametrize("name,files,expected", [
@@ -670,7 +670,7 @@ def test_check_documents_reads_in_chunks_and_accepts_good_corpora(tmp_path):
 
 def test_check_documents_and_the_lazy_read_name_an_unreadable_file(tmp_path, monkeypatch):
   data_config = corpus(tmp_path, GOOD)
-  docs = data_lib.get_documents(data_config, "train", data_lib.ByteTokenizer())
+  docs = data_lib.get_documents(data_of(data_config), "train", data_lib.ByteTokenizer())
 
   def denied(path, *args, **kwargs):
     raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
@@ -684,5 +684,5 @@ def test_check_documents_and_the_lazy_read_name_an_unreadable_file(tmp_path, mon
 def test_check_documents_of_in_memory_sources():
   config = tiny_experiment(**{"data.synthetic.min_length": 1, "data.synthetic.max_length": 1})
   with pytest.raises(DataError, match="1 token"):
-    data_lib.check_documents(config.data, "train", data_lib.ByteTokenizer())
-  data_lib.check_documents(tiny_experiment().data, "train", data_lib.ByteTokenizer())
+    data_lib.check_documents(data_of(config.data), "train", data_lib.ByteTokenizer())
+  data_lib.check_documents(data_of(tiny_experiment().data), "train", data_lib.ByteTokenizer())

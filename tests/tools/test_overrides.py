@@ -102,17 +102,16 @@ def test_a_bad_repeated_value_is_one_line_naming_it():
 
 
 PLUGIN = '''
-import ml_collections
+import dataclasses
 import numpy as np
 
 from compressive.data import documents, registry
 
 
-def _default_config():
-  c = ml_collections.ConfigDict()
-  c.n = 2
-  c.names = ("a",)
-  return c
+@dataclasses.dataclass(frozen=True)
+class OverrideToy:
+  n: int = 2
+  names: tuple = ("a",)
 
 
 def _get_documents(data_config, split, tokenizer):
@@ -121,7 +120,7 @@ def _get_documents(data_config, split, tokenizer):
   return documents.TokenDocuments([np.arange(1, 2 + data_config.override_toy.n, dtype=np.int32)])
 
 
-TOY = registry.Source(name="override_toy", default_config=_default_config,
+TOY = registry.Source(name="override_toy", schema=OverrideToy,
                       get_documents=_get_documents)
 '''
 

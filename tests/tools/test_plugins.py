@@ -23,13 +23,13 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
-from helpers import to_train, to_evaluate, checked, ROOT, tiny_experiment
+from helpers import data_of, to_train, to_evaluate, checked, ROOT, tiny_experiment
 
 
 PLUGIN = '''
 from flax import nnx
 import jax.numpy as jnp
-import ml_collections
+import dataclasses
 import numpy as np
 
 from compressive.data import documents, registry
@@ -50,10 +50,9 @@ class LastSlot(Compression):
     return self.groups(slots)[:, :, -1] * self.gain[...].astype(slots.dtype), self.groups(mask).any(-1)
 
 
-def _default_config():
-  c = ml_collections.ConfigDict()
-  c.length = 60
-  return c
+@dataclasses.dataclass(frozen=True)
+class PluginWords:
+  length: int = 60
 
 
 def _get_documents(data_config, split, tokenizer):
@@ -64,7 +63,7 @@ def _get_documents(data_config, split, tokenizer):
                                  tokenizer, description=f"plugin_words/{split}")
 
 
-WORDS = registry.Source(name="plugin_words", default_config=_default_config,
+WORDS = registry.Source(name="plugin_words", schema=PluginWords,
                         get_documents=_get_documents,
                         official_words={"validation": 1000}.get)
 
@@ -264,9 +263,10 @@ def test_a_source_is_imported_by_module_and_name(plugin):
   c = data.default_data_config()
   c.source = f'{plugin}:WORDS'
   assert 'plugin_words' not in c and 'plugin_words' not in registry.names()
-  data.validate_data_config(c)
-  assert c.plugin_words.length == 60  # its section, at its defaults
-  docs = data.get_documents(c, 'validation', data.ByteTokenizer())
+  typed = data_of(c)
+  data.validate_data_config(typed)
+  assert typed.plugin_words.length == 60  # its section, at its defaults
+  docs = data.get_documents(typed, 'validation', data.ByteTokenizer())
   assert len(docs) == 3 and docs.num_words(0) == 12
   assert registry.get(c.source).official_words('validation') == 1000
   assert registry.get('pg19').official_words('test') == 6_966_499
@@ -283,7 +283,7 @@ def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
   c = data.default_data_config()
   c.source = name
   with pytest.raises(ConfigError, match=rf"^data\.source={re.escape(repr(name))}: {message}") as e:
-    data.validate_data_config(c)
+    data.validate_data_config(data_of(c))
   assert '\n' not in str(e.value)
 
 
@@ -292,19 +292,19 @@ def test_word_perplexity_is_asked_of_the_source(plugin):
   from flax import nnx
   from compressive.evaluation import evaluate as eval_lib
   config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
-  data.validate_data_config(config.data)
+  data.validate_data_config(data_of(config.data))
   model = compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))
-  docs = data.get_documents(config.data, 'validation', data.ByteTokenizer())
+  docs = data.get_documents(data_of(config.data), 'validation', data.ByteTokenizer())
   result = eval_lib.evaluate(model, docs, to_evaluate(config), split='validation')
   assert result['words'] == sum(docs.num_words(i) for i in range(3))
   assert result['words_official'] == 1000  # the source's, and a warning: far off
   assert result['word_perplexity'] == pytest.approx(
       math.exp(result['loss'] * result['tokens'] / 1000), rel=1e-6)
-  train = eval_lib.evaluate(model, data.get_documents(config.data, 'train', data.ByteTokenizer()),
+  train = eval_lib.evaluate(model, data.get_documents(data_of(config.data), 'train', data.ByteTokenizer()),
                             to_evaluate(config), split='train')
   assert 'words_official' not in train and train['word_perplexity'] > 1
   synthetic = tiny_experiment()
-  docs = data.get_documents(synthetic.data, 'validation', data.ByteTokenizer())
+  docs = data.get_documents(data_of(synthetic.data), 'validation', data.ByteTokenizer())
   assert 'word_perplexity' not in eval_lib.evaluate(model, docs, to_evaluate(synthetic))
 
 

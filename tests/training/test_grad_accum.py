@@ -24,7 +24,7 @@ from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.errors import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import (to_train, ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
+from helpers import (data_of, to_train, ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
                      tiny_experiment)
 
 
@@ -50,8 +50,8 @@ ADAM_TOLERANCE = 1e-4
 
 
 def _batches(config, steps):
-  tokenizer = data_lib.get_tokenizer(config.data)
-  it = data_lib.SegmentIterator(data_lib.get_documents(config.data, "train", tokenizer),
+  tokenizer = data_lib.get_tokenizer(data_of(config.data))
+  it = data_lib.SegmentIterator(data_lib.get_documents(data_of(config.data), "train", tokenizer),
                                 batch_size=config.batch_size,
                                 segment_length=config.model.segment_length, seed=0)
   return [prefetch.stack_segments([next(it) for _ in range(config.segments_per_step)])

@@ -21,7 +21,7 @@ from compressive.training import runlog
 from compressive.training import step as train_step
 from compressive.data import prefetch
 from compressive.errors import DataError
-from helpers import to_train, assert_same_params, tiny_experiment
+from helpers import data_of, to_train, assert_same_params, tiny_experiment
 
 STEPS = 12
 
@@ -151,8 +151,8 @@ def test_one_transfer_reads_the_metric_window(monkeypatch):
 
 def test_the_prefetcher_runs_ahead_and_reports_what_was_consumed():
   cfg = config()
-  tokenizer = data_lib.get_tokenizer(cfg.data)
-  docs = data_lib.get_documents(cfg.data, "train", tokenizer)
+  tokenizer = data_lib.get_tokenizer(data_of(cfg.data))
+  docs = data_lib.get_documents(data_of(cfg.data), "train", tokenizer)
 
   def steps():
     return prefetch.StepIterator(

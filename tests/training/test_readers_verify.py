@@ -9,6 +9,7 @@ The runs here are untrained (helpers.untrained_workdir): a checkpoint as
 training leaves it, in seconds, with nothing compiled."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -30,7 +31,7 @@ from compressive.training import integrity
 from compressive.training import export as export_lib
 from compressive.training import exporting
 from compressive.training import loop as train_lib
-from helpers import (to_train, checked, generated_texts, run_identity_of, sentencepiece_run_fields,
+from helpers import (data_of, to_train, checked, generated_texts, run_identity_of, sentencepiece_run_fields,
                      tiny_experiment, untrained_workdir)
 import inprocess
 
@@ -177,24 +178,23 @@ def test_a_changed_data_section_does_not_resume(tmp_path, overrides, changed, ex
 def test_the_data_identity_leaves_out_only_where_the_data_is(tmp_path):
   c = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": "/a"}).data
   moved = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": "/b"}).data
-  assert data_lib.data_identity(c) == data_lib.data_identity(moved)
-  assert data_lib.data_identity(c)["text_files"] == {"heldout_fraction": 0.05,
+  assert data_lib.data_identity(data_of(c)) == data_lib.data_identity(data_of(moved))
+  assert data_lib.data_identity(data_of(c))["text_files"] == {"heldout_fraction": 0.05,
                                                      "text_errors": "strict",
                                                      "document_bytes": 16384}
   books = tiny_experiment(**{"data.source": "books", "data.books.cache_dir": "/x"}).data
-  assert data_lib.data_identity(books) == {"source": "books", "books": {"heldout_fraction": 0.05}}
+  assert data_lib.data_identity(data_of(books)) == {"source": "books", "books": {"heldout_fraction": 0.05}}
 
 
 @pytest.fixture
 def toy_source():
   """A plugin data source with a location field and a content hook."""
-  import ml_collections
   import numpy as np
 
-  def default_config():
-    c = ml_collections.ConfigDict()
-    c.folder, c.length = "", 5
-    return c
+  @dataclasses.dataclass(frozen=True)
+  class ToyId:
+    folder: str = ""
+    length: int = 5
 
   def get_documents(data_config, split, tokenizer):
     del split, tokenizer
@@ -202,7 +202,7 @@ def toy_source():
                                    description="toy_id")
 
   source = registry.register(registry.Source(
-      name="toy_id", default_config=default_config, get_documents=get_documents,
+      name="toy_id", schema=ToyId, get_documents=get_documents,
       identity=lambda c: f"toy_id content {c.toy_id.length}", location_fields=("folder",)))
   yield source
   registry.unregister("toy_id")
@@ -212,17 +212,17 @@ def test_a_plugin_source_is_identified_by_its_fields_and_its_hook(toy_source):
   c = data_lib.default_data_config()
   with c.unlocked():
     c.source = "toy_id"
-  assert data_lib.data_identity(c) == {"source": "toy_id", "toy_id": {"length": 5}}
-  assert data_lib.corpus_identity(c) == "toy_id content 5"
-  saved = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
-                                data_lib.data_identity(c))
+  assert data_lib.data_identity(data_of(c)) == {"source": "toy_id", "toy_id": {"length": 5}}
+  assert data_lib.corpus_identity(data_of(c)) == "toy_id content 5"
+  saved = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+                                data_lib.data_identity(data_of(c)))
   c.toy_id.folder = "/elsewhere"  # moved: the same data
-  same = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
-                               data_lib.data_identity(c))
+  same = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+                               data_lib.data_identity(data_of(c)))
   integrity.compare_identity("checkpoint x", saved, same, ())
   c.toy_id.length = 6
-  other = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(c),
-                                data_lib.data_identity(c))
+  other = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+                                data_lib.data_identity(data_of(c)))
   with pytest.raises(integrity.RunMismatchError, match="data.toy_id.length 5 -> 6"):
     integrity.compare_identity("checkpoint x", saved, other, ())
   integrity.compare_identity("checkpoint x", saved, other, ("corpus", "data"))  # accepted
