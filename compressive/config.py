@@ -29,7 +29,6 @@ import ml_collections
 from compressive import data as data_lib
 from compressive import values
 from compressive.errors import ConfigError, DoesNotFitError, MeshError
-from compressive import experiment as experiment_lib
 from compressive.experiment import EvalConfig, Experiment, TrainConfig
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
@@ -60,7 +59,7 @@ def groups(config: Any) -> tuple[ModelConfig, TrainConfig, EvalConfig, MeshConfi
   model = ModelConfig.from_config(top["model"])
   train = TrainConfig.from_dict(top, model.segment_length)
   written = {k: v for k, v in (top.get("eval") or {}).items() if v is not None}  # None: -1
-  evaluation = experiment_lib.from_dict(EvalConfig, written, "eval.")
+  evaluation = values.from_dict(EvalConfig, written, "eval.")
   return model, train, evaluation, MeshConfig.from_config(top.get("mesh") or {})
 
 
@@ -141,7 +140,7 @@ def default_mesh_config() -> ml_collections.ConfigDict:
   """`config.mesh` of every experiment unless it says otherwise: MeshConfig's
   defaults (configs/default.py writes them out; tests/tools/test_configs.py
   holds the two equal)."""
-  return ml_collections.ConfigDict(experiment_lib.to_dict(MeshConfig()))
+  return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
 
 
 def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:

@@ -20,8 +20,8 @@ float32-aware), and the rules between a group's own fields follow; `check`
 keeps only the rules that span groups or ask the machine. `from_dict` reads a
 group from its section of a config (a field it does not know is an error, a
 field it lacks takes the default), copying each value as the config holds it
-(no conversion), so a run computes exactly what its config says (these
-helpers live in values.py, where the mesh's group takes them too).
+(no conversion), so a run computes exactly what its config says (the
+helpers are values.py's, which the mesh's and the data's groups take too).
 `Experiment.to_dict()` is the config as the run understood it: what a
 workdir's config.json, a checkpoint's identity and the logged hyperparameters
 record.
@@ -41,8 +41,6 @@ from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
 
 _INT32 = "[1, 2**31)"
-whole, real, check_fields, from_dict, to_dict = (
-    values.whole, values.real, values.check_fields, values.from_dict, values.to_dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +48,20 @@ class OptimizerConfig:
   """`config.optimizer`: Adam(W) with warmup and cosine decay (training/step.py).
   Each number is checked as the optimizer's float32 holds it."""
   name: str = "adamw"  # adam | adamw
-  learning_rate: float = real(2e-3, "(0, inf)", "a finite number > 0")  # the peak
-  warmup_steps: int = whole(30, "[0, 2**31)", "an integer >= 0, below 2**31")  # train steps
+  learning_rate: float = values.real(2e-3, "(0, inf)", "a finite number > 0")  # the peak
+  warmup_steps: int = values.whole(30, "[0, 2**31)", "an integer >= 0, below 2**31")  # train steps
   # the decay's end, as a fraction of the peak
-  final_lr_fraction: float = real(0.05, "[0, 1]", "in [0, 1] (a fraction of the peak)")
-  b1: float = real(0.9, "[0, 1)", "in [0, 1)")
-  b2: float = real(0.98, "[0, 1)", "in [0, 1)")
-  eps: float = real(1e-9, "(0, inf)", "a finite number > 0")
-  weight_decay: float = real(0.0, "[0, inf)", "a finite number >= 0")  # adamw's
-  grad_clip_norm: float = real(0.5, "(0, inf]", "> 0 (inf: no clipping)")
+  final_lr_fraction: float = values.real(0.05, "[0, 1]", "in [0, 1] (a fraction of the peak)")
+  b1: float = values.real(0.9, "[0, 1)", "in [0, 1)")
+  b2: float = values.real(0.98, "[0, 1)", "in [0, 1)")
+  eps: float = values.real(1e-9, "(0, inf)", "a finite number > 0")
+  weight_decay: float = values.real(0.0, "[0, inf)", "a finite number >= 0")  # adamw's
+  grad_clip_norm: float = values.real(0.5, "(0, inf]", "> 0 (inf: no clipping)")
 
   def __post_init__(self):
     if self.name not in ("adam", "adamw"):
       raise ConfigError(f"optimizer.name={self.name!r} is unknown; choose adam or adamw")
-    held = check_fields(self, "optimizer.")
+    held = values.check_fields(self, "optimizer.")
     # The products the update computes: the decayed rate, the decay term's rate.
     for other, what in (("final_lr_fraction", "the final learning rate"),
                         ("weight_decay", "the weight decay's rate")):
@@ -82,39 +80,39 @@ class TrainConfig:
   """Training's fields of the config (its top level and `optimizer`).
 
   `segment_length` is the model's (model.segment_length), here for the
-  derived sizes (`from_dict(..., segment_length=...)`; not a field of the
+  derived sizes (`TrainConfig.from_dict(top, segment_length)`; not a field of the
   config's top level).
   """
   # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
   # dropout's key is seed + 1.
-  seed: int = whole(0, "[0, 2**32 - 1)")
-  batch_size: int = whole(16, _INT32, _POSITIVE)  # global rows per step
-  num_train_steps: int = whole(260, _INT32, _POSITIVE)
-  segments_per_step: int = whole(4, _INT32, _POSITIVE)  # consecutive segments per step
+  seed: int = values.whole(0, "[0, 2**32 - 1)")
+  batch_size: int = values.whole(16, _INT32, _POSITIVE)  # global rows per step
+  num_train_steps: int = values.whole(260, _INT32, _POSITIVE)
+  segments_per_step: int = values.whole(4, _INT32, _POSITIVE)  # consecutive segments per step
   # Micro-batches per segment's update, each of batch_size / grad_accum_steps
   # rows (with its rows' memory), summed into one update: the same update
   # with less activation memory.
-  grad_accum_steps: int = whole(1, _INT32, "a positive integer (1: no accumulation)")
+  grad_accum_steps: int = values.whole(1, _INT32, "a positive integer (1: no accumulation)")
   # Segments per update, the loss reaching back through the memory within
   # the window as model.memory_gradient allows (docs/DESIGN.md
   # §Task-taught compression); 1: one update per segment, the paper's.
-  gradient_window: int = whole(1, _INT32, "a positive integer (segments per update; 1: one "
+  gradient_window: int = values.whole(1, _INT32, "a positive integer (segments per update; 1: one "
                                           "update per segment, the paper's)")
-  log_every_steps: int = whole(25, _INT32, _POSITIVE)
+  log_every_steps: int = values.whole(25, _INT32, _POSITIVE)
   # A quick estimate on eval.max_segments rows; 0: never (but at the end).
-  eval_every_steps: int = whole(100, "[0, 2**31)", _NEVER)
+  eval_every_steps: int = values.whole(100, "[0, 2**31)", _NEVER)
   # 0: never (but at the end and on a stop).
-  checkpoint_every_steps: int = whole(100, "[0, 2**31)", _NEVER)
-  keep_checkpoints: int = whole(3, _INT32, _POSITIVE)
+  checkpoint_every_steps: int = values.whole(100, "[0, 2**31)", _NEVER)
+  keep_checkpoints: int = values.whole(3, _INT32, _POSITIVE)
   # Steps' batches made ahead in a background thread (tokenized, stacked and
   # transferred to the devices) while the device computes; 0: none.
-  prefetch_steps: int = whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made ahead "
+  prefetch_steps: int = values.whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made ahead "
                                             "in a background thread; 0: none)")
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   segment_length: int = dataclasses.field(default=0, metadata={"derived": True})
 
   def __post_init__(self):
-    check_fields(self, "")
+    values.check_fields(self, "")
     updates = self.num_train_steps * self.segments_per_step
     if updates > 2**31 - 1:
       raise ConfigError(
@@ -139,8 +137,8 @@ class TrainConfig:
     the other sections are other groups')."""
     fields = {k: v for k, v in top.items() if k not in OTHER_SECTIONS}
     if "optimizer" in fields:
-      fields["optimizer"] = from_dict(OptimizerConfig, fields["optimizer"], "optimizer.")
-    return from_dict(cls, fields, "", segment_length=segment_length)
+      fields["optimizer"] = values.from_dict(OptimizerConfig, fields["optimizer"], "optimizer.")
+    return values.from_dict(cls, fields, "", segment_length=segment_length)
 
   @property
   def micro_batch_rows(self) -> int:
@@ -177,16 +175,16 @@ class EvalConfig:
   training's (0 too for the batch and the segment; 0 memory slots is a
   size: no memory); the Experiment holds them resolved (`resolved`)."""
   split: str = "validation"  # train | validation | test
-  batch_size: int = whole(-1, "[-1, 2**31)", _SIZE)
-  segment_length: int = whole(-1, "[-1, 2**31)", _SIZE)
-  memory_length: int = whole(-1, "[-1, 2**31)", _SIZE)
-  compressed_memory_length: int = whole(-1, "[-1, 2**31)", _SIZE)
+  batch_size: int = values.whole(-1, "[-1, 2**31)", _SIZE)
+  segment_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
+  memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
+  compressed_memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   # Per row, for training's periodic estimate; <= 0: the whole split.
-  max_segments: int = whole(40, "[-2**31, 2**31)", "an integer below 2**31 (<= 0: the whole "
+  max_segments: int = values.whole(40, "[-2**31, 2**31)", "an integer below 2**31 (<= 0: the whole "
                                                    "split)")
 
   def __post_init__(self):
-    check_fields(self, "eval.")
+    values.check_fields(self, "eval.")
     if self.split not in SPLITS:
       raise ConfigError(f"eval.split={self.split!r} must be train, validation or test")
 
@@ -238,5 +236,5 @@ class Experiment:
     (evaluation's sizes resolved): what config.json, a checkpoint's
     identity and the logged hyperparameters record; `config.check` reads it
     back to the same Experiment."""
-    return dict(to_dict(self.train), model=dataclasses.asdict(self.model), data=self.data.to_dict(),
-                eval=to_dict(self.eval), mesh=to_dict(self.mesh))
+    return dict(values.to_dict(self.train), model=dataclasses.asdict(self.model), data=self.data.to_dict(),
+                eval=values.to_dict(self.eval), mesh=values.to_dict(self.mesh))
