@@ -19,8 +19,8 @@ that prints an error and exits.
 
 from __future__ import annotations
 
-import dataclasses
 import ast
+import dataclasses
 import os
 import re
 import sys

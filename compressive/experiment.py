@@ -36,6 +36,7 @@ from flax import nnx
 
 from compressive import values
 from compressive.errors import ConfigError
+from compressive.data import registry
 from compressive.data.config import DataConfig
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
@@ -165,7 +166,6 @@ class TrainConfig:
 # The config's sections that are groups of their own (the rest of its top
 # level is training's).
 OTHER_SECTIONS = ("model", "data", "eval", "mesh")
-SPLITS = ("train", "validation", "test")
 _SIZE = "-1 (the training run's size) or a size >= 0, below 2**31"
 
 
@@ -180,12 +180,12 @@ class EvalConfig:
   memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   compressed_memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   # Per row, for training's periodic estimate; <= 0: the whole split.
-  max_segments: int = values.whole(40, "[-2**31, 2**31)", "an integer below 2**31 (<= 0: the whole "
-                                                   "split)")
+  max_segments: int = values.whole(40, "[-2**31, 2**31)",
+                                   "an integer below 2**31 (<= 0: the whole split)")
 
   def __post_init__(self):
     values.check_fields(self, "eval.")
-    if self.split not in SPLITS:
+    if self.split not in registry.SPLITS:
       raise ConfigError(f"eval.split={self.split!r} must be train, validation or test")
 
   def resolved(self, model: ModelConfig, batch_size: int) -> "EvalConfig":

@@ -216,7 +216,7 @@ def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
   if unknown:
     raise ConfigError(f"{prefix}{unknown[0]} is not a field of this version's config "
                       f"({prefix.rstrip('.') or 'top level'}: {', '.join(sorted(known))})")
-  return cls(**{k: v for k, v in section.items()}, **derived)
+  return cls(**section, **derived)
 
 
 def to_dict(group: Any) -> dict[str, Any]:

@@ -42,7 +42,6 @@ import tarfile
 import urllib.request
 from typing import TYPE_CHECKING, Callable, Sequence
 
-
 from compressive import files
 from compressive import values
 from compressive.errors import DataError

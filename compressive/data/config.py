@@ -11,7 +11,7 @@ plain data, and tests/tools/test_configs.py holds the two equal), so that
 `--config.data.source=enwik8` style overrides are checked against this list
 (a typo is an error, not a new key); e.g.
 `--config.data.enwik8.path=/data/enwik8.zip`. The meaning of each field is
-documented in `compressive/data/__init__.py` and in the source's module.
+the comment beside it, here (the shared ones) and on its source's schema.
 """
 
 from __future__ import annotations
@@ -60,8 +60,7 @@ class DataConfig:
   # {source name: its section}: every registered source's (at its schema's
   # defaults where the config has none), and any other the config holds (a
   # plugin's, typed when it is asked for: registry.section).
-  sections: dict[str, Any] = dataclasses.field(
-      default_factory=lambda: {name: registry.get(name).schema() for name in registry.names()})
+  sections: dict[str, Any] = dataclasses.field(default_factory=lambda: _registered_sections())
 
   def __post_init__(self):
     if self.tokenizer not in TOKENIZERS:
@@ -85,27 +84,34 @@ class DataConfig:
     schema (at its defaults when the config has none); ConfigError naming
     a field a section does not know."""
     given = dict(given.to_dict() if hasattr(given, 'to_dict') else given)
-    shared = {f.name for f in dataclasses.fields(cls)} - {'sections'}
-    sections = {name: registry.get(name).schema() for name in registry.names()}
-    for key in [k for k in given if k not in shared]:
+    sections = _registered_sections()
+    for key in [k for k in given if k not in SHARED_FIELDS]:
       section = given.pop(key)
       if key in sections:
         sections[key] = values.from_dict(registry.get(key).schema, section, f'data.{key}.')
-      elif isinstance(section, Mapping) or hasattr(section, 'to_dict'):
+      elif isinstance(section, Mapping):
         sections[key] = section  # a plugin's: typed when asked for (registry.section)
       else:
         raise ConfigError(f'data.{key} is not a field of this version\'s data config '
-                          f"(shared: {', '.join(sorted(shared))})")
+                          f"(shared: {', '.join(sorted(SHARED_FIELDS))})")
     return values.from_dict(cls, given, 'data.', sections=sections)
 
   def to_dict(self) -> dict[str, Any]:
     """The section as a config holds it: the shared fields, then each
     source's section."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != 'sections'}
-    for name, section in self.sections.items():
-      out[name] = (values.to_dict(section) if dataclasses.is_dataclass(section)
-                   else dict(section.to_dict() if hasattr(section, 'to_dict') else section))
+    out = {name: getattr(self, name) for name in SHARED_FIELDS}
+    for name, section in self.sections.items():  # a plugin's not yet typed: as written
+      out[name] = values.to_dict(section) if dataclasses.is_dataclass(section) else dict(section)
     return out
+
+
+# The fields every source shares (DataConfig's own, but its sections).
+SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != 'sections')
+
+
+def _registered_sections() -> dict[str, Any]:
+  """{name: its schema at its defaults} of every registered source."""
+  return {name: registry.get(name).schema() for name in registry.names()}
 
 
 def default_data_config() -> ml_collections.ConfigDict:

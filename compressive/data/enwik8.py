@@ -22,8 +22,8 @@ shard starts cost little). Shards are permuted per epoch like any documents.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 import os
+from typing import TYPE_CHECKING
 import zipfile
 
 import numpy as np

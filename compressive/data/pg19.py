@@ -38,8 +38,8 @@ the two (compressive/evaluation/evaluate.py).
 
 from __future__ import annotations
 
-import dataclasses
 import csv
+import dataclasses
 import io
 import logging
 import os

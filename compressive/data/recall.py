@@ -22,8 +22,8 @@ validation, test), seed.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 import string
+from typing import TYPE_CHECKING
 
 import numpy as np
 

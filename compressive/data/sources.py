@@ -11,7 +11,6 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Iterator
 
-
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import iterator as iterator_lib

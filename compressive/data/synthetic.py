@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
+
 import numpy as np
 
 from compressive import values

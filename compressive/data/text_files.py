@@ -25,14 +25,13 @@ document_bytes (16384: the pieces of one file).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
 import codecs
+import dataclasses
 import functools
 import hashlib
 import json
 import os
-
+from typing import TYPE_CHECKING
 
 from compressive import values
 from compressive.errors import ConfigError

@@ -118,10 +118,9 @@ class MeshConfig:
 # -- The mesh. ----------------------------------------------------------------
 
 
-def mesh_shape(mesh: MeshConfig, num_devices: Optional[int] = None) -> tuple[int, ...]:
-  """`mesh.shape` of a MeshConfig with
-  its -1 resolved; ConfigError if it does not fit."""
-  mc = mesh
+def mesh_shape(mc: MeshConfig, num_devices: Optional[int] = None) -> tuple[int, ...]:
+  """`mc.shape` (a MeshConfig's) with its -1 resolved; ConfigError if it
+  does not fit."""
   n = jax.device_count() if num_devices is None else num_devices
   shape = tuple(mc.shape)
   known = math.prod(s for s in shape if s != -1)
@@ -350,13 +349,13 @@ def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Seque
 # -- Checks before anything compiles. ---------------------------------------------
 
 
-def validate(mesh: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
+def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
              num_devices: Optional[int] = None) -> tuple[int, ...]:
   """ConfigError, naming the field, if the mesh does not fit the devices or a
   batch, head, hidden or width size does not divide along its axes.
 
   Args:
-    mesh: the MeshConfig.
+    mc: the MeshConfig.
     state: the model's nnx state (an abstract one suffices: shapes and the
       parameters' logical axes).
     batch_size: training's rows per step.
@@ -367,7 +366,6 @@ def validate(mesh: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
   Returns:
     The resolved mesh shape.
   """
-  mc = mesh
   shape = mesh_shape(mc, num_devices)
   sizes = _axis_sizes(mc, shape)
   where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"
