@@ -101,7 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
       "synthetic": {"kind": "random", "num_docs": (64, 8, 8), "min_length": 2,
                     "max_length": 2048, "period": 64, "seed": 0},
       "recall": {"distances": (64, 256, 1024), "requery_distances": (), "doc_length": 4096,
-                 "facts": 8, "num_docs": (64, 8, 8), "seed": 0},
+                 "facts": 8, "value_len": 4, "num_docs": (64, 8, 8), "seed": 0},
   })
   config.data.lock()
 

@@ -60,6 +60,21 @@ RECALL_STUDY = {
                           ("--config.data.recall.requery_distances=" + str(tuple(range(24, 121, 8)))
                            .replace(" ", ""), "--config.data.recall.facts=32"), _MOST_USED),
 }
+# Every compression function at the task's four-digit values and at one
+# digit (the task's documents, facts, distances and cost, each value one
+# digit long): which keep a fact past the Transformer-XL's reach, and which
+# keep its order. `base` and `most_used` are the convolution's and most-used
+# selection's four-digit settings; a one-digit setting's Transformer-XL is
+# trained on the same one-digit documents.
+ONE_DIGIT = ("--config.data.recall.value_len=1",)
+_FUNCTIONS = {"max_pool": "max pooling", "mean_pool": "mean pooling",
+              "conv": "the convolution", "dilated_conv": "the dilated convolution",
+              "most_used": "most-used selection"}
+for _fn, _what in _FUNCTIONS.items():
+  _ct = ("--config.model.compression=" + _fn,) if _fn != "conv" else ()
+  if _fn not in ("conv", "most_used"):
+    RECALL_STUDY[_fn] = (f"{_what} (rate 4), four-digit values", (), _ct)
+  RECALL_STUDY[f"{_fn}_1digit"] = (f"{_what} (rate 4), one-digit values", ONE_DIGIT, _ct)
 # The task-taught compression (model.memory_gradient, beyond the paper): one
 # update per window of 8 segments (512 bytes). A fact is compressed in the
 # segment after its own, and queried 264-344 bytes (4-6 segments) later, so

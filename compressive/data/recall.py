@@ -1,7 +1,8 @@
 """A synthetic long-range recall task: facts planted in filler, queried later.
 
 Each document is byte text: filler words of lowercase letters, with facts
-`<KEY=VALUE>` (KEY four capitals, VALUE four digits) planted at random places
+`<KEY=VALUE>` (KEY four capitals, VALUE `value_len` digits, four by default)
+planted at random places
 and each queried once, `<KEY?VALUE>`, a chosen number of bytes later. With
 `requery_distances`, each fact is first queried at one of those (near)
 distances and then again at one of `distances` after that first query. The four
@@ -15,8 +16,8 @@ Config fields (config.data.recall): distances (distances in bytes between a
 fact and its query, one drawn per fact), requery_distances (empty: each fact
 is queried once; else the distances of a first, near query, the far one
 following it), doc_length (bytes per document),
-facts (facts per document), num_docs (documents per split: train,
-validation, test), seed.
+facts (facts per document), value_len (digits per value), num_docs
+(documents per split: train, validation, test), seed.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ from compressive.data import registry
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig
 
-KEY_LEN = VALUE_LEN = 4
-_EVENT_LEN = 1 + KEY_LEN + 1 + VALUE_LEN + 1  # "<KEY=VALUE>"
+KEY_LEN = 4
+VALUE_LEN = 4  # the default of data.recall.value_len
+MAX_VALUE_LEN = 16
+
+
+def event_length(value_len: int = VALUE_LEN) -> int:
+  """Bytes of a fact or a query: `<KEY=VALUE>`."""
+  return 1 + KEY_LEN + 1 + value_len + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +54,15 @@ class Query:
   # occurrence of its value: the fact, or the fact's previous query.
   distance: int
   first: bool = True  # the fact's first query
+  value_len: int = VALUE_LEN  # answer bytes, from answer_start on
 
 
 def make_document(rng: np.random.Generator, length: int, num_facts: int,
                   distances: tuple[int, ...],
-                  requery_distances: tuple[int, ...] = ()) -> tuple[str, list[Query]]:
+                  requery_distances: tuple[int, ...] = (),
+                  value_len: int = VALUE_LEN) -> tuple[str, list[Query]]:
   """One document of exactly `length` bytes and its queries."""
+  event = event_length(value_len)
   occupied = np.zeros(length, bool)
   # (start, text, query distance or None, first query)
   events: list[tuple[int, str, int | None, bool]] = []
@@ -61,17 +71,17 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
       # Gaps between consecutive events: fact -> (near query ->) far query.
       gaps = [int(rng.choice(requery_distances))] if requery_distances else []
       gaps.append(int(rng.choice(distances)))
-      if sum(gaps) + _EVENT_LEN > length:
+      if sum(gaps) + event > length:
         break
-      start = int(rng.integers(0, length - sum(gaps) - _EVENT_LEN + 1))
+      start = int(rng.integers(0, length - sum(gaps) - event + 1))
       starts = list(np.cumsum([start] + gaps))
-      spans = [(a, a + _EVENT_LEN) for a in starts]
+      spans = [(a, a + event) for a in starts]
       # Keep one byte of filler around every event so they never touch.
-      if min(gaps) < _EVENT_LEN + 1 or any(
+      if min(gaps) < event + 1 or any(
           occupied[max(a - 1, 0):min(b + 1, length)].any() for a, b in spans):
         continue
       key = "".join(rng.choice(list(string.ascii_uppercase), KEY_LEN))
-      value = "".join(rng.choice(list(string.digits), VALUE_LEN))
+      value = "".join(rng.choice(list(string.digits), value_len))
       for a, b in spans:
         occupied[a:b] = True
       events.append((starts[0], f"<{key}={value}>", None, False))
@@ -81,9 +91,10 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
   chars = list(_filler(rng, length))
   queries: list[Query] = []
   for start, text, distance, first in events:
-    chars[start:start + _EVENT_LEN] = text
+    chars[start:start + event] = text
     if distance is not None:
-      queries.append(Query(answer_start=start + 1 + KEY_LEN + 1, distance=distance, first=first))
+      queries.append(Query(answer_start=start + 1 + KEY_LEN + 1, distance=distance, first=first,
+                           value_len=value_len))
   return "".join(chars), sorted(queries, key=lambda q: q.answer_start)
 
 
@@ -121,6 +132,7 @@ class Config:
   requery_distances: tuple = ()
   doc_length: int = 4096  # bytes per document
   facts: int = 8  # facts per document
+  value_len: int = VALUE_LEN  # digits per value (the answer bytes of a query)
   num_docs: tuple = (64, 8, 8)  # (train, validation, test)
   seed: int = 0
 
@@ -139,11 +151,15 @@ def _check(c: Config, error: type[Exception]) -> None:
   """`error` naming the field unless every fact, with its queries, fits a
   document: a fact that cannot would be left out, and a document of filler
   alone teaches no recall."""
+  if not _is_int(c.value_len) or not 1 <= c.value_len <= MAX_VALUE_LEN:
+    raise error(f"data.recall.value_len={c.value_len!r} must be an integer in "
+                f"[1, {MAX_VALUE_LEN}] (digits per value)")
+  event = event_length(c.value_len)
   distances = tuple(c.distances)
   requery = tuple(c.requery_distances)
   for name, given in (("distances", distances), ("requery_distances", requery)):
-    if not all(_is_int(d) for d in given) or (given and min(given) <= _EVENT_LEN):
-      raise error(f"data.recall.{name}={given} must be integers > {_EVENT_LEN} bytes each")
+    if not all(_is_int(d) for d in given) or (given and min(given) <= event):
+      raise error(f"data.recall.{name}={given} must be integers > {event} bytes each")
   if not distances:
     raise error("data.recall.distances=() is empty: give at least one distance")
   for name in ("doc_length", "facts"):
@@ -156,18 +172,18 @@ def _check(c: Config, error: type[Exception]) -> None:
     raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
                 f"integers, documents of {', '.join(registry.SPLITS)}")
   events = 2 + bool(requery)  # a fact, its query (and a first query)
-  if c.facts * events * (_EVENT_LEN + 1) > c.doc_length:
+  if c.facts * events * (event + 1) > c.doc_length:
     raise error(
-        f"data.recall.facts={c.facts} facts of {events} events ({_EVENT_LEN} bytes and a "
+        f"data.recall.facts={c.facts} facts of {events} events ({event} bytes and a "
         f"byte apart each) cannot fit data.recall.doc_length={c.doc_length} bytes: at most "
-        f"{c.doc_length // (events * (_EVENT_LEN + 1))}")
-  span = max(distances) + (max(requery) if requery else 0) + _EVENT_LEN
+        f"{c.doc_length // (events * (event + 1))}")
+  span = max(distances) + (max(requery) if requery else 0) + event
   if span > c.doc_length:
     raise error(
         f"data.recall.doc_length={c.doc_length} cannot hold a fact and its queries: the "
         f"longest span, distance {max(distances)}"
         + (f" after a first query at {max(requery)}" if requery else "")
-        + f" plus the query's {_EVENT_LEN} bytes, is {span}; raise doc_length to at least "
+        + f" plus the query's {event} bytes, is {span}; raise doc_length to at least "
         f"{span} or lower data.recall.distances")
 
 
@@ -192,7 +208,8 @@ def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDoc
   count = int(c.num_docs[k])
   progress = values.Progress(f"recall/{split}: generating {count:,} documents", count)
   for _ in range(count):
-    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery)
+    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery,
+                            int(c.value_len))
     texts.append(text)
     queries.append(q)
     progress.advance()

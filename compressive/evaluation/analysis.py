@@ -116,7 +116,7 @@ def recall_accuracy(model, documents, experiment: experiment_lib.Experiment, *,
   row_pos: Optional[np.ndarray] = None  # [B]
   answer_at, num_queries = _answer_positions(documents)
   hits: dict[int, list[int]] = {qid: [] for qid in range(num_queries)}  # -> [correct bytes]
-  distance_of = {}
+  distance_of, length_of = {}, {}
   for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
                                  per_token=True, progress_every_s=progress_every_s,
                                  what="recall"):
@@ -138,37 +138,42 @@ def recall_accuracy(model, documents, experiment: experiment_lib.Experiment, *,
       for j in range(t):
         pos = row_pos[r] + j + 1  # document position of target j
         if mask[r, j] and pos in table:
-          qid, dist = table[pos]
+          qid, dist, length = table[pos]
           hits[qid].append(int(correct[r, j]))
-          distance_of[qid] = dist
+          distance_of[qid], length_of[qid] = dist, length
     row_pos += t
-  return _accuracy_by_distance(hits, distance_of)
+  return _accuracy_by_distance(hits, distance_of, length_of)
 
 
-def _answer_positions(documents) -> tuple[list[dict[int, tuple[int, int]]], int]:
-  """Per document, the position of each answer byte -> (query id, distance);
+def _answer_positions(documents) -> tuple[list[dict[int, tuple[int, int, int]]], int]:
+  """Per document, the position of each answer byte -> (query id, distance,
+  answer bytes);
   and the number of queries, whose ids are 0, 1, ... in document order."""
   answer_at, num_queries = [], 0
   for i in range(len(documents)):
     table = {}
     for q in documents.queries(i):
-      for k in range(4):
-        table[q.answer_start + k] = (num_queries, q.distance)
+      for k in range(q.value_len):
+        table[q.answer_start + k] = (num_queries, q.distance, q.value_len)
       num_queries += 1
     answer_at.append(table)
   return answer_at, num_queries
 
 
-def _accuracy_by_distance(hits: dict[int, list[int]], distance_of: dict[int, int]) -> dict:
-  """recall_accuracy's result from each query's answer bytes (1: predicted)
-  and distance; a query never reached counts nowhere."""
-  by_distance: dict[int, list[list[int]]] = {}
+def _accuracy_by_distance(hits: dict[int, list[int]], distance_of: dict[int, int],
+                          length_of: dict[int, int]) -> dict:
+  """recall_accuracy's result from each query's answer bytes (1: predicted),
+  distance and answer length; a query never reached counts nowhere, and one
+  whose answer the stream cut short is not a whole answer."""
+  by_distance: dict[int, list[tuple[list[int], int]]] = {}
   for qid, dist in distance_of.items():
-    by_distance.setdefault(dist, []).append(hits[qid])
+    by_distance.setdefault(dist, []).append((hits[qid], length_of[qid]))
   dists = sorted(by_distance)
   return {
       "distance": dists,
-      "byte_accuracy": [float(np.mean([x for q in by_distance[d] for x in q])) for d in dists],
-      "exact_match": [float(np.mean([len(q) == 4 and all(q) for q in by_distance[d]])) for d in dists],
+      "byte_accuracy": [float(np.mean([x for q, _ in by_distance[d] for x in q]))
+                        for d in dists],
+      "exact_match": [float(np.mean([len(q) == n and all(q) for q, n in by_distance[d]]))
+                      for d in dists],
       "queries": [len(by_distance[d]) for d in dists],
   }

@@ -68,6 +68,41 @@ def test_a_requeried_fact_is_measured_from_its_latest_occurrence():
   assert seconds > 0
 
 
+@pytest.mark.parametrize("value_len", [1, 2, 7])
+def test_a_value_of_any_length_is_planted_and_scored_whole(value_len):
+  c = recall_config()
+  c.data.recall.value_len = value_len
+  docs = data_lib.get_documents(data_of(c.data), "validation", data_lib.get_tokenizer(c.data))
+  answers = 0
+  for i in range(len(docs)):
+    text = docs.text(i)
+    for q in docs.queries(i):
+      assert q.value_len == value_len
+      query_start = q.answer_start - 6
+      value = text[q.answer_start:q.answer_start + value_len]
+      assert value.isdigit() and text[q.answer_start + value_len] == ">"
+      assert text[query_start - q.distance:][:7 + value_len] == (
+          f"<{text[query_start + 1:query_start + 5]}={value}>")
+      answers += 1
+  assert answers
+  # Scored on exactly value_len bytes per query: a model that predicts every
+  # byte right answers every query whole, whatever the length.
+  hits = {0: [1] * value_len, 1: [1] * (value_len - 1) + [0]}
+  result = analysis._accuracy_by_distance(hits, {0: 20, 1: 60}, {0: value_len, 1: value_len})
+  assert result["exact_match"] == [1.0, 0.0]
+  if value_len > 1:
+    short = analysis._accuracy_by_distance({0: [1] * (value_len - 1)}, {0: 20}, {0: value_len})
+    assert short["exact_match"] == [0.0], "an answer the stream cut short is not whole"
+
+
+@pytest.mark.parametrize("value_len", [0, 17, -1])
+def test_value_len_is_checked(value_len):
+  c = recall_config()
+  c.data.recall.value_len = value_len
+  with pytest.raises(ConfigError, match="value_len"):
+    recall_source.validate(data_of(c.data))
+
+
 def test_requery_distances_are_checked():
   c = recall_config()
   c.data.recall.requery_distances = (5,)
