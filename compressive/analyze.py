@@ -8,6 +8,11 @@ bucket over [compressed memory | memory | segment], per layer.
 `loss_by_position`: mean loss by position within documents.
 `recall`: accuracy on planted facts by distance (a model trained with
 data.source=recall).
+`recall_probe`: where a recalled fact is lost (compressive/evaluation/probe.py):
+per layer and distance, whether the compressed slot holding a value byte
+keeps it (a linear probe, against control slots without the fact) and
+whether the answer's attention finds that slot (a model trained with
+data.source=recall and a compressed memory).
 `curves`: the training curve from the workdir's metrics alone (no model is
 loaded; a run in progress too), redrawn as WORKDIR/curves.png, the figure
 train.py draws at the end of a run; its JSON names the figure.
@@ -26,6 +31,7 @@ import sys
 from absl import flags
 
 from compressive.evaluation import analysis
+from compressive.evaluation import probe
 from compressive import remote
 from compressive import cli
 from compressive import data as data_lib
@@ -39,7 +45,8 @@ from compressive.training import layout
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
-flags.DEFINE_enum("analysis", "attention", ["attention", "loss_by_position", "recall", "curves"],
+flags.DEFINE_enum("analysis", "attention",
+                  ["attention", "loss_by_position", "recall", "recall_probe", "curves"],
                   "What to measure.")
 # The same default split as eval.py's (validation; see cli_flags.define_split_flags).
 cli_flags.define_split_flags("Split.", "Stop after this many segments per row.")
@@ -101,6 +108,29 @@ def plot_recall(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
+def plot_probe(result, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  layers = result["layers"]
+  fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), sharey=True,
+                           squeeze=False)
+  for i, (ax, layer) in enumerate(zip(axes[0], layers)):
+    d = result["distance"]
+    ax.plot(d, layer["probe"], marker="o", label="probe: value byte from its slot")
+    ax.plot(d, layer["probe_control"], marker=".", ls="--", label="probe: a slot without it")
+    ax.plot(d, layer["found"], marker="s", label=f"head {layer['best_head']} finds the fact")
+    ax.plot(d, result["accuracy"], marker="^", color="black", label="the model's answer")
+    ax.axhline(result["chance"], color="gray", lw=0.8)
+    ax.set_title(f"layer {i}")
+    ax.set_xlabel("distance from fact to query (bytes)")
+    ax.set_ylim(0, 1)
+  axes[0][0].set_ylabel("share of answer bytes in the compressed memory")
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120, format="png")
+
+
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
   if FLAGS.analysis == "curves":
@@ -124,10 +154,19 @@ def main(argv):
 
 
 def check_recall(config) -> None:
-  """ConfigError for --analysis=recall of a run not trained on recall data."""
-  if FLAGS.analysis == "recall" and config.data.source != "recall":
-    raise ConfigError(f"--analysis=recall needs a model trained with data.source=recall; "
-                      f"{FLAGS.workdir} was trained on data.source={config.data.source}")
+  """ConfigError for --analysis=recall or recall_probe of a run not trained
+  on recall data, or recall_probe without a compressed memory to probe."""
+  if FLAGS.analysis not in ("recall", "recall_probe"):
+    return
+  if config.data.source != "recall":
+    raise ConfigError(f"--analysis={FLAGS.analysis} needs a model trained with "
+                      f"data.source=recall; {FLAGS.workdir} was trained on "
+                      f"data.source={config.data.source}")
+  compressed = (FLAGS.compressed_memory_length if FLAGS.compressed_memory_length is not None
+                else config.model.compressed_memory_length)
+  if FLAGS.analysis == "recall_probe" and not compressed:
+    raise ConfigError("--analysis=recall_probe reads the compressed memory: "
+                      f"{FLAGS.workdir} evaluates without one (compressed_memory_length=0)")
 
 
 def run(model, documents, experiment):
@@ -146,6 +185,12 @@ def run(model, documents, experiment):
   if FLAGS.analysis == "recall":
     return analysis.recall_accuracy(model, documents, experiment, max_segments=FLAGS.max_segments,
                                     progress_every_s=every), plot_recall
+  if FLAGS.analysis == "recall_probe":
+    try:
+      return probe.recall_probe(model, documents, experiment, max_segments=FLAGS.max_segments,
+                                progress_every_s=every), plot_probe
+    except ValueError as e:  # no answer's value in the compressed memory
+      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
   return analysis.loss_by_position(model, documents, experiment, bucket_tokens=FLAGS.bucket_tokens,
                                    max_segments=FLAGS.max_segments,
                                    progress_every_s=every), plot_loss

@@ -110,10 +110,12 @@ def _init_carry(model, memory, cached: bool, segment_length: int) -> Carry:
   return Carry(memory, model.position_keys(memory, segment_length))
 
 
-def _run_model(model, carry: Carry, batch, collect_attention: bool):
+def _run_model(model, carry: Carry, batch, collect_attention: bool, probe: bool = False):
   """(carry, logits, attention) of one segment: evaluation's one call of the
-  model and its one reader of the model's aux. `attention` is None, or with
-  `collect_attention` the `Segment` fields attention_by_key and memory_valid.
+  model and its one reader of the model's aux. `attention` is None, or a
+  dict of `Segment` fields: with `collect_attention` attention_by_key and
+  memory_valid; with `probe` compressed_slots, compressed_weights and
+  memory_valid.
   """
   memory, t = carry.memory, batch["inputs"].shape[1]
   rows = memory.compressed_memory_length + memory.memory_length + 2 * t - 1
@@ -121,12 +123,18 @@ def _run_model(model, carry: Carry, batch, collect_attention: bool):
     raise ValueError(f"the stream's position keys are for another segment length than {t}")
   logits, new_memory, aux = model(batch["inputs"], memory, batch["start_of_sequence"],
                                   collect_attention=collect_attention,
-                                  position_keys=carry.position_keys)
+                                  position_keys=carry.position_keys, attention_weights=probe)
   attention = None
-  if collect_attention:
+  if collect_attention or probe:
     attended = memory_lib.reset_rows(memory, batch["start_of_sequence"])
-    attention = dict(attention_by_key=aux.attention_by_key, memory_valid=jnp.concatenate(
+    attention = dict(memory_valid=jnp.concatenate(
         [attended.cmem_mask[0], attended.mem_mask[0]], axis=-1))
+    if collect_attention:
+      attention["attention_by_key"] = aux.attention_by_key
+    if probe:
+      c = attended.compressed_memory_length
+      attention.update(compressed_slots=attended.cmem,
+                       compressed_weights=aux.attention_weights[..., :c])
   return carry.replace(memory=new_memory), logits, attention
 
 
@@ -162,12 +170,17 @@ class Segment:
   # [B, C + M] bool: the [compressed memory; memory] slots that held
   # something when the segment attended to them (the same in every layer).
   memory_valid: Optional[jax.Array] = None
+  # [L, B, C, d] the compressed memory the segment attended (probe).
+  compressed_slots: Optional[jax.Array] = None
+  # [L, B, H, T, C] each head's and query's weight on each compressed slot (probe).
+  compressed_weights: Optional[jax.Array] = None
 
 
 def make_stream_step(model, mesh: Optional[Mesh] = None,
                      mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False, segment_length: Optional[int] = None):
+                     per_token: bool = False, segment_length: Optional[int] = None,
+                     probe: bool = False):
   """(init, step): init(memory) -> carry (`Carry`), what a stream starts
   from; step(carry, batch) -> (carry, outputs), outputs the `Segment` fields
   but the batch. Both jitted; segments have `segment_length` tokens (default
@@ -182,7 +195,8 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   params = nnx.to_pure_dict(template)
   init, step, param_shardings = stream_functions(
       graphdef, template, mesh, mesh_config, abstract_memory, cache_keys_values=cache_keys_values,
-      collect_attention=collect_attention, per_token=per_token, segment_length=segment_length)
+      collect_attention=collect_attention, per_token=per_token, segment_length=segment_length,
+      probe=probe)
   if param_shardings is not None:
     params = jax.device_put(params, param_shardings)
   return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
@@ -191,7 +205,8 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
 def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
                      mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False, segment_length: Optional[int] = None):
+                     per_token: bool = False, segment_length: Optional[int] = None,
+                     probe: bool = False):
   """`make_stream_step`'s jitted functions with the parameters (a pure dict)
   as their first argument, and where the parameters are stored (None without
   a mesh): (init(params, memory), step(params, carry, batch), shardings).
@@ -223,7 +238,7 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
   def step(params, carry, batch):
-    carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention)
+    carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention, probe)
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     outputs = dict(nats=nats, count=count, **(attention or {}))
     if per_token:
@@ -283,6 +298,7 @@ def stream(
     mesh: Optional[Mesh] = None,
     collect_attention: bool = False,
     per_token: bool = False,
+    probe: bool = False,
     progress_every_s: float = 10.0,
     what: str = "eval",
 ) -> Iterator[Segment]:
@@ -303,6 +319,7 @@ def stream(
       multi-process run every process calls this, reading its own rows.
     collect_attention: fill Segment.attention_by_key and memory_valid.
     per_token: fill Segment.nll and correct.
+    probe: fill Segment.compressed_slots, compressed_weights and memory_valid.
     progress_every_s: seconds between progress lines (`Progress`), which
       are labelled `what`.
   """
@@ -320,7 +337,7 @@ def stream(
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
       model, mesh, mc, abstract_memory, collect_attention=collect_attention,
-      per_token=per_token, segment_length=t)
+      per_token=per_token, segment_length=t, probe=probe)
   memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, mc, abstract_memory))()
   carry = init_carry(memory)
   batch_shardings = segment_shardings(mesh, mc)

@@ -190,7 +190,7 @@ class RelativeAttention(nnx.Module):
   def __call__(
       self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last,
       r: Optional[jax.Array], *, dropout_rng: Optional[jax.Array] = None,
-      need_weights: bool = True,
+      need_weights: bool = True, per_query: bool = False,
   ) -> tuple[jax.Array, Optional[jax.Array]]:
     """Attends from queries q [B, Tq, H, D] over keys and values [B, K, H, D].
 
@@ -202,11 +202,14 @@ class RelativeAttention(nnx.Module):
       need_weights: False lets rope mode compute the output with
         `jax.nn.dot_product_attention`, which never materialises the weights
         (unless attention dropout is on: the fused call has no dropout).
+      per_query: return every head's and query's weights [B, H, Tq, K]
+        instead of their mean (the analyses read where each query looks).
 
     Returns:
       The output [B, Tq, d] and `received` [B, K] float32: the weight each
       key received (before attention dropout), mean over heads and queries;
       a stop-gradient statistic. None when the fused call made the output.
+      With `per_query`, the weights themselves [B, H, Tq, K] in its place.
 
     One kernel: the queries attend in chunks of n (`chunk_size`, or all Tq
     at once: one chunk), each scored by the positions' scorer (`_rope`,
@@ -226,7 +229,7 @@ class RelativeAttention(nnx.Module):
       queries, k, score = self._rope(q, k, q_last)
     else:
       queries, score = self._relative(q, k, r, n)
-    fused = self.positions == "rope" and not need_weights and dropout_rng is None
+    fused = self.positions == "rope" and not (need_weights or per_query) and dropout_rng is None
     v_heads = None if fused else heads(v)
 
     def chunk(c, qs, rng):
@@ -234,7 +237,7 @@ class RelativeAttention(nnx.Module):
       if fused:
         return jax.nn.dot_product_attention(qs[0], k, v, mask=mask, scale=self.scale,
                                             implementation=self.implementation), None
-      return self._attend(score(c, *qs), mask, v_heads, rng)
+      return self._attend(score(c, *qs), mask, v_heads, rng, per_query)
 
     if n == t:  # one chunk: no loop, nothing recomputed
       out, received = chunk(0, queries, dropout_rng)
@@ -249,18 +252,23 @@ class RelativeAttention(nnx.Module):
       out, received = jax.lax.map(jax.checkpoint(step, prevent_cse=False),
                                   (jnp.arange(t // n),) + tuple(map(split, queries)))
       out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
-      received = None if received is None else received.sum(0)
-    if received is not None:  # sums over chunks, heads and queries -> their mean
+      if received is not None and per_query:  # [Tq/n, B, H, n, K] -> [B, H, Tq, K]
+        received = jnp.moveaxis(received, 0, 2).reshape(b, h, t, received.shape[-1])
+      elif received is not None:
+        received = received.sum(0)
+    if received is not None and not per_query:  # sums over chunks, heads and queries -> their mean
       received = received / (h * t)
     return dense(out, self._w("wo"), 2), received
 
-  def _attend(self, logits, mask, v_heads, rng):
+  def _attend(self, logits, mask, v_heads, rng, per_query: bool = False):
     """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D] and
-    the weights' sum over heads and queries [B, K] (stop-gradient)."""
+    the weights' sum over heads and queries [B, K] (stop-gradient), or with
+    `per_query` the weights [B, H, n, K] themselves."""
     probs = masked_softmax(logits, mask)  # [B, H, n, K]
     dropped = probs if rng is None else self.dropout(probs, rngs=rng)
     out = jnp.einsum("bhtk,bhke->bhte", dropped.astype(self.dtype), v_heads)
-    return heads(out), jax.lax.stop_gradient(probs.astype(jnp.float32).sum(axis=(1, 2)))
+    weights = jax.lax.stop_gradient(probs.astype(jnp.float32))
+    return heads(out), weights if per_query else weights.sum(axis=(1, 2))
 
   def _rope(self, q, k, q_last):
     """Rotary scorer: (queries (q rotated,), keys rotated, score(c, qc)),

@@ -51,12 +51,14 @@ class Aux:
   queries and rows; it is NaN where rope attention ran fused (no weights).
   `attention_by_key` [L, B, K] (with `collect_attention`) is each layer's
   attention on every key of [cmem; mem; segment], averaged over heads and
-  queries (docs/PAPER.md §Analyses).
+  queries (docs/PAPER.md §Analyses); `attention_weights` [L, B, H, T, K]
+  (with `attention_weights`) every head's and query's weights themselves.
   """
 
   reconstruction_loss: jax.Array
   attention_mass: jax.Array
   attention_by_key: Optional[jax.Array] = None
+  attention_weights: Optional[jax.Array] = None
 
   def scalars(self) -> dict[str, jax.Array]:
     """The loggable scalars: reconstruction_loss, attention_mass/<bank>."""
@@ -104,6 +106,7 @@ class Block(nnx.Module):
       self, x: jax.Array, mem: Memory, *, rng: Optional[jax.Array] = None,
       collect_attention: bool = False, position: Optional[jax.Array] = None,
       position_keys: Optional[jax.Array] = None, training: bool = True,
+      attention_weights: bool = False,
   ) -> tuple[jax.Array, Memory, Aux]:
     """x [B, Tq, d] layer inputs; `mem` this layer's memory (no layer axis).
 
@@ -129,7 +132,11 @@ class Block(nnx.Module):
     # queries. It feeds the most-used compression's usage and the diagnostics.
     a, received = att(q, k, v, valid, q_last, r,
                       dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
-                      need_weights=self.needs_usage or collect_attention)
+                      need_weights=self.needs_usage or collect_attention,
+                      per_query=attention_weights)
+    weights = None
+    if attention_weights:  # [B, H, Tq, K]; `received` is their mean over heads and queries
+      weights, received = received, received.mean(axis=(1, 2))
     if self.post_norm:
       assert self.attention_norm is not None  # built for post-norm
       h = self.attention_norm(x + self._drop(a, rng, 1))
@@ -155,7 +162,7 @@ class Block(nnx.Module):
         mem, recon = self.compressor(mem, ev if keep else jax.lax.stop_gradient(ev), q, att,
                                      with_loss=training,
                                      keep_gradient=self.memory_gradient != "none")
-    return out, mem, Aux(recon, mass, received if collect_attention else None)
+    return out, mem, Aux(recon, mass, received if collect_attention else None, weights)
 
   def _position_rows(self, position_keys, kk: int, q_last, d: int) -> Optional[jax.Array]:
     """W_r R [K, H, D] for distances q_last .. q_last - K + 1: a slice of the
@@ -282,6 +289,7 @@ class CompressiveTransformer(nnx.Module):
       collect_attention: bool = False,
       position: Optional[jax.Array] = None,
       position_keys: Optional[jax.Array] = None,
+      attention_weights: bool = False,
   ) -> tuple[jax.Array, Memory, Aux]:
     """Processes one segment, or (with `position`) decodes a few tokens.
 
@@ -296,6 +304,8 @@ class CompressiveTransformer(nnx.Module):
         reconstruction loss (aux.reconstruction_loss is then 0): only
         training reads it.
       collect_attention: fill aux.attention_by_key.
+      attention_weights: fill aux.attention_weights (every head's and
+        query's weights: the probe analysis reads where answers look).
       position: decoding: the index in the current segment of tokens' first
         token (the memory must carry its cache). The memory is not pushed;
         a whole-segment call does that when the segment is complete.
@@ -321,7 +331,7 @@ class CompressiveTransformer(nnx.Module):
     if dropout_rng is not None:
       x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
     x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
-                                      position_keys, training)
+                                      position_keys, training, attention_weights)
     if self.final_norm is not None:
       x = self.final_norm(x)
     logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
@@ -350,14 +360,15 @@ class CompressiveTransformer(nnx.Module):
       raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
 
   def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys,
-              training):
+              training, attention_weights=False):
     """Runs the blocks in order: (output, memory, aux), the last two with a
     leading layer axis."""
 
     def layer(block, x, index, mem, pk, rng, pos):
       rng = None if rng is None else jax.random.fold_in(rng, index)
       x, mem, aux = block(x, mem, rng=rng, collect_attention=collect_attention, position=pos,
-                          position_keys=pk, training=training)
+                          position_keys=pk, training=training,
+                          attention_weights=attention_weights)
       return x, (mem, aux)
 
     x, (new_memory, aux) = self._over_layers(

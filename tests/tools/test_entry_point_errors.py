@@ -349,6 +349,8 @@ CASES = [
          "no segment had full memories"),
     Case("analyze: recall on a model not trained on recall", "analyze.py",
          ["--workdir={wd}", "--analysis=recall"], "--analysis=recall needs"),
+    Case("analyze: recall_probe on a model not trained on recall", "analyze.py",
+         ["--workdir={wd}", "--analysis=recall_probe"], "--analysis=recall_probe needs"),
     Case("analyze: workdir is a file", "analyze.py", ["--workdir={file}"],
          "is a file, not a folder"),
     # Found at start-up, before anything compiles (the third pass).

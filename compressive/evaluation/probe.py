@@ -1,0 +1,218 @@
+"""Where a recalled fact is lost: in the compressed slot, or by the query.
+
+`recall_probe` streams a `recall` split as evaluation does and, for every
+answer byte whose fact's value byte lies in the compressed memory when the
+answer is predicted, asks two questions of each layer:
+
+- Is the value byte in the compressed slot that covers it? A linear probe
+  (ridge regression onto the ten digits, features the slot's vector crossed
+  with the byte's offset within the slot's group of c) is fitted on the
+  even-numbered documents' samples and scored on the odd ones. The same
+  probe fitted on control slots (another compressed slot of the same memory,
+  one that covers no byte of the fact, labelled with the same digit) is the
+  floor: what a slot without the fact, and the probe's own fit, give.
+- Does the query find it? The attention from the position that predicts the
+  answer byte to the compressed slots, per head: the weight on the slot
+  holding the value byte against the mean weight on the other valid
+  compressed slots, and how often the head's most attended compressed slot
+  covers a byte of the fact (`found`). Each layer reports the head that puts
+  the most weight on the value slots over all samples.
+
+With the model's own accuracy on the same answer bytes (overall, when its
+best head found the fact, and when it did not), this says which failure a
+model has: a slot that lost the digit (probe at its control), or a slot that
+keeps it where the query does not look (probe high, `found` low), or a read
+that fails after both (both high, accuracy low).
+
+Positions: a segment's inputs are document positions [P, P + T); before it
+the memory holds [P - M, P) and the compressed memory [P - M - cC, P - M) in
+C groups of c consecutive positions, oldest first (a segment evicts its
+oldest T slots, T a multiple of c, so groups never straddle an eviction).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from compressive import experiment as experiment_lib
+from compressive.data import recall as recall_data
+from compressive.evaluation import evaluate as eval_lib
+
+_QUERY_PREFIX = 1 + recall_data.KEY_LEN + 1  # "<KEY?" before a query's answer
+_LAMBDAS = (1.0, 10.0, 100.0, 1000.0)  # ridge penalties tried, on standardised features
+
+
+def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
+                 max_segments: Optional[int] = None, progress_every_s: float = 10.0,
+                 seed: int = 0) -> dict:
+  """The probe and attention measurements by distance (module docstring).
+
+  Returns {"distance": [...], "samples": [...] (test samples per distance),
+  "accuracy": [...] (the model's, on those answer bytes), "layers": [per
+  layer {"probe", "probe_control", "value_weight", "other_weight", "found",
+  "accuracy_if_found", "accuracy_if_not_found", "best_head",
+  "probe_penalty"}], "compression_rate", "chance"}; each list runs over
+  "distance". Distances with no answer byte in the compressed memory are
+  left out.
+  """
+  cfg, sizes = experiment.model, experiment.eval
+  c, m_len, c_len = cfg.compression_rate, sizes.memory_length, sizes.compressed_memory_length
+  if not c_len:
+    raise ValueError("the probe reads the compressed memory: this model evaluates without one "
+                     "(compressed_memory_length=0)")
+  t = sizes.segment_length
+  rng = np.random.default_rng(seed)
+  answers = _answers(documents)
+  rows: list[dict] = []  # one per answer byte in the compressed memory
+  docs_seen = row_pos = None
+  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
+                                 per_token=True, probe=True, progress_every_s=progress_every_s,
+                                 what="recall_probe"):
+    sos = np.asarray(segment.batch["start_of_sequence"])
+    b = len(sos)
+    if docs_seen is None:
+      docs_seen, row_pos = np.zeros(b, np.int64), np.zeros(b, np.int64)
+    assert row_pos is not None
+    docs_seen += sos
+    row_pos[sos] = 0
+    slots = weights = None  # read from the device only when a segment needs them
+    correct, mask = np.asarray(segment.correct), np.asarray(segment.batch["mask"])
+    valid = np.asarray(segment.memory_valid)[:, :c_len]  # [B, C]
+    for r in range(b):
+      if docs_seen[r] == 0:
+        continue
+      doc = r + b * (int(docs_seen[r]) - 1)
+      start = int(row_pos[r]) - m_len - c * c_len  # the oldest compressed slot's first position
+      for j in range(t):
+        answer = answers[doc].get(int(row_pos[r]) + j + 1)
+        if answer is None or not mask[r, j]:
+          continue
+        distance, digit, value_at, fact = answer
+        slot = (value_at - start) // c
+        if value_at < start or slot >= c_len or not valid[r, slot]:
+          continue  # the value byte is not in the compressed memory here
+        fact_slots = sorted({(p - start) // c for p in range(*fact)
+                             if start <= p < start + c * c_len})
+        others = [i for i in range(c_len) if valid[r, i] and i not in fact_slots]
+        if not others:
+          continue
+        if slots is None:
+          slots = np.asarray(segment.compressed_slots, np.float32)  # [L, B, C, d]
+          weights = np.asarray(segment.compressed_weights, np.float32)  # [L, B, H, T, C]
+        assert weights is not None
+        w = weights[:, r, :, j, :]  # [L, H, C]
+        top = w.argmax(-1)  # [L, H]
+        rows.append(dict(
+            doc=doc, distance=distance, digit=digit, offset=(value_at - start) % c,
+            correct=bool(correct[r, j]), slot=slots[:, r, slot],
+            control=slots[:, r, int(rng.choice(others))],
+            value_weight=w[:, :, slot], other_weight=w[:, :, others].mean(-1),
+            found=np.isin(top, fact_slots)))
+    row_pos += t
+  if not rows:
+    raise ValueError("no answer byte's value was in the compressed memory: evaluate longer "
+                     "documents, more segments, or a model whose compressed memory reaches "
+                     "the split's distances")
+  return _summarise(rows, c, cfg.num_layers)
+
+
+def _answers(documents) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
+  """Per document: the position of each answer byte -> (distance, digit, the
+  position of the same value byte in the latest earlier occurrence, that
+  occurrence's span [start, end))."""
+  out = []
+  for i in range(len(documents)):
+    text = documents.text(i)
+    table = {}
+    for q in documents.queries(i):
+      query_start = q.answer_start - _QUERY_PREFIX
+      before = query_start - q.distance  # the fact (or the fact's previous query)
+      span = (before, before + recall_data.event_length(q.value_len))
+      for k in range(q.value_len):
+        table[q.answer_start + k] = (q.distance, int(text[q.answer_start + k]),
+                                     before + _QUERY_PREFIX + k, span)
+    out.append(table)
+  return out
+
+
+def _ridge_probe(x: np.ndarray, y: np.ndarray, train: np.ndarray,
+                 choose: np.ndarray) -> tuple[np.ndarray, float]:
+  """Fits ridge regression of one-hot digits on `x`'s rows `train`, its
+  penalty chosen on the rows `choose` (a part of the training documents),
+  then refitted on them all; (predicted digit of every row, the penalty)."""
+  mean, std = x[train].mean(0), x[train].std(0) + 1e-6
+  z = (x - mean) / std
+  z = np.concatenate([z, np.ones((len(z), 1), z.dtype)], 1)
+  target = np.eye(10, dtype=np.float64)[y]
+
+  def fit(rows, lam):
+    a = z[rows].astype(np.float64)
+    gram = a.T @ a + lam * np.eye(a.shape[1])
+    return np.linalg.solve(gram, a.T @ target[rows])
+
+  fit_rows = train & ~choose
+  scores = [np.mean((z[choose] @ fit(fit_rows, lam)).argmax(1) == y[choose]) for lam in _LAMBDAS]
+  lam = _LAMBDAS[int(np.argmax(scores))]
+  return (z @ fit(train, lam)).argmax(1), lam
+
+
+def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
+  distance = np.array([s["distance"] for s in rows])
+  digit = np.array([s["digit"] for s in rows])
+  offset = np.eye(c, dtype=np.float32)[[s["offset"] for s in rows]]  # [N, c]
+  correct = np.array([s["correct"] for s in rows])
+  doc = np.array([s["doc"] for s in rows])
+  test = doc % 2 == 1
+  train = ~test
+  choose = train & (doc % 4 == 2)  # a quarter of the documents picks the penalty
+  dists = sorted(set(distance[test].tolist()))
+  at = {d: test & (distance == d) for d in dists}
+  mean_at = lambda v: [float(v[at[d]].mean()) if at[d].any() else None for d in dists]
+  layers = []
+  for layer in range(num_layers):
+    probes = {}
+    for name in ("slot", "control"):
+      vectors = np.stack([s[name][layer] for s in rows])  # [N, d]
+      features = (vectors[:, None, :] * offset[:, :, None]).reshape(len(rows), -1)
+      predicted, lam = _ridge_probe(features, digit, train, choose)
+      probes[name] = (predicted == digit, lam)
+    value_w = np.stack([s["value_weight"][layer] for s in rows])  # [N, H]
+    other_w = np.stack([s["other_weight"][layer] for s in rows])
+    found_h = np.stack([s["found"][layer] for s in rows])
+    head = int(value_w[train].mean(0).argmax())  # chosen on the training documents
+    found = found_h[:, head]
+    layers.append({
+        "best_head": head, "probe_penalty": probes["slot"][1],
+        "probe": mean_at(probes["slot"][0]), "probe_control": mean_at(probes["control"][0]),
+        "value_weight": mean_at(value_w[:, head]), "other_weight": mean_at(other_w[:, head]),
+        "found": mean_at(found),
+        "accuracy_if_found": [float(correct[at[d] & found].mean()) if (at[d] & found).any()
+                              else None for d in dists],
+        "accuracy_if_not_found": [float(correct[at[d] & ~found].mean())
+                                  if (at[d] & ~found).any() else None for d in dists],
+    })
+  return {"distance": dists, "samples": [int(at[d].sum()) for d in dists],
+          "accuracy": mean_at(correct), "layers": layers, "compression_rate": c,
+          "chance": 0.1}
+
+
+def pooled(result: dict, beyond: int) -> dict:
+  """`recall_probe`'s figures pooled over the distances > `beyond`, each
+  distance weighted by its test samples: {"samples", "accuracy", "layers":
+  [{"probe", "probe_control", "found", "value_weight", "other_weight"}]}."""
+  sel = [i for i, d in enumerate(result["distance"]) if d > beyond]
+  n = [result["samples"][i] for i in sel]
+  if not sum(n):
+    return {"samples": 0}
+
+  def pool(values):
+    pairs = [(v, w) for v, w in zip((values[i] for i in sel), n) if v is not None]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+  return {"samples": sum(n), "accuracy": pool(result["accuracy"]),
+          "layers": [{k: pool(layer[k]) for k in ("probe", "probe_control", "found",
+                                                  "value_weight", "other_weight")}
+                     for layer in result["layers"]]}
