@@ -19,13 +19,15 @@ else:  # run.py run as a script: experiments/ is on sys.path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def recall_analysis(workdir: str, flags_: list[str] | tuple[str, ...] = ()) -> dict:
-  """analyze.py --analysis=recall on the test split; reuses an earlier run's output."""
+def recall_analysis(workdir: str, flags_: list[str] | tuple[str, ...] = (),
+                    analysis: str = "recall") -> dict:
+  """analyze.py --analysis=recall (or recall_probe) on the test split;
+  reuses an earlier run's output."""
   suffix = "".join("_" + f[2:].replace("=", "") for f in flags_)
-  cached = f"{workdir}/analysis_recall_test{suffix}.json"
+  cached = f"{workdir}/analysis_{analysis}_test{suffix}.json"
   if os.path.exists(cached):
     return json.load(open(cached))
-  return json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
+  return json.loads(run_tool(["analyze.py", f"--workdir={workdir}", f"--analysis={analysis}",
                           "--split=test", *flags_]).strip().splitlines()[-1])
 
 
@@ -69,7 +71,10 @@ RECALL_STUDY = {
 ONE_DIGIT = ("--config.data.recall.value_len=1",)
 _FUNCTIONS = {"max_pool": "max pooling", "mean_pool": "mean pooling",
               "conv": "the convolution", "dilated_conv": "the dilated convolution",
-              "most_used": "most-used selection"}
+              "most_used": "most-used selection",
+              "attention_pool": "learned selection (attention pooling, one head)",
+              "ordered_pool": "learned ordered selection (attention pooling, a head per "
+                              "position)"}
 for _fn, _what in _FUNCTIONS.items():
   _ct = ("--config.model.compression=" + _fn,) if _fn != "conv" else ()
   if _fn not in ("conv", "most_used"):
@@ -128,6 +133,11 @@ RECALL_STUDY["taught_memories_finetune"] = (
     _WINDOW[:2] + ("--config.num_train_steps=900", "--config.model.memory_gradient=memories"),
     ())
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
+
+
+def pooled_probe(result: dict, beyond_: int) -> dict:
+  from compressive.evaluation import probe
+  return probe.pooled(result, beyond_)
 
 
 def beyond(acc: dict, reach: int) -> dict:
@@ -257,6 +267,10 @@ def recall_setting(out: str, name: str) -> dict:
         "answer_byte_accuracy_beyond_txl_one_hop": mid["answer_byte_accuracy"],
         "queries_beyond_txl_one_hop": mid["queries"],
         "by_distance": acc}
+  # Where the CT's facts are lost: its compressed slots probed, and where its
+  # answers look (compressive/evaluation/probe.py).
+  found = recall_analysis(runs["ct"][1], analysis="recall_probe")
+  result["ct"]["probe"] = {"by_distance": found, "beyond_txl_reach": pooled_probe(found, reach)}
   return result
 
 
