@@ -72,6 +72,7 @@ ONE_DIGIT = ("--config.data.recall.value_len=1",)
 _FUNCTIONS = {"max_pool": "max pooling", "mean_pool": "mean pooling",
               "conv": "the convolution", "dilated_conv": "the dilated convolution",
               "most_used": "most-used selection",
+              "overlap_max_pool": "max pooling over overlapping windows (2c slots, stride c)",
               "attention_pool": "learned selection (attention pooling, one head)",
               "ordered_pool": "learned ordered selection (attention pooling, a head per "
                               "position)"}

@@ -53,7 +53,9 @@ def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
   "accuracy": [...] (the model's, on those answer bytes), "layers": [per
   layer {"probe", "probe_control", "value_weight", "other_weight", "found",
   "accuracy_if_found", "accuracy_if_not_found", "best_head",
-  "probe_penalty"}], "compression_rate", "chance"}; each list runs over
+  "probe_penalty", and every head's "value_weight_by_head",
+  "other_weight_by_head" and "found_by_head"}], "compression_rate",
+  "chance"}; each list runs over
   "distance". Distances with no answer byte in the compressed memory are
   left out.
   """
@@ -183,6 +185,7 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
     found_h = np.stack([s["found"][layer] for s in rows])
     head = int(value_w[train].mean(0).argmax())  # chosen on the training documents
     found = found_h[:, head]
+    per_head = lambda v: [mean_at(v[:, h]) for h in range(v.shape[1])]
     layers.append({
         "best_head": head, "probe_penalty": probes["slot"][1],
         "probe": mean_at(probes["slot"][0]), "probe_control": mean_at(probes["control"][0]),
@@ -192,6 +195,9 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
                               else None for d in dists],
         "accuracy_if_not_found": [float(correct[at[d] & ~found].mean())
                                   if (at[d] & ~found).any() else None for d in dists],
+        # Every head's, [head][distance]: a fact found by a head other than the best.
+        "value_weight_by_head": per_head(value_w), "other_weight_by_head": per_head(other_w),
+        "found_by_head": per_head(found_h),
     })
   return {"distance": dists, "samples": [int(at[d].sum()) for d in dists],
           "accuracy": mean_at(correct), "layers": layers, "compression_rate": c,

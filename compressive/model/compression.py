@@ -81,6 +81,10 @@ class Compression(nnx.Module):
 
   name: ClassVar[str]
   needs_usage: ClassVar[bool] = False  # reads the attention each slot received
+  # Groups of c evicted slots each compressed slot reads: its own, and
+  # `window - 1` groups before it in the same eviction. A layer's temporal
+  # range is n_m + c * (n_cm + window - 1) tokens (paper §3: window 1).
+  window: ClassVar[int] = 1
 
   def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     del d_model, rngs, param_dtype  # parameter-free functions need neither
@@ -114,6 +118,32 @@ class MaxPool(Compression):
     gmask = self.groups(mask)
     out_mask = gmask.any(-1)
     out = jnp.where(gmask[..., None], self.groups(slots), jnp.finfo(slots.dtype).min).max(2)
+    return jnp.where(out_mask[..., None], out, 0), out_mask
+
+
+@register
+class OverlapMaxPool(Compression):
+  """Max pooling over overlapping windows (beyond the paper): each
+  compressed slot is the maximum over its own group of c slots and the
+  group before it in the same eviction (2c slots, stride c; the eviction's
+  first group has no group before it and pools its own c). A fact split
+  across two groups by the eviction's fixed boundaries is whole in the
+  second group's window: with plain max pooling a value byte shares its
+  slot with the fact's key in only some alignments, and recall past the
+  uncompressed memory finds the value through the key's bytes
+  (docs/RESULTS.md §2). Every evicted slot still reaches its own group's
+  compressed slot, and none reaches a later eviction's."""
+
+  name = "overlap_max_pool"
+  window = 2
+
+  def __call__(self, slots, mask, usage):
+    gmask = self.groups(mask)  # [B, G, c]
+    low = jnp.finfo(slots.dtype).min
+    own = jnp.where(gmask[..., None], self.groups(slots), low).max(2)  # [B, G, d]
+    before = jnp.pad(own[:, :-1], ((0, 0), (1, 0), (0, 0)), constant_values=low)
+    out_mask = gmask.any(-1)
+    out = jnp.maximum(own, before)
     return jnp.where(out_mask[..., None], out, 0), out_mask
 
 
