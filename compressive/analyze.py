@@ -17,7 +17,7 @@ data.source=recall and a compressed memory).
 loaded; a run in progress too), redrawn as WORKDIR/curves.png, the figure
 train.py draws at the end of a run; its JSON names the figure.
 The JSON is printed as the last line of stdout, then written with a figure to
-DIR/analysis_<name>_<split>.{json,png} (a workdir that cannot be written, e.g.
+DIR/analysis_<name>_<split>.{json,png}, `_step<N>` added for --step=N (a workdir that cannot be written, e.g.
 read-only, is a warning). A progress line (segment i/total, tokens per second,
 ETA) goes to stderr every --progress_seconds.
 
@@ -146,6 +146,8 @@ def main(argv):
     experiment = reading.flagged_experiment(check=check_recall)
     sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
+    if FLAGS.step is not None:  # an earlier checkpoint's result never replaces the newest's
+      suffix += f"_step{FLAGS.step}"
     # The corpus before the model: a corpus that cannot be read fails before any loading.
     tokenizer = data_lib.get_tokenizer(experiment.data)
     documents = data_lib.get_documents(experiment.data, FLAGS.split, tokenizer)

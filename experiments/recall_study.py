@@ -133,6 +133,31 @@ RECALL_STUDY["taught_memories_finetune"] = (
     "every stored slot, the conv and the layers that wrote them), both models",
     _WINDOW[:2] + ("--config.num_train_steps=900", "--config.model.memory_gradient=memories"),
     ())
+# The task's gradient where a selective compression can use it: a trained
+# setting's two models go on for 300 windows of 8 segments with the loss of
+# later segments reaching the compression (`_taught`: model.memory_gradient=
+# compressor, the CT alone) or every stored slot (`_taught_memories`: both
+# models); a checkpoint every 50 windows, each measured (the curve of
+# windows against recall past the reach).
+_CURVE = ("--config.checkpoint_every_steps=50", "--config.keep_checkpoints=10")
+for _start in ("attention_pool_1digit", "max_pool_1digit", "ordered_pool_1digit",
+               "overlap_max_pool_1digit", "ordered_pool", "attention_pool"):
+  _both = RECALL_STUDY[_start][1]
+  WARM_START[f"{_start}_taught"] = _start
+  RECALL_STUDY[f"{_start}_taught"] = (
+      f"`{_start}`'s models (600 steps), then 300 windows of 8 segments with the LM loss "
+      "reaching the compression (model.memory_gradient=compressor); the Transformer-XL: its "
+      "start, then the same window and data",
+      _both + _WINDOW[:2] + ("--config.num_train_steps=900",) + _CURVE,
+      ("--config.model.memory_gradient=compressor",))
+  WARM_START[f"{_start}_taught_memories"] = _start
+  RECALL_STUDY[f"{_start}_taught_memories"] = (
+      f"`{_start}`'s models (600 steps), then 300 windows of 8 segments with the LM loss "
+      "reaching every stored slot, the compression and the layers that wrote them "
+      "(model.memory_gradient=memories), both models",
+      _both + _WINDOW[:2] + ("--config.num_train_steps=900",
+                             "--config.model.memory_gradient=memories") + _CURVE, ())
+CURVE_SETTINGS = {n for n, (_, both, _) in RECALL_STUDY.items() if _CURVE[0] in both}
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
 
@@ -162,7 +187,10 @@ def _setting_dirs(out: str, name: str) -> tuple[str, str]:
   settings that change nothing of theirs)."""
   _, both, _ = RECALL_STUDY[name]
   start = WARM_START.get(name)
-  txl = f"from_{start}_{_slug(both)}" if start else _slug(both)
+  if start:  # named by the Transformer-XL it starts from, which the CT's compression leaves alone
+    txl = f"from_{os.path.basename(_setting_dirs(out, start)[1])}_{_slug(both)}"
+  else:
+    txl = _slug(both)
   return f"{out}/{name}/ct", f"{out}/txl/{txl}"
 
 
@@ -252,6 +280,24 @@ def _setting_config(name: str, runs: dict) -> dict:
       "ct_config": ct, "txl_config": txl}
 
 
+def _curve(workdir: str, since: int, reach: int) -> list[dict]:
+  """Recall beyond `reach` at each kept checkpoint from step `since` on."""
+  steps = sorted(int(d) for d in os.listdir(f"{workdir}/checkpoints") if d.isdigit())
+  points = []
+  for step in (s for s in steps if s >= since):
+    cached = f"{workdir}/analysis_recall_test_step{step}.json"
+    if os.path.exists(cached):
+      acc = json.load(open(cached))
+    else:
+      acc = json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
+                                 "--split=test", f"--step={step}"]).strip().splitlines()[-1])
+    far = beyond(acc, reach)
+    points.append({"step": step, "windows": step - since,
+                   "whole_answer_accuracy_beyond_txl_reach": far["whole_answer_accuracy"],
+                   "answer_byte_accuracy_beyond_txl_reach": far["answer_byte_accuracy"]})
+  return points
+
+
 def recall_setting(out: str, name: str) -> dict:
   runs = _train_setting(out, name)
   result = {"config": _setting_config(name, runs)}
@@ -268,6 +314,9 @@ def recall_setting(out: str, name: str) -> dict:
         "answer_byte_accuracy_beyond_txl_one_hop": mid["answer_byte_accuracy"],
         "queries_beyond_txl_one_hop": mid["queries"],
         "by_distance": acc}
+  if name in CURVE_SETTINGS:  # recall past the reach at every kept checkpoint of the windows
+    result["curve"] = {model: _curve(runs[model][1], runs[model][0].get("warm_start_steps", 0),
+                                     reach) for model in ("ct", "txl")}
   # Where the CT's facts are lost: its compressed slots probed, and where its
   # answers look (compressive/evaluation/probe.py).
   found = recall_analysis(runs["ct"][1], analysis="recall_probe")

@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/run.py --experiment=ct_vs_txl
     .venv/bin/python experiments/run.py --experiment=recall_study [--settings=base,...]
-    .venv/bin/python experiments/run.py --experiment=books_reach [--taught]
+    .venv/bin/python experiments/run.py --experiment=books_reach [--taught] [--compression=NAME]
     .venv/bin/python experiments/run.py --experiment=ablation
     .venv/bin/python experiments/run.py --experiment=positions
 
@@ -32,7 +32,10 @@ books_reach
            the parts of the test books before and past the Transformer-XL's
            reach. Writes docs/results/books_reach.json; with --taught, the
            task-taught compression (both models one update per 4-segment
-           window), docs/results/books_reach_taught.json.
+           window), docs/results/books_reach_taught.json; with
+           --compression=NAME, the CT compresses with NAME (both
+           Transformer-XLs trained afresh beside it: the equal-time one
+           takes the new CT's time), docs/results/books_reach_NAME.json.
 positions  configs/default_rope.py (rotary positions) against the relative
            positions of configs/default.py (the ct_vs_txl run, trained here if
            missing); held-out bits per byte on the whole test split.
@@ -77,6 +80,9 @@ flags.DEFINE_bool("taught", False,
                   "books_reach: with the task-taught compression (one update per step's "
                   "4 segments, model.memory_gradient=compressor; the Transformer-XL with the "
                   "same window). Writes books_reach_taught.json.")
+flags.DEFINE_string("compression", None,
+                    "books_reach: the CT's model.compression (default the config's, conv). "
+                    "Writes books_reach_<compression>.json.")
 flags.DEFINE_string("results_dir", "docs/results",
                     "recall_study, books_reach: where their results JSON goes.")
 flags.mark_flag_as_required("experiment")
@@ -160,8 +166,11 @@ BOOKS_TAUGHT_CT = BOOKS_WINDOW + ("--config.model.memory_gradient=compressor",)
 def books_reach(out: str) -> dict:
   ct_overrides = BOOKS_CT + (BOOKS_TAUGHT_CT if FLAGS.taught else ())
   txl_overrides = BOOKS_WINDOW if FLAGS.taught else ()
-  if FLAGS.taught:
-    out = f"{out}_taught"
+  suffix = ("_taught" if FLAGS.taught else "") + (
+      f"_{FLAGS.compression}" if FLAGS.compression else "")
+  if FLAGS.compression:
+    ct_overrides += (f"--config.model.compression={FLAGS.compression}",)
+  out += suffix
   runs = {"ct": train(f"{out}/ct", "configs/default.py", *ct_overrides),
           "txl": train(f"{out}/txl", "configs/default_txl.py", *txl_overrides)}
   steps = FLAGS.equal_time_steps or round(
@@ -182,7 +191,7 @@ def books_reach(out: str) -> dict:
   for name, s in runs.items():
     result[name] = {k: s[k] for k in ("steps", "train_seconds", "tokens_per_second")}
     result[name].update(loss_past(f"{out}/{name}", reach))
-  name = "books_reach_taught.json" if FLAGS.taught else "books_reach.json"
+  name = f"books_reach{suffix}.json"
   write_json(os.path.join(ROOT, FLAGS.results_dir, name), result)
   return result
 
