@@ -133,6 +133,20 @@ RECALL_STUDY["taught_memories_finetune"] = (
     "every stored slot, the conv and the layers that wrote them), both models",
     _WINDOW[:2] + ("--config.num_train_steps=900", "--config.model.memory_gradient=memories"),
     ())
+# Wider windows, from experiments/compressions.py (not part of the package).
+_OVERLAP3 = ("--config.model.compression=experiments.compressions:Overlap3MaxPool",)
+RECALL_STUDY["overlap3_max_pool"] = (
+    "max pooling over overlapping windows of 3c slots (stride c), four-digit values", (),
+    _OVERLAP3)
+RECALL_STUDY["overlap3_max_pool_1digit"] = (
+    "max pooling over overlapping windows of 3c slots (stride c), one-digit values", ONE_DIGIT,
+    _OVERLAP3)
+# A second seed (the models' initialisation and the order of the training
+# data: config.seed) where a setting decides a finding.
+for _name in ("max_pool_1digit", "overlap_max_pool_1digit", "overlap_max_pool"):
+  _what, _both, _ct = RECALL_STUDY[_name]
+  RECALL_STUDY[f"{_name}_seed1"] = (f"{_what}; seed 1", _both + ("--config.seed=1",), _ct)
+
 # The task's gradient where a selective compression can use it: a trained
 # setting's two models go on for 300 windows of 8 segments with the loss of
 # later segments reaching the compression (`_taught`: model.memory_gradient=
@@ -141,7 +155,7 @@ RECALL_STUDY["taught_memories_finetune"] = (
 # windows against recall past the reach).
 _CURVE = ("--config.checkpoint_every_steps=50", "--config.keep_checkpoints=10")
 for _start in ("attention_pool_1digit", "max_pool_1digit", "ordered_pool_1digit",
-               "overlap_max_pool_1digit", "ordered_pool", "attention_pool"):
+               "overlap_max_pool_1digit", "ordered_pool", "attention_pool", "overlap_max_pool"):
   _both = RECALL_STUDY[_start][1]
   WARM_START[f"{_start}_taught"] = _start
   RECALL_STUDY[f"{_start}_taught"] = (

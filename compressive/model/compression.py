@@ -141,9 +141,10 @@ class OverlapMaxPool(Compression):
     gmask = self.groups(mask)  # [B, G, c]
     low = jnp.finfo(slots.dtype).min
     own = jnp.where(gmask[..., None], self.groups(slots), low).max(2)  # [B, G, d]
-    before = jnp.pad(own[:, :-1], ((0, 0), (1, 0), (0, 0)), constant_values=low)
+    out = own
+    for k in range(1, self.window):  # the k-th group before, where the eviction has one
+      out = jnp.maximum(out, jnp.pad(own[:, :-k], ((0, 0), (k, 0), (0, 0)), constant_values=low))
     out_mask = gmask.any(-1)
-    out = jnp.maximum(own, before)
     return jnp.where(out_mask[..., None], out, 0), out_mask
 
 
