@@ -156,21 +156,21 @@ for _name in ("max_pool_1digit", "overlap_max_pool_1digit", "overlap_max_pool"):
 _CURVE = ("--config.checkpoint_every_steps=50", "--config.keep_checkpoints=10")
 for _start in ("attention_pool_1digit", "max_pool_1digit", "ordered_pool_1digit",
                "overlap_max_pool_1digit", "ordered_pool", "attention_pool", "overlap_max_pool"):
-  _both = RECALL_STUDY[_start][1]
+  _, _both, _start_ct = RECALL_STUDY[_start]
   WARM_START[f"{_start}_taught"] = _start
   RECALL_STUDY[f"{_start}_taught"] = (
       f"`{_start}`'s models (600 steps), then 300 windows of 8 segments with the LM loss "
       "reaching the compression (model.memory_gradient=compressor); the Transformer-XL: its "
       "start, then the same window and data",
       _both + _WINDOW[:2] + ("--config.num_train_steps=900",) + _CURVE,
-      ("--config.model.memory_gradient=compressor",))
+      _start_ct + ("--config.model.memory_gradient=compressor",))
   WARM_START[f"{_start}_taught_memories"] = _start
   RECALL_STUDY[f"{_start}_taught_memories"] = (
       f"`{_start}`'s models (600 steps), then 300 windows of 8 segments with the LM loss "
       "reaching every stored slot, the compression and the layers that wrote them "
       "(model.memory_gradient=memories), both models",
       _both + _WINDOW[:2] + ("--config.num_train_steps=900",
-                             "--config.model.memory_gradient=memories") + _CURVE, ())
+                             "--config.model.memory_gradient=memories") + _CURVE, _start_ct)
 CURVE_SETTINGS = {n for n, (_, both, _) in RECALL_STUDY.items() if _CURVE[0] in both}
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
