@@ -171,6 +171,15 @@ for _start in ("attention_pool_1digit", "max_pool_1digit", "ordered_pool_1digit"
       "(model.memory_gradient=memories), both models",
       _both + _WINDOW[:2] + ("--config.num_train_steps=900",
                              "--config.model.memory_gradient=memories") + _CURVE, _start_ct)
+# Longer training: a setting's two models go on to 1,200 steps (the
+# learning rate following a schedule to step 1,200 from the step they resume
+# at), measured every 50 steps.
+for _start in ("overlap_max_pool_1digit", "overlap_max_pool"):
+  _, _both, _start_ct = RECALL_STUDY[_start]
+  WARM_START[f"{_start}_longer"] = _start
+  RECALL_STUDY[f"{_start}_longer"] = (
+      f"`{_start}`'s models (600 steps) trained on to 1,200 steps, both models",
+      _both + ("--config.num_train_steps=1200",) + _CURVE, _start_ct)
 CURVE_SETTINGS = {n for n, (_, both, _) in RECALL_STUDY.items() if _CURVE[0] in both}
 CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
