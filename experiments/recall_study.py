@@ -72,10 +72,18 @@ ONE_DIGIT = ("--config.data.recall.value_len=1",)
 _FUNCTIONS = {"max_pool": "max pooling", "mean_pool": "mean pooling",
               "conv": "the convolution", "dilated_conv": "the dilated convolution",
               "most_used": "most-used selection",
-              "overlap_max_pool": "max pooling over overlapping windows (2c slots, stride c)",
-              "attention_pool": "learned selection (attention pooling, one head)",
-              "ordered_pool": "learned ordered selection (attention pooling, a head per "
-                              "position)"}
+              "overlap_max_pool": "max pooling over overlapping windows (2c slots, stride c)"}
+# Learned selections (beyond the paper; experiments/compressions.py), measured
+# below the pooling they were meant to improve on.
+_PLUGINS = {"attention_pool": ("learned selection (attention pooling, one head)",
+                               "experiments.compressions:AttentionPool"),
+            "ordered_pool": ("learned ordered selection (attention pooling, a head per "
+                             "position)", "experiments.compressions:OrderedPool")}
+for _fn, (_what, _path) in _PLUGINS.items():
+  RECALL_STUDY[_fn] = (f"{_what} (rate 4), four-digit values", (),
+                       ("--config.model.compression=" + _path,))
+  RECALL_STUDY[f"{_fn}_1digit"] = (f"{_what} (rate 4), one-digit values", ONE_DIGIT,
+                                   ("--config.model.compression=" + _path,))
 for _fn, _what in _FUNCTIONS.items():
   _ct = ("--config.model.compression=" + _fn,) if _fn != "conv" else ()
   if _fn not in ("conv", "most_used"):
@@ -185,8 +193,24 @@ CHANCE = {"answer_byte": 0.1, "whole_answer": 1e-4}
 
 
 def pooled_probe(result: dict, beyond_: int) -> dict:
-  from compressive.evaluation import probe
-  return probe.pooled(result, beyond_)
+  """analyze.py --analysis=recall_probe's figures pooled over the distances >
+  `beyond_`, each distance weighted by its test samples: {"samples",
+  "accuracy", "layers": [{"probe", "probe_control", "found", "value_weight",
+  "other_weight"}]}."""
+  sel = [i for i, d in enumerate(result["distance"]) if d > beyond_]
+  n = [result["samples"][i] for i in sel]
+  if not sum(n):
+    return {"samples": 0}
+
+  def pool(values):
+    pairs = [(v, w) for v, w in zip((values[i] for i in sel), n) if v is not None]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+  return {"samples": sum(n), "accuracy": pool(result["accuracy"]),
+          "layers": [{k: pool(layer[k]) for k in ("probe", "probe_control", "found",
+                                                  "value_weight", "other_weight")}
+                     for layer in result["layers"]]}
 
 
 def beyond(acc: dict, reach: int) -> dict:

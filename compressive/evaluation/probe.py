@@ -64,7 +64,6 @@ def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
   if not c_len:
     raise ValueError("the probe reads the compressed memory: this model evaluates without one "
                      "(compressed_memory_length=0)")
-  t = sizes.segment_length
   rng = np.random.default_rng(seed)
   answers = _answers(documents)
   rows: list[dict] = []  # one per answer byte in the compressed memory
@@ -73,51 +72,61 @@ def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
                                  per_token=True, probe=True, progress_every_s=progress_every_s,
                                  what="recall_probe"):
     sos = np.asarray(segment.batch["start_of_sequence"])
-    b = len(sos)
     if docs_seen is None:
-      docs_seen, row_pos = np.zeros(b, np.int64), np.zeros(b, np.int64)
+      docs_seen, row_pos = np.zeros(len(sos), np.int64), np.zeros(len(sos), np.int64)
     assert row_pos is not None
     docs_seen += sos
     row_pos[sos] = 0
-    slots = weights = None  # read from the device only when a segment needs them
-    correct, mask = np.asarray(segment.correct), np.asarray(segment.batch["mask"])
-    valid = np.asarray(segment.memory_valid)[:, :c_len]  # [B, C]
-    for r in range(b):
-      if docs_seen[r] == 0:
-        continue
-      doc = r + b * (int(docs_seen[r]) - 1)
-      start = int(row_pos[r]) - m_len - c * c_len  # the oldest compressed slot's first position
-      for j in range(t):
-        answer = answers[doc].get(int(row_pos[r]) + j + 1)
-        if answer is None or not mask[r, j]:
-          continue
-        distance, digit, value_at, fact = answer
-        slot = (value_at - start) // c
-        if value_at < start or slot >= c_len or not valid[r, slot]:
-          continue  # the value byte is not in the compressed memory here
-        fact_slots = sorted({(p - start) // c for p in range(*fact)
-                             if start <= p < start + c * c_len})
-        others = [i for i in range(c_len) if valid[r, i] and i not in fact_slots]
-        if not others:
-          continue
-        if slots is None:
-          slots = np.asarray(segment.compressed_slots, np.float32)  # [L, B, C, d]
-          weights = np.asarray(segment.compressed_weights, np.float32)  # [L, B, H, T, C]
-        assert weights is not None
-        w = weights[:, r, :, j, :]  # [L, H, C]
-        top = w.argmax(-1)  # [L, H]
-        rows.append(dict(
-            doc=doc, distance=distance, digit=digit, offset=(value_at - start) % c,
-            correct=bool(correct[r, j]), slot=slots[:, r, slot],
-            control=slots[:, r, int(rng.choice(others))],
-            value_weight=w[:, :, slot], other_weight=w[:, :, others].mean(-1),
-            found=np.isin(top, fact_slots)))
-    row_pos += t
+    rows += _segment_samples(segment, answers, docs_seen, row_pos, (c, m_len, c_len), rng)
+    row_pos += sizes.segment_length
   if not rows:
     raise ValueError("no answer byte's value was in the compressed memory: evaluate longer "
                      "documents, more segments, or a model whose compressed memory reaches "
                      "the split's distances")
   return _summarise(rows, c, cfg.num_layers)
+
+
+def _segment_samples(segment, answers, docs_seen: np.ndarray, row_pos: np.ndarray,
+                     sizes: tuple[int, int, int], rng: np.random.Generator) -> list[dict]:
+  """One sample per answer byte of the segment whose value byte is in the
+  compressed memory: its slot and a control slot of every layer, the
+  weights on them, and whether the model predicted the byte. `sizes` is (c,
+  M, C); `docs_seen` and `row_pos` say which document each row reads and
+  where the segment starts in it."""
+  c, m_len, c_len = sizes
+  b, t = np.asarray(segment.correct).shape
+  slots = weights = None  # read from the device only when a segment needs them
+  correct, mask = np.asarray(segment.correct), np.asarray(segment.batch["mask"])
+  valid = np.asarray(segment.memory_valid)[:, :c_len]  # [B, C]
+  rows = []
+  for r in (r for r in range(b) if docs_seen[r]):
+    doc = r + b * (int(docs_seen[r]) - 1)
+    start = int(row_pos[r]) - m_len - c * c_len  # the oldest compressed slot's first position
+    for j in range(t):
+      answer = answers[doc].get(int(row_pos[r]) + j + 1)
+      if answer is None or not mask[r, j]:
+        continue
+      distance, digit, value_at, fact = answer
+      slot = (value_at - start) // c
+      if value_at < start or slot >= c_len or not valid[r, slot]:
+        continue  # the value byte is not in the compressed memory here
+      fact_slots = sorted({(p - start) // c for p in range(*fact)
+                           if start <= p < start + c * c_len})
+      others = [i for i in range(c_len) if valid[r, i] and i not in fact_slots]
+      if not others:
+        continue
+      if slots is None:
+        slots = np.asarray(segment.compressed_slots, np.float32)  # [L, B, C, d]
+        weights = np.asarray(segment.compressed_weights, np.float32)  # [L, B, H, T, C]
+      assert weights is not None
+      w = weights[:, r, :, j, :]  # [L, H, C]
+      rows.append(dict(
+          doc=doc, distance=distance, digit=digit, offset=(value_at - start) % c,
+          correct=bool(correct[r, j]), slot=slots[:, r, slot],
+          control=slots[:, r, int(rng.choice(others))],
+          value_weight=w[:, :, slot], other_weight=w[:, :, others].mean(-1),
+          found=np.isin(w.argmax(-1), fact_slots)))  # each layer's and head's top slot
+  return rows
 
 
 def _answers(documents) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
@@ -202,23 +211,3 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
   return {"distance": dists, "samples": [int(at[d].sum()) for d in dists],
           "accuracy": mean_at(correct), "layers": layers, "compression_rate": c,
           "chance": 0.1}
-
-
-def pooled(result: dict, beyond: int) -> dict:
-  """`recall_probe`'s figures pooled over the distances > `beyond`, each
-  distance weighted by its test samples: {"samples", "accuracy", "layers":
-  [{"probe", "probe_control", "found", "value_weight", "other_weight"}]}."""
-  sel = [i for i, d in enumerate(result["distance"]) if d > beyond]
-  n = [result["samples"][i] for i in sel]
-  if not sum(n):
-    return {"samples": 0}
-
-  def pool(values):
-    pairs = [(v, w) for v, w in zip((values[i] for i in sel), n) if v is not None]
-    total = sum(w for _, w in pairs)
-    return sum(v * w for v, w in pairs) / total if total else None
-
-  return {"samples": sum(n), "accuracy": pool(result["accuracy"]),
-          "layers": [{k: pool(layer[k]) for k in ("probe", "probe_control", "found",
-                                                  "value_weight", "other_weight")}
-                     for layer in result["layers"]]}

@@ -5,6 +5,7 @@ import pytest
 
 from compressive import data as data_lib
 from compressive.evaluation import probe
+from experiments.recall_study import pooled_probe
 from helpers import data_of, make_model, tiny_experiment, to_evaluate
 
 
@@ -37,7 +38,7 @@ def test_each_value_byte_is_probed_in_the_slot_that_holds_it():
   assert sum(r["samples"]) > 300
   first = r["layers"][0]
   assert first["probe"] == [1.0] * len(r["distance"])
-  pooled = probe.pooled(r, 0)
+  pooled = pooled_probe(r, 0)
   assert pooled["samples"] == sum(r["samples"])
   for layer in pooled["layers"]:
     assert layer["probe_control"] < 0.22  # chance 0.1; ~0.015 standard error at 400 samples
@@ -48,7 +49,7 @@ def test_pooling_loses_part_of_a_digit_and_the_probe_says_so():
   """Max pooling at rate 2 mixes each value byte with its neighbour: the
   probe reads the digit less often than from the byte alone, and more often
   than from a slot without it."""
-  r = probe.pooled(run_probe(probe_config("max_pool", 2)), 0)
+  r = pooled_probe(run_probe(probe_config("max_pool", 2)), 0)
   first = r["layers"][0]
   assert first["probe_control"] + 0.2 < first["probe"] < 0.98
 
@@ -57,11 +58,11 @@ def test_the_study_pools_only_the_distances_beyond_a_reach():
   layer = {k: [0.2, 0.8] for k in ("probe", "probe_control", "found", "value_weight",
                                    "other_weight")}
   r = {"distance": [100, 300], "samples": [10, 30], "accuracy": [0.5, 0.1], "layers": [layer]}
-  assert probe.pooled(r, 200) == {"samples": 30, "accuracy": 0.1,
+  assert pooled_probe(r, 200) == {"samples": 30, "accuracy": 0.1,
                                   "layers": [{k: 0.8 for k in layer}]}
-  whole = probe.pooled(r, 0)
+  whole = pooled_probe(r, 0)
   assert whole["accuracy"] == pytest.approx((0.5 * 10 + 0.1 * 30) / 40)
-  assert probe.pooled(r, 300) == {"samples": 0}
+  assert pooled_probe(r, 300) == {"samples": 0}
 
 
 def test_a_model_without_compressed_memory_is_refused():
