@@ -28,7 +28,15 @@ def recall_analysis(workdir: str, flags_: list[str] | tuple[str, ...] = (),
   if os.path.exists(cached):
     return json.load(open(cached))
   return json.loads(run_tool(["analyze.py", f"--workdir={workdir}", f"--analysis={analysis}",
-                          "--split=test", *flags_]).strip().splitlines()[-1])
+                          "--split=test", *_plugin(workdir), *flags_]).strip().splitlines()[-1])
+
+
+def _plugin(workdir: str) -> list[str]:
+  """--plugin for a run whose compression is a plugin (`module:Name`): a
+  saved config never imports code by itself."""
+  with open(f"{workdir}/config.json") as f:
+    name = json.load(f)["model"]["compression"]
+  return [f"--plugin={name.split(':')[0]}"] if ":" in name else []
 
 
 # The recall study: configs/recall.py (Compressive Transformer) against
@@ -337,7 +345,8 @@ def _curve(workdir: str, since: int, reach: int) -> list[dict]:
       acc = json.load(open(cached))
     else:
       acc = json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=recall",
-                                 "--split=test", f"--step={step}"]).strip().splitlines()[-1])
+                                 "--split=test", f"--step={step}", *_plugin(workdir)]
+                                ).strip().splitlines()[-1])
     far = beyond(acc, reach)
     points.append({"step": step, "windows": step - since,
                    "whole_answer_accuracy_beyond_txl_reach": far["whole_answer_accuracy"],
