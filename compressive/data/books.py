@@ -209,8 +209,12 @@ def read_ar(data: bytes) -> dict[str, bytes]:
   out, pos = {}, 8
   while pos + 60 <= len(data):
     header = data[pos:pos + 60]
-    name = header[:16].decode('ascii').strip().rstrip('/')
-    size = int(header[48:58].decode('ascii').strip())
+    size_field = header[48:58].strip()
+    if not size_field.isdigit():  # a negative or garbled size would never advance
+      raise DataError(f'not an ar archive: member header at byte {pos} gives the size '
+                      f'{size_field[:10]!r}')
+    name = header[:16].decode('ascii', errors='replace').strip().rstrip('/')
+    size = int(size_field)
     out[name] = data[pos + 60:pos + 60 + size]
     pos += 60 + size + (size & 1)  # Members are 2-byte aligned.
   return out

@@ -244,6 +244,22 @@ def _split_paths(data_config: 'DataConfig', split: str) -> tuple[list[str], str]
 # -- One file cut into documents. ---------------------------------------------------
 
 
+def character_cut(data: bytes) -> int:
+  """Where a piece with no line end is cut, in bytes from its start: before
+  the character at its end (a lead byte and at most 3 continuation bytes),
+  so that no character is split between two documents; the whole piece when
+  its end is no such character (bytes that are not UTF-8: the decoder names
+  them, or replaces them) or the piece is that character alone, so that a
+  cut always advances."""
+  n = len(data)
+  lead = n - 1
+  while lead >= max(n - 4, 0) and data[lead] & 0xC0 == 0x80:
+    lead -= 1
+  if 0 < lead and n - lead <= 4 and data[lead] >= 0xC0:
+    return lead
+  return n
+
+
 @functools.lru_cache(maxsize=8)
 def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tuple[int, int], ...]:
   """(start, end) byte ranges of the file's documents (the module's
@@ -262,11 +278,8 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
           line_end = data.rfind(b'\n')
           if line_end >= 0:
             end = start + line_end + 1
-          else:  # no line end in the piece: cut before a character's continuation bytes
-            while end > start + 1 and data[end - start - 1] & 0xC0 == 0x80:
-              end -= 1
-            if data[end - start - 1] >= 0xC0:
-              end -= 1
+          else:  # no line end in the piece: a character it cuts goes to the next
+            end = start + character_cut(data)
         ranges.append((start, end))
         start = end
   except OSError as e:
