@@ -406,14 +406,16 @@ def load_books(cache_dir: str,
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.books`: where the archives are cached, and the held-out share."""
-  cache_dir: str = ''  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
+  cache_dir: str = values.text('')  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
   # Held-out share of works for each of validation and test.
-  heldout_fraction: float = 0.05
+  heldout_fraction: float = values.real(0.05, '(0, 0.5)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.books.')
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.books
-  values.number('data.books.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
+  del data_config  # its fields check themselves (Config); the archives are pinned
 
 
 def get_documents(data_config: 'DataConfig', split: str,

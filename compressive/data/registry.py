@@ -213,6 +213,10 @@ def section(data_config: 'DataConfig', name: str) -> Any:
     sections[name] = source.schema()
   if not dataclasses.is_dataclass(sections[name]):  # a plugin's, as the config wrote it
     sections[name] = values.from_dict(source.schema, sections[name], f'data.{name}.')
+  stray = sorted(k for k, v in sections.items() if not dataclasses.is_dataclass(v))
+  if stray:  # a section no source reads (a typo of the plugin's, or another plugin's)
+    raise ConfigError(f'data.{stray[0]} is not a section of this data config: '
+                      f'data.source={data_config.source!r} reads data.{name}')
   return sections[name]
 
 

@@ -49,17 +49,20 @@ TEXT_ERRORS = ('strict', 'replace')
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.text_files`: the text, its split and its decoding."""
-  path: str = ''  # The folder of *.txt files (or of train/, validation/, test/).
+  path: str = values.text('')  # The folder of *.txt files (or of train/, validation/, test/).
   # Held-out share of documents for each of validation and test when the
   # split is made by hash.
-  heldout_fraction: float = 0.05
+  heldout_fraction: float = values.real(0.05, '(0, 0.5)')
   # How undecodable UTF-8 is handled: 'strict' raises an error naming the
   # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
   # of U+FFFD, since num_bytes measures the text the model sees).
-  text_errors: str = 'strict'
+  text_errors: str = values.text('strict', TEXT_ERRORS, "'strict' or 'replace'")
   # When path is one file: it is cut into documents of at most this many
   # bytes, at line ends (a 1 MB file gives about 64 documents).
-  document_bytes: int = 16384
+  document_bytes: int = values.whole(16384, '[64, 2**31)', 'an integer >= 64 (bytes)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.text_files.')
 
 
 def validate(data_config: 'DataConfig') -> None:
@@ -67,12 +70,6 @@ def validate(data_config: 'DataConfig') -> None:
   if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
     raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
                       'a text file')
-  values.number('data.text_files.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
-  values.integer('data.text_files.document_bytes', c.document_bytes, '[64, 2**31)',
-                 must='an integer >= 64 (bytes)')
-  if c.text_errors not in TEXT_ERRORS:
-    raise ConfigError(
-        f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
 
 
 def read_text(path: str, errors: str = 'strict',

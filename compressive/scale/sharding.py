@@ -75,14 +75,17 @@ class MeshConfig:
     data_axes: the axes that split batch rows, and with them the memory.
     logical_axis_rules: (logical axis, mesh axes) pairs.
   """
-  axes: tuple = ("data", "fsdp", "tensor")
-  shape: tuple = (-1, 1, 1)  # -1: the devices the other axes leave
-  data_axes: tuple = ("data", "fsdp")  # batch and memory rows are split along these
+  axes: tuple = values.sequence(("data", "fsdp", "tensor"))
+  shape: tuple = values.sequence((-1, 1, 1))  # -1: the devices the other axes leave
+  # Batch and memory rows are split along these.
+  data_axes: tuple = values.sequence(("data", "fsdp"))
   # Each parameter's logical axis -> mesh axes (None: replicated).
-  logical_axis_rules: tuple = DEFAULT_LOGICAL_AXIS_RULES
+  logical_axis_rules: tuple = values.sequence(DEFAULT_LOGICAL_AXIS_RULES)
 
   def __post_init__(self):
-    """The fields against each other (against the devices: `mesh_shape`)."""
+    """Each field's kind, then the fields against each other (against the
+    devices: `mesh_shape`)."""
+    values.check_fields(self, "mesh.")
     axes, shape = self.axes, self.shape
     if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
       raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
@@ -98,7 +101,7 @@ class MeshConfig:
       if a not in axes:
         raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
     for rule in self.logical_axis_rules:
-      if len(rule) != 2 or not isinstance(rule[0], str):
+      if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
         raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
       for a in _names(rule[1]):
         if a not in axes:

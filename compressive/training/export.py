@@ -97,6 +97,9 @@ def read_manifest(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{name} is damaged: {held} (every export of version {VERSION} "
                           f"{'holds it' if missing else 'holds a value there'}); export the "
                           "workdir again")
+  problem = integrity_lib.identity_problem(manifest["identity"])
+  if problem:
+    raise CheckpointError(f"{name} is damaged: its {problem}; export the workdir again")
   config_path = layout.Export(path).config
   if files.kind(config_path) != "file":
     raise CheckpointError(f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "

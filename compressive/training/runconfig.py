@@ -16,6 +16,7 @@ import ml_collections
 
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
+from compressive import experiment as experiment_lib
 from compressive.experiment import Experiment
 from compressive.training import layout, savedjson, sidefiles
 from compressive.training import integrity
@@ -56,10 +57,13 @@ def load_config(workdir: str) -> SavedConfig:
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
-    values = savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path)
-    return ml_collections.ConfigDict(_tuples(values))
+    values = _tuples(savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path))
+    experiment_lib.check_written(values)  # its sections, fields and kinds: not its ranges
+    return ml_collections.ConfigDict(values)
   except savedjson.DamagedJSONError as e:
     cause = e.cause
+  except ConfigError as e:
+    cause = str(e)
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # keys a config refuses
     cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
   raise CheckpointError(f"{path} is damaged ({cause}); restore it from a copy, or write it "
