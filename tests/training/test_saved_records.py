@@ -12,6 +12,7 @@ training leaves it, in seconds, with nothing compiled."""
 
 import json
 import os
+import re
 import shutil
 import textwrap
 
@@ -181,12 +182,17 @@ def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(run, tm
            "is damaged: its integrity record's", named)
 
 
-def test_an_export_identity_holding_what_no_version_records_is_damage(exported, tmp_path):
+@pytest.mark.parametrize("edit,named", [
+    (lambda m: m["identity"]["model"].update(memory_len=4), "identity.model.memory_len is not a field"),
+    (lambda m: m["identity"]["data"]["synthetic"].update(seed="0"),
+     "identity.data.synthetic.seed='0' must be an integer, not str"),
+    (lambda m: m.update(identity_v3={}), "'identity_v3', a field no export of version 2 holds"),
+], ids=["model field", "data kind", "export field"])
+def test_an_export_holding_what_no_version_records_is_damage(exported, tmp_path, edit, named):
   out = copy(exported, tmp_path)
-  edit_json(out / "export.json", lambda m: m["identity"]["model"].update(memory_len=4))
+  edit_json(out / "export.json", edit)
   reseal(str(out))
-  with pytest.raises(CheckpointError, match="export.json is damaged: its identity.model.memory_len "
-                                            "is not a field"):
+  with pytest.raises(CheckpointError, match=f"export.json is damaged: its {re.escape(named)}"):
     compressive.load(str(out))
 
 
