@@ -408,6 +408,10 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
   path = compilation_cache_dir(flag)
   if path is None:
     return None
+  if files.is_url(path):  # os.path would make a local folder `gs:` of gs://b/x
+    where = "--compilation_cache" if flag is not None else f"${COMPILATION_CACHE_ENV}"
+    fail(f"{where}={path}: JAX's compilation cache is a folder on this machine, not a URL; "
+         "give a local folder, or none with --compilation_cache=")
   if path:
     path = os.path.abspath(os.path.expanduser(path))
     try:

@@ -70,6 +70,25 @@ def is_remote(path: Any) -> bool:
   return isinstance(path, str) and any(path.startswith(f"{s}://") for s in SCHEMES)
 
 
+def check_url(url: str, what: str) -> None:
+  """ConfigError unless `url` (gs://BUCKET/PATH: `what` it is) names one
+  place one way: a bucket, and a path without `.`, `..` or empty segments.
+  Cloud Storage takes an object's name as written, while TensorStore
+  resolves `..` (as a disk does): a run at gs://b/x/../y would keep its side
+  files under x/../y/ and its checkpoints under y/, and no reader would find
+  one beside the other. A slash at the end is allowed (it names the same
+  folder)."""
+  bucket, _, path = url.split("://", 1)[1].partition("/")
+  segments = path.rstrip("/").split("/") if path.rstrip("/") else []
+  odd = next((s for s in segments if s in ("", ".", "..")), None)
+  if not bucket or odd is not None:
+    which = "no bucket" if not bucket else (
+        "an empty segment (//)" if odd == "" else f"a {odd!r} segment")
+    raise ConfigError(f"{url}: {what} URL with {which}; give gs://BUCKET/PATH with each "
+                      "folder named once (Cloud Storage keeps names as written, TensorStore "
+                      "resolves them: the run's files would land in two places)")
+
+
 def _epath(url: str):
   from etils import epath  # pylint: disable=g-import-not-at-top  (only where a URL is used)
   return epath.Path(url)
@@ -192,6 +211,7 @@ class Mirror:
   see the module's docstring. `with Mirror(url) as local:`."""
 
   def __init__(self, url: str):
+    check_url(url, "a run")
     self.url = url.rstrip("/")
     self.local = ""
     self._copied: dict[str, tuple[int, int]] = {}
@@ -281,6 +301,7 @@ class Upload:
   tool ends without an error. `with Upload(url, label) as local:`."""
 
   def __init__(self, url: str, label: str):
+    check_url(url, "an output")
     self.url, self.label = url.rstrip("/"), label
     self.parent = self.local = ""
 

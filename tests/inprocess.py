@@ -123,9 +123,16 @@ def _restored():
   verbosity = absl_logging.get_verbosity()
   formatter = absl_logging.get_absl_handler().python_handler.formatter  # the tools set their own
   options = {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
+  modules = set(sys.modules)
   try:
     yield
   finally:
+    # A config file ml_collections loaded (as module config_<flag>): a
+    # later tool's file of the same flag is loaded afresh, as in a process
+    # of its own, not into the same module object, whose names it would keep.
+    for name in set(sys.modules) - modules:
+      if name.startswith("config_"):
+        del sys.modules[name]
     argv0 = sys.argv[0]
     for name in set(flags.FLAGS) - before:
       # The tool's own flags and its --config overrides go (the next tool

@@ -415,7 +415,8 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  del data_config  # its fields check themselves (Config); the archives are pinned
+  # Its other fields check themselves (Config); the archives are pinned.
+  files.check_local(data_config.books.cache_dir, 'data.books.cache_dir (a folder)')
 
 
 def get_documents(data_config: 'DataConfig', split: str,

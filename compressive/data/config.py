@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from compressive import files
 from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
@@ -184,19 +185,21 @@ def validate_data_config(c: DataConfig, *, need_tokenizer_model: bool = True) ->
 
   source = registry.get(c.source)
   registry.section(c, source.name)
-  source.validate(c)
+  registry.call_hook(c.source, source, 'validate', c)
   _check_host_bytes(c, source)
   if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
     if not c.spm_model:
       raise ConfigError(
           "data.spm_model is empty: give the SentencePiece model's path (train one with "
           "train_tokenizer.py)")
-    if os.path.isdir(c.spm_model):
-      raise ConfigError(f"data.spm_model={c.spm_model!r} is a folder, not a .model file")
-    if not os.path.isfile(c.spm_model):
+    files.check_local(c.spm_model, 'data.spm_model (a .model file)')
+    what = files.kind(c.spm_model, follow=True)
+    if what is None:
       raise ConfigError(
           f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
           "or fix the path")
+    if what != 'file':
+      raise ConfigError(f"data.spm_model={c.spm_model!r} is {what}, not a .model file")
     try:  # a moment's read: a file that is not a model is named now, not mid-run
       tokenizers.SentencePieceTokenizer(c.spm_model)
     except DataError as e:

@@ -31,6 +31,7 @@ import numpy as np
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive import files
 from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
@@ -57,6 +58,7 @@ class Config:
 
 def validate(data_config: 'DataConfig') -> None:
   c = data_config.enwik8
+  files.check_local(c.path, 'data.enwik8.path (a file)')
   if not c.path:
     raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
   if not os.path.isfile(c.path):

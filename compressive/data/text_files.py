@@ -33,6 +33,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from compressive import files
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
@@ -67,6 +68,7 @@ class Config:
 
 def validate(data_config: 'DataConfig') -> None:
   c = data_config.text_files
+  files.check_local(c.path, 'data.text_files.path (a folder or a file)')
   if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
     raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
                       'a text file')

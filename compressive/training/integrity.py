@@ -98,13 +98,13 @@ _FIX = {
 }
 
 
-def _flat(value: Any, prefix: str) -> dict[str, Any]:
+def flat(value: Any, prefix: str) -> dict[str, Any]:
   """A nested JSON dict as {"a.b": leaf}."""
   if not isinstance(value, dict):
     return {prefix: value}
   out: dict[str, Any] = {}
   for k, v in value.items():
-    out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
   return out
 
 
@@ -159,7 +159,7 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   if part == "model" and isinstance(a, dict) and isinstance(b, dict):
     return "; ".join(model_differences(a, b)[:4]) or None
   if part == "data" and isinstance(a, dict) and isinstance(b, dict):
-    fa, fb = _flat(a, "data"), _flat(b, "data")
+    fa, fb = flat(a, "data"), flat(b, "data")
     fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None

@@ -255,9 +255,18 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
-  if is_main:  # only once the run is known to fit what the workdir holds
+  finished = start >= experiment.train.num_train_steps
+  # Only once the run is known to fit what the workdir holds; a finished
+  # run's record stays as it was trained (written again only when it was
+  # missing or set aside as damaged).
+  if is_main and not (finished and os.path.lexists(layout.Workdir(workdir).config)):
     runconfig.save_config(workdir, experiment)
   if runlog.finished(experiment.train, start, workdir):
+    changed = runconfig.differences(workdir, experiment) if is_main else []
+    if changed:
+      _log.warning("this command's config differs from the finished run's (%s); %s keeps the "
+                   "values the run was trained with", "; ".join(changed[:4]),
+                   layout.Workdir(workdir).config)
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
   writer = MetricWriter(workdir, "train", enabled=is_main)

@@ -83,6 +83,19 @@ def _tuples(value):
   return value
 
 
+def differences(workdir: str, experiment: Experiment) -> list[str]:
+  """"FIELD SAVED -> GIVEN" for each field of the workdir's config.json that
+  `experiment` gives another value (none when config.json cannot be read)."""
+  try:
+    saved = json.loads(json.dumps(load_config(workdir).to_dict()))
+  except (OSError, CheckpointError):
+    return []
+  given = json.loads(json.dumps(experiment.to_dict()))  # tuples as JSON lists, as saved
+  a, b = integrity.flat(saved, ""), integrity.flat(given, "")
+  return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k)]
+
+
 # Config fields outside the model that fix the shapes of what a checkpoint
 # holds besides the parameters (optimizer state, memory rows, data position):
 # resuming with other values cannot work, and is reported by name. The model

@@ -237,3 +237,29 @@ def test_a_record_is_read_only_as_a_version_this_code_writes(run, tmp_path, vers
       version=version))
   with pytest.raises(error, match=expected.replace("(", r"\(")):
     compressive.load(str(workdir))
+
+
+# -- A finished run's record never changes. ------------------------------------------
+
+
+@pytest.mark.slow  # trains (two steps)
+def test_a_finished_run_keeps_its_config_json_when_run_again_with_other_values(tmp_path, caplog):
+  from compressive.training import loop as train_lib
+  from helpers import to_train
+  workdir = str(tmp_path / "wd")
+  config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0)
+  train_lib.train_and_evaluate(to_train(config), workdir)
+  recorded = (tmp_path / "wd" / "config.json").read_bytes()
+  # The issue's: trained nothing, exit 0, and config.json then held 0.5.
+  for changed in ({"optimizer.learning_rate": 0.5}, {"num_train_steps": 1},
+                  {"log_every_steps": 7}):
+    fields = {"num_train_steps": 2, "checkpoint_every_steps": 2, "eval_every_steps": 0, **changed}
+    assert train_lib.train_and_evaluate(to_train(tiny_experiment(**fields)), workdir) == {}
+    assert (tmp_path / "wd" / "config.json").read_bytes() == recorded, changed
+  assert "this command's config differs from the finished run's (optimizer.learning_rate " \
+         "0.002 -> 0.5)" in caplog.text
+  # A record set aside as damaged is written again, from the run's own values.
+  (tmp_path / "wd" / "config.json").write_text("{ damaged")
+  train_lib.train_and_evaluate(to_train(config), workdir)
+  assert (tmp_path / "wd" / "config.json").read_bytes() == recorded
+  assert (tmp_path / "wd" / "config.json.damaged").exists()
