@@ -24,6 +24,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -40,6 +41,7 @@ from compressive.cli_config import (
 from compressive import cli_xla
 from compressive import files
 from compressive import remote
+from compressive import storage
 from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -274,19 +276,28 @@ def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]],
   """main, with a gs:// --workdir read and written through a local mirror
   and a gs:// --output written locally and copied there at the end
   (compressive/remote.py): the flags name the local folders while main
-  runs, and its one-line errors name the URLs."""
+  runs, and its one-line errors name the URLs. A failure to copy the files
+  back at the end is one line too; once Cloud Storage has stopped
+  answering (storage.stalled), the tool ends at once with its status,
+  without waiting at exit for the threads still waiting on it."""
   def run_main(argv: list[str]) -> Any:
     urls: dict[str, str] = {
         name: str(flags.FLAGS[name].value) for name in ("workdir", "output")
         if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)}
-    with contextlib.ExitStack() as stack:
-      if urls:
-        quiet_libraries()  # the storage clients' INFO lines while the mirror is made
-      for name, url in urls.items():
-        place = remote.Mirror(url) if name == "workdir" else remote.Upload(url, f"--output={url}")
-        with user_errors():  # a URL that cannot be read or written is one line
-          flags.FLAGS[name].value = stack.enter_context(place)
-      return main(argv)
+    try:
+      with user_errors(), contextlib.ExitStack() as stack:
+        if urls:
+          quiet_libraries()  # the storage clients' INFO lines while the mirror is made
+        deadline = flags.FLAGS.storage_deadline or None
+        for name, url in urls.items():
+          place = (remote.Mirror(url, deadline) if name == "workdir" else
+                   remote.Upload(url, f"--output={url}", deadline))
+          flags.FLAGS[name].value = stack.enter_context(place)  # one line if it cannot be had
+        return main(argv)
+    except SystemExit as e:
+      if storage.stalled():
+        storage.exit_now(e.code)
+      raise
   return run_main
 
 
@@ -330,9 +341,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   or malformed flag, a missing or broken --config file, and a bad --config
   override (ml_collections raises plain exceptions for an unknown field or a
   wrong type, which would otherwise print a traceback)."""
-  # --compilation_cache is every entry point's, and a --config a tool's own:
-  # listed in each one's --help.
-  for name in ("compilation_cache", *config_file_flags()):
+  # Every entry point's, and a --config a tool's own: in each one's --help.
+  for name in ("compilation_cache", "storage_deadline", *config_file_flags()):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
   if any(a in ("-h", "-?", "--help", "--helpshort") for a in argv[1:]):
     print(tool_help())
@@ -371,6 +381,16 @@ flags.DEFINE_string(
     "earlier run compiled (the same model on the same devices) instead of "
     "compiling them again; '' turns it off. Default: JAX's own $" + JAX_COMPILATION_CACHE_ENV +
     " if set, else $" + COMPILATION_CACHE_ENV + " if set, else ~/.cache/compressive/jax.")
+
+
+flags.DEFINE_float(
+    "storage_deadline", storage.DEFAULT_DEADLINE_S,
+    "Seconds a call to Cloud Storage may go unanswered (copying a gs:// workdir's files, "
+    "saving a checkpoint there, or waiting for a save) before the tool stops with one line; "
+    "0: no deadline.")
+flags.register_validator(
+    "storage_deadline", lambda v: v is not None and math.isfinite(v) and v >= 0,
+    "--storage_deadline must be a finite number of seconds >= 0 (0: no deadline)")
 
 
 def default_compilation_cache() -> str:
