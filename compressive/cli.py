@@ -9,13 +9,11 @@ exceptions into exits (the flags' own ranges are checked as they are parsed).
 
 Every entry point parses its flags with `parse_flags` and runs all its work
 inside `with user_errors():`. `parse_flags` also finds a config named without
-its path (`--config=enwik8`: configs/enwik8.py of this installation) and turns
-on JAX's persistent compilation cache (`--compilation_cache`, default
-~/.cache/compressive/jax), so that a rerun loads its compiled programs.
+its path (`--config=enwik8`: configs/enwik8.py) and turns on JAX's persistent
+compilation cache (`--compilation_cache`, default ~/.cache/compressive/jax).
 The flags several entry points share (--workdir, --step, the multi-host,
-memory and split flags) are defined once each, with the checks of their
-values, by compressive/cli_flags.py (define_*_flags, which the tools import); the
---config files are handled by compressive/cli_config.py.
+memory and split flags) are defined once each, with their checks, by
+compressive/cli_flags.py; the --config files by compressive/cli_config.py.
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ ENVIRONMENT_ERRNOS = _WRITE_ERRNOS | frozenset(
 
 
 def one_line(message: str) -> str:
-  """The message's lines joined by '; ' (by ' ' after a colon): an error is
-  one line."""
+  """The message's lines joined by '; ' (by ' ' after a colon)."""
   out = ""
   for line in str(message).splitlines():
     line = line.strip()
@@ -85,8 +82,7 @@ class ConsoleFormatter(logging.Formatter):
     return text
 
 
-def debug_verbosity() -> bool:
-  """Whether the command line asked for absl's debug output (-v 1 or more)."""
+def debug_verbosity() -> bool:  # -v 1 or more asks for absl's debug output
   return bool("verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
               and flags.FLAGS.verbosity >= 1)
 
@@ -168,8 +164,12 @@ def describe_os_error(error: BaseException) -> Optional[str]:
   if e.errno is None or e.filename is None:
     # Raised with a message of its own (FileNotFoundError(message)), or one
     # without a path: the message is all there is.
+    text = str(e) or type(e).__name__
+    if e.errno is None and remote.is_remote(text) and " " not in text:  # a storage client's
+      return (f"{text}: not found on Cloud Storage (a workdir there has no lock: another "
+              "process may have removed it)")
     if e.errno is None:
-      return str(e) or type(e).__name__
+      return text
     cause = e.strerror or os.strerror(e.errno)
     return f"cannot write: {cause}" if e.errno in _WRITE_ERRNOS else cause
   path = _path(e.filename)

@@ -194,6 +194,20 @@ def read_bytes(url: str, limit: Optional[int] = None) -> bytes:
     return f.read() if limit is None else f.read(limit + 1)
 
 
+@contextlib.contextmanager
+def _local_disk(what: str) -> Iterator[None]:
+  """A local write of a mirror's copy that fails (a full disk) as one
+  StorageError naming the copy and the local folder it goes to."""
+  try:
+    yield
+  except OSError as e:
+    if e.errno is None or isinstance(e, FileNotFoundError):
+      raise
+    raise StorageError(f"cannot copy {what} to this machine's temporary folder "
+                       f"{storage.temporary_folder()}: {e.strerror or e} (free space there, or "
+                       "set TMPDIR to another folder)") from e
+
+
 def _copy(read, write, limit: Optional[int] = None) -> int:
   """Copies the stream `read` into `write` in chunks, at most `limit` + 1
   bytes (all without a limit); the bytes copied."""
@@ -291,7 +305,7 @@ class Mirror:
       if bound is None or not item.is_file():  # its folders (checkpoints, ...) stay there
         continue
       path = os.path.join(self.local, item.name)
-      with item.open("rb") as f, open(path, "wb") as out:
+      with item.open("rb") as f, _local_disk(f"{self.url}/{item.name}"), open(path, "wb") as out:
         if _copy(f, out, bound) > bound:  # found over its bound here, as on a disk
           self._partial[os.fstat(out.fileno()).st_ino] = item.name
     self._copied = _files_under(self.local)

@@ -124,6 +124,11 @@ class LocalFolder:
       self._fd = None
 
 
+def temporary_folder() -> str:
+  """Where the local folders go (Python's temporary directory: $TMPDIR)."""
+  return tempfile.gettempdir()
+
+
 def clear_left_behind(prefix: str) -> list[str]:
   """Removes the folders of the temporary directory named `prefix`... that
   a LocalFolder made and no process holds (its holder ended without removing

@@ -2,6 +2,7 @@
 Cloud Storage server the tests start (fake-gcs-server, tests/gcs_server.py):
 gcsfs and TensorStore talk to it as they would to Google's."""
 
+import errno
 import json
 import logging
 import os
@@ -356,3 +357,19 @@ def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_not
   assert {1, 2} <= saved, sorted(saved)
   experiment, model = compressive.load(url)
   assert model is not None and experiment.train.num_train_steps == 200
+
+
+def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(gcs, monkeypatch):
+  url = new_url()
+  remote._epath(f"{url}/config.json").write_text("{}")
+
+  def full(read, write, limit=None):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(remote, "_copy", full)
+  with pytest.raises(remote.StorageError, match=re.escape(
+      f"cannot copy {url}/config.json to this machine's temporary folder ")) as e:
+    with remote.Mirror(url):
+      pass
+  assert "No space left on device (free space there, or set TMPDIR" in str(e.value)
+  assert not remote._OPEN
