@@ -40,7 +40,7 @@ from compressive import cli_xla
 from compressive import files
 from compressive import remote
 from compressive import storage
-from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
+from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError, stopping_on_signals
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -111,10 +111,9 @@ def warn(message: str) -> None:
 
 def write_result(result: Any, path: str) -> bool:
   """A tool's result: its JSON line printed on stdout first, then saved at
-  `path` whole (files.write_json), so that a workdir that cannot be written
-  (read-only, full, a folder in the file's place) loses nothing: that is a
-  warning line. Whether it was saved. NaN is refused before anything is
-  printed (values.finite_or_null makes it null)."""
+  `path` whole (files.write_json): a workdir that cannot be written loses
+  nothing (a warning line). Whether it was saved. NaN is refused before
+  anything is printed (values.finite_or_null makes it null)."""
   print(json.dumps(result, allow_nan=False), flush=True)
   try:
     files.write_json(path, result)
@@ -269,7 +268,8 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   flags belong to the command's script, as absl names it, and its --help
   starts with `doc`, the tool's docstring (absl prints __main__'s)."""
   sys.modules["__main__"].__doc__ = doc
-  app.run(_quiet_on_a_closed_pipe(_on_cloud_storage(main)), flags_parser=parse_flags)
+  app.run(_quiet_on_a_closed_pipe(stopping_on_signals(_on_cloud_storage(main), fail)),
+          flags_parser=parse_flags)
 
 
 def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:

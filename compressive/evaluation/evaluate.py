@@ -34,7 +34,7 @@ import functools
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Self, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Self, cast
 
 import flax.struct
 from flax import nnx
@@ -366,10 +366,12 @@ def evaluate(
     mesh: Optional[Mesh] = None,
     progress_every_s: float = 10.0,
     split: Optional[str] = None,
-) -> dict[str, float]:
+    stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict[str, float]]:
   """The metrics of `documents` streamed through `model` (`stream`, whose
   arguments these are) with a fresh evaluation memory. In a multi-process
-  run every process calls this and gets the same result.
+  run every process calls this and gets the same result. `stop`, asked at
+  every segment's boundary: when it says so the pass is dropped (None).
 
   `split` names the split `documents` hold (default experiment.eval.split): a
   complete pass over PG-19's validation or test split reports
@@ -383,6 +385,8 @@ def evaluate(
   pending = []  # read every 64 segments: reading waits for the device
   for segment in stream(model, documents, experiment, max_segments=max_segments, mesh=mesh,
                         progress_every_s=progress_every_s):
+    if stop is not None and stop():
+      return None
     pending.append((segment.nats, segment.count))
     segments += 1
     if len(pending) >= 64:

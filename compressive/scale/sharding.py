@@ -26,7 +26,7 @@ changes, so losses agree across meshes up to float reduction order.
 Everything here takes the mesh's `MeshConfig` (an Experiment's `mesh`,
 built once by `config.check`; `MeshConfig.from_config` reads one from a
 config's mesh section) or a built Mesh as an argument; the entry points
-decide about multi-host initialisation and call `initialize_distributed`
+decide about multi-host initialisation and call `processes.initialize_distributed`
 before anything else touches JAX.
 """
 
@@ -397,47 +397,3 @@ def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
 
 
 # -- Multi-host. ----------------------------------------------------------------
-
-
-def check_distributed_values(coordinator_address: object, num_processes: object,
-                             process_id: object) -> None:
-  """ConfigError naming the value unless coordinator_address is HOST:PORT
-  (port in [1, 65535]), num_processes >= 1 and process_id in [0,
-  num_processes): before JAX waits for processes that cannot come."""
-  host, _, port = str(coordinator_address).rpartition(":")
-  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-    raise ConfigError(f"coordinator_address={coordinator_address!r} must be HOST:PORT with a "
-                      "port in [1, 65535]")
-  values.integer("num_processes", num_processes, "[1, 2**31)", must="an integer >= 1")
-  values.integer("process_id", process_id, f"[0, {num_processes})",
-                 must=f"an integer in [0, num_processes={num_processes})")
-
-
-def initialize_distributed(
-    *,
-    auto: bool = False,
-    coordinator_address: Optional[str] = None,
-    num_processes: Optional[int] = None,
-    process_id: Optional[int] = None,
-) -> bool:
-  """Joins JAX's distributed runtime; call before anything else uses JAX.
-
-  `auto`: let JAX detect the cluster (Cloud TPU pod slices, SLURM, Open MPI,
-  ...). Explicit `coordinator_address` ('host:port' of process 0),
-  `num_processes` and `process_id` work anywhere, localhost included (CPU
-  processes then talk through Gloo). Returns whether it initialised.
-  """
-  explicit = (coordinator_address, num_processes, process_id)
-  if any(v is not None for v in explicit):
-    if any(v is None for v in explicit):
-      raise ConfigError(
-          "give all of coordinator_address, num_processes and process_id, or none "
-          "(then multihost auto-detects the cluster)")
-    check_distributed_values(coordinator_address, num_processes, process_id)
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
-    return True
-  if auto:
-    jax.distributed.initialize()
-    return True
-  return False

@@ -325,6 +325,11 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
       refused = _save(run, step, state, memory, batches.get_state()) if saving else None
+      if evaluating and not refused:  # one process: a stop during it drops it, the step saved
+        estimate = _estimate(run, state, step, should_stop if jax.process_count() == 1 else None)
+        stopping, run.last_eval = estimate is None, estimate or run.last_eval
+        if stopping and not saving:
+          refused = _save(run, step, state, memory, batches.get_state())
       if refused:  # a finite loss, but non-finite parameters: not saved
         del state, memory
         raise restore_lib.non_finite_error(step, step, run.checkpointer,
@@ -332,8 +337,6 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
-      if evaluating:
-        run.last_eval = _estimate(run, state, step)
   run.clock.log_total(start + 1, step)
   return run.last_eval
 
@@ -397,16 +400,22 @@ def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
   return bool(every and step % every == 0) or step == train.num_train_steps
 
 
-def _estimate(run: _Run, state, step: int) -> dict[str, float]:
+def _estimate(run: _Run, state, step: int,
+              stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
   """A quick estimate of the evaluation metrics, written to the eval metrics
   (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
-  whole splits."""
+  whole splits. None, nothing written, when `stop()` says so at a segment's
+  boundary (a signal asked the run to stop: it is saved without waiting for
+  the rest of the evaluation)."""
   experiment, setup = run.experiment, run.setup
   t_eval = time.time()
   model = merge_params(setup.graphdef, setup.state_template, state.params)
   result = eval_lib.evaluate(
       model, run.eval_docs, experiment, max_segments=experiment.eval.max_segments,
-      mesh=setup.layout.mesh)
+      mesh=setup.layout.mesh, stop=stop)
+  if result is None:
+    _log.warning("the evaluation at step %d is dropped: a stop was asked for during it", step)
+    return None
   run.eval_writer.write(step, result)
   assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("eval", t_eval)

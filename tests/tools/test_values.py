@@ -26,7 +26,7 @@ from compressive import cli_config
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
-from compressive.scale import sharding
+from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
 
 FLOAT_FIELDS = [name for name, _ in values.float_fields(tiny_experiment())]
@@ -184,7 +184,7 @@ def test_an_integer_flag_is_checked_against_its_range(flag):
 
 TOOLS = ("eval", "sample", "analyze", "export", "train", "aot.__main__", "train_tokenizer")
 # Numeric flags whose values depend on each other, checked together by
-# sharding.initialize_distributed (the test below) when a tool joins the
+# processes.initialize_distributed (the test below) when a tool joins the
 # multi-host runtime (reading.tool, train.py).
 CHECKED_TOGETHER = {"num_processes", "process_id"}
 
@@ -251,7 +251,7 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
 def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
     address, processes, process, expected):
   with pytest.raises(ConfigError, match=re.escape(expected)):
-    sharding.initialize_distributed(coordinator_address=address, num_processes=processes,
+    processes_lib.initialize_distributed(coordinator_address=address, num_processes=processes,
                                     process_id=process)
 
 
