@@ -292,14 +292,9 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
   train = run.experiment.train
-  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
-                                         run.train_iter, run.writer, is_main, run.workdir,
-                                         run.accept_changed_corpus)
-  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
-  run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
-  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
+  state, memory, step_fn = _begin(run, start, restored, is_main)
+  assert run.clock is not None and run.window is not None and run.metric_log is not None
   stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
-  assert train.prefetch_steps is not None  # a config checked to train (config.check) has it
   step = start
   with prefetch.Prefetcher(setup_lib.step_batches(train, run.setup.layout, run.train_iter),
                            train.prefetch_steps) as batches:
@@ -339,6 +334,19 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
         break
   run.clock.log_total(start + 1, step)
   return run.last_eval
+
+
+def _begin(run: _Run, start: int, restored, is_main: bool):
+  """(state, memory, the jitted step) a run's steps begin with, its clock,
+  metric window and log made."""
+  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
+                                         run.train_iter, run.writer, is_main, run.workdir,
+                                         run.accept_changed_corpus)
+  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
+  run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
+  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
+  assert run.experiment.train.prefetch_steps is not None  # a config checked to train has it
+  return state, memory, step_fn
 
 
 def _step_fn(experiment: experiment_lib.Experiment, setup: setup_lib.Setup,
