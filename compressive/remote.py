@@ -245,6 +245,11 @@ def _upload(local: str, url: str, relative: str) -> None:
     _copy(f, out)
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+  """A file, as a rename keeps it: its inode, size and modification time."""
+  return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _files_under(folder: str) -> dict[str, tuple[int, int]]:
   """Each file under `folder` (relative path) -> (size, modification time)."""
   found = {}
@@ -271,7 +276,8 @@ class Mirror:
     self.local = ""
     self._folder: Optional[storage.LocalFolder] = None
     self._copied: dict[str, tuple[int, int]] = {}
-    self._partial: dict[int, str] = {}  # inode of a part-copy -> the object's name
+    # (inode, size, modification time) of a part-copy -> the object's name
+    self._partial: dict[tuple[int, int, int], str] = {}
     self._held = self._pushed = False  # the URL held files; some were copied there
 
   def __enter__(self) -> str:
@@ -307,7 +313,8 @@ class Mirror:
       path = os.path.join(self.local, item.name)
       with item.open("rb") as f, _local_disk(f"{self.url}/{item.name}"), open(path, "wb") as out:
         if _copy(f, out, bound) > bound:  # found over its bound here, as on a disk
-          self._partial[os.fstat(out.fileno()).st_ino] = item.name
+          out.flush()
+          self._partial[_identity(os.fstat(out.fileno()))] = item.name
     self._copied = _files_under(self.local)
     self._held = bool(self._copied)
 
@@ -343,7 +350,7 @@ class Mirror:
     changed = {r: seen for r, seen in sorted(_files_under(self.local).items())
                if self._copied.get(r) != seen}
     for relative in list(changed):
-      name = self._partial.get(os.lstat(os.path.join(self.local, relative)).st_ino)
+      name = self._partial.get(_identity(os.lstat(os.path.join(self.local, relative))))
       if name is not None:  # a part-copy, set aside: the whole object, before it is replaced
         _epath(f"{self.url}/{name}").copy(_epath(f"{self.url}/{relative}"), overwrite=True)
         self._copied[relative] = changed.pop(relative)

@@ -107,17 +107,19 @@ def check_written(given: Any) -> None:
   neither a shared field nor a registered source's section (nor, while
   data.source names a plugin, a mapping: its section, whose name is known
   once it is imported), or a value of another kind than its field's. Not
-  the ranges: the groups check those as they are made."""
+  the ranges: the groups check those as they are made. A section named as
+  data.source names a source not registered here is left to the source's
+  own check (registry.get names it)."""
   if not isinstance(given, Mapping):
     raise ConfigError(f'data must be a section of fields, not '
                       f"{'null' if given is None else type(given).__name__}")
-  plugin = ':' in str(given.get('source', ''))
+  source = str(given.get('source', ''))
   for key, section in given.items():
     if key in SHARED_FIELDS:
       continue
     if key in registry.names():
       values.check_section(registry.get(key).schema, section, f'data.{key}.')
-    elif not (plugin and isinstance(section, Mapping)):
+    elif not ((':' in source or key == source) and isinstance(section, Mapping)):
       raise ConfigError(f"data.{key} is not a field of this version's data config (shared: "
                         f"{', '.join(sorted(SHARED_FIELDS))}; sections: "
                         f"{', '.join(registry.names())})")

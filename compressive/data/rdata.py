@@ -135,7 +135,10 @@ class _Reader:
       return raw.decode('latin-1')
     if levels & _BYTES:
       raise RFormatError('R "bytes"-encoded strings are not supported')
-    return raw.decode('utf-8')  # UTF-8, ASCII, or native (UTF-8 on Debian).
+    try:
+      return raw.decode('utf-8')  # UTF-8, ASCII, or native (UTF-8 on Debian).
+    except UnicodeDecodeError as e:
+      raise RFormatError(f'an R string that is not UTF-8 ({e.reason} at byte {e.start})') from None
 
   def _pairlist(self, flags: int) -> RObject:
     items: list[tuple[str | None, Any]] = []

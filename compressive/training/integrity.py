@@ -304,9 +304,9 @@ def identity_problem(identity: dict) -> Optional[str]:
     if not isinstance(source, str):
       return f"identity.data.source={source!r} is not a source's name"
     for key, section in data.items():
-      if key == "source" or ":" in source:  # a plugin's section is named once it is imported
-        continue
-      if key != source or source not in registry.names():
+      if key == "source" or ":" in source or source not in registry.names():
+        continue  # a plugin's section: its schema is known once it is imported
+      if key != source:
         return f"identity.data.{key} is not the section of data.source={source!r}"
       values.check_section(registry.get(source).schema, section, f"identity.data.{key}.",
                            derived=registry.get(source).location_fields)

@@ -196,6 +196,9 @@ def test_an_r_serialisation_with_a_negative_length_is_refused_not_looped_on():
     within(BOUND_S, rdata.unserialize, _xdr(255 | 5 << 8))
   with pytest.raises(rdata.RFormatError, match="nested too deep"):
     within(BOUND_S, rdata.unserialize, _xdr(*[19, 1] * 5000))
+  # Found by the fuzzing below: a string that is not UTF-8 was a UnicodeDecodeError.
+  with pytest.raises(rdata.RFormatError, match="an R string that is not UTF-8"):
+    within(BOUND_S, rdata.unserialize, _xdr(9, 1, -2))
 
   @given(body=st.lists(st.sampled_from([-2, -1, 0, 1, 2, 9, 13, 14, 16, 19, 254, 255,
                                         1 << 8 | 1, 2 | 1 << 10, 2 | 1 << 9]), max_size=60))

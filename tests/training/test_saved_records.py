@@ -150,6 +150,16 @@ def test_a_config_json_holding_what_no_version_writes_is_damage_to_every_reader(
              f"{workdir}/config.json is damaged (", named)
 
 
+def test_a_section_of_a_source_not_registered_here_is_left_to_that_sources_check(run, tmp_path):
+  # A plugin registered under a plain name, read without its module: not
+  # damage, but one line naming the source.
+  workdir = copy(run, tmp_path)
+  edit_json(workdir / "config.json", lambda c: c["data"].update(source="mine", mine={"n": 1}))
+  config = runconfig.load_config(str(workdir))
+  with pytest.raises(ConfigError, match="^data.source='mine' is unknown; choose one of"):
+    config_lib.check_saved(config)
+
+
 def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoints(
     run, tmp_path, caplog):
   workdir = copy(run, tmp_path)
