@@ -7,9 +7,10 @@ import signal
 
 
 def _held(signum, frame):
-  """Holds a SIGTERM or SIGINT that comes while the tool imports (JAX takes a
-  second): compressive/training/interrupts.py takes them over and reports
-  them in one line, where SIGTERM's default would kill the run unheard."""
+  """Holds a stop signal (SIGTERM, SIGINT, SIGHUP, ...) that comes while the
+  tool imports (JAX takes a second): compressive/training/interrupts.py
+  takes them over and reports them in one line, where SIGTERM's default
+  would kill the run unheard."""
   del frame
   _held.signals.append(signum)
 
@@ -17,6 +18,8 @@ def _held(signum, frame):
 _held.signals = []
 
 if __name__ == "__main__":
-  for _signum in (signal.SIGTERM, signal.SIGINT):
+  # errors.STOP_SIGNALS, spelled here: nothing of the package is imported yet.
+  for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                  signal.SIGXCPU):
     signal.signal(_signum, _held)
   runpy.run_module("compressive.train", run_name="__main__")

@@ -9,13 +9,11 @@ exceptions into exits (the flags' own ranges are checked as they are parsed).
 
 Every entry point parses its flags with `parse_flags` and runs all its work
 inside `with user_errors():`. `parse_flags` also finds a config named without
-its path (`--config=enwik8`: configs/enwik8.py of this installation) and turns
-on JAX's persistent compilation cache (`--compilation_cache`, default
-~/.cache/compressive/jax), so that a rerun loads its compiled programs.
+its path (`--config=enwik8`: configs/enwik8.py) and turns on JAX's persistent
+compilation cache (`--compilation_cache`, default ~/.cache/compressive/jax).
 The flags several entry points share (--workdir, --step, the multi-host,
-memory and split flags) are defined once each, with the checks of their
-values, by compressive/cli_flags.py (define_*_flags, which the tools import); the
---config files are handled by compressive/cli_config.py.
+memory and split flags) are defined once each, with their checks, by
+compressive/cli_flags.py; the --config files by compressive/cli_config.py.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -40,7 +39,8 @@ from compressive.cli_config import (
 from compressive import cli_xla
 from compressive import files
 from compressive import remote
-from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError
+from compressive import storage
+from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError, stopping_on_signals
 
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
@@ -53,8 +53,7 @@ ENVIRONMENT_ERRNOS = _WRITE_ERRNOS | frozenset(
 
 
 def one_line(message: str) -> str:
-  """The message's lines joined by '; ' (by ' ' after a colon): an error is
-  one line."""
+  """The message's lines joined by '; ' (by ' ' after a colon)."""
   out = ""
   for line in str(message).splitlines():
     line = line.strip()
@@ -83,8 +82,7 @@ class ConsoleFormatter(logging.Formatter):
     return text
 
 
-def debug_verbosity() -> bool:
-  """Whether the command line asked for absl's debug output (-v 1 or more)."""
+def debug_verbosity() -> bool:  # -v 1 or more asks for absl's debug output
   return bool("verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
               and flags.FLAGS.verbosity >= 1)
 
@@ -113,10 +111,9 @@ def warn(message: str) -> None:
 
 def write_result(result: Any, path: str) -> bool:
   """A tool's result: its JSON line printed on stdout first, then saved at
-  `path` whole (files.write_json), so that a workdir that cannot be written
-  (read-only, full, a folder in the file's place) loses nothing: that is a
-  warning line. Whether it was saved. NaN is refused before anything is
-  printed (values.finite_or_null makes it null)."""
+  `path` whole (files.write_json): a workdir that cannot be written loses
+  nothing (a warning line). Whether it was saved. NaN is refused before
+  anything is printed (values.finite_or_null makes it null)."""
   print(json.dumps(result, allow_nan=False), flush=True)
   try:
     files.write_json(path, result)
@@ -166,8 +163,12 @@ def describe_os_error(error: BaseException) -> Optional[str]:
   if e.errno is None or e.filename is None:
     # Raised with a message of its own (FileNotFoundError(message)), or one
     # without a path: the message is all there is.
+    text = str(e) or type(e).__name__
+    if e.errno is None and remote.is_remote(text) and " " not in text:  # a storage client's
+      return (f"{text}: not found on Cloud Storage (a workdir there has no lock: another "
+              "process may have removed it)")
     if e.errno is None:
-      return str(e) or type(e).__name__
+      return text
     cause = e.strerror or os.strerror(e.errno)
     return f"cannot write: {cause}" if e.errno in _WRITE_ERRNOS else cause
   path = _path(e.filename)
@@ -267,26 +268,36 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   flags belong to the command's script, as absl names it, and its --help
   starts with `doc`, the tool's docstring (absl prints __main__'s)."""
   sys.modules["__main__"].__doc__ = doc
-  app.run(_quiet_on_a_closed_pipe(_on_cloud_storage(main)), flags_parser=parse_flags)
+  app.run(_quiet_on_a_closed_pipe(stopping_on_signals(_on_cloud_storage(main), fail)),
+          flags_parser=parse_flags)
 
 
 def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
   """main, with a gs:// --workdir read and written through a local mirror
   and a gs:// --output written locally and copied there at the end
   (compressive/remote.py): the flags name the local folders while main
-  runs, and its one-line errors name the URLs."""
+  runs, and its one-line errors name the URLs. A failure to copy the files
+  back at the end is one line too; once Cloud Storage has stopped
+  answering (storage.stalled), the tool ends at once with its status,
+  without waiting at exit for the threads still waiting on it."""
   def run_main(argv: list[str]) -> Any:
     urls: dict[str, str] = {
         name: str(flags.FLAGS[name].value) for name in ("workdir", "output")
         if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)}
-    with contextlib.ExitStack() as stack:
-      if urls:
-        quiet_libraries()  # the storage clients' INFO lines while the mirror is made
-      for name, url in urls.items():
-        place = remote.Mirror(url) if name == "workdir" else remote.Upload(url, f"--output={url}")
-        with user_errors():  # a URL that cannot be read or written is one line
-          flags.FLAGS[name].value = stack.enter_context(place)
-      return main(argv)
+    try:
+      with user_errors(), contextlib.ExitStack() as stack:
+        if urls:
+          quiet_libraries()  # the storage clients' INFO lines while the mirror is made
+        deadline = flags.FLAGS.storage_deadline or None
+        for name, url in urls.items():
+          place = (remote.Mirror(url, deadline) if name == "workdir" else
+                   remote.Upload(url, f"--output={url}", deadline))
+          flags.FLAGS[name].value = stack.enter_context(place)  # one line if it cannot be had
+        return main(argv)
+    except SystemExit as e:
+      if storage.stalled():
+        storage.exit_now(e.code)
+      raise
   return run_main
 
 
@@ -330,9 +341,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   or malformed flag, a missing or broken --config file, and a bad --config
   override (ml_collections raises plain exceptions for an unknown field or a
   wrong type, which would otherwise print a traceback)."""
-  # --compilation_cache is every entry point's, and a --config a tool's own:
-  # listed in each one's --help.
-  for name in ("compilation_cache", *config_file_flags()):
+  # Every entry point's, and a --config a tool's own: in each one's --help.
+  for name in ("compilation_cache", "storage_deadline", *config_file_flags()):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
   if any(a in ("-h", "-?", "--help", "--helpshort") for a in argv[1:]):
     print(tool_help())
@@ -373,6 +383,16 @@ flags.DEFINE_string(
     " if set, else $" + COMPILATION_CACHE_ENV + " if set, else ~/.cache/compressive/jax.")
 
 
+flags.DEFINE_float(
+    "storage_deadline", storage.DEFAULT_DEADLINE_S,
+    "Seconds a call to Cloud Storage may go unanswered (copying a gs:// workdir's files, "
+    "saving a checkpoint there, or waiting for a save) before the tool stops with one line; "
+    "0: no deadline.")
+flags.register_validator(
+    "storage_deadline", lambda v: v is not None and math.isfinite(v) and v >= 0,
+    "--storage_deadline must be a finite number of seconds >= 0 (0: no deadline)")
+
+
 def default_compilation_cache() -> str:
   return os.path.join(os.path.expanduser("~"), ".cache", "compressive", "jax")
 
@@ -408,6 +428,10 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
   path = compilation_cache_dir(flag)
   if path is None:
     return None
+  if files.is_url(path):  # os.path would make a local folder `gs:` of gs://b/x
+    where = "--compilation_cache" if flag is not None else f"${COMPILATION_CACHE_ENV}"
+    fail(f"{where}={path}: JAX's compilation cache is a folder on this machine, not a URL; "
+         "give a local folder, or none with --compilation_cache=")
   if path:
     path = os.path.abspath(os.path.expanduser(path))
     try:

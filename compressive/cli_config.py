@@ -1,20 +1,18 @@
 """The --config flags' files, for compressive/cli.py: where a config named
 without its path is found, which default file a --config loads, how an
 override is read, and one line for a config file or override that cannot be
-loaded.
+loaded, named where it failed (the file's own line, or the override).
 
 One rule for every override (install_override_rules): the last value given
-of a repeated --config.X wins, for tuples, lists, strings, numbers, booleans
-and fields that are None alike. (ml_collections' own tuple flags accumulate:
-`--config.x=(32,) --config.x=(64,)` gave (32, 64).) A data source named
-`module:Name` on the command line (--config.data.source) is imported while
-the config is read, so that its section, data.<name>, is there for its own
-fields' overrides; a source named only by the config file is not imported
-here.
+of a repeated --config.X wins, whatever its type (ml_collections' own tuple
+flags accumulate: `--config.x=(32,) --config.x=(64,)` gave (32, 64)). A data
+source named `module:Name` on the command line is imported while the config
+is read, so that its section, data.<name>, is there for its own fields'
+overrides; one named only by the config file is not imported here.
 
-Base layer, beside cli.py (the tools import it themselves): it reads the
-flags but reports nothing itself, so that cli.parse_flags stays the one place
-that prints an error and exits.
+Base layer, beside cli.py (the tools import it themselves): it reports
+nothing itself; cli.parse_flags is the one place that prints an error and
+exits.
 """
 
 from __future__ import annotations
@@ -32,10 +30,9 @@ from compressive import configs as _shipped_configs
 from compressive import plugins
 from compressive.errors import ConfigError
 
-# The shipped configs' folder: the package compressive.configs, which is the
-# repository's configs/ (in a checkout, and installed: pyproject.toml maps the
-# one to the other). Default config files are found in it, and configs named
-# without a path, so that the entry points work from any directory.
+# The shipped configs' folder: the package compressive.configs, the repository's
+# configs/ (pyproject.toml maps the one to the other), where default config
+# files and configs named without a path are found, from any directory.
 CONFIG_DIR = os.path.abspath(list(_shipped_configs.__path__)[0])
 
 # The default file of each --config style flag (cli.define_config_flag), by
@@ -49,8 +46,7 @@ _CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def config_names() -> list[str]:
   """The names of the shipped configs (configs/NAME.py defining
-  `get_config`), sorted. A module of configs/ without one (paper.py: what
-  the paper's configs share) is not a config."""
+  `get_config`; paper.py, what the paper's configs share, is none), sorted."""
   try:
     files = os.listdir(CONFIG_DIR)
   except OSError:
@@ -78,6 +74,17 @@ def resolve_config(value: str) -> str:
     if os.path.isfile(shipped) and _defines_get_config(shipped):
       return shipped + sep + argument
   return value
+
+
+def shown_config(path: str) -> str:
+  """A --config value as messages name it: a bare name that a file of the
+  current folder answered instead of the shipped config (resolve_config)."""
+  name = path.partition(":")[0]
+  if not (_CONFIG_NAME.fullmatch(name) and os.path.isfile(name)
+          and os.path.isfile(os.path.join(CONFIG_DIR, f"{name}.py"))):
+    return path
+  return (f"{path} (the file {os.path.abspath(name)} in the current folder, read instead of the "
+          f"shipped config {name})")
 
 
 def resolve_config_names(argv: list[str]) -> list[str]:
@@ -278,7 +285,7 @@ def load_failure(name: str, path: str, error: BaseException) -> str:
               f"or config file (relative to {os.getcwd()})")
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
     return f"--{name}={path}: no such config file{where}"
-  return f"--{name}={path}: cannot load the config file: {reason}"
+  return f"--{name}={shown_config(path)}: cannot load the config file: {reason}"
 
 
 def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
@@ -289,25 +296,23 @@ def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
     frames = [f for f in traceback.extract_tb(e.__traceback__)
               if path and os.path.abspath(f.filename) == os.path.abspath(path)]
     if frames:
-      return f"--{name}={path} (line {frames[-1].lineno})"
+      return f"--{name}={shown_config(path)} (line {frames[-1].lineno})"
   return None
 
 
 def unloaded_config(argv: list[str]) -> Optional[str]:
-  """One line for the first --config that gave no config, None when all did.
-  ml_collections defers a config file's load error to its first use: it is
-  found now; and a config file must give a config."""
+  """One line for the first --config that gave no config (ml_collections
+  defers a file's load error to its first use: found now), None when all did."""
   for name in config_file_flags():
-    value = flags.FLAGS[name].value
+    value, path = flags.FLAGS[name].value, config_argument(argv, name)
     error = getattr(value, "_error", None) if type(value).__name__ == "_ErrorConfig" else None
     if error is not None:
-      return load_failure(name, config_argument(argv, name), error)
-    if value is None and config_argument(argv, name):
-      return f"--{name}={config_argument(argv, name)}: get_config() returned None"
+      return load_failure(name, path, error)
+    if value is None and path:
+      return f"--{name}={shown_config(path)}: get_config() returned None"
     if value is not None and not _is_config_dict(value):
-      return (f"--{name}={config_argument(argv, name)}: get_config() returned a "
-              f"{type(value).__name__}; a config file's get_config returns an "
-              "ml_collections config")
+      return (f"--{name}={shown_config(path)}: get_config() returned a {type(value).__name__}; "
+              "a config file's get_config returns an ml_collections config")
   return None
 
 
@@ -318,8 +323,7 @@ def _is_config_dict(value: Any) -> bool:
 
 def repeated_config(argv: list[str]) -> Optional[str]:
   """One line for a --config style flag given more than once: each file
-  defines the overrides of its own fields, so only one can be read (the
-  last-value rule is the overrides', --config.X)."""
+  defines the overrides of its own fields, so only one can be read."""
   for name in config_file_flags():
     given = _config_values(argv, name)
     if len(given) > 1:
@@ -329,11 +333,10 @@ def repeated_config(argv: list[str]) -> Optional[str]:
 
 
 def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
-  """One line for an exception absl's parse of argv raised: an unknown or
-  malformed flag, a missing or broken --config file, a bad --config
-  override (ml_collections raises plain exceptions for an unknown field or a
-  wrong type, which would otherwise print a traceback), or an exception
-  raised by a config file's own code; None for anything else (a bug)."""
+  """One line for what absl's parse of argv raised: an unknown or malformed
+  flag, a missing or broken --config file, a bad --config override
+  (ml_collections raises plain exceptions), or an exception raised by a
+  config file's own code; None for anything else (a bug)."""
   user = _user_error(e)
   if user is not None:  # e.g. a plugin the command line names cannot be had
     return str(user)
@@ -359,19 +362,25 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     return text
   if isinstance(e, SyntaxError):  # a config file that is not Python
     name = next(iter(config_file_flags()), "config")
-    return f"--{name}={config_argument(argv, name)}: {e.msg} (line {e.lineno})"
+    return f"--{name}={shown_config(config_argument(argv, name))}: {e.msg} (line {e.lineno})"
   if isinstance(e, OSError):  # the config file could not be loaded (and an override needs it)
     name = next(iter(config_file_flags()), "config")
     return load_failure(name, config_argument(argv, name), e.__cause__ or e)
-  if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
-    text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split())
+  where = config_file_line(argv, e)  # raised by a config file's own code: named there
+  lookup = isinstance(e, (AttributeError, KeyError, TypeError, ValueError))
+  text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split()
+                  if lookup else str(e).split())
+  if lookup and where is None:
     missing = _no_such_field(argv, text) if isinstance(e, (AttributeError, KeyError)) else None
     if missing is not None:
       return missing
-    override = next((a for a in argv[1:] if a.startswith("--config.")), "a --config override")
+    override = next((a for a in argv[1:] if a.startswith("--config.")), None)
+    name = next(iter(config_file_flags()), "config")
+    if override is None or "has no attribute get_config" in text:  # the file's, then
+      return f"--{name}={shown_config(config_argument(argv, name))}: {text}"
     return f"cannot apply {_culprit(argv, text) or override}: {text}"
-  where = config_file_line(argv, e)
-  return None if where is None else f"{where}: {type(e).__name__}: {e}"
+  clipped = text if len(text) <= 300 else text[:297] + "..."  # a locked config lists its fields
+  return None if where is None else f"{where}: {type(e).__name__}: {clipped}"
 
 
 def _config_field_named(name: str) -> Optional[str]:

@@ -91,12 +91,15 @@ _MULTIHOST_HELP = {
                       "Processes in the run (as train.py)."),
     "process_id": ("This process, 0 .. num_processes - 1 (with --coordinator_address).",
                    "This process (as train.py)."),
+    "join_timeout": ("Seconds the processes wait for every one of them to join the run (and "
+                     "a stopping one for the others to leave) before each ends with one line.",
+                     "Seconds the processes wait for each other (as train.py)."),
 }
 
 
 def define_multihost_flags(*, refer_to_train: bool = False) -> None:
   """--multihost, --coordinator_address, --num_processes, --process_id: how
-  the processes of a multi-host run find each other (sharding.
+  the processes of a multi-host run find each other (scale/processes.py
   initialize_distributed). train.py's help says how; with `refer_to_train`,
   a tool's help refers to it."""
   module = _caller()
@@ -106,14 +109,17 @@ def define_multihost_flags(*, refer_to_train: bool = False) -> None:
                       module_name=module)
   flags.DEFINE_integer("num_processes", None, helps["num_processes"], module_name=module)
   flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
+  flags.DEFINE_integer("join_timeout", 120, helps["join_timeout"], module_name=module)
+  validate_int_flag("join_timeout", "[1, 86400]", must="seconds in [1, 86400]")
 
 
 def multihost_arguments() -> dict[str, Any]:
-  """sharding.initialize_distributed's arguments from the multi-host flags
+  """processes.initialize_distributed's arguments from the multi-host flags
   (define_multihost_flags): how train.py and the reading tools join the
   distributed runtime, read in one place."""
   return {"auto": flags.FLAGS.multihost, "coordinator_address": flags.FLAGS.coordinator_address,
-          "num_processes": flags.FLAGS.num_processes, "process_id": flags.FLAGS.process_id}
+          "num_processes": flags.FLAGS.num_processes, "process_id": flags.FLAGS.process_id,
+          "timeout_s": flags.FLAGS.join_timeout}
 
 
 # The memory flags' range: evaluation sizes (-1: the training run's), checked

@@ -5,7 +5,7 @@ Anything else is a bug and keeps its traceback."""
 import contextlib
 import os
 import signal
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 class UserError(Exception):
@@ -49,6 +49,16 @@ class NonFiniteError(RuntimeError):
 EXIT_USER_ERROR = 2
 
 
+# The signals that ask a process to stop, as terminals and schedulers send
+# them: SIGTERM (preemption, kill, Kubernetes, systemd), SIGINT (Ctrl-C),
+# SIGHUP (a closed terminal or SSH session), SIGUSR1 and SIGUSR2 (SLURM's
+# --signal, Grid Engine's warnings), SIGXCPU (a CPU-time limit). Each is a
+# stop: a trainer checkpoints and exits with exit_status; another tool
+# stops with one line and the same status.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGXCPU)
+
+
 def exit_status(signum: Optional[int]) -> int:
   """A run stopped by a signal exits with 128 + its number (143 for SIGTERM,
   130 for SIGINT), as a shell reports a process the signal ended, so that a
@@ -69,3 +79,38 @@ def naming(path: str) -> Iterator[None]:
     if e.filename is not None or e.errno is None:
       raise
     raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
+
+
+class Stopped(KeyboardInterrupt):
+  """A stop signal (STOP_SIGNALS) heard by a tool that holds no run to save."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def stopping_on_signals(main: Callable[[Any], Any], fail: Callable[..., Any]
+                        ) -> Callable[[Any], Any]:
+  """main, with each stop signal a stop: where the tool installed no handler
+  of its own (train.py holds them, then checkpoints), the signal raises
+  Stopped wherever main is, its `with` blocks end (a mirror's folder is
+  removed), and fail(line, code=exit_status) reports it in one line. The
+  handlers main found are put back when it ends."""
+  def run(argv: Any) -> Any:
+    installed = {}
+    for signum in STOP_SIGNALS:
+      if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+        installed[signum] = signal.signal(signum, _raise_stopped)
+    try:
+      return main(argv)
+    except Stopped as e:
+      fail(f"stopped by {signal.Signals(e.signum).name}", code=exit_status(e.signum))
+    finally:
+      for signum, handler in installed.items():
+        signal.signal(signum, handler)
+  return run
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+  del frame
+  raise Stopped(signum)

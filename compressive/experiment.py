@@ -37,6 +37,7 @@ from flax import nnx
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.data import registry
+from compressive.data import config as data_config
 from compressive.data.config import DataConfig
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
@@ -48,7 +49,7 @@ _INT32 = "[1, 2**31)"
 class OptimizerConfig:
   """`config.optimizer`: Adam(W) with warmup and cosine decay (training/step.py).
   Each number is checked as the optimizer's float32 holds it."""
-  name: str = "adamw"  # adam | adamw
+  name: str = values.text("adamw", ("adam", "adamw"))
   learning_rate: float = values.real(2e-3, "(0, inf)", "a finite number > 0")  # the peak
   warmup_steps: int = values.whole(30, "[0, 2**31)", "an integer >= 0, below 2**31")  # train steps
   # the decay's end, as a fraction of the peak
@@ -60,8 +61,6 @@ class OptimizerConfig:
   grad_clip_norm: float = values.real(0.5, "(0, inf]", "> 0 (inf: no clipping)")
 
   def __post_init__(self):
-    if self.name not in ("adam", "adamw"):
-      raise ConfigError(f"optimizer.name={self.name!r} is unknown; choose adam or adamw")
     held = values.check_fields(self, "optimizer.")
     # The products the update computes: the decayed rate, the decay term's rate.
     for other, what in (("final_lr_fraction", "the final learning rate"),
@@ -174,7 +173,7 @@ class EvalConfig:
   """Evaluation's fields (`config.eval`). As written, a size of -1 takes
   training's (0 too for the batch and the segment; 0 memory slots is a
   size: no memory); the Experiment holds them resolved (`resolved`)."""
-  split: str = "validation"  # train | validation | test
+  split: str = values.text("validation", registry.SPLITS, "train, validation or test")
   batch_size: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   segment_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
@@ -185,8 +184,6 @@ class EvalConfig:
 
   def __post_init__(self):
     values.check_fields(self, "eval.")
-    if self.split not in registry.SPLITS:
-      raise ConfigError(f"eval.split={self.split!r} must be train, validation or test")
 
   def resolved(self, model: ModelConfig, batch_size: int) -> "EvalConfig":
     """The sizes a -1 leaves to training's made training's (`model`, the
@@ -238,3 +235,29 @@ class Experiment:
     back to the same Experiment."""
     return dict(values.to_dict(self.train), model=dataclasses.asdict(self.model), data=self.data.to_dict(),
                 eval=values.to_dict(self.eval), mesh=values.to_dict(self.mesh))
+
+
+def check_written(top: Any) -> None:
+  """ConfigError naming the first thing a config as a file holds it
+  (config.json, an export's) holds that no version of it writes: a section
+  that is not a mapping (null included), a key no group knows, a field its
+  group requires that is missing, a value of another kind than its field's
+  (values.check_section). Ranges and the rules between fields are left to
+  `config.check`: a saved file's reader calls what this refuses damage."""
+  if not isinstance(top, Mapping):
+    raise ConfigError(f"the config must be a mapping of sections, not {type(top).__name__}")
+  for name in ("model", "data"):
+    if name not in top:
+      raise ConfigError(f"the config has no {name} section")
+  values.check_section(ModelConfig, top["model"], "model.")
+  train = {k: v for k, v in top.items() if k not in OTHER_SECTIONS}
+  values.check_section(TrainConfig, train, "", derived=("segment_length",))
+  if "optimizer" in train:
+    values.check_section(OptimizerConfig, train["optimizer"], "optimizer.")
+  for name, group in (("eval", EvalConfig), ("mesh", MeshConfig)):
+    if name in top:  # a field written as null takes its default (-1: the run's size)
+      section = top[name]
+      written = {k: v for k, v in section.items() if v is not None} if isinstance(
+          section, Mapping) and name == "eval" else section
+      values.check_section(group, written, f"{name}.")
+  data_config.check_written(top["data"])

@@ -46,6 +46,11 @@ from compressive.errors import CheckpointError, ConfigError, naming
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def is_url(path: Any) -> bool:
+  """Whether `path` begins with `scheme://` (a URL, never a local path)."""
+  return isinstance(path, str) and bool(_URL.match(path))
+
+
 def check_local(path: Any, what: str, *, remote_ok: bool = False) -> None:
   """ConfigError unless `path` (a workdir, an export, a prompt file: `what`)
   names a place on this machine's file system, or (with `remote_ok`) a URL
@@ -53,6 +58,7 @@ def check_local(path: Any, what: str, *, remote_ok: bool = False) -> None:
   if isinstance(path, str) and _URL.match(path):
     scheme = path.split("://", 1)[0]
     if remote_ok and scheme in remote.SCHEMES:
+      remote.check_url(path, what)
       return
     where = ("give a path on this machine's file system or a gs:// URL" if remote_ok else
              "give a path on this machine's file system")

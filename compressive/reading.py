@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -33,12 +34,14 @@ from absl import flags
 import jax
 
 from compressive import cli
+from compressive import errors
+from compressive import storage
 from compressive import config as config_lib
 
 from compressive import experiment as experiment_lib
 from compressive import cli_flags
 from compressive.errors import CheckpointError
-from compressive.scale import sharding
+from compressive.scale import processes
 from compressive.training import checkpoint
 from compressive.training import runconfig
 from compressive.training import export as export_lib
@@ -57,15 +60,23 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
   first); `progress`: progress lines (logging INFO) on stderr, from process
   0 only. What the tool prints after the body (its result) runs outside it."""
   cli.quiet_libraries()
-  with cli.user_errors(), cli_flags.reading_saved_run():
-    if validate is not None:
-      validate()
-    if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
-      sharding.initialize_distributed(**cli_flags.multihost_arguments())
-    if progress:
-      logging.getLogger("compressive").setLevel(
-          logging.INFO if jax.process_index() == 0 else logging.WARNING)
-    yield
+  try:
+    with cli.user_errors(), cli_flags.reading_saved_run():
+      if validate is not None:
+        validate()
+      if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
+        processes.initialize_distributed(**cli_flags.multihost_arguments())
+      if progress:
+        logging.getLogger("compressive").setLevel(
+            logging.INFO if jax.process_index() == 0 else logging.WARNING)
+      yield
+  finally:  # stopped or failed while joining the others: no wait for them at exit
+    if processes.join_unfinished():
+      error = sys.exc_info()[1]
+      if isinstance(error, errors.Stopped):  # reported here: nothing after this runs
+        print(f"error: stopped by {signal.Signals(error.signum).name}", file=sys.stderr)
+      storage.exit_now(error.code if isinstance(error, SystemExit) else
+                       errors.exit_status(error.signum) if isinstance(error, errors.Stopped) else 1)
 
 
 def flagged_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,

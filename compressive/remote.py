@@ -13,10 +13,20 @@ the appends, the truncation on resume, the atomic writes) runs on local
 files as for any workdir, and Orbax writes each checkpoint straight to
 Cloud Storage through its own support (TensorStore), as on a TPU pod.
 
-What the tool changed or added in the mirror is copied back (`push`), each
-file whole: after every checkpoint a trainer saves (so the bucket's metrics
-reach at least the newest checkpoint's step), and when the tool ends, by an
-error too. A new run that fails before its first checkpoint leaves nothing
+The bucket is read like a disk: a mirror copies only the files a run
+writes at its top, by name (`register_run_files`: training/sidefiles.py
+names them), each streamed to disk and no further than the bound its local
+reader has, so a stray object of any name or size is never read, and an
+oversized side file is found over its bound, as on a disk (the reader
+refuses it, the trainer sets it aside: such a part-copy is never copied
+back; the bucket's whole object is copied to the name it was set aside
+as, in the bucket). What the tool changed or added in the mirror is
+copied back (`push`), each file whole: after every checkpoint a trainer
+saves (so the bucket's metrics reach at least the newest checkpoint's
+step), and when the tool ends, by an error too. Every pull, push and
+checkpoint save has a deadline (compressive/storage.py), and a mirror's
+start reaches TensorStore too, with the credentials it will use: a store
+that never answers is one line, not a hang. A new run that fails before its first checkpoint leaves nothing
 in the bucket. An export written to a URL (`Upload`) is made locally and
 copied there when complete, its top-level files (the manifest) last.
 
@@ -45,10 +55,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
+from compressive import storage
 from compressive.errors import ConfigError, UserError
 
 # What the package reads and writes runs in; other URLs are refused
@@ -59,6 +68,20 @@ SCHEMES = ("gs",)
 _OPEN: dict[str, "Mirror"] = {}
 # Each local folder standing for a URL (a mirror, an upload's output) -> the URL.
 _NAMES: dict[str, str] = {}
+# The files at the top of a run's folder a mirror copies, by name, each with
+# the most of it a reader of the package reads (bytes): register_run_files.
+_RUN_FILES: dict[str, int] = {}
+_CHUNK = 1 << 20
+# Seconds TensorStore's first read at a mirror's start may take (its
+# credentials and the server; Google's own answers in well under one).
+PROBE_S = 60.0
+
+
+def register_run_files(bounds: Mapping[str, int]) -> None:
+  """Names the files at the top of a run's folder that a mirror copies, each
+  with its bound (training/sidefiles.py, which owns the side files' rules,
+  calls this as it is imported); nothing else there is ever read."""
+  _RUN_FILES.update(bounds)
 
 
 class StorageError(UserError):
@@ -68,6 +91,25 @@ class StorageError(UserError):
 def is_remote(path: Any) -> bool:
   """Whether `path` is a URL of a store the package works in (gs://)."""
   return isinstance(path, str) and any(path.startswith(f"{s}://") for s in SCHEMES)
+
+
+def check_url(url: str, what: str) -> None:
+  """ConfigError unless `url` (gs://BUCKET/PATH: `what` it is) names one
+  place one way: a bucket, and a path without `.`, `..` or empty segments.
+  Cloud Storage takes an object's name as written, while TensorStore
+  resolves `..` (as a disk does): a run at gs://b/x/../y would keep its side
+  files under x/../y/ and its checkpoints under y/, and no reader would find
+  one beside the other. A slash at the end is allowed (it names the same
+  folder)."""
+  bucket, _, path = url.split("://", 1)[1].partition("/")
+  segments = path.rstrip("/").split("/") if path.rstrip("/") else []
+  odd = next((s for s in segments if s in ("", ".", "..")), None)
+  if not bucket or odd is not None:
+    which = "no bucket" if not bucket else (
+        "an empty segment (//)" if odd == "" else f"a {odd!r} segment")
+    raise ConfigError(f"{url}: {what} URL with {which}; give gs://BUCKET/PATH with each "
+                      "folder named once (Cloud Storage keeps names as written, TensorStore "
+                      "resolves them: the run's files would land in two places)")
 
 
 def _epath(url: str):
@@ -145,8 +187,38 @@ def size(url: str) -> int:
   return _epath(url).stat().length
 
 
-def read_bytes(url: str) -> bytes:
-  return _epath(url).read_bytes()
+def read_bytes(url: str, limit: Optional[int] = None) -> bytes:
+  """The object at `url`: at most `limit` + 1 bytes of it (a reader that
+  checked its size first never reads more than it allows if it grew)."""
+  with _epath(url).open("rb") as f:
+    return f.read() if limit is None else f.read(limit + 1)
+
+
+@contextlib.contextmanager
+def _local_disk(what: str) -> Iterator[None]:
+  """A local write of a mirror's copy that fails (a full disk) as one
+  StorageError naming the copy and the local folder it goes to."""
+  try:
+    yield
+  except OSError as e:
+    if e.errno is None or isinstance(e, FileNotFoundError):
+      raise
+    raise StorageError(f"cannot copy {what} to this machine's temporary folder "
+                       f"{storage.temporary_folder()}: {e.strerror or e} (free space there, or "
+                       "set TMPDIR to another folder)") from e
+
+
+def _copy(read, write, limit: Optional[int] = None) -> int:
+  """Copies the stream `read` into `write` in chunks, at most `limit` + 1
+  bytes (all without a limit); the bytes copied."""
+  copied = 0
+  while limit is None or copied <= limit:
+    chunk = read.read(_CHUNK if limit is None else min(_CHUNK, limit + 1 - copied))
+    if not chunk:
+      break
+    write.write(chunk)
+    copied += len(chunk)
+  return copied
 
 
 def _objects(folder) -> list:
@@ -160,17 +232,22 @@ def _objects(folder) -> list:
 
 def move(path: str, target: str) -> None:
   """Moves the folder `path` to `target` in the same bucket (a copy of each
-  object, then its removal: Cloud Storage renames nothing)."""
+  object, streamed, then its removal: Cloud Storage renames nothing)."""
   source = _epath(path)
   for item in _objects(source):
-    _epath(f"{target}/{item.relative_to(source)}").write_bytes(item.read_bytes())
+    item.copy(_epath(f"{target}/{item.relative_to(source)}"), overwrite=True)
   source.rmtree()
 
 
 def _upload(local: str, url: str, relative: str) -> None:
-  with open(os.path.join(local, relative), "rb") as f:
-    data = f.read()
-  _epath(f"{url}/{relative.replace(os.sep, '/')}").write_bytes(data)
+  with open(os.path.join(local, relative), "rb") as f, \
+      _epath(f"{url}/{relative.replace(os.sep, '/')}").open("wb") as out:
+    _copy(f, out)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+  """A file, as a rename keeps it: its inode, size and modification time."""
+  return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _files_under(folder: str) -> dict[str, tuple[int, int]]:
@@ -189,22 +266,33 @@ def _files_under(folder: str) -> dict[str, tuple[int, int]]:
 
 class Mirror:
   """A local folder standing for the run at `url` while a tool works in it;
-  see the module's docstring. `with Mirror(url) as local:`."""
+  see the module's docstring. `with Mirror(url) as local:`. `deadline`:
+  seconds each pull, push and checkpoint save in it may go unanswered (None:
+  no deadline)."""
 
-  def __init__(self, url: str):
-    self.url = url.rstrip("/")
+  def __init__(self, url: str, deadline: Optional[float] = storage.DEFAULT_DEADLINE_S):
+    check_url(url, "a run")
+    self.url, self.deadline = url.rstrip("/"), deadline
     self.local = ""
+    self._folder: Optional[storage.LocalFolder] = None
     self._copied: dict[str, tuple[int, int]] = {}
+    # (inode, size, modification time) of a part-copy -> the object's name
+    self._partial: dict[tuple[int, int, int], str] = {}
     self._held = self._pushed = False  # the URL held files; some were copied there
 
   def __enter__(self) -> str:
-    self.local = os.path.realpath(tempfile.mkdtemp(prefix="compressive-mirror-"))
+    self._folder = storage.LocalFolder("compressive-mirror-", "run")
+    self.local = self._folder.path
     _OPEN[self.local] = self
     _NAMES[self.local] = self.url
     _LOG.addFilter(_PUBLIC)
     try:
       with _reaching(f"cannot read {self.url}"):
-        self._pull()
+        storage.within(self.deadline, f"reading {self.url}", self._pull)
+      what = f"{self.url}: TensorStore, which reads and writes the checkpoints there"
+      with _reaching(what):  # a small read answers at once: no need to wait the whole deadline
+        storage.within(min(self.deadline or PROBE_S, PROBE_S), what,
+                       self._reach_tensorstore)
     except BaseException:
       self._close()
       raise
@@ -219,11 +307,25 @@ class Mirror:
         return  # a new run: nothing there yet
       raise
     for item in items:
-      if item.is_file():  # its folders (checkpoints, params, TensorBoard's) stay there
-        with open(os.path.join(self.local, item.name), "wb") as f:
-          f.write(item.read_bytes())
+      bound = _RUN_FILES.get(item.name)
+      if bound is None or not item.is_file():  # its folders (checkpoints, ...) stay there
+        continue
+      path = os.path.join(self.local, item.name)
+      with item.open("rb") as f, _local_disk(f"{self.url}/{item.name}"), open(path, "wb") as out:
+        if _copy(f, out, bound) > bound:  # found over its bound here, as on a disk
+          out.flush()
+          self._partial[_identity(os.fstat(out.fileno()))] = item.name
     self._copied = _files_under(self.local)
     self._held = bool(self._copied)
+
+  def _reach_tensorstore(self) -> None:
+    """A read through TensorStore (which Orbax writes the checkpoints with)
+    with the credentials it will use: a missing object answers; no
+    credentials, or no server, raise or never answer (the deadline)."""
+    import tensorstore as ts  # pylint: disable=g-import-not-at-top  (Orbax's own)
+    bucket, _, path = self.url.split("://", 1)[1].partition("/")
+    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+    store.read(f"{path}/.compressive-reach" if path else ".compressive-reach").result()
 
   def _check_bucket(self) -> None:
     """StorageError when the URL's bucket does not exist: no run is begun
@@ -238,12 +340,23 @@ class Mirror:
 
   def push(self) -> None:
     """Copies each file made or changed here since the last copy to the
-    URL, whole."""
+    URL, whole, within the deadline. A part-copy of an object over its
+    bound is never copied: set aside here, the bucket's whole object is
+    copied to that name in the bucket."""
     self._pushed = True
-    for relative, seen in sorted(_files_under(self.local).items()):
-      if self._copied.get(relative) != seen:
-        _upload(self.local, self.url, relative)
-        self._copied[relative] = seen
+    storage.within(self.deadline, f"copying the run's files to {self.url}", self._push)
+
+  def _push(self) -> None:
+    changed = {r: seen for r, seen in sorted(_files_under(self.local).items())
+               if self._copied.get(r) != seen}
+    for relative in list(changed):
+      name = self._partial.get(_identity(os.lstat(os.path.join(self.local, relative))))
+      if name is not None:  # a part-copy, set aside: the whole object, before it is replaced
+        _epath(f"{self.url}/{name}").copy(_epath(f"{self.url}/{relative}"), overwrite=True)
+        self._copied[relative] = changed.pop(relative)
+    for relative, seen in changed.items():
+      _upload(self.local, self.url, relative)
+      self._copied[relative] = seen
 
   def __exit__(self, kind, error, traceback) -> None:
     try:
@@ -263,7 +376,8 @@ class Mirror:
     _NAMES.pop(self.local, None)
     if not _OPEN:
       _LOG.removeFilter(_PUBLIC)
-    shutil.rmtree(self.local, ignore_errors=True)
+    if self._folder is not None:
+      self._folder.close()
 
 
 def push(local: str) -> None:
@@ -275,25 +389,41 @@ def push(local: str) -> None:
       mirror.push()
 
 
+def deadline_of(local: str) -> Optional[float]:
+  """The deadline of the mirror whose folder is `local` (its storage calls'),
+  or None: a workdir on this machine."""
+  mirror = _OPEN.get(os.path.abspath(local))
+  return mirror.deadline if mirror is not None else None
+
+
 class Upload:
   """A new local folder for an output that goes to `url` (an export's
   --output), which must hold nothing; copied there, file by file, when the
   tool ends without an error. `with Upload(url, label) as local:`."""
 
-  def __init__(self, url: str, label: str):
-    self.url, self.label = url.rstrip("/"), label
-    self.parent = self.local = ""
+  def __init__(self, url: str, label: str,
+               deadline: Optional[float] = storage.DEFAULT_DEADLINE_S):
+    check_url(url, "an output")
+    self.url, self.label, self.deadline = url.rstrip("/"), label, deadline
+    self.local = ""
+    self._folder: Optional[storage.LocalFolder] = None
 
   def __enter__(self) -> str:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
-      taken = target.exists() and (target.is_file() or any(target.iterdir()))
+      taken = storage.within(self.deadline, f"reading {self.url}", lambda: target.exists() and (
+          target.is_file() or any(target.iterdir())))
     if taken:
       raise ConfigError(f"{self.label} exists and is not empty: give a new or empty place")
-    self.parent = os.path.realpath(tempfile.mkdtemp(prefix="compressive-upload-"))
-    self.local = os.path.join(self.parent, "output")
+    self._folder = storage.LocalFolder("compressive-upload-", "output")
+    self.local = self._folder.path
+    os.rmdir(self.local)  # the export makes it, whole, when it is done
     _NAMES[self.local] = self.url
     return self.local
+
+  def _upload_all(self) -> None:
+    for relative in sorted(_files_under(self.local), key=lambda r: (os.sep not in r, r)):
+      _upload(self.local, self.url, relative)
 
   def __exit__(self, kind, error, traceback) -> None:
     try:
@@ -301,8 +431,8 @@ class Upload:
         with _reaching(f"cannot write {self.url}"):
           # The top-level files (an export's manifest) last: a reader finds
           # an export only once it is whole.
-          for relative in sorted(_files_under(self.local), key=lambda r: (os.sep not in r, r)):
-            _upload(self.local, self.url, relative)
+          storage.within(self.deadline, f"writing {self.url}", self._upload_all)
     finally:
       _NAMES.pop(self.local, None)
-      shutil.rmtree(self.parent, ignore_errors=True)
+      if self._folder is not None:
+        self._folder.close()

@@ -36,9 +36,10 @@ from compressive import cli_flags
 from compressive import cli_config
 from compressive import errors
 from compressive import remote
+from compressive import storage
 from compressive import values
 from compressive.errors import ConfigError
-from compressive.scale import sharding
+from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import layout
 from compressive.training import loop as train_lib
@@ -73,7 +74,7 @@ flags.DEFINE_string("profile_steps", "",
 
 def initialize_distributed() -> None:
   """Before anything else touches JAX: joins the other processes, if any."""
-  sharding.initialize_distributed(**cli_flags.multihost_arguments())
+  processes.initialize_distributed(**cli_flags.multihost_arguments())
 
 
 def setup_logging() -> None:
@@ -97,6 +98,10 @@ def main(argv):
     cli.fail(f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
              f"from the newest checkpoint in {FLAGS.workdir}",
              code=errors.exit_status(signum))
+  finally:  # a stop or a failure while joining the other processes: no wait for them at exit
+    if processes.join_unfinished():
+      storage.exit_now(sys.exc_info()[1].code if isinstance(sys.exc_info()[1], SystemExit)
+                       else 1)
 
 
 def train(config, workdir: str) -> None:

@@ -16,6 +16,7 @@ from absl import logging
 
 from compressive import cli
 from compressive import data
+from compressive import files
 from compressive.errors import ConfigError
 
 _CONFIG = cli.define_config_flag(required=True)
@@ -27,6 +28,7 @@ def validate(data_config: data.DataConfig) -> None:
   data.validate_data_config(data_config, need_tokenizer_model=False)
   if not data_config.spm_model:
     raise ConfigError('data.spm_model (the output path) is empty')
+  files.check_local(data_config.spm_model, 'data.spm_model (the .model file to write)')
   if os.path.isdir(data_config.spm_model):
     raise ConfigError(f'data.spm_model={data_config.spm_model!r} is a folder: give the path of '
                       'the .model file to write')

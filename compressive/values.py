@@ -172,50 +172,163 @@ def config_floats(config: Any) -> None:
 
 
 # -- Config groups: dataclasses whose fields declare their ranges. ------------------
+#
+# Every group (a frozen dataclass: the model, training, optimizer,
+# evaluation, mesh and data sections, and each data source's section)
+# declares each field once: its default, its kind and its range or choices,
+# with the helpers below. A field declared without them (a plugin source's
+# schema) is checked by its annotation's kind (int, float, str, bool,
+# tuple). `from_dict` builds a group from its section: a key it does not
+# know, a field it requires that is missing and a value of another kind are
+# each a ConfigError naming the field, before the group checks its ranges
+# and the rules between its fields (`__post_init__`, `check_fields`).
+
+# The kinds a field may have, as an annotation names them.
+KINDS = ("int", "float", "str", "bool", "tuple")
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "True or False",
+          "tuple": "a tuple"}
+
+
+def _declared(kind: str, default: Any, interval: str = "", must: str = "",
+              choices: Any = ()) -> Any:
+  metadata = {"kind": kind, "must": must}
+  if interval:
+    metadata["interval"] = interval
+  if choices:
+    metadata["choices"] = choices
+  return dataclasses.field(default=default, metadata=metadata)
 
 
 def whole(default: Any, interval: str, must: str = "") -> Any:
   """A dataclass field holding an integer in `interval` (`integer`),
   checked by the group's `__post_init__` (`check_fields`); `must` is the
-  error's wording of the range."""
-  return dataclasses.field(default=default,
-                           metadata={"kind": "int", "interval": interval, "must": must})
+  error's wording of the range. `dataclasses.MISSING` as the default: a
+  field the section must give."""
+  return _declared("int", default, interval, must)
 
 
 def real(default: Any, interval: str, must: str = "") -> Any:
   """A dataclass field holding a number in `interval` as float32 holds it
   (`number`), checked like `whole`'s."""
-  return dataclasses.field(default=default,
-                           metadata={"kind": "float", "interval": interval, "must": must})
+  return _declared("float", default, interval, must)
+
+
+def text(default: Any, choices: Any = (), must: str = "") -> Any:
+  """A dataclass field holding a string, one of `choices` when given (a
+  tuple, or a function returning one, for choices a registry below this
+  layer holds); `must` is the error's wording of the choices."""
+  return _declared("str", default, must=must, choices=choices)
+
+
+def flag(default: bool) -> Any:
+  """A dataclass field holding True or False."""
+  return _declared("bool", default)
+
+
+def sequence(default: Any, must: str = "") -> Any:
+  """A dataclass field holding a tuple (a list as JSON gives it is read as one)."""
+  return _declared("tuple", default, must=must)
+
+
+def kind_of(f: dataclasses.Field) -> str:
+  """A field's kind: as declared, else as its annotation names it (int,
+  float, str, bool, tuple, tuple[...]); "" for any other annotation (a
+  nested group, a mapping, Any), which is not checked here."""
+  if "kind" in f.metadata:
+    return f.metadata["kind"]
+  name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+  name = name.split("[", 1)[0].strip()
+  return name if name in KINDS else ""
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+  if kind == "int":
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+  if kind == "float":
+    return _is_number(value)
+  if kind == "str":
+    return isinstance(value, str)
+  if kind == "bool":
+    return isinstance(value, (bool, np.bool_))
+  return isinstance(value, (tuple, list))
+
+
+def _shown(value: Any) -> str:
+  text = " ".join(repr(value).split())
+  return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_kind(f: dataclasses.Field, value: Any, prefix: str) -> None:
+  """ConfigError naming `PREFIXfield` unless `value` is of the field's kind
+  (kind_of) and, for a string with choices, one of them."""
+  kind = kind_of(f)
+  if not kind:
+    return
+  if not _is_kind(value, kind):
+    what = f.metadata.get("must") if kind in ("str", "tuple") else ""
+    raise ConfigError(f"{prefix}{f.name}={_shown(value)} must be {what or _WORDS[kind]}"
+                      + (f", not {type(value).__name__}" if value is not None else ", not null"))
+  choices = f.metadata.get("choices")
+  if kind == "str" and choices:
+    choices = choices() if callable(choices) else choices
+    if value not in choices:
+      must = f.metadata.get("must")
+      raise ConfigError(f"{prefix}{f.name}={value!r} " + (
+          f"must be {must}" if must else f"is unknown; choose one of {', '.join(choices)}"))
 
 
 def check_fields(group: Any, prefix: str) -> dict[str, Any]:
-  """Every declared field of `group` against its range, in field order;
-  ConfigError naming `PREFIXfield`. Returns {field: the value as checked}
-  (a float as float32 holds it)."""
+  """Every field of `group` against its kind (check_kind) and its declared
+  range, in field order; ConfigError naming `PREFIXfield`. Returns {field:
+  the value as checked} of the fields with a range (a float as float32
+  holds it)."""
   held = {}
   for f in dataclasses.fields(group):
+    if f.metadata.get("derived"):
+      continue
+    value = getattr(group, f.name)
+    check_kind(f, value, prefix)
     if "interval" in f.metadata:
       check = integer if f.metadata["kind"] == "int" else number
-      held[f.name] = check(prefix + f.name, getattr(group, f.name), f.metadata["interval"],
+      held[f.name] = check(prefix + f.name, value, f.metadata["interval"],
                            must=f.metadata["must"])
   return held
 
 
-def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
-  """`cls` (a group's dataclass) from its config section (a mapping, or
-  what has to_dict), each value as written; ConfigError for a field it does not
-  know (`derived` fields come from other groups, never from the section)."""
-  if hasattr(section, "to_dict"):
-    section = section.to_dict()
+def check_section(cls: Any, section: Any, prefix: str, derived: Any = ()) -> None:
+  """ConfigError naming the first key of `section` (a mapping) that `cls`,
+  a group, does not know, the first field it requires that the section
+  lacks, or the first value of another kind than its field's (kind_of):
+  what `from_dict` checks before the group is made, and what a saved
+  file's reader checks of each section it holds (`derived`: fields that
+  come from other groups, never from the section)."""
   if not isinstance(section, Mapping):
     raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a section of fields, "
-                      f"not {type(section).__name__}")
-  known = {f.name for f in dataclasses.fields(cls) if f.init} - set(derived)
-  unknown = sorted(set(section) - known)
+                      f"not {'null' if section is None else type(section).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in derived}
+  unknown = sorted(str(k) for k in section if k not in fields)
   if unknown:
-    raise ConfigError(f"{prefix}{unknown[0]} is not a field of this version's config "
-                      f"({prefix.rstrip('.') or 'top level'}: {', '.join(sorted(known))})")
+    key = unknown[0][:80] if unknown[0][:80].isprintable() else repr(unknown[0][:80])
+    raise ConfigError(f"{prefix}{key} is not a field of this "
+                      f"version's config ({prefix.rstrip('.') or 'top level'}: "
+                      f"{', '.join(sorted(fields))})")
+  for name, f in fields.items():
+    if name in section:
+      check_kind(f, section[name], prefix)
+    elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+      raise ConfigError(f"{prefix}{name} is missing from the config")
+
+
+def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
+  """`cls` (a group's dataclass) from its config section (a mapping, or
+  what has to_dict), each value as written, checked first (check_section:
+  a field it does not know, one it lacks that has no default, a value of
+  another kind are each a ConfigError naming the field; `derived` fields
+  come from other groups, never from the section); the group then checks
+  its ranges and its rules as it is made."""
+  if hasattr(section, "to_dict"):
+    section = section.to_dict()
+  check_section(cls, section, prefix, derived)
   return cls(**section, **derived)
 
 

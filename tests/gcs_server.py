@@ -33,8 +33,8 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class Server:
 
-  def __init__(self, url: str):
-    self.url = url
+  def __init__(self, url: str, process: subprocess.Popen):
+    self.url, self.process = url, process  # the server's own process (to stall it: SIGSTOP)
 
   def env(self) -> dict[str, str]:
     """What points the clients at this server: gcsfs (STORAGE_EMULATOR_HOST),
@@ -89,7 +89,7 @@ def serve() -> Iterator[Server]:
         stdout=log, stderr=log)
     try:
       _wait_until_ready(process, url, log)
-      yield Server(url)
+      yield Server(url, process)
     finally:
       process.kill()
       process.wait()

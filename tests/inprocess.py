@@ -40,6 +40,7 @@ import jax
 from compressive import cli  # noqa: F401  (its flags, --compilation_cache, are the process's)
 from compressive import cli_config
 from compressive import cli_xla
+from compressive.errors import STOP_SIGNALS
 
 from helpers import ROOT
 
@@ -47,7 +48,7 @@ from helpers import ROOT
 # whose environment changes one of them needs a process of its own.
 JAX_START = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "JAX_ENABLE_X64",
              "CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS")
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_SIGNALS = STOP_SIGNALS
 _JAX_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
                 "jax_persistent_cache_min_compile_time_secs")
 _LOGGERS = ("compressive", "absl", "jax", "orbax", "")
@@ -123,9 +124,16 @@ def _restored():
   verbosity = absl_logging.get_verbosity()
   formatter = absl_logging.get_absl_handler().python_handler.formatter  # the tools set their own
   options = {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
+  modules = set(sys.modules)
   try:
     yield
   finally:
+    # A config file ml_collections loaded (as module config_<flag>): a
+    # later tool's file of the same flag is loaded afresh, as in a process
+    # of its own, not into the same module object, whose names it would keep.
+    for name in set(sys.modules) - modules:
+      if name.startswith("config_"):
+        del sys.modules[name]
     argv0 = sys.argv[0]
     for name in set(flags.FLAGS) - before:
       # The tool's own flags and its --config overrides go (the next tool

@@ -209,8 +209,12 @@ def read_ar(data: bytes) -> dict[str, bytes]:
   out, pos = {}, 8
   while pos + 60 <= len(data):
     header = data[pos:pos + 60]
-    name = header[:16].decode('ascii').strip().rstrip('/')
-    size = int(header[48:58].decode('ascii').strip())
+    size_field = header[48:58].strip()
+    if not size_field.isdigit():  # a negative or garbled size would never advance
+      raise DataError(f'not an ar archive: member header at byte {pos} gives the size '
+                      f'{size_field[:10]!r}')
+    name = header[:16].decode('ascii', errors='replace').strip().rstrip('/')
+    size = int(size_field)
     out[name] = data[pos + 60:pos + 60 + size]
     pos += 60 + size + (size & 1)  # Members are 2-byte aligned.
   return out
@@ -402,14 +406,17 @@ def load_books(cache_dir: str,
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.books`: where the archives are cached, and the held-out share."""
-  cache_dir: str = ''  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
+  cache_dir: str = values.text('')  # '' = ~/.cache/compressive; archives in <cache_dir>/books/.
   # Held-out share of works for each of validation and test.
-  heldout_fraction: float = 0.05
+  heldout_fraction: float = values.real(0.05, '(0, 0.5)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.books.')
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.books
-  values.number('data.books.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
+  # Its other fields check themselves (Config); the archives are pinned.
+  files.check_local(data_config.books.cache_dir, 'data.books.cache_dir (a folder)')
 
 
 def get_documents(data_config: 'DataConfig', split: str,

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from compressive import files
 from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
@@ -43,14 +44,14 @@ class DataConfig:
   the config leaves out takes its default (the schema's), so a section or
   field added after a config was saved is read at its default.
   """
-  source: str = 'books'  # which corpus: a registered source, or module:Name
-  tokenizer: str = 'bytes'  # TOKENIZERS
-  spm_model: str = ''  # path of a SentencePiece .model (tokenizer=sentencepiece)
+  source: str = values.text('books')  # which corpus: a registered source, or module:Name
+  tokenizer: str = values.text('bytes', TOKENIZERS)
+  spm_model: str = values.text('')  # path of a SentencePiece .model (tokenizer=sentencepiece)
   # SentencePiece training (train_tokenizer.py; the paper uses 32k subwords
   # on PG-19): at most spm_train_max_bytes of the train split, sampled in
   # seeded document order. Its seed is a uint32, the coverage a float32.
   spm_vocab_size: int = values.whole(32000, '[1, 2**31)', 'an integer >= 1 (pieces), below 2**31')
-  spm_model_type: str = 'unigram'
+  spm_model_type: str = values.text('unigram', SPM_MODEL_TYPES, 'unigram, bpe, char or word')
   spm_character_coverage: float = values.real(0.9999, '(0, 1]')
   spm_train_max_bytes: int = values.whole(100_000_000, '[1, 2**63)', 'an integer >= 1 (bytes)')
   spm_train_seed: int = values.whole(0, '[0, 2**32)')
@@ -63,12 +64,6 @@ class DataConfig:
   sections: dict[str, Any] = dataclasses.field(default_factory=lambda: _registered_sections())
 
   def __post_init__(self):
-    if self.tokenizer not in TOKENIZERS:
-      raise ConfigError(f"data.tokenizer={self.tokenizer!r} is unknown; choose one of "
-                        f"{', '.join(TOKENIZERS)}")
-    if self.spm_model_type not in SPM_MODEL_TYPES:
-      raise ConfigError(f'data.spm_model_type={self.spm_model_type!r} must be '
-                        'unigram, bpe, char or word')
     values.check_fields(self, 'data.')
 
   def __getattr__(self, name: str) -> Any:
@@ -82,19 +77,16 @@ class DataConfig:
     """From a config's data section (a mapping, or what has to_dict): the
     shared fields, and each registered source's section typed by its
     schema (at its defaults when the config has none); ConfigError naming
-    a field a section does not know."""
-    given = dict(given.to_dict() if hasattr(given, 'to_dict') else given)
+    a field or section it does not know, or a value of another kind
+    (check_written)."""
+    given = given.to_dict() if hasattr(given, 'to_dict') else given
+    check_written(given)
     sections = _registered_sections()
-    for key in [k for k in given if k not in SHARED_FIELDS]:
-      section = given.pop(key)
-      if key in sections:
-        sections[key] = values.from_dict(registry.get(key).schema, section, f'data.{key}.')
-      elif isinstance(section, Mapping):
-        sections[key] = section  # a plugin's: typed when asked for (registry.section)
-      else:
-        raise ConfigError(f'data.{key} is not a field of this version\'s data config '
-                          f"(shared: {', '.join(sorted(SHARED_FIELDS))})")
-    return values.from_dict(cls, given, 'data.', sections=sections)
+    for key, section in given.items():
+      if key not in SHARED_FIELDS:  # a plugin's is typed when asked for (registry.section)
+        sections[key] = (values.from_dict(registry.get(key).schema, section, f'data.{key}.')
+                         if key in sections else section)
+    return cls(**{k: v for k, v in given.items() if k in SHARED_FIELDS}, sections=sections)
 
   def to_dict(self) -> dict[str, Any]:
     """The section as a config holds it: the shared fields, then each
@@ -107,6 +99,32 @@ class DataConfig:
 
 # The fields every source shares (DataConfig's own, but its sections).
 SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != 'sections')
+
+
+def check_written(given: Any) -> None:
+  """ConfigError naming the first field or section of a data section (as
+  a config or a saved file holds it) that no version writes: a key that is
+  neither a shared field nor a registered source's section (nor, while
+  data.source names a plugin, a mapping: its section, whose name is known
+  once it is imported), or a value of another kind than its field's. Not
+  the ranges: the groups check those as they are made. A section named as
+  data.source names a source not registered here is left to the source's
+  own check (registry.get names it)."""
+  if not isinstance(given, Mapping):
+    raise ConfigError(f'data must be a section of fields, not '
+                      f"{'null' if given is None else type(given).__name__}")
+  source = str(given.get('source', ''))
+  for key, section in given.items():
+    if key in SHARED_FIELDS:
+      continue
+    if key in registry.names():
+      values.check_section(registry.get(key).schema, section, f'data.{key}.')
+    elif not ((':' in source or key == source) and isinstance(section, Mapping)):
+      raise ConfigError(f"data.{key} is not a field of this version's data config (shared: "
+                        f"{', '.join(sorted(SHARED_FIELDS))}; sections: "
+                        f"{', '.join(registry.names())})")
+  values.check_section(DataConfig, {k: v for k, v in given.items() if k in SHARED_FIELDS},
+                       'data.', derived=('sections',))
 
 
 def _registered_sections() -> dict[str, Any]:
@@ -169,19 +187,21 @@ def validate_data_config(c: DataConfig, *, need_tokenizer_model: bool = True) ->
 
   source = registry.get(c.source)
   registry.section(c, source.name)
-  source.validate(c)
+  registry.call_hook(c.source, source, 'validate', c)
   _check_host_bytes(c, source)
   if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
     if not c.spm_model:
       raise ConfigError(
           "data.spm_model is empty: give the SentencePiece model's path (train one with "
           "train_tokenizer.py)")
-    if os.path.isdir(c.spm_model):
-      raise ConfigError(f"data.spm_model={c.spm_model!r} is a folder, not a .model file")
-    if not os.path.isfile(c.spm_model):
+    files.check_local(c.spm_model, 'data.spm_model (a .model file)')
+    what = files.kind(c.spm_model, follow=True)
+    if what is None:
       raise ConfigError(
           f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
           "or fix the path")
+    if what != 'file':
+      raise ConfigError(f"data.spm_model={c.spm_model!r} is {what}, not a .model file")
     try:  # a moment's read: a file that is not a model is named now, not mid-run
       tokenizers.SentencePieceTokenizer(c.spm_model)
     except DataError as e:

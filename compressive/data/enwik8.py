@@ -31,6 +31,7 @@ import numpy as np
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive import files
 from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
@@ -42,18 +43,22 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.enwik8`: the file, and how it is cut into splits and documents."""
-  path: str = ''  # The enwik8 or enwik8.zip file.
+  path: str = values.text('')  # The enwik8 or enwik8.zip file.
   # Split sizes in bytes (train, validation, test), which must add up to the
   # file size, and how many contiguous documents each split is cut into.
   # Training rows need at least batch_size documents to stay busy;
   # evaluation on one document is the paper's single-stream evaluation.
-  split_bytes: tuple = (90_000_000, 5_000_000, 5_000_000)
-  train_shards: int = 128
-  eval_shards: int = 1
+  split_bytes: tuple = values.sequence((90_000_000, 5_000_000, 5_000_000))
+  train_shards: int = values.whole(128, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
+  eval_shards: int = values.whole(1, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.enwik8.')
 
 
 def validate(data_config: 'DataConfig') -> None:
   c = data_config.enwik8
+  files.check_local(c.path, 'data.enwik8.path (a file)')
   if not c.path:
     raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
   if not os.path.isfile(c.path):
@@ -66,9 +71,6 @@ def validate(data_config: 'DataConfig') -> None:
   for k, split in enumerate(registry.SPLITS):
     values.integer(f'data.enwik8.split_bytes[{k}]', sizes[k], '[0, 2**63)',
                    must=f'an integer >= 0 (bytes of {split})')
-  for name in ('train_shards', 'eval_shards'):
-    values.integer(f'data.enwik8.{name}', getattr(c, name), '[1, 2**63)',
-                   must='an integer >= 1 (documents of a split)')
 
 
 def host_bytes(data_config: 'DataConfig') -> int:

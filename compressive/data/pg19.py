@@ -45,6 +45,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
@@ -69,8 +70,11 @@ OFFICIAL_WORDS = {'validation': 3_007_061, 'test': 6_966_499}
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.pg19`: where the prepared dataset and the raw files are."""
-  data_dir: str = ''  # The TFDS data_dir holding (or to hold) the prepared dataset.
-  raw_dir: str = ''  # A local copy of the raw bucket; '' = the bucket itself.
+  data_dir: str = values.text('')  # The TFDS data_dir holding (or to hold) the prepared dataset.
+  raw_dir: str = values.text('')  # A local copy of the raw bucket; '' = the bucket itself.
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.pg19.')
 
 
 def validate(data_config: 'DataConfig') -> None:

@@ -58,6 +58,8 @@ class _Reader:
     self._refs: list[Any] = []
 
   def _take(self, n: int) -> bytes:
+    if n < 0:  # a length the stream gives: negative ones would read backwards, forever
+      raise RFormatError(f'a negative length ({n}) in the R serialisation')
     if self._pos + n > len(self._data):
       raise RFormatError('truncated R serialisation')
     out = self._data[self._pos:self._pos + n]
@@ -97,6 +99,8 @@ class _Reader:
       index = flags >> 8
       if index == 0:
         index = self._int()
+      if not 1 <= index <= len(self._refs):
+        raise RFormatError(f'a reference to object {index} of {len(self._refs)} read')
       return self._refs[index - 1]
     if kind == _SYMSXP:
       symbol = Symbol(self._item())
@@ -131,7 +135,10 @@ class _Reader:
       return raw.decode('latin-1')
     if levels & _BYTES:
       raise RFormatError('R "bytes"-encoded strings are not supported')
-    return raw.decode('utf-8')  # UTF-8, ASCII, or native (UTF-8 on Debian).
+    try:
+      return raw.decode('utf-8')  # UTF-8, ASCII, or native (UTF-8 on Debian).
+    except UnicodeDecodeError as e:
+      raise RFormatError(f'an R string that is not UTF-8 ({e.reason} at byte {e.start})') from None
 
   def _pairlist(self, flags: int) -> RObject:
     items: list[tuple[str | None, Any]] = []
@@ -156,8 +163,13 @@ class _Reader:
 
 
 def unserialize(data: bytes) -> Any:
-  """Reads one object in R's XDR serialisation (as written by serialize())."""
-  return _Reader(data).read()
+  """Reads one object in R's XDR serialisation (as written by serialize()).
+  Every read takes bytes of `data` from the front, so any bytes end in an
+  object or an RFormatError."""
+  try:
+    return _Reader(data).read()
+  except RecursionError:
+    raise RFormatError('R objects nested too deep') from None
 
 
 def read_rds(data: bytes) -> Any:

@@ -174,6 +174,53 @@ def call_hook(name: str, source: Source, hook: str, *args,
   return value
 
 
+def checked_texts(name: str, source: Source, texts: Any) -> Iterator[str]:
+  """The texts a source's iter_texts gives, each held to the contract as
+  it comes (a str; the hook's own error, raised by the iteration, as
+  call_hook reports it): a plugin's broken hook is one line naming it."""
+  iterator = call_hook(name, source, 'iter_texts', *texts) if isinstance(texts, tuple) else texts
+  while True:
+    try:
+      text = next(iterator)
+    except StopIteration:
+      return
+    except (UserError, OSError):
+      raise
+    except Exception as e:
+      if not is_plugin(source):
+        raise
+      raise DataError(f"data.source={name!r}: its iter_texts raised "
+                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+    if not isinstance(text, str):
+      raise DataError(f'data.source={name!r}: its iter_texts gave a {type(text).__name__}; a '
+                      "source's iter_texts gives str texts")
+    yield text
+
+
+def official_words(name: str, source: Source, split: str) -> Optional[int]:
+  """The split's published word total by the source's official_words hook
+  (None: none, or no hook), held to its contract: None or an int >= 1."""
+  if source.official_words is None:
+    return None
+  return call_hook(name, source, 'official_words', split, returns=(
+      lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+      'None or an int >= 1 (words)'))
+
+
+def schema_section(name: str, source: Source, section: Any, prefix: str) -> Any:
+  """The source's section typed by its schema (values.from_dict), a plugin
+  schema's own error (its __post_init__) one line naming the source."""
+  try:
+    return values.from_dict(source.schema, section, prefix)
+  except (UserError, OSError):
+    raise
+  except Exception as e:
+    if not is_plugin(source):
+      raise
+    raise DataError(f"data.source={name!r}: its schema {source.schema.__name__} raised "
+                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+
+
 def unregister(name: str) -> None:
   """Removes a source (tests that register a toy one clean up with this)."""
   _SOURCES.pop(name, None)
@@ -209,10 +256,14 @@ def section(data_config: 'DataConfig', name: str) -> Any:
   if source is None:
     raise ConfigError(f'the data config has no section data.{name}: no data source of that '
                       'name is registered')
-  if name not in sections:  # a source registered after the config was read
-    sections[name] = source.schema()
+  if name not in sections:  # a source registered after the config was read: its defaults
+    sections[name] = schema_section(data_config.source, source, {}, f'data.{name}.')
   if not dataclasses.is_dataclass(sections[name]):  # a plugin's, as the config wrote it
-    sections[name] = values.from_dict(source.schema, sections[name], f'data.{name}.')
+    sections[name] = schema_section(data_config.source, source, sections[name], f'data.{name}.')
+  stray = sorted(k for k, v in sections.items() if not dataclasses.is_dataclass(v))
+  if stray:  # a section no source reads (a typo of the plugin's, or another plugin's)
+    raise ConfigError(f'data.{stray[0]} is not a section of this data config: '
+                      f'data.source={data_config.source!r} reads data.{name}')
   return sections[name]
 
 

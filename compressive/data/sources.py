@@ -82,10 +82,11 @@ def iter_texts(data_config: 'DataConfig', split: str,
   budget is the last one yielded.
   """
   source = _source(data_config, split)
-  if source.iter_texts is not None:
-    yield from source.iter_texts(data_config, split, max_bytes, seed)
+  if source.iter_texts is not None:  # held to its contract, text by text
+    yield from registry.checked_texts(data_config.source, source,
+                                      (data_config, split, max_bytes, seed))
     return
-  docs = source.get_documents(data_config, split, tokenizers.ByteTokenizer())
+  docs = get_documents(data_config, split, tokenizers.ByteTokenizer())
   if not isinstance(docs, documents_lib.TextDocuments):
     raise DataError(
         f'data.source={data_config.source} has no text to train a tokenizer '

@@ -35,28 +35,26 @@ KINDS = ('random', 'copy')
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.synthetic`: generated token documents."""
-  kind: str = 'random'  # 'random' | 'copy' (a repeated random block).
-  num_docs: tuple = (64, 8, 8)  # (train, validation, test)
-  min_length: int = 2
-  max_length: int = 2048
-  period: int = 64  # Block length of kind 'copy'.
-  seed: int = 0
+  kind: str = values.text('random', KINDS, "'random' or 'copy'")  # 'copy': a repeated random block
+  num_docs: tuple = values.sequence((64, 8, 8))  # (train, validation, test)
+  min_length: int = values.whole(2, '[1, 2**63)')
+  max_length: int = values.whole(2048, '[1, 2**63)')
+  period: int = values.whole(64, '[1, 2**63)')  # Block length of kind 'copy'.
+  # NumPy's SeedSequence takes integers >= 0.
+  seed: int = values.whole(0, '[0, 2**63)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.synthetic.')
 
 
 def validate(data_config: 'DataConfig') -> None:
   c = data_config.synthetic
-  if c.kind not in KINDS:
-    raise ConfigError(f"data.synthetic.kind={c.kind!r} must be 'random' or 'copy'")
   if len(c.num_docs) != len(registry.SPLITS) or min(c.num_docs) < 0:
     raise ConfigError(f'data.synthetic.num_docs={tuple(c.num_docs)} must be '
                       f'{len(registry.SPLITS)} counts >= 0, one per split')
   if not 1 <= c.min_length <= c.max_length:
     raise ConfigError(f'data.synthetic.min_length={c.min_length} must be in '
                       f'[1, data.synthetic.max_length={c.max_length}]')
-  if c.kind == 'copy' and c.period < 1:
-    raise ConfigError(f'data.synthetic.period={c.period} must be >= 1')
-  # NumPy's SeedSequence takes integers >= 0.
-  values.integer('data.synthetic.seed', c.seed, '[0, 2**63)')
 
 
 def host_bytes(data_config: 'DataConfig') -> int:

@@ -33,6 +33,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from compressive import files
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
@@ -49,30 +50,28 @@ TEXT_ERRORS = ('strict', 'replace')
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.text_files`: the text, its split and its decoding."""
-  path: str = ''  # The folder of *.txt files (or of train/, validation/, test/).
+  path: str = values.text('')  # The folder of *.txt files (or of train/, validation/, test/).
   # Held-out share of documents for each of validation and test when the
   # split is made by hash.
-  heldout_fraction: float = 0.05
+  heldout_fraction: float = values.real(0.05, '(0, 0.5)')
   # How undecodable UTF-8 is handled: 'strict' raises an error naming the
   # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
   # of U+FFFD, since num_bytes measures the text the model sees).
-  text_errors: str = 'strict'
+  text_errors: str = values.text('strict', TEXT_ERRORS, "'strict' or 'replace'")
   # When path is one file: it is cut into documents of at most this many
   # bytes, at line ends (a 1 MB file gives about 64 documents).
-  document_bytes: int = 16384
+  document_bytes: int = values.whole(16384, '[64, 2**31)', 'an integer >= 64 (bytes)')
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.text_files.')
 
 
 def validate(data_config: 'DataConfig') -> None:
   c = data_config.text_files
+  files.check_local(c.path, 'data.text_files.path (a folder or a file)')
   if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
     raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
                       'a text file')
-  values.number('data.text_files.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
-  values.integer('data.text_files.document_bytes', c.document_bytes, '[64, 2**31)',
-                 must='an integer >= 64 (bytes)')
-  if c.text_errors not in TEXT_ERRORS:
-    raise ConfigError(
-        f"data.text_files.text_errors={c.text_errors!r} must be 'strict' or 'replace'")
 
 
 def read_text(path: str, errors: str = 'strict',
@@ -244,6 +243,22 @@ def _split_paths(data_config: 'DataConfig', split: str) -> tuple[list[str], str]
 # -- One file cut into documents. ---------------------------------------------------
 
 
+def character_cut(data: bytes) -> int:
+  """Where a piece with no line end is cut, in bytes from its start: before
+  the character at its end (a lead byte and at most 3 continuation bytes),
+  so that no character is split between two documents; the whole piece when
+  its end is no such character (bytes that are not UTF-8: the decoder names
+  them, or replaces them) or the piece is that character alone, so that a
+  cut always advances."""
+  n = len(data)
+  lead = n - 1
+  while lead >= max(n - 4, 0) and data[lead] & 0xC0 == 0x80:
+    lead -= 1
+  if 0 < lead and n - lead <= 4 and data[lead] >= 0xC0:
+    return lead
+  return n
+
+
 @functools.lru_cache(maxsize=8)
 def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tuple[int, int], ...]:
   """(start, end) byte ranges of the file's documents (the module's
@@ -262,11 +277,8 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
           line_end = data.rfind(b'\n')
           if line_end >= 0:
             end = start + line_end + 1
-          else:  # no line end in the piece: cut before a character's continuation bytes
-            while end > start + 1 and data[end - start - 1] & 0xC0 == 0x80:
-              end -= 1
-            if data[end - start - 1] >= 0xC0:
-              end -= 1
+          else:  # no line end in the piece: a character it cuts goes to the next
+            end = start + character_cut(data)
         ranges.append((start, end))
         start = end
   except OSError as e:

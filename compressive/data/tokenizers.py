@@ -131,6 +131,8 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
   would be dropped for exceeding max_sentence_length. Pieces keep their
   newlines, so '\\n' is learned as a symbol of its own.
   """
+  if max_chars < 1:  # a piece of no characters would never advance
+    raise ValueError(f'max_chars={max_chars} must be >= 1')
   for text in texts:
     start = 0
     while start < len(text):

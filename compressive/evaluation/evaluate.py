@@ -34,7 +34,7 @@ import functools
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Self, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Self, cast
 
 import flax.struct
 from flax import nnx
@@ -366,19 +366,27 @@ def evaluate(
     mesh: Optional[Mesh] = None,
     progress_every_s: float = 10.0,
     split: Optional[str] = None,
-) -> dict[str, float]:
+    stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict[str, float]]:
   """The metrics of `documents` streamed through `model` (`stream`, whose
   arguments these are) with a fresh evaluation memory. In a multi-process
-  run every process calls this and gets the same result.
+  run every process calls this and gets the same result. `stop`, asked at
+  every segment's boundary: when it says so the pass is dropped (None).
 
   `split` names the split `documents` hold (default experiment.eval.split): a
   complete pass over PG-19's validation or test split reports
   `word_perplexity` over the official word total (`word_perplexity_of`).
   """
+  split = experiment.eval.split if split is None else split
+  source = data_lib.registry.get(experiment.data.source)
+  # A source's published word total, held to its contract before the pass.
+  official = data_lib.registry.official_words(experiment.data.source, source, split)
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []  # read every 64 segments: reading waits for the device
   for segment in stream(model, documents, experiment, max_segments=max_segments, mesh=mesh,
                         progress_every_s=progress_every_s):
+    if stop is not None and stop():
+      return None
     pending.append((segment.nats, segment.count))
     segments += 1
     if len(pending) >= 64:
@@ -398,12 +406,9 @@ def evaluate(
   elif complete:
     num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
     result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-  official_words = data_lib.registry.get(experiment.data.source).official_words
-  if complete and official_words is not None:
-    split = experiment.eval.split if split is None else split
+  if complete and (official is not None or source.official_words is not None):
     words = sum(documents.num_words(i) for i in range(len(documents)))
-    result.update(word_perplexity_of(
-        total_nats, words, split, official_words(split), documents.description))
+    result.update(word_perplexity_of(total_nats, words, split, official, documents.description))
   return result
 
 

@@ -8,7 +8,7 @@ reported once, by field name, before anything is built or compiled.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 from compressive import values
 from compressive.errors import ConfigError
@@ -35,48 +35,65 @@ NORMS = ("pre", "post")
 MEMORY_GRADIENTS = ("none", "compressor", "memories")
 
 
+def _positions() -> tuple[str, ...]:
+  from compressive.model.attention import POSITIONS
+  return POSITIONS
+
+
+def _implementations() -> tuple[str, ...]:
+  from compressive.model.attention import IMPLEMENTATIONS
+  return tuple(IMPLEMENTATIONS)
+
+
+_SIZE = "an integer >= 1, below 2**31"
+_SLOTS = "an integer >= 0, below 2**31"
+_REQUIRED = dataclasses.MISSING  # a field every model section gives
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  vocab_size: int
-  num_layers: int
-  num_heads: int
-  d_model: int
-  d_ff: int
-  segment_length: int
-  memory_length: int
-  compressed_memory_length: int
-  compression_rate: int
-  compression: str = "conv"
-  reconstruction_loss: str = "attention"
-  positions: str = "relative"  # relative (Transformer-XL) | rope (rotary)
+  """The model section (`config.model`), typed and frozen: each field
+  declares its kind and range or choices once (values.whole, ...), a section
+  read with `from_config` refuses a field it does not know, and the rules
+  between the fields are checked as it is made (`validate`)."""
+  vocab_size: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  num_layers: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  num_heads: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  d_model: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  d_ff: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  segment_length: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  memory_length: int = values.whole(_REQUIRED, "[0, 2**31)", _SLOTS)
+  compressed_memory_length: int = values.whole(_REQUIRED, "[0, 2**31)", _SLOTS)
+  compression_rate: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
+  # A name of the compression registry (model/compression.py), or
+  # module:Name; the registry checks it (`resolve`).
+  compression: str = values.text("conv")
+  reconstruction_loss: str = values.text("attention", RECONSTRUCTION_LOSSES)
+  positions: str = values.text("relative", _positions)  # relative (Transformer-XL) | rope (rotary)
   # NORMS: layer norm before each sublayer, or after its residual sum (the
   # paper's, and every shipped config's). "pre" here because a config saved
   # before the field existed (a workdir's config.json) was trained pre-norm.
-  norm: str = "pre"
-  dropout_rate: float = 0.0
-  dtype: str = "float32"  # activations; parameters are always float32
-  scan_layers: bool = False  # one stacked layer, run by lax.scan over the layer axis
-  remat: str = "none"  # REMAT_POLICIES
-  attention_chunk_size: int = 0  # queries per attention chunk; 0 = the whole segment
-  attention_implementation: str = "auto"  # rope's fused attention: auto | xla | cudnn
-  memory_gradient: str = "none"  # MEMORY_GRADIENTS; "none" is the paper's
+  norm: str = values.text("pre", NORMS)
+  dropout_rate: float = values.real(0.0, "[0, 1)")
+  dtype: str = values.text("float32", DTYPES)  # activations; parameters are always float32
+  # One stacked layer, run by lax.scan over the layer axis.
+  scan_layers: bool = values.flag(False)
+  remat: str = values.text("none", REMAT_POLICIES)
+  # Queries per attention chunk; 0 = the whole segment.
+  attention_chunk_size: int = values.whole(0, "[0, 2**31)", _SLOTS)
+  # rope's fused attention: auto | xla | cudnn
+  attention_implementation: str = values.text("auto", _implementations)
+  memory_gradient: str = values.text("none", MEMORY_GRADIENTS)  # "none" is the paper's
 
   @classmethod
   def from_config(cls, config: Any) -> "ModelConfig":
-    """From a ConfigDict / mapping (extra keys ignored) or a ModelConfig."""
+    """From the config's model section (a ConfigDict or mapping; a field it
+    lacks takes its default, but the sizes, which it must give) or a
+    ModelConfig; ConfigError naming a field it does not know, one it lacks
+    or one of another kind (values.from_dict)."""
     if isinstance(config, ModelConfig):
       return config
-    if hasattr(config, "to_dict"):
-      config = config.to_dict()
-    if not isinstance(config, Mapping):
-      raise ConfigError(f"model config must be a ConfigDict or mapping, got {type(config).__name__}")
-    values = {}
-    for f in dataclasses.fields(cls):
-      if f.name in config:
-        values[f.name] = config[f.name]
-      elif f.default is dataclasses.MISSING:
-        raise ConfigError(f"model.{f.name} is missing from the config")
-    return cls(**values)
+    return values.from_dict(cls, config, "model.")
 
   def __post_init__(self):
     validate(self)
@@ -89,14 +106,6 @@ class ModelConfig:
   def temporal_range(self) -> int:
     """Tokens back one layer can reach: n_m + c * n_cm (paper §3)."""
     return self.memory_length + self.compression_rate * self.compressed_memory_length
-
-
-def _int(cfg: ModelConfig, name: str, minimum: int) -> None:
-  value = getattr(cfg, name)
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise ConfigError(f"model.{name}={value!r} must be an integer")
-  if value < minimum:
-    raise ConfigError(f"model.{name}={value} must be >= {minimum}")
 
 
 # How deep a model may be built, checked before anything is built, as the
@@ -129,46 +138,19 @@ def _check_depth(cfg: ModelConfig) -> None:
 
 
 def validate(cfg: ModelConfig) -> None:
-  """Raises ConfigError naming the first inconsistent field."""
-  for name in ("vocab_size", "num_layers", "num_heads", "d_model", "d_ff",
-               "segment_length", "compression_rate"):
-    _int(cfg, name, 1)
-  for name in ("memory_length", "compressed_memory_length"):
-    _int(cfg, name, 0)
+  """Raises ConfigError naming the first field out of its kind or range
+  (values.check_fields), then the first rule between fields it breaks."""
+  values.check_fields(cfg, "model.")
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
-  from compressive.model.attention import POSITIONS
   # model.compression names a plugin: its registry checks the name
   # (compression.resolve, when the model is built; the experiment's check).
-  if cfg.reconstruction_loss not in RECONSTRUCTION_LOSSES:
-    raise ConfigError(
-        f"model.reconstruction_loss={cfg.reconstruction_loss!r} is unknown; choose one of "
-        f"{', '.join(RECONSTRUCTION_LOSSES)}")
-  if cfg.positions not in POSITIONS:
-    raise ConfigError(
-        f"model.positions={cfg.positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
-  if cfg.norm not in NORMS:
-    raise ConfigError(f"model.norm={cfg.norm!r} is unknown; choose one of {', '.join(NORMS)}")
   if cfg.positions == "rope" and cfg.head_dim % 2:
     raise ConfigError(
         f"model.positions='rope' rotates channel pairs, so the head width must be even: "
         f"model.d_model / model.num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}")
-  values.number("model.dropout_rate", cfg.dropout_rate, "[0, 1)")  # as float32 holds it
-  if cfg.dtype not in DTYPES:
-    raise ConfigError(f"model.dtype={cfg.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
-  if not isinstance(cfg.scan_layers, bool):
-    raise ConfigError(f"model.scan_layers={cfg.scan_layers!r} must be True or False")
   _check_depth(cfg)
-  if cfg.remat not in REMAT_POLICIES:
-    raise ConfigError(
-        f"model.remat={cfg.remat!r} is unknown; choose one of {', '.join(REMAT_POLICIES)}")
-  _int(cfg, "attention_chunk_size", 0)
-  from compressive.model.attention import IMPLEMENTATIONS
-  if cfg.attention_implementation not in IMPLEMENTATIONS:
-    raise ConfigError(
-        f"model.attention_implementation={cfg.attention_implementation!r} is unknown; choose "
-        f"one of {', '.join(IMPLEMENTATIONS)}")
   if cfg.attention_implementation == "cudnn" and cfg.positions != "rope":
     raise ConfigError(
         "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
@@ -179,9 +161,6 @@ def validate(cfg: ModelConfig) -> None:
 
 
 def _check_memory_gradient(cfg: ModelConfig) -> None:
-  if cfg.memory_gradient not in MEMORY_GRADIENTS:
-    raise ConfigError(f"model.memory_gradient={cfg.memory_gradient!r} is unknown; choose one of "
-                      f"{', '.join(MEMORY_GRADIENTS)}")
   if cfg.memory_gradient == "compressor" and not cfg.compressed_memory_length:
     raise ConfigError(
         "model.memory_gradient='compressor' needs a compressed memory "

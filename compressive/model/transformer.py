@@ -35,6 +35,7 @@ from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
 from compressive.model.compression import Compressor, resolve as resolve_compression
 from compressive.model.config import ModelConfig
+from compressive.errors import ConfigError, UserError
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
 
@@ -67,6 +68,24 @@ class Aux:
     return out
 
 
+def _compressor(cfg: ModelConfig, rngs: nnx.Rngs, param_dtype) -> Compressor:
+  """The layer's Compressor, its compression's constructor held to the
+  contract like its __call__: one defined outside the package that raises
+  is one ConfigError naming it; a built-in one's error is a bug and keeps
+  its traceback."""
+  cls = resolve_compression(cfg.compression)
+  try:
+    return Compressor(cfg.compression, cfg.compression_rate, cfg.d_model,
+                      reconstruction_loss=cfg.reconstruction_loss, rngs=rngs,
+                      param_dtype=param_dtype)
+  except Exception as e:
+    if cls.__module__.startswith("compressive.") or isinstance(e, UserError):
+      raise
+    raise ConfigError(f"model.compression={cfg.compression!r} ({cls.__module__}.{cls.__name__}): "
+                      f"its __init__({cfg.compression_rate}, {cfg.d_model}) raised "
+                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+
+
 class Block(nnx.Module):
   """One layer: attention over its memory, feed-forward, and the memory
   update with its compression.
@@ -95,9 +114,7 @@ class Block(nnx.Module):
     self.memory_gradient = cfg.memory_gradient
     self.compressor = None  # Transformer-XL: evicted memories are dropped.
     if cfg.compressed_memory_length:
-      self.compressor = nnx.data(Compressor(
-          cfg.compression, cfg.compression_rate, cfg.d_model,
-          reconstruction_loss=cfg.reconstruction_loss, rngs=rngs, param_dtype=param_dtype))
+      self.compressor = nnx.data(_compressor(cfg, rngs, param_dtype))
 
   def _drop(self, x, rng, index):
     return x if rng is None else self.dropout(x, rngs=jax.random.fold_in(rng, index))

@@ -26,7 +26,7 @@ changes, so losses agree across meshes up to float reduction order.
 Everything here takes the mesh's `MeshConfig` (an Experiment's `mesh`,
 built once by `config.check`; `MeshConfig.from_config` reads one from a
 config's mesh section) or a built Mesh as an argument; the entry points
-decide about multi-host initialisation and call `initialize_distributed`
+decide about multi-host initialisation and call `processes.initialize_distributed`
 before anything else touches JAX.
 """
 
@@ -75,14 +75,17 @@ class MeshConfig:
     data_axes: the axes that split batch rows, and with them the memory.
     logical_axis_rules: (logical axis, mesh axes) pairs.
   """
-  axes: tuple = ("data", "fsdp", "tensor")
-  shape: tuple = (-1, 1, 1)  # -1: the devices the other axes leave
-  data_axes: tuple = ("data", "fsdp")  # batch and memory rows are split along these
+  axes: tuple = values.sequence(("data", "fsdp", "tensor"))
+  shape: tuple = values.sequence((-1, 1, 1))  # -1: the devices the other axes leave
+  # Batch and memory rows are split along these.
+  data_axes: tuple = values.sequence(("data", "fsdp"))
   # Each parameter's logical axis -> mesh axes (None: replicated).
-  logical_axis_rules: tuple = DEFAULT_LOGICAL_AXIS_RULES
+  logical_axis_rules: tuple = values.sequence(DEFAULT_LOGICAL_AXIS_RULES)
 
   def __post_init__(self):
-    """The fields against each other (against the devices: `mesh_shape`)."""
+    """Each field's kind, then the fields against each other (against the
+    devices: `mesh_shape`)."""
+    values.check_fields(self, "mesh.")
     axes, shape = self.axes, self.shape
     if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
       raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
@@ -98,7 +101,7 @@ class MeshConfig:
       if a not in axes:
         raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
     for rule in self.logical_axis_rules:
-      if len(rule) != 2 or not isinstance(rule[0], str):
+      if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
         raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
       for a in _names(rule[1]):
         if a not in axes:
@@ -394,47 +397,3 @@ def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
 
 
 # -- Multi-host. ----------------------------------------------------------------
-
-
-def check_distributed_values(coordinator_address: object, num_processes: object,
-                             process_id: object) -> None:
-  """ConfigError naming the value unless coordinator_address is HOST:PORT
-  (port in [1, 65535]), num_processes >= 1 and process_id in [0,
-  num_processes): before JAX waits for processes that cannot come."""
-  host, _, port = str(coordinator_address).rpartition(":")
-  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-    raise ConfigError(f"coordinator_address={coordinator_address!r} must be HOST:PORT with a "
-                      "port in [1, 65535]")
-  values.integer("num_processes", num_processes, "[1, 2**31)", must="an integer >= 1")
-  values.integer("process_id", process_id, f"[0, {num_processes})",
-                 must=f"an integer in [0, num_processes={num_processes})")
-
-
-def initialize_distributed(
-    *,
-    auto: bool = False,
-    coordinator_address: Optional[str] = None,
-    num_processes: Optional[int] = None,
-    process_id: Optional[int] = None,
-) -> bool:
-  """Joins JAX's distributed runtime; call before anything else uses JAX.
-
-  `auto`: let JAX detect the cluster (Cloud TPU pod slices, SLURM, Open MPI,
-  ...). Explicit `coordinator_address` ('host:port' of process 0),
-  `num_processes` and `process_id` work anywhere, localhost included (CPU
-  processes then talk through Gloo). Returns whether it initialised.
-  """
-  explicit = (coordinator_address, num_processes, process_id)
-  if any(v is not None for v in explicit):
-    if any(v is None for v in explicit):
-      raise ConfigError(
-          "give all of coordinator_address, num_processes and process_id, or none "
-          "(then multihost auto-detects the cluster)")
-    check_distributed_values(coordinator_address, num_processes, process_id)
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
-    return True
-  if auto:
-    jax.distributed.initialize()
-    return True
-  return False

@@ -20,6 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from compressive import remote
+from compressive import storage
 from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training.integrity import DamagedCheckpointError
@@ -110,6 +111,9 @@ class Checkpointer:
     self.directory = run.checkpoints
     self.skipped = run.skipped  # the damaged steps moved aside
     self._manager = _listing(lambda: _manager(workdir, max_to_keep, create, read_only))
+    # A workdir on Cloud Storage: each save, and the wait for one, within
+    # its mirror's deadline (compressive/storage.py); None on a disk.
+    self.deadline = remote.deadline_of(workdir)
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
     self.advice = ("read an older step with --step, or let train.py --restore_intact move "
@@ -153,7 +157,8 @@ class Checkpointer:
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
     with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here
-      self._manager.save(step, args=ocp.args.Composite(**items))
+      storage.within(self.deadline, f"saving checkpoint {step} in {self.directory}",
+                     lambda: self._manager.save(step, args=ocp.args.Composite(**items)))
 
   def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None,
               identity: Optional[dict[str, Any]] = None, accept: tuple[str, ...] = ()):
@@ -307,16 +312,20 @@ class Checkpointer:
 
   def wait(self) -> None:
     with self._write_errors():
-      self._manager.wait_until_finished()
+      storage.within(self.deadline, f"finishing the save in {self.directory}",
+                     self._manager.wait_until_finished)
 
   def close(self) -> None:
+    if self.deadline is not None and storage.stalled():
+      return  # the store stopped answering: nothing it holds can be finished or waited for
     error = None
     try:
       self.wait()
     except Exception as e:
       error = e
     try:
-      self._manager.close()
+      if not storage.stalled():
+        storage.within(self.deadline, f"closing {self.directory}", self._manager.close)
     except Exception:
       if error is None:  # else the same failure, already in hand
         raise

@@ -49,6 +49,9 @@ VERSION = 2
 # digest is null for a source without one).
 FIELDS = {"step": int, "integrity": {"sums": dict}, "identity": integrity_lib.IDENTITY_FIELDS,
           "config_sha256": str, "sha256": str}
+# Every field an export.json of the version read holds (exporting.py writes
+# them): any other is damage, never read.
+WRITTEN = ("format", "version", "source", *FIELDS)
 # layout.py's names, as the messages and callers know them.
 EXPORT_FILE = layout.EXPORT_FILE
 PARAMS_DIR = layout.PARAMS_DIR
@@ -97,6 +100,11 @@ def read_manifest(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{name} is damaged: {held} (every export of version {VERSION} "
                           f"{'holds it' if missing else 'holds a value there'}); export the "
                           "workdir again")
+  unknown = sorted(str(k) for k in manifest if k not in WRITTEN)
+  problem = (f"{unknown[0][:80]!r}, a field no export of version {VERSION} holds" if unknown
+             else integrity_lib.identity_problem(manifest["identity"]))
+  if problem:
+    raise CheckpointError(f"{name} is damaged: its {problem}; export the workdir again")
   config_path = layout.Export(path).config
   if files.kind(config_path) != "file":
     raise CheckpointError(f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "

@@ -7,8 +7,9 @@ mesh), which arrays are not finite, a digest of the data position, and the
 run's identity (the model config, the tokenizer, the corpus). Every restore
 recomputes and compares them (`verify`), so flipped bytes, truncated files,
 NaNs and another run's checkpoint are named instead of restored. Records
-name their version (`RECORD_VERSION`); a field missing from one, or a null
-where a check value belongs, is damage.
+name their version (`RECORD_VERSION`) and are read only as a version this
+code knows; a field missing from one, a null where a check value belongs, a
+field no version records, or a value of another kind, is damage.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ class DamagedCheckpointError(CheckpointError):
   """Files missing, truncated or unreadable, a checksum that differs from the
   one recorded at save time, or non-finite parameters / optimizer state."""
 
+
+class UnknownRecordError(CheckpointError):
+  """An integrity record of a version this code does not read: a newer one,
+  or one that names no version (before version 2, or a newer one stripped of
+  it: the two cannot be told apart). Not damage: --restore_intact never
+  moves such a step aside."""
+
 def json_digest(value: Any) -> str:
   """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
   return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -43,9 +51,10 @@ def json_digest(value: Any) -> str:
 
 # The integrity record's format. Version 2 records name their version and
 # hold every field below; a field missing from one is damage. Records that
-# name no version were written before (the third pass): they hold sums,
-# nonfinite and data_sha256 (which arrived with the identity), and a record
-# without any of those is damage too, never read as an older format.
+# name no version were written before version 2 (before 2026-12-02, the
+# third pass): they held no data config and no corpus digest, exactly what a
+# version 2 record stripped of its version and those parts holds, so they
+# are not read (UnknownRecordError), as version 1 exports are not.
 RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
@@ -89,13 +98,13 @@ _FIX = {
 }
 
 
-def _flat(value: Any, prefix: str) -> dict[str, Any]:
+def flat(value: Any, prefix: str) -> dict[str, Any]:
   """A nested JSON dict as {"a.b": leaf}."""
   if not isinstance(value, dict):
     return {prefix: value}
   out: dict[str, Any] = {}
   for k, v in value.items():
-    out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
   return out
 
 
@@ -150,7 +159,7 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   if part == "model" and isinstance(a, dict) and isinstance(b, dict):
     return "; ".join(model_differences(a, b)[:4]) or None
   if part == "data" and isinstance(a, dict) and isinstance(b, dict):
-    fa, fb = _flat(a, "data"), _flat(b, "data")
+    fa, fb = flat(a, "data"), flat(b, "data")
     fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None
@@ -162,10 +171,9 @@ def compare_identity(where: str, saved: Optional[dict[str, Any]],
                      current: Optional[dict[str, Any]], accept: tuple[str, ...]) -> None:
   """RunMismatchError naming what differs between the saved and the current
   identity. `where` names what was saved ("checkpoint DIR/6", "export DIR").
-  A part unknown here (None) is not compared, nor one absent from a record
-  of before version 2 (the data config). A corpus digest recorded as null
-  (a source without one) differs from one measured here: a null never
-  turns the check off."""
+  A part unknown here (None) is not compared. A corpus digest recorded as
+  null (a source without one) differs from one measured here: a null never
+  turns the check off (a record holds every other part: check_record)."""
   if not saved or not current:
     return
   for part in IDENTITY_PARTS:
@@ -206,8 +214,6 @@ def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) ->
 _NULLABLE = (str, type(None))
 IDENTITY_FIELDS = {"model": dict, "tokenizer": str, "data": dict, "corpus": _NULLABLE}
 RECORD_FIELDS = {
-    None: {"sums": dict, "nonfinite": list, "data_sha256": str,
-           "identity": {"model": dict, "tokenizer": str}},
     2: {"sums": dict, "nonfinite": list, "data_sha256": str, "identity": IDENTITY_FIELDS},
 }
 _NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
@@ -236,21 +242,28 @@ def field_problems(value: dict, fields: dict, prefix: str = "") -> tuple[list[st
   return missing, wrong
 
 
-def _record_version(where: str, saved: Any, advice: str) -> Optional[int]:
-  """The version the integrity record `saved` names (None: before version
-  2); damage for no record or an unknown version, CheckpointError for a
-  newer one."""
+def _record_version(where: str, saved: Any, advice: str) -> int:
+  """The version the integrity record `saved` names; damage for no record
+  or a version that is no version, UnknownRecordError for a newer one and
+  for none named."""
   if not isinstance(saved, dict):
     raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record holds "
                                  f"no fields; {advice}")
   version = saved.get("version")
   is_int = isinstance(version, int) and not isinstance(version, bool)
-  if version is None or (is_int and 2 <= version <= RECORD_VERSION):
+  if isinstance(version, int) and is_int and version in RECORD_FIELDS:
     return version
-  if is_int and version > RECORD_VERSION:
-    raise CheckpointError(f"checkpoint {where} was written by a newer version of compressive "
-                          f"(integrity record version {version}; this one reads "
-                          f"{RECORD_VERSION} and older): update compressive to read it")
+  if "version" not in saved:
+    raise UnknownRecordError(
+        f"checkpoint {where} is not read: its integrity record names no version, as records "
+        "written before version 2 (before 2026-12-02) did and as a newer one stripped of its "
+        "checks would, and the two cannot be told apart (docs/LONG_RUNS.md §Long runs: "
+        "nothing lost)")
+  if isinstance(version, int) and is_int and version > RECORD_VERSION:
+    raise UnknownRecordError(
+        f"checkpoint {where} was written by a newer version of compressive (integrity record "
+        f"version {version}; this one reads version {RECORD_VERSION}): update compressive to "
+        "read it")
   raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
                                f"version is {version!r}; {advice}")
 
@@ -258,18 +271,48 @@ def _record_version(where: str, saved: Any, advice: str) -> Optional[int]:
 def check_record(where: str, saved: Any, advice: str) -> None:
   """DamagedCheckpointError unless the integrity record `saved` holds every
   field of its version, each of its type (RECORD_FIELDS: a missing field,
-  or a null where a check value belongs, is damage, never an older format);
-  CheckpointError for a version this code does not know."""
+  or a null where a check value belongs, is damage, never an older format),
+  and an identity whose parts hold only what a version records
+  (identity_problem); UnknownRecordError for a version this code does not
+  read."""
   version = _record_version(where, saved, advice)
   missing, wrong = field_problems(saved, RECORD_FIELDS[version])
-  if version is None and isinstance(saved.get("identity"), dict) and "data" in saved["identity"]:
-    missing.append("version")  # identities record the data config since version 2
   if missing or wrong:
     held = f"lacks {', '.join(missing)}" if missing else f"holds {', '.join(wrong)}"
     raise DamagedCheckpointError(
-        f"checkpoint {where} is damaged: its integrity record {held} (a record of "
-        f"{'version ' + str(version) if version else 'before version 2'} "
-        f"{'always holds it' if missing else 'holds a value there'}); {advice}")
+        f"checkpoint {where} is damaged: its integrity record {held} (a record of version "
+        f"{version} {'always holds it' if missing else 'holds a value there'}); {advice}")
+  problem = identity_problem(saved["identity"])
+  if problem:
+    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
+                                 f"{problem}; {advice}")
+
+
+def identity_problem(identity: dict) -> Optional[str]:
+  """What a recorded identity (a checkpoint's or an export's, whose parts
+  are of their types: field_problems) holds that no version records, in
+  words: a model field ModelConfig does not know or a value of another
+  kind, a data section other than data.source's, a field that section does
+  not know or does not record (where its files are); None when nothing."""
+  from compressive import values  # pylint: disable=g-import-not-at-top
+  from compressive.data import registry  # pylint: disable=g-import-not-at-top
+  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  try:
+    values.check_section(ModelConfig, identity["model"], "identity.model.")
+    data = identity["data"]
+    source = data.get("source")
+    if not isinstance(source, str):
+      return f"identity.data.source={source!r} is not a source's name"
+    for key, section in data.items():
+      if key == "source" or ":" in source or source not in registry.names():
+        continue  # a plugin's section: its schema is known once it is imported
+      if key != source:
+        return f"identity.data.{key} is not the section of data.source={source!r}"
+      values.check_section(registry.get(source).schema, section, f"identity.data.{key}.",
+                           derived=registry.get(source).location_fields)
+  except ConfigError as e:
+    return str(e)
+  return None
 
 
 def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,

@@ -1,11 +1,12 @@
 """Stopping a run on a signal without losing what it saved.
 
-`SignalStop` (train.py): the first SIGTERM / SIGINT asks the run to stop
+`SignalStop` (train.py): the first stop signal (errors.STOP_SIGNALS:
+SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU) asks the run to stop
 after its step (it then checkpoints and exits with `errors.exit_status`, 128 + the
 signal, as a shell reports a process the signal ended); a second stops it at
 once with KeyboardInterrupt. In a run of several processes, SIGTERM is left to
 JAX's preemption service, which tells every process and agrees on the step
-to stop at (`StopAgreement` polls it); a first SIGINT is handed to it as a
+to stop at (`StopAgreement` polls it); a first other stop signal is handed to it as a
 SIGTERM. Python runs a handler between any two bytecodes, so the
 KeyboardInterrupt may land anywhere:
 
@@ -19,8 +20,8 @@ KeyboardInterrupt may land anywhere:
 `StopAgreement` (the training loop): whether to stop after a step, the same
 answer in every process; `agree`: any process's flag, in every process.
 
-`hold_early_signals` / `release_early_signals` (train.py): a SIGTERM or
-SIGINT that comes while the tool still imports (JAX takes a second) is held
+`hold_early_signals` / `release_early_signals` (train.py): a stop signal
+that comes while the tool still imports (JAX takes a second) is held
 instead of killing the process unheard (SIGTERM's default) or printing an
 import's traceback (SIGINT's); once the tool's main() runs, a held or later
 signal is a KeyboardInterrupt, which main() reports in one line, until
@@ -37,6 +38,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Iterator, Optional, TypedDict
 
+from compressive.errors import STOP_SIGNALS
+
 
 class _Deferral(TypedDict):
   depth: int
@@ -48,7 +51,7 @@ _received: list[int] = []  # the signals this module's handlers heard, first fir
 
 
 def received() -> Optional[int]:
-  """The first SIGTERM or SIGINT a handler of this module heard (held early,
+  """The first stop signal a handler of this module heard (held early,
   raised as KeyboardInterrupt, or taken by `SignalStop`), or None."""
   return _received[0] if _received else None
 
@@ -102,7 +105,7 @@ class _Holder:
 
 
 _hold = _Holder()
-EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EARLY_SIGNALS = STOP_SIGNALS
 
 
 def _adopt_holders() -> None:
@@ -118,7 +121,7 @@ def _adopt_holders() -> None:
 
 
 def hold_early_signals() -> None:
-  """Holds SIGTERM and SIGINT until `release_early_signals`."""
+  """Holds the stop signals until `release_early_signals`."""
   _received.clear()  # a tool's start: what an earlier run in this process heard is not its
   _adopt_holders()
   for signum in EARLY_SIGNALS:
@@ -132,7 +135,7 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 def release_early_signals() -> None:
-  """From now on SIGTERM and SIGINT raise KeyboardInterrupt (until
+  """From now on the stop signals raise KeyboardInterrupt (until
   `SignalStop` takes over); raises it at once if one was held."""
   _adopt_holders()
   for signum in EARLY_SIGNALS:
@@ -185,8 +188,9 @@ def agree(flag: bool) -> bool:
 
 
 class SignalStop:
-  """SIGTERM / SIGINT (preemption, Ctrl-C): finish the step, checkpoint, and
-  exit with `errors.exit_status` (train.py).
+  """A stop signal (preemption, Ctrl-C, a closed terminal, a scheduler's
+  warning): finish the step, checkpoint, and exit with `errors.exit_status`
+  (train.py).
 
   A second signal stops at once with KeyboardInterrupt. Python runs a signal
   handler between any two bytecodes, also inside a garbage-collector callback
@@ -195,8 +199,8 @@ class SignalStop:
   poll of `should_stop`, after the step in flight.
 
   Where JAX's preemption service runs (`preemption_service()`), SIGTERM is
-  left to it (a second SIGTERM changes nothing there), and a first SIGINT
-  is raised again as SIGTERM, so that it reaches every process too.
+  left to it (a second SIGTERM changes nothing there), and a first other
+  stop signal is raised again as SIGTERM, so that it reaches every process.
   """
 
   def __init__(self) -> None:
@@ -204,9 +208,9 @@ class SignalStop:
     self._interrupt: Optional[KeyboardInterrupt] = None
     self._unraisablehook = sys.unraisablehook
     self._forward = preemption_service()
-    if not self._forward:
-      signal.signal(signal.SIGTERM, self._handler)
-    signal.signal(signal.SIGINT, self._handler)
+    for signum in STOP_SIGNALS:  # SIGTERM is JAX's preemption service's where it runs
+      if signum != signal.SIGTERM or not self._forward:
+        signal.signal(signum, self._handler)
     sys.unraisablehook = self._quiet_dropped_interrupt
 
   def _handler(self, signum, frame):

@@ -255,9 +255,18 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
       accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
-  if is_main:  # only once the run is known to fit what the workdir holds
+  finished = start >= experiment.train.num_train_steps
+  # Only once the run is known to fit what the workdir holds; a finished
+  # run's record stays as it was trained (written again only when it was
+  # missing or set aside as damaged).
+  if is_main and not (finished and os.path.lexists(layout.Workdir(workdir).config)):
     runconfig.save_config(workdir, experiment)
   if runlog.finished(experiment.train, start, workdir):
+    changed = runconfig.differences(workdir, experiment) if is_main else []
+    if changed:
+      _log.warning("this command's config differs from the finished run's (%s); %s keeps the "
+                   "values the run was trained with", "; ".join(changed[:4]),
+                   layout.Workdir(workdir).config)
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
   writer = MetricWriter(workdir, "train", enabled=is_main)
@@ -283,14 +292,9 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
   train = run.experiment.train
-  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
-                                         run.train_iter, run.writer, is_main, run.workdir,
-                                         run.accept_changed_corpus)
-  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
-  run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
-  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
+  state, memory, step_fn = _begin(run, start, restored, is_main)
+  assert run.clock is not None and run.window is not None and run.metric_log is not None
   stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
-  assert train.prefetch_steps is not None  # a config checked to train (config.check) has it
   step = start
   with prefetch.Prefetcher(setup_lib.step_batches(train, run.setup.layout, run.train_iter),
                            train.prefetch_steps) as batches:
@@ -316,6 +320,11 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
       refused = _save(run, step, state, memory, batches.get_state()) if saving else None
+      if evaluating and not refused:  # one process: a stop during it drops it, the step saved
+        estimate = _estimate(run, state, step, should_stop if jax.process_count() == 1 else None)
+        stopping, run.last_eval = estimate is None, estimate or run.last_eval
+        if stopping and not saving:
+          refused = _save(run, step, state, memory, batches.get_state())
       if refused:  # a finite loss, but non-finite parameters: not saved
         del state, memory
         raise restore_lib.non_finite_error(step, step, run.checkpointer,
@@ -323,10 +332,21 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
-      if evaluating:
-        run.last_eval = _estimate(run, state, step)
   run.clock.log_total(start + 1, step)
   return run.last_eval
+
+
+def _begin(run: _Run, start: int, restored, is_main: bool):
+  """(state, memory, the jitted step) a run's steps begin with, its clock,
+  metric window and log made."""
+  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
+                                         run.train_iter, run.writer, is_main, run.workdir,
+                                         run.accept_changed_corpus)
+  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
+  run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
+  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
+  assert run.experiment.train.prefetch_steps is not None  # a config checked to train has it
+  return state, memory, step_fn
 
 
 def _step_fn(experiment: experiment_lib.Experiment, setup: setup_lib.Setup,
@@ -388,16 +408,22 @@ def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
   return bool(every and step % every == 0) or step == train.num_train_steps
 
 
-def _estimate(run: _Run, state, step: int) -> dict[str, float]:
+def _estimate(run: _Run, state, step: int,
+              stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
   """A quick estimate of the evaluation metrics, written to the eval metrics
   (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
-  whole splits."""
+  whole splits. None, nothing written, when `stop()` says so at a segment's
+  boundary (a signal asked the run to stop: it is saved without waiting for
+  the rest of the evaluation)."""
   experiment, setup = run.experiment, run.setup
   t_eval = time.time()
   model = merge_params(setup.graphdef, setup.state_template, state.params)
   result = eval_lib.evaluate(
       model, run.eval_docs, experiment, max_segments=experiment.eval.max_segments,
-      mesh=setup.layout.mesh)
+      mesh=setup.layout.mesh, stop=stop)
+  if result is None:
+    _log.warning("the evaluation at step %d is dropped: a stop was asked for during it", step)
+    return None
   run.eval_writer.write(step, result)
   assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("eval", t_eval)

@@ -16,6 +16,7 @@ import ml_collections
 
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
+from compressive import experiment as experiment_lib
 from compressive.experiment import Experiment
 from compressive.training import layout, savedjson, sidefiles
 from compressive.training import integrity
@@ -56,10 +57,13 @@ def load_config(workdir: str) -> SavedConfig:
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
-    values = savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path)
-    return ml_collections.ConfigDict(_tuples(values))
+    values = _tuples(savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path))
+    experiment_lib.check_written(values)  # its sections, fields and kinds: not its ranges
+    return ml_collections.ConfigDict(values)
   except savedjson.DamagedJSONError as e:
     cause = e.cause
+  except ConfigError as e:
+    cause = str(e)
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # keys a config refuses
     cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
   raise CheckpointError(f"{path} is damaged ({cause}); restore it from a copy, or write it "
@@ -77,6 +81,19 @@ def _tuples(value):
   if isinstance(value, list):
     return tuple(_tuples(v) for v in value)
   return value
+
+
+def differences(workdir: str, experiment: Experiment) -> list[str]:
+  """"FIELD SAVED -> GIVEN" for each field of the workdir's config.json that
+  `experiment` gives another value (none when config.json cannot be read)."""
+  try:
+    saved = json.loads(json.dumps(load_config(workdir).to_dict()))
+  except (OSError, CheckpointError):
+    return []
+  given = json.loads(json.dumps(experiment.to_dict()))  # tuples as JSON lists, as saved
+  a, b = integrity.flat(saved, ""), integrity.flat(given, "")
+  return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k)]
 
 
 # Config fields outside the model that fix the shapes of what a checkpoint

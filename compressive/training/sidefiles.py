@@ -23,6 +23,7 @@ import shutil
 from typing import Iterator
 
 from compressive import files
+from compressive import remote
 from compressive.training import layout
 
 _log = logging.getLogger("compressive")
@@ -36,6 +37,15 @@ FOLDERS = layout.SIDE_FOLDERS
 # gains ~300 bytes a logged step (a million steps logged is ~300 MB).
 CONFIG_BYTES = 16 << 20
 METRICS_BYTES = 2 << 30
+
+# What a mirror of a run on Cloud Storage copies from its top, by name, and
+# the most of each it copies (compressive/remote.py): the side files and an
+# export's manifest, each within its reader's bound (train.log, which the
+# trainer appends to and nothing reads, within a metrics file's).
+remote.register_run_files({
+    layout.CONFIG_FILE: CONFIG_BYTES, layout.EXPORT_FILE: CONFIG_BYTES,
+    layout.LOG_FILE: METRICS_BYTES,
+    **{layout.metrics_file(name): METRICS_BYTES for name in layout.METRICS}})
 
 
 
@@ -54,12 +64,16 @@ def set_aside(path: str, why: str) -> str:
 def prepare(workdir: str) -> None:
   """Before a trainer writes in `workdir`: each side file's place holds a
   regular file or nothing, each side folder's a folder (not a link) or
-  nothing; anything else is set aside."""
+  nothing; anything else is set aside, and so is a log larger than a
+  metrics file's bound (a mirror copies no more of it: appended to, the
+  part would replace the whole)."""
   run = layout.Workdir(workdir)
   for path in run.side_files:
     what = files.kind(path)
     if what not in (None, "file"):
       set_aside(path, f"{what}, not a file")
+    elif what == "file" and path == run.log and os.lstat(path).st_size > METRICS_BYTES:
+      set_aside(path, f"larger than the {METRICS_BYTES >> 20} MiB a log is kept to")
     elif what == "file" and os.lstat(path).st_nlink > 1:
       unshare(path)
   for path in run.side_folders:

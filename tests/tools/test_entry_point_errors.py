@@ -222,6 +222,43 @@ CASES = [
          "--config={tmp}/c.py: get_config() returned a dict; a config file's get_config "
          "returns an ml_collections config",
          setup=write("c.py", "def get_config():\n  return {'batch_size': 2}\n")),
+    Case("train: a config file's typo with an override that is fine", "train.py",
+         ["--config={tmp}/c.py", "--workdir={tmp}/wd", "--config.batch_size=2"],
+         "--config={tmp}/c.py (line 5): AttributeError: synthetc Did you mean \"synthetic\"",
+         setup=write("c.py", "from compressive.configs import default\n\ndef get_config():\n"
+                             "  c = default.get_config()\n  c.data.synthetc.seed = 1\n"
+                             "  return c\n")),
+    Case("train: a config file without get_config", "train.py",
+         ["--config={tmp}/c.py", "--workdir={tmp}/wd"],
+         "--config={tmp}/c.py: module config_config has no attribute get_config",
+         setup=write("c.py", "batch_size = 2\n")),
+    Case("train: a file named like a shipped config in the current folder", "train.py",
+         ["--config=default", "--workdir={tmp}/wd"],
+         "--config=default (the file {tmp}/default in the current folder, read instead of the "
+         "shipped config default) (line 1): NameError", setup=write("default", "x\n"),
+         outside_root=True),
+    Case("train: a FIFO as the SentencePiece model", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.tokenizer=sentencepiece",
+          "--config.data.spm_model={tmp}/fifo"],
+         "data.spm_model='{tmp}/fifo' is a FIFO, not a .model file",
+         setup=lambda ctx: os.mkfifo(os.path.join(ctx["tmp"], "fifo"))),
+    Case("train: the compilation cache on gs://", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--compilation_cache=gs://b/jax"],
+         "--compilation_cache=gs://b/jax: JAX's compilation cache is a folder on this machine"),
+    Case("train: the books cache on gs://", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.source=books",
+          "--config.data.books.cache_dir=gs://b/cache"],
+         "gs://b/cache: data.books.cache_dir (a folder) on gs:// is not supported"),
+    Case("train: a text corpus on gs://", "train.py",
+         [CFG, "--workdir={tmp}/wd", "--config.data.source=text_files",
+          "--config.data.text_files.path=gs://b/texts"],
+         "gs://b/texts: data.text_files.path (a folder or a file) on gs:// is not supported"),
+    Case("train: a workdir URL with ..", "train.py", [CFG, "--workdir=gs://runs/a/../b"],
+         "--workdir=gs://runs/a/../b: a workdir URL with a '..' segment"),
+    Case("eval: a workdir URL with an empty segment", "eval.py", ["--workdir=gs://runs//a"],
+         "--workdir=gs://runs//a: a workdir URL with an empty segment (//)"),
+    Case("export: an output URL with .", "export.py", ["--workdir={wd}", "--output=gs://b/./x"],
+         "--output=gs://b/./x: an export URL with a '.' segment"),
     Case("train: two --config flags with an override", "train.py",
          ["--config=default", "--config=enwik8", "--workdir={tmp}/wd", "--config.batch_size=2"],
          "--config is given 2 times (default, enwik8); give one config file"),
@@ -436,6 +473,10 @@ CASES = [
     Case("tokenizer: corpus file that is not UTF-8", "train_tokenizer.py",
          [CFG, *SPM], "bad.txt: invalid UTF-8 at byte 3",
          setup=texts({**GOOD, "bad.txt": b"ok \xff\xfe bad"})),
+    Case("tokenizer: the output on gs://", "train_tokenizer.py",
+         [CFG, *TEXTS, "--config.data.spm_model=gs://b/m.model"],
+         "data.spm_model (the .model file to write) on gs:// is not supported",
+         setup=texts(GOOD)),
     Case("tokenizer: a source without text", "train_tokenizer.py",
          [CFG, "--config.data.spm_model={tmp}/m.model"], "has no text to train a tokenizer"),
 ]
@@ -493,6 +534,26 @@ def test_every_tool_is_in_the_table_and_each_case_expects_a_line_of_its_own():
   scripts = {c.script for c in CASES}
   assert scripts == {"train.py", "eval.py", "sample.py", "analyze.py", "train_tokenizer.py",
                      "export.py", "experiments/run.py"}
+
+
+@pytest.mark.parametrize("flag,environ,named", [
+    ("gs://b/jax", {}, "--compilation_cache=gs://b/jax"),
+    (None, {"COMPRESSIVE_COMPILATION_CACHE": "gs://b/jax"}, "$COMPRESSIVE_COMPILATION_CACHE=gs://b/jax"),
+], ids=["flag", "environment"])
+def test_a_url_as_the_compilation_cache_is_one_line_and_makes_no_folder(
+    tmp_path, monkeypatch, flag, environ, named):
+  # os.path made a local folder `gs:` of gs://b/jax, and the run went on.
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv(cli.JAX_COMPILATION_CACHE_ENV, raising=False)
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  err = io.StringIO()
+  with redirect_stderr(err), pytest.raises(SystemExit) as exited:
+    cli.use_compilation_cache(flag)
+  assert exited.value.code == 2 and err.getvalue() == (
+      f"error: {named}: JAX's compilation cache is a folder on this machine, not a URL; give a "
+      "local folder, or none with --compilation_cache=\n")
+  assert os.listdir(tmp_path) == []
 
 
 # -- A result that cannot be saved is printed, with a warning. -----------------

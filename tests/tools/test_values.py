@@ -26,7 +26,7 @@ from compressive import cli_config
 from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
-from compressive.scale import sharding
+from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
 
 FLOAT_FIELDS = [name for name, _ in values.float_fields(tiny_experiment())]
@@ -57,19 +57,26 @@ def test_every_float_field_is_checked_as_float32(field, bad, what):
   assert what in refused(tiny_experiment(**{field: bad}), field)
 
 
-def test_a_float_field_nobody_listed_is_checked_too():
-  # data.books is not the source's section here: no validator reads it.
+def test_a_float_field_of_a_section_no_source_reads_is_checked_too():
+  # data.books is not the source's section here: its fields are checked as
+  # declared all the same, as float32 holds them, then against their range.
   config = tiny_experiment(**{"data.books.heldout_fraction": 1e39})
   assert "overflows to inf in float32" in refused(config, "data.books.heldout_fraction")
-  config.data.books.heldout_fraction = 3.0e38  # float32 holds it
+  config.data.books.heldout_fraction = 3.0e38  # float32 holds it, the range does not
+  assert "must be a number in (0, 0.5)" in refused(config, "data.books.heldout_fraction")
+  config.data.books.heldout_fraction = 0.25
   config_lib.check(config)
 
 
 def test_a_field_no_group_has_is_refused_by_name():
   for section, where in ((None, "top level"), ("optimizer", "optimizer"), ("eval", "eval"),
-                         ("mesh", "mesh")):
+                         ("mesh", "mesh"), ("model", "model"), ("data.synthetic", "data.synthetic"),
+                         ("data.books", "data.books")):
     config = tiny_experiment()
-    target = config if section is None else config[section]
+    target = config
+    for part in (section or "").split(".") if section else ():
+      target = target[part]
+    target.unlock()  # a config file may add a key to an unlocked section (default.get_config())
     target.new_scale = 1.0
     with pytest.raises(ConfigError) as raised:
       config_lib.check(config)
@@ -177,7 +184,7 @@ def test_an_integer_flag_is_checked_against_its_range(flag):
 
 TOOLS = ("eval", "sample", "analyze", "export", "train", "aot.__main__", "train_tokenizer")
 # Numeric flags whose values depend on each other, checked together by
-# sharding.initialize_distributed (the test below) when a tool joins the
+# processes.initialize_distributed (the test below) when a tool joins the
 # multi-host runtime (reading.tool, train.py).
 CHECKED_TOGETHER = {"num_processes", "process_id"}
 
@@ -244,7 +251,7 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
 def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
     address, processes, process, expected):
   with pytest.raises(ConfigError, match=re.escape(expected)):
-    sharding.initialize_distributed(coordinator_address=address, num_processes=processes,
+    processes_lib.initialize_distributed(coordinator_address=address, num_processes=processes,
                                     process_id=process)
 
 

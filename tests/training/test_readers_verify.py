@@ -124,7 +124,7 @@ def test_every_reader_tool_refuses_an_export_after_a_retrained_tokenizer(spm_run
 # -- A missing field in an integrity record is damage. ----------------------------
 
 
-@pytest.mark.parametrize("field", ["data_sha256", "identity", "version", "sums"])
+@pytest.mark.parametrize("field", ["data_sha256", "identity", "sums"])
 def test_a_field_removed_from_an_integrity_record_is_damage(run, tmp_path, field):
   workdir = copy(run, tmp_path)
   edit_json(workdir / "checkpoints" / "1" / "integrity" / "metadata",
@@ -466,10 +466,7 @@ def test_a_null_identity_is_damage_not_another_corpus(run, tmp_path):
     (lambda r: r["identity"].update(model=None), "identity.model null"),
     (lambda r: r.update(data_sha256=None), "data_sha256 null"),
     (lambda r: r.update(nonfinite=None), "nonfinite null"),
-    # A downgrade: a record of before version 2 always held an identity.
-    (lambda r: [r.pop("version"), r.pop("identity")], "lacks identity"),
-], ids=["identity.data", "identity.tokenizer", "identity.model", "data_sha256", "nonfinite",
-        "version and identity removed"])
+], ids=["identity.data", "identity.tokenizer", "identity.model", "data_sha256", "nonfinite"])
 def test_a_null_in_an_integrity_record_is_damage(run, tmp_path, edit, named):
   workdir = copy(run, tmp_path)
   edit_json(workdir / RECORD, edit)

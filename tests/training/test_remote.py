@@ -2,12 +2,15 @@
 Cloud Storage server the tests start (fake-gcs-server, tests/gcs_server.py):
 gcsfs and TensorStore talk to it as they would to Google's."""
 
+import errno
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -15,8 +18,9 @@ import pytest
 
 import compressive
 from compressive import remote
-from compressive.errors import DataError
+from compressive.errors import ConfigError, DataError
 from compressive.training import layout
+from compressive.training import sidefiles
 from compressive.training import loop as train_lib
 from compressive.training import setup as setup_lib
 from helpers import (to_train, ROOT, assert_same_params, params_of, process_env, tiny_experiment,
@@ -227,3 +231,145 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   assert curve["figure"] == f"{url}/curves.png" and remote.size(curve["figure"]) > 0
   for a, b in zip(params_of(url), params_of(local)):
     np.testing.assert_array_equal(a, b)
+
+
+# -- The bucket is read like a disk. -------------------------------------------------
+
+
+def test_a_mirror_copies_only_the_run_files_by_name_never_a_stray_object(gcs):
+  # Every object beside config.json was read whole: a stray 600 MB one took
+  # eval.py to 1.77 GB resident.
+  url = new_url()
+  remote._epath(f"{url}/config.json").write_text("{}")
+  remote._epath(f"{url}/stray.bin").write_bytes(b"\0" * (8 << 20))
+  remote._epath(f"{url}/notes.txt").write_text("not the run's")
+  read = []
+  original = remote._copy
+  monkeypatch_copy = lambda r, w, limit=None: read.append(limit) or original(r, w, limit)
+  remote._copy = monkeypatch_copy
+  try:
+    with remote.Mirror(url) as local:
+      assert os.listdir(local) == ["config.json"]
+  finally:
+    remote._copy = original
+  assert read == [sidefiles.CONFIG_BYTES]  # one copy, the config's, within its bound
+
+
+def test_an_object_over_its_bound_is_found_over_it_and_set_aside_whole_in_the_bucket(
+    gcs, monkeypatch):
+  url = new_url()
+  whole = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 200))
+  remote._epath(f"{url}/metrics_train.jsonl").write_text(whole)
+  monkeypatch.setitem(remote._RUN_FILES, layout.metrics_file("train"), 100)
+  with remote.Mirror(url) as local:
+    path = os.path.join(local, layout.metrics_file("train"))
+    # Copied no further than one byte past the bound: its reader finds it
+    # over the bound, as it would on a disk, and the trainer sets it aside.
+    assert os.path.getsize(path) == 101
+    sidefiles.set_aside(path, "larger than its bound")
+    with open(path, "w") as f:
+      f.write('{"step": 1}\n')
+  # The part-copy never replaced anything: the bucket's whole object was
+  # copied to the name it was set aside as, and the new file took its place.
+  assert remote.read_bytes(f"{url}/metrics_train.jsonl.aside").decode() == whole
+  assert remote.read_bytes(f"{url}/metrics_train.jsonl") == b'{"step": 1}\n'
+
+
+@pytest.mark.parametrize("url", ["gs://runs/a/../b", "gs://runs/a/./b", "gs://runs//b",
+                                 "gs:///b"])
+def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url):
+  # gs://runs/a/../b trained with exit 0, its side files under a/../b/ and
+  # its checkpoints under b/: every step then read as damaged.
+  before = gcs.objects("runs")
+  with pytest.raises(ConfigError, match=re.escape(f"{url}: a workdir URL with ")):
+    train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=2)), url)
+  with pytest.raises(ConfigError, match=re.escape(f"{url}: a workdir or an export URL with ")):
+    compressive.load(url)
+  assert gcs.objects("runs") == before and not remote._OPEN
+
+
+# -- A storage call that never answers is an error, not a hang. ----------------------
+
+
+def test_tensorstore_without_its_credentials_is_one_line_at_the_start(gcs, tmp_path):
+  # With only the emulator's address for gcsfs, TensorStore went to Google
+  # for credentials: the run hung 8 min 50 s after its last step.
+  env = process_env(**gcs.env())
+  for name in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+    env.pop(name)
+  url = new_url()
+  config = write_config_file(tmp_path / "c.py", {"num_train_steps": 2})
+  start = time.monotonic()
+  r = subprocess.run([sys.executable, "train.py", f"--config={config}", f"--workdir={url}",
+                      "--storage_deadline=10"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert time.monotonic() - start < 10 + 120  # the deadline, and a loaded machine's start
+  errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+  assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert errors[0].startswith(f"error: {url}: TensorStore, which reads and writes the "
+                              "checkpoints there"), errors[0]
+  assert under(gcs, url) == []
+
+
+def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_nothing_lost(
+    gcs, tmp_path):
+  """The server stopped (SIGSTOP) while a save is in flight, then SIGTERM:
+  the trainer waited for the save with no deadline and did not act on the
+  signal until storage answered. Now it ends within --storage_deadline
+  with one line, and every checkpoint saved before reads back."""
+  deadline = 15
+  env = process_env(**gcs.env())
+  config = write_config_file(tmp_path / "c.py", {"num_train_steps": 200,
+                                                  "checkpoint_every_steps": 1,
+                                                  "eval_every_steps": 0, "log_every_steps": 1})
+  url = new_url()
+  p = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={url}",
+                        f"--storage_deadline={deadline}"], cwd=ROOT, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []
+  for line in p.stderr:
+    lines.append(line)
+    if "checkpoint of step 3:" in line:
+      break
+  gcs.process.send_signal(signal.SIGSTOP)  # the next save waits on it
+  try:
+    time.sleep(2)
+    p.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    _, err = p.communicate(timeout=deadline + 300)
+    took = time.monotonic() - stopped
+  finally:
+    gcs.process.send_signal(signal.SIGCONT)
+    if p.poll() is None:
+      p.kill()
+  # Within the deadline (from the save's start, before the signal) and a
+  # loaded machine's slack; one error line, naming the save, exit 2.
+  assert took < deadline + 60, (took, err[-3000:])
+  errors = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+  assert "Cloud Storage did not answer within 15 s" in errors[0]
+  assert "what was saved before is intact" in errors[0]
+  # Nothing lost: each save finished before the stall (Orbax begins a save
+  # once the one before is whole: steps 1 and 2 at least) is there, and the
+  # newest reads back, verified; the one the stall cut short is not read.
+  saved = {int(n.split("/")[1]) for n in under(gcs, url) if n.startswith("checkpoints/")
+           and n.split("/")[1].isdigit() and n.endswith("/commit_success.txt")}
+  assert {1, 2} <= saved, sorted(saved)
+  experiment, model = compressive.load(url)
+  assert model is not None and experiment.train.num_train_steps == 200
+
+
+def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(gcs, monkeypatch):
+  url = new_url()
+  remote._epath(f"{url}/config.json").write_text("{}")
+
+  def full(read, write, limit=None):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(remote, "_copy", full)
+  with pytest.raises(remote.StorageError, match=re.escape(
+      f"cannot copy {url}/config.json to this machine's temporary folder ")) as e:
+    with remote.Mirror(url):
+      pass
+  assert "No space left on device (free space there, or set TMPDIR" in str(e.value)
+  assert not remote._OPEN
