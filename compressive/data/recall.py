@@ -124,17 +124,22 @@ class RecallDocuments(documents_lib.TextDocuments):
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """`data.recall`: the recall task's documents."""
+  """`data.recall`: the recall task's documents. The rules between fields
+  (every fact and its queries fit a document) are `validate`'s."""
   # Bytes from a fact to its query; one drawn per fact.
-  distances: tuple = (64, 256, 1024)
+  distances: tuple = values.sequence((64, 256, 1024))
   # Empty: one query per fact. Else a first query at one of these distances
   # from the fact, and the second at one of `distances` from the first.
-  requery_distances: tuple = ()
-  doc_length: int = 4096  # bytes per document
-  facts: int = 8  # facts per document
-  value_len: int = VALUE_LEN  # digits per value (the answer bytes of a query)
-  num_docs: tuple = (64, 8, 8)  # (train, validation, test)
-  seed: int = 0
+  requery_distances: tuple = values.sequence(())
+  doc_length: int = values.whole(4096, '[1, 2**31)')  # bytes per document
+  facts: int = values.whole(8, '[1, 2**31)')  # facts per document
+  # Digits per value (the answer bytes of a query).
+  value_len: int = values.whole(VALUE_LEN, f'[1, {MAX_VALUE_LEN}]')
+  num_docs: tuple = values.sequence((64, 8, 8))  # (train, validation, test)
+  seed: int = values.whole(0, '[0, 2**63)')  # NumPy's SeedSequence's range
+
+  def __post_init__(self):
+    values.check_fields(self, 'data.recall.')
 
 
 def validate(data_config: 'DataConfig') -> None:
@@ -151,10 +156,7 @@ def _check(c: Config, error: type[Exception]) -> None:
   """`error` naming the field unless every fact, with its queries, fits a
   document: a fact that cannot would be left out, and a document of filler
   alone teaches no recall."""
-  if not _is_int(c.value_len) or not 1 <= c.value_len <= MAX_VALUE_LEN:
-    raise error(f"data.recall.value_len={c.value_len!r} must be an integer in "
-                f"[1, {MAX_VALUE_LEN}] (digits per value)")
-  event = event_length(c.value_len)
+  event = event_length(c.value_len)  # the fields' own ranges are the section's (Config)
   distances = tuple(c.distances)
   requery = tuple(c.requery_distances)
   for name, given in (("distances", distances), ("requery_distances", requery)):
@@ -162,11 +164,6 @@ def _check(c: Config, error: type[Exception]) -> None:
       raise error(f"data.recall.{name}={given} must be integers > {event} bytes each")
   if not distances:
     raise error("data.recall.distances=() is empty: give at least one distance")
-  for name in ("doc_length", "facts"):
-    if not _is_int(getattr(c, name)) or getattr(c, name) < 1:
-      raise error(f"data.recall.{name}={getattr(c, name)!r} must be a positive integer")
-  if not _is_int(c.seed) or not 0 <= c.seed < 2**63:  # NumPy's SeedSequence's range
-    raise error(f"data.recall.seed={c.seed!r} must be an integer in [0, 2**63)")
   num_docs = tuple(c.num_docs)
   if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
     raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
