@@ -153,6 +153,7 @@ class Block(nnx.Module):
                       per_query=attention_weights)
     weights = None
     if attention_weights:  # [B, H, Tq, K]; `received` is their mean over heads and queries
+      assert received is not None  # per_query never takes the fused call
       weights, received = received, received.mean(axis=(1, 2))
     if self.post_norm:
       assert self.attention_norm is not None  # built for post-norm
