@@ -776,9 +776,34 @@ def test_one_file_without_line_ends_is_cut_between_characters(tmp_path):
   assert ranges[-1][1] - ranges[-1][0] >= 25
 
 
+def test_a_small_file_is_cut_into_enough_documents_with_a_line_saying_how(tmp_path, caplog):
+  # 40 KB gives 3 documents at the default 16384 bytes: too few for the
+  # default batch's 16 rows. It is cut into about 32, and a line says so.
+  lines = [f'line {i}: ' + 'word ' * (i % 13) for i in range(1000)]
+  c, path = _one_file(tmp_path, '\n'.join(lines) + '\n')
+  raw = path.read_bytes()
+  assert 35_000 < len(raw) < 45_000
+  with caplog.at_level('INFO', logger='compressive'):
+    splits = {s: data.get_documents(data_of(c), s, data.ByteTokenizer()) for s in data.SPLITS}
+  said = [r.getMessage() for r in caplog.records if 'cut into documents' in r.getMessage()]
+  names = sorted(n for d in splits.values() for n in (d.name(i) for i in range(len(d))))
+  assert len(said) == 1 and said[0].endswith(
+      f'input.txt ({len(raw):,} bytes) gives 3 document(s) of at most '
+      f'data.text_files.document_bytes=16384 bytes: cut into documents of at most '
+      f'{-(-len(raw) // 32):,} bytes instead ({len(names)})'), said
+  assert 32 <= len(names) <= 36 and len(splits['train']) >= 16
+  texts = {d.name(i): d.text(i) for d in splits.values() for i in range(len(d))}
+  assert ''.join(texts[n] for n in names).encode() == raw  # the file, whole, in order
+  # The cut is part of the corpus's identity: a run saved on another cut
+  # of the same file does not resume on this one unawares.
+  assert ', pieces of ' in data.corpus_identity(data_of(c))
+  big = _one_file(tmp_path, '\n'.join(lines * 20) + '\n')[0]
+  assert ', pieces of ' not in data.corpus_identity(data_of(big))
+
+
 @pytest.mark.parametrize('text,fields,said', [
-    ('short text\n' * 5, {}, 'cuts into 1 document(s) of at most data.text_files.document_bytes='
-                             '16384 bytes; splitting needs at least 3: lower document_bytes'),
+    ('short text\n' * 5, {}, 'cuts into 1 document(s), even in pieces of 64 bytes (the least); '
+                             'splitting needs at least 3: give more text'),
     ('', {}, 'the file is empty'),
     (b'ok\n' * 100 + b'\xff\n' + b'ok\n' * 100, {'text_files__document_bytes': 64},
      'input.txt: invalid UTF-8 at byte 300 (invalid start byte)'),
