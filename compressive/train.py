@@ -14,6 +14,7 @@ else; the workdir must be shared by all hosts. Process 0 alone writes the
 config, metrics and logs; checkpoints are written by all together.
 """
 
+import json
 import logging
 import signal
 import sys
@@ -58,8 +59,9 @@ flags.DEFINE_bool("accept_changed_corpus", False,
                   "since the checkpoint was saved; without it, that stops the run with one "
                   "line.")
 flags.DEFINE_bool("print_config", False,
-                  "Print the config the command line gives (after its checks) and exit, "
-                  "training nothing and writing nothing.")
+                  "Print the config the command line gives, after its checks, as JSON: "
+                  "what the run's config.json would record (every field, evaluation's "
+                  "sizes resolved); then exit, training nothing and writing nothing.")
 flags.DEFINE_bool("dry_run", False,
                   "Check everything a start checks (the config, the data, every document "
                   "read once, the model's size on this machine's devices, whether the workdir "
@@ -109,8 +111,8 @@ def train(config, workdir: str) -> None:
     if profile is not None and profile[0] > last:
       raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
                         f"(num_train_steps={last}): no trace would be taken")
-    if FLAGS.print_config:
-      print(config)
+    if FLAGS.print_config:  # what config.json would record: every field, as the run reads it
+      print(json.dumps(experiment.to_dict(), indent=2))
       return
     if FLAGS.dry_run:
       print(train_lib.dry_run(experiment, workdir))

@@ -44,6 +44,7 @@ def main(argv):
     if 'data' not in _CONFIG.value:
       raise ConfigError('the config has no data section (config.data)')
     data_config = data.DataConfig.from_dict(_CONFIG.value.data)
+    data.check_unread_sections(data_config)
     validate(data_config)
     texts = data.iter_texts(data_config, 'train',
                             max_bytes=data_config.spm_train_max_bytes,

@@ -431,4 +431,5 @@ def get_documents(data_config: 'DataConfig', split: str,
 # nothing more to find.
 registry.register(registry.Source(
     name='books', schema=Config, validate=validate,
-    get_documents=get_documents, location_fields=('cache_dir',)))
+    get_documents=get_documents, location_fields=('cache_dir',),
+    location=lambda c: os.path.join(c.books.cache_dir or default_cache_dir(), 'books')))

@@ -17,6 +17,7 @@ the comment beside it, here (the shared ones) and on its source's schema.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Mapping
 
@@ -126,6 +127,31 @@ def default_data_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(DataConfig().to_dict())
   c.lock()
   return c
+
+
+def _plain(value: Any) -> Any:
+  """A section's fields as JSON holds them (tuples and lists alike)."""
+  return json.loads(json.dumps(value))
+
+
+def check_unread_sections(c: DataConfig) -> None:
+  """ConfigError when a field of a registered source's section other than
+  data.source's differs from its default: a field the run would never read
+  (`--config.data.text_files.path=input.txt` while data.source is books
+  would train on the books). Checked for a config a user gives to train on
+  (config.check with training, train_tokenizer.py), not for a saved one."""
+  selected = registry.get(c.source).name
+  for name, section in c.sections.items():
+    if name == selected or name not in registry.names() or not dataclasses.is_dataclass(section):
+      continue
+    given, default = _plain(values.to_dict(section)), _plain(values.to_dict(type(section)()))
+    changed = [k for k in given if given[k] != default.get(k)]
+    if changed:
+      field = changed[0]
+      raise ConfigError(
+          f"data.{name}.{field}={getattr(section, field)!r} is set, but data.source={c.source!r} "
+          f"reads data.{selected}, not data.{name}: select that source with "
+          f"--config.data.source={name}, or leave data.{name} at its defaults")
 
 
 def _host_memory() -> int:

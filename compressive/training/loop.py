@@ -192,11 +192,12 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
   tokenizer = data_lib.get_tokenizer(data)
   setup = setup_lib.build_setup(experiment)
   counts = {}
-  for split in dict.fromkeys(("train", experiment.eval.split)):
+  for split in data_lib.SPLITS:
     docs = data_lib.get_documents(data, split, tokenizer)
     if split == "train":  # the iterator's own checks (enough documents for the batch's rows)
       data_lib.SegmentIterator(docs, experiment.train.batch_size, experiment.train.segment_length)
-    data_lib.check_documents(data, split, tokenizer)
+    if split in ("train", experiment.eval.split):  # what a start reads
+      data_lib.check_documents(data, split, tokenizer)
     counts[split] = len(docs)
   steps = []
   if remote.isdir(layout.Workdir(workdir).checkpoints):
@@ -213,8 +214,7 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
   return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
           f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
           f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
-          + ", ".join(f"{split} {n} documents" for split, n in counts.items()) + "; nothing "
-          "trained or written")
+          f"{data_lib.describe(data, counts)}; nothing trained or written")
 
 
 @dataclasses.dataclass
@@ -272,6 +272,8 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
     run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
                eval_writer, profiler, end, options.accept_changed_corpus)
     runlog.log_start(experiment, workdir, setup.num_params, start, end, options.config_name)
+    _log.info("%s", data_lib.describe(experiment.data, {
+        "train": len(train_iter.docs), f"{experiment.eval.split} (evaluated)": len(eval_docs)}))
     result = _steps(run, start, restored, is_main, options.should_stop)
   if is_main:  # from the metrics files, closed above
     curves.draw_at_the_end(workdir)

@@ -195,6 +195,13 @@ CASES = [
          "evaluating this config needs at least"),
     Case("eval: a memory flag no machine holds", "eval.py",
          ["--workdir={wd}", "--memory_length=2147483647"], "evaluating this config needs at least"),
+    Case("train: a field of a source the run does not read", "train.py",
+         ["--workdir={tmp}/new", "--config.data.text_files.path=input.txt"],
+         "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, "
+         "not data.text_files: select that source with --config.data.source=text_files"),
+    Case("train: a field of a source the dry run does not read", "train.py",
+         [CFG, "--workdir={tmp}/new", "--dry_run", "--config.data.recall.facts=3"],
+         "data.recall.facts=3 is set, but data.source='synthetic' reads data.synthetic"),
     Case("train: mistyped override of the default config", "train.py",
          ["--workdir={tmp}/wd", "--config.model.compresion_rate=4"], "compresion_rate"),
     Case("train: missing config file", "train.py",
@@ -413,6 +420,11 @@ CASES = [
     Case("experiments: unknown setting", "experiments/run.py",
          ["--experiment=recall_study", "--settings=zz"], "--settings: unknown ['zz']"),
     # train_tokenizer.py.
+    Case("tokenizer: a field of a source it does not read", "train_tokenizer.py",
+         [CFG, "--config.data.text_files.path={tmp}/texts", "--config.data.spm_model={tmp}/m"],
+         "data.text_files.path='{tmp}/texts' is set, but data.source='synthetic' reads "
+         "data.synthetic, not data.text_files: select that source with "
+         "--config.data.source=text_files, or leave data.text_files at its defaults"),
     Case("tokenizer: no --config", "train_tokenizer.py", [], "--config is required"),
     Case("tokenizer: missing config file", "train_tokenizer.py", ["--config=nope.py"],
          "--config=nope.py: no such config file"),

@@ -96,6 +96,9 @@ def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_p
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"), stop_at_step=0)  # no step
   assert any(re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
              for m in messages(caplog)), messages(caplog)
+  # And what it trains on: the source, where it is, the documents it reads.
+  assert "data.source=synthetic (generated): train 16, validation (evaluated) 4 documents" in \
+      messages(caplog)
   found = [r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in
            r.getMessage()]
   assert len(found) == warned and all(r.levelno == logging.WARNING for r in found)
