@@ -277,8 +277,21 @@ def load_failure(name: str, path: str, error: BaseException) -> str:
       return (f"--{name}={path}: no such config name ({', '.join(config_names())}) "
               f"or config file (relative to {os.getcwd()})")
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-    return f"--{name}={path}: no such config file{where}"
+    shipped = _shipped_name(path)
+    hint = (f"; the shipped config of that name is --{name}={shipped}" if shipped else "")
+    return f"--{name}={path}: no such config file{where}{hint}"
   return f"--{name}={path}: cannot load the config file: {reason}"
+
+
+def _shipped_name(path: str) -> Optional[str]:
+  """NAME, when `path` is `configs/NAME.py` (a checkout's path, as the
+  guides once wrote it) and NAME a shipped config: after `pip install` the
+  configs are named without their folder (--config=NAME)."""
+  folder, file = os.path.split(os.path.normpath(path))
+  name = file[:-3] if file.endswith(".py") else ""
+  if os.path.basename(folder) == "configs" and name in config_names():
+    return name
+  return None
 
 
 def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:

@@ -1,6 +1,6 @@
 """Generate text from a trained workdir, streaming it as it is produced.
 
-    python sample.py --workdir=runs/default --prompt="To be, or not" --num_tokens=500
+    python -m compressive.sample --workdir=runs/default --prompt="To be, or not" --num_tokens=500
 
 The prompt is consumed segment by segment into the memory; decoding is token by
 token with cached keys and values; length is unbounded, memory use is not.

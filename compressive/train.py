@@ -1,4 +1,9 @@
-"""Train a Compressive Transformer: python train.py --config=configs/X.py --workdir=DIR.
+"""Train a Compressive Transformer:
+
+    python -m compressive.train --config=NAME --workdir=DIR
+
+NAME is a shipped config (default, enwik8, pg19, ...; --help lists them) or
+a config file of your own (--config=path/to/mine.py).
 
 Override any config field with --config.a.b=value (a typo is an error). A
 workdir that already holds checkpoints is resumed from its latest one, on

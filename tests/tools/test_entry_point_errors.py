@@ -209,6 +209,10 @@ CASES = [
     Case("train: missing config file with an override", "train.py",
          ["--config=nope.py", "--workdir={tmp}/wd", "--config.batch_size=2"],
          "--config=nope.py: no such config file"),
+    Case("train: a checkout's config path where none is", "train.py",
+         ["--config=configs/enwik8.py", "--workdir={tmp}/wd"],
+         "--config=configs/enwik8.py: no such config file (relative to {tmp}); the shipped "
+         "config of that name is --config=enwik8", outside_root=True),
     Case("train: config file that is not Python", "train.py",
          ["--config={file}", "--workdir={tmp}/wd"], "--config={file}: '(' was never closed"),
     Case("train: config folder", "train.py",
