@@ -201,6 +201,20 @@ def _expanded(argv: list[str]) -> list[str]:
     return argv  # reported by the parse itself
 
 
+def overridden_fields(argv: list[str], name: str = "config") -> set[str]:
+  """The fields the command line overrides, as dotted paths
+  (`--config.data.text_files.path=...` -> data.text_files.path; booleans'
+  `--noconfig.x` too), flag files expanded, up to a `--`."""
+  fields = set()
+  for a in _expanded(argv)[1:]:
+    if a == "--":
+      break
+    m = re.match(rf"^-{{1,2}}(?:no)?{re.escape(name)}\.([\w.]+)(=|$)", a)
+    if m:
+      fields.add(m.group(1))
+  return fields
+
+
 def command_line_source(argv: list[str], name: str = "config") -> Optional[str]:
   """The last --NAME.data.source=VALUE (or `--NAME.data.source VALUE`) of argv."""
   value = None

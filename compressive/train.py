@@ -40,6 +40,7 @@ from compressive import config as config_lib
 from compressive import cli_flags
 
 from compressive import cli_config
+from compressive import data as data_lib
 from compressive import errors
 from compressive import remote
 from compressive import values
@@ -111,6 +112,11 @@ def train(config, workdir: str) -> None:
     profile = config_lib.profile_steps(FLAGS.profile_steps)
     initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
+    # A command line's field of a source the run does not read: refused
+    # (a config file's is a warning, config.check's).
+    if "data" in config:
+      data_lib.check_unread_sections(data_lib.DataConfig.from_dict(config.data),
+                                     cli_config.overridden_fields(sys.argv))
     experiment = config_lib.check(config)
     last = experiment.train.num_train_steps
     if profile is not None and profile[0] > last:

@@ -14,8 +14,10 @@ the corpus) is one line `error: ...` and exit code 2, as in train.py.
 
 import logging
 import os
+import sys
 
 from compressive import cli
+from compressive import cli_config
 from compressive import data
 from compressive.errors import ConfigError
 
@@ -44,7 +46,8 @@ def main(argv):
     if 'data' not in _CONFIG.value:
       raise ConfigError('the config has no data section (config.data)')
     data_config = data.DataConfig.from_dict(_CONFIG.value.data)
-    data.check_unread_sections(data_config)
+    data.check_unread_sections(data_config, cli_config.overridden_fields(sys.argv))
+    data.warn_of_unread_sections(data_config)
     validate(data_config)
     texts = data.iter_texts(data_config, 'train',
                             max_bytes=data_config.spm_train_max_bytes,

@@ -33,6 +33,7 @@ from compressive.data import synthetic  # noqa: F401
 from compressive.data import recall  # noqa: F401
 from compressive.data import registry
 from compressive.data.config import check_unread_sections
+from compressive.data.config import warn_of_unread_sections
 from compressive.data.config import DataConfig
 from compressive.data.config import default_data_config
 from compressive.data.config import validate_data_config
@@ -81,4 +82,5 @@ __all__ = [
     'split_by_hash',
     'train_sentencepiece',
     'validate_data_config',
+    'warn_of_unread_sections',
 ]

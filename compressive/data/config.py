@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import ml_collections
 import numpy as np
@@ -28,6 +29,8 @@ from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
 from compressive.errors import ConfigError
+
+_log = logging.getLogger('compressive')
 
 TOKENIZERS = ('bytes', 'sentencepiece')
 SPM_MODEL_TYPES = ('unigram', 'bpe', 'char', 'word')
@@ -134,24 +137,49 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value))
 
 
-def check_unread_sections(c: DataConfig) -> None:
-  """ConfigError when a field of a registered source's section other than
-  data.source's differs from its default: a field the run would never read
-  (`--config.data.text_files.path=input.txt` while data.source is books
-  would train on the books). Checked for a config a user gives to train on
-  (config.check with training, train_tokenizer.py), not for a saved one."""
+def unread_fields(c: DataConfig) -> list[tuple[str, str]]:
+  """(section, field) of every field of a registered source's section other
+  than data.source's that differs from its default: fields the run never
+  reads (`--config.data.text_files.path=input.txt` while data.source is
+  books would train on the books)."""
   selected = registry.get(c.source).name
+  found = []
   for name, section in c.sections.items():
     if name == selected or name not in registry.names() or not dataclasses.is_dataclass(section):
       continue
     given, default = _plain(values.to_dict(section)), _plain(values.to_dict(type(section)()))
-    changed = [k for k in given if given[k] != default.get(k)]
-    if changed:
-      field = changed[0]
-      raise ConfigError(
-          f"data.{name}.{field}={getattr(section, field)!r} is set, but data.source={c.source!r} "
-          f"reads data.{selected}, not data.{name}: select that source with "
+    found += [(name, k) for k in given if given[k] != default.get(k)]
+  return found
+
+
+def _unread(c: DataConfig, name: str, field: str) -> str:
+  value = getattr(c.sections[name], field)
+  return (f"data.{name}.{field}={value!r} is set, but data.source={c.source!r} reads "
+          f"data.{registry.get(c.source).name}, not data.{name}: select that source with "
           f"--config.data.source={name}, or leave data.{name} at its defaults")
+
+
+def check_unread_sections(c: DataConfig, given: Collection[str] = ()) -> None:
+  """ConfigError (one line, naming the source to select) for a field of
+  `given` (dotted paths: the command line's --config.data.X.Y overrides)
+  that the run never reads (unread_fields): a mistake made on the command
+  line stops the start."""
+  for name, field in unread_fields(c):
+    if f"data.{name}.{field}" in given:
+      raise ConfigError(_unread(c, name, field))
+
+
+def warn_of_unread_sections(c: DataConfig) -> None:
+  """A warning for each section with fields the run never reads
+  (unread_fields), naming the first and the source to select: a config
+  file may carry another source's settings on purpose (a config switched
+  to another source on the command line); config.check gives it for a
+  config to train on."""
+  seen = set()
+  for name, field in unread_fields(c):
+    if name not in seen:
+      seen.add(name)
+      _log.warning("%s", _unread(c, name, field))
 
 
 def _host_memory() -> int:
