@@ -960,3 +960,29 @@ def test_docs_data_lists_every_data_field_at_its_default():
   text = (pathlib.Path(__file__).parents[2] / 'docs' / 'DATA.md').read_text()
   table = [line for line in text.splitlines() if line.startswith('| `data.')]
   assert table == [f'| `{name}` | `{default!r}` |' for name, default in rows]
+
+
+def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):
+  # Set on the command line: refused, naming the source to select. Set by
+  # a config file (a config switched to another source): a warning.
+  c = data_of(config(source='books', text_files__path='input.txt', synthetic__seed=3))
+  assert data.config.unread_fields(c) == [('text_files', 'path'), ('synthetic', 'seed')]
+  with pytest.raises(ConfigError) as e:
+    data.check_unread_sections(c, {'data.text_files.path', 'model.d_model'})
+  assert str(e.value) == (
+      "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
+      'data.text_files: select that source with --config.data.source=text_files, or leave '
+      'data.text_files at its defaults')
+  data.check_unread_sections(c, {'data.books.cache_dir'})  # a field the run reads
+  with caplog.at_level('WARNING', logger='compressive'):
+    data.warn_of_unread_sections(c)
+  assert [r.getMessage() for r in caplog.records] == [
+      "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
+      'data.text_files: select that source with --config.data.source=text_files, or leave '
+      'data.text_files at its defaults',
+      "data.synthetic.seed=3 is set, but data.source='books' reads data.books, not "
+      'data.synthetic: select that source with --config.data.source=synthetic, or leave '
+      'data.synthetic at its defaults']
+  # The selected source's own fields, and every field at its default, are read.
+  assert not data.config.unread_fields(data_of(config(source='text_files',
+                                                      text_files__path='input.txt')))
