@@ -162,10 +162,32 @@ class _WholeSequence(flags.ArgumentParser):
     from ml_collections.config_flags import tuple_parser
     if isinstance(argument, (tuple, list)):
       return self.kind(argument)
+    words = _bare_words(argument)
+    if words is not None:
+      return self.kind(words)
     return self.kind(tuple_parser.TupleParser().parse(argument))
 
   def flag_type(self) -> str:
     return self.kind.__name__
+
+
+def _bare_words(argument: Any) -> Optional[tuple]:
+  """`(tensorboard,wandb)` (or `[...]`) as the tuple of its elements, each a
+  Python literal or else the word itself, when the whole is no literal
+  (bare words); None otherwise (ml_collections' parser reads it)."""
+  if not (isinstance(argument, str) and len(argument) >= 2
+          and argument[0] + argument[-1] in ("()", "[]")):
+    return None
+  try:
+    ast.literal_eval(argument)
+    return None
+  except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+    pass
+  out = []
+  for part in (p.strip() for p in argument[1:-1].split(",")):
+    if part:
+      out.append(_Literal().parse(part))
+  return tuple(out)
 
 
 class _Literal(flags.ArgumentParser):

@@ -49,6 +49,7 @@ from compressive.scale import sharding
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import layout
 from compressive.training import loop as train_lib
+from compressive.training import writers
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
@@ -136,8 +137,9 @@ def train(config, workdir: str) -> None:
                                           config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
-    print("TensorBoard logs: tensorboard --logdir "
-          + remote.public(layout.Workdir(workdir).tensorboard()))
+    if writers.TENSORBOARD in experiment.train.metric_writers:
+      print("TensorBoard logs: tensorboard --logdir "
+            + remote.public(layout.Workdir(workdir).tensorboard()))
     if result and stopped is None:
       print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again

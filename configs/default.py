@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Steps' batches made ahead in a background thread (tokenized, stacked and
   # transferred to the devices) while the device computes; 0: none.
   config.prefetch_steps = 2
+  # Where the metrics go besides metrics_*.jsonl: tensorboard, wandb (the
+  # wandb extra), or module:Name, a writer of your own (docs/TRAINING.md).
+  config.metric_writers = ("tensorboard",)
 
   model = config.model = ml_collections.ConfigDict()
   model.vocab_size = 256  # bytes

@@ -28,6 +28,7 @@ from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
 from compressive.training import layout
+from compressive.training import writers
 from compressive.training.metrics import (MetricWriter, truncate_jsonl)
 
 _log = logging.getLogger("compressive")
@@ -323,8 +324,12 @@ def log_start(experiment: experiment_lib.Experiment, workdir: str, num_params: i
             f"{segments * model.segment_length:,}", train.batch_size, train.segments_per_step,
             model.segment_length, start + 1, end, train.num_train_steps)
   run = layout.Workdir(os.path.abspath(workdir))
-  _log.info("the run's files: %s, %s, %s and %s; TensorBoard: tensorboard --logdir %s",
-            run.config, run.log, run.metrics("train"), run.metrics("eval"), run.tensorboard())
+  board = (f"; TensorBoard: tensorboard --logdir {run.tensorboard()}"
+           if writers.TENSORBOARD in train.metric_writers else "")
+  others = [w for w in train.metric_writers if w != writers.TENSORBOARD]
+  _log.info("the run's files: %s, %s, %s and %s%s%s", run.config, run.log, run.metrics("train"),
+            run.metrics("eval"), board,
+            f"; metrics also to {', '.join(others)}" if others else "")
 
 
 def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:

@@ -368,7 +368,8 @@ def test_the_metadata_declares_ranges_whose_ends_the_stacks_test():
   # inside each range. No range is a pin, so `pip install .` keeps the JAX a
   # user installed for their hardware.
   declared = _declared()
-  lowest = _pins("requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt")
+  lowest = _pins("requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt",
+                 "requirements-extras.txt")
   newest = {**lowest, **_pins("requirements-jax012.txt")}
   assert set(lowest) <= set(declared) and set(declared) <= set(lowest)
   for name, spec in declared.items():
