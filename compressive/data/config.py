@@ -147,7 +147,8 @@ def unread_fields(c: DataConfig) -> list[tuple[str, str]]:
   for name, section in c.sections.items():
     if name == selected or name not in registry.names() or not dataclasses.is_dataclass(section):
       continue
-    given, default = _plain(values.to_dict(section)), _plain(values.to_dict(type(section)()))
+    given = _plain(values.to_dict(section))
+    default = _plain(values.to_dict(registry.get(name).schema()))
     found += [(name, k) for k in given if given[k] != default.get(k)]
   return found
 
