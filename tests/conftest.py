@@ -78,8 +78,12 @@ def pytest_configure(config):
   # Generated documents (data/generated.py: the recall task's) are cached
   # under $XDG_CACHE_HOME: for the session, a temporary folder, not the
   # user's ~/.cache.
+  # Matplotlib keeps its font cache where it was (under the user's cache
+  # folder): a new one would be built by running fc-list, a process.
   global _SESSION_XDG
   if "XDG_CACHE_HOME" not in os.environ:
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.expanduser("~"), ".cache",
+                                                       "matplotlib"))
     _SESSION_XDG = tempfile.mkdtemp(prefix="compressive-test-cache-")
     os.environ["XDG_CACHE_HOME"] = _SESSION_XDG
   # Entry points the tests start as processes are forked from an

@@ -29,6 +29,8 @@ from compressive.data import books  # noqa: F401
 from compressive.data import enwik8  # noqa: F401
 from compressive.data import pg19  # noqa: F401
 from compressive.data import text_files  # noqa: F401
+from compressive.data import records  # noqa: F401
+from compressive.data import hf_datasets  # noqa: F401
 from compressive.data import synthetic  # noqa: F401
 from compressive.data import recall  # noqa: F401
 from compressive.data import registry
