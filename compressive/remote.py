@@ -45,9 +45,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
+import sys
 import tempfile
-from typing import Any, Iterator, Optional
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
 
 from compressive.errors import ConfigError, UserError
 
@@ -121,6 +125,118 @@ def _reaching(what: str) -> Iterator[None]:
   except Exception as e:  # the clients' own exceptions (aiohttp, google.auth, gcsfs, tf)
     cause = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     raise StorageError(f"{what}: {type(e).__name__}" + (f": {cause}" if cause else "")) from e
+
+
+# -- Reaching the store at the start: both clients, a bounded wait. ---------------
+
+# The longest a tool waits for Cloud Storage's first answer at its start (no
+# network: gcsfs retries for about a minute), saying every PROGRESS_SECONDS
+# that it still waits.
+START_SECONDS = 90.0
+PROGRESS_SECONDS = 10.0
+
+
+def _bounded(work: Callable[[], Any], url: str, seconds: Optional[float] = None,
+             say: Optional[Callable[[str], None]] = None) -> Any:
+  """work()'s result, run in a thread while this one waits at most
+  `seconds`, saying every PROGRESS_SECONDS that it waits (`say`, default a
+  warning line); StorageError when no answer came (the thread is left to
+  its client)."""
+  seconds = START_SECONDS if seconds is None else seconds
+  say = say or (lambda text: _LOG.warning("%s", text))
+  result: dict[str, Any] = {}
+
+  def run() -> None:
+    try:
+      result["value"] = work()
+    except BaseException as e:  # handed to the caller
+      result["error"] = e
+
+  thread = threading.Thread(target=run, name="compressive-storage-start", daemon=True)
+  thread.start()
+  start = time.monotonic()
+  while thread.is_alive():
+    waited = time.monotonic() - start
+    if waited >= seconds:
+      raise StorageError(f"no answer within {seconds:g} s (no network, or a server that "
+                         "does not answer)")
+    thread.join(min(PROGRESS_SECONDS, seconds - waited))
+    if thread.is_alive() and time.monotonic() - start < seconds:
+      say(f"still waiting for Cloud Storage ({url}): {time.monotonic() - start:.0f} s of at "
+          f"most {seconds:g}")
+  if "error" in result:
+    raise result["error"]
+  return result.get("value")
+
+
+def _tensorstore_reaches(url: str, seconds: Optional[float] = None) -> None:
+  """StorageError, in the file layer's words (`cannot read URL: ...`), when
+  TensorStore, which reads and writes the checkpoints (through Orbax),
+  cannot read the URL's bucket: it has its own endpoint
+  (TENSORSTORE_GCS_HTTP_URL) and credentials, and would otherwise hang at
+  the first save. Its log lines (the credentials it chose, once per
+  process) are kept off the console; a failure's reason is its own."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top  (Orbax's; only for a URL)
+  seconds = START_SECONDS if seconds is None else seconds
+  bucket, _, path = url.split("://", 1)[1].partition("/")
+  key = f"{path.rstrip('/')}/.compressive-probe".lstrip("/")
+
+  def probe() -> None:
+    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result(timeout=seconds)
+    store.read(key).result(timeout=seconds)
+
+  with _captured_stderr() as (said, say):
+    try:
+      _bounded(probe, url, seconds, say)
+      return
+    except StorageError as e:  # no answer
+      why = str(e)
+    except TimeoutError:  # TensorStore's own deadline, at the same time
+      why = f"no answer within {seconds:g} s"
+    except Exception as e:  # TensorStore's own (a refusal, no credentials)
+      why = " ".join(str(e).split())[:300] or type(e).__name__
+  told = [" ".join(line.split("] ", 1)[-1].split()) for line in said
+          if _ABSL_LINE.match(line) and line[0] in "EW"]
+  hint = ""
+  if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
+    hint = ("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL to the same URL "
+            "(and GOOGLE_AUTH_TOKEN_FOR_TESTING for an emulator)")
+  raise StorageError(f"cannot read {url}: TensorStore, which writes the checkpoints: {why}"
+                     + (f" ({told[-1][:300]})" if told else "") + hint)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[tuple[list[str], Callable[[str], None]]]:
+  """(lines, say): collects what is written to file descriptor 2 meanwhile
+  (TensorStore logs there from C++: the credentials it uses, once per
+  process) as `lines`, and `say` writes a warning line past it, to the
+  console; after, the lines but TensorStore's own (absl's `I1205
+  09:11:35.49 ... file.cc:136] ...`) are written to it."""
+  lines: list[str] = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+
+  def say(text: str) -> None:
+    os.write(saved, f"{time.strftime('%H:%M:%S')} warning: {public(text)}\n".encode())
+
+  try:
+    with tempfile.TemporaryFile() as held:
+      os.dup2(held.fileno(), 2)
+      try:
+        yield lines, say
+      finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        held.seek(0)
+        lines += held.read().decode("utf-8", errors="replace").splitlines()
+  finally:
+    os.close(saved)
+  kept = [line for line in lines if not _ABSL_LINE.match(line)]
+  if kept:
+    print("\n".join(kept), file=sys.stderr)
+
+
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
 
 
 # -- Paths that may be URLs (the checkpoints, an export's parameters). -------------
@@ -204,7 +320,8 @@ class Mirror:
     _LOG.addFilter(_PUBLIC)
     try:
       with _reaching(f"cannot read {self.url}"):
-        self._pull()
+        _bounded(self._pull, self.url)
+        _tensorstore_reaches(self.url)
     except BaseException:
       self._close()
       raise
@@ -287,7 +404,9 @@ class Upload:
   def __enter__(self) -> str:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
-      taken = target.exists() and (target.is_file() or any(target.iterdir()))
+      taken = _bounded(lambda: target.exists() and (target.is_file() or any(target.iterdir())),
+                       self.url)
+      _tensorstore_reaches(self.url)
     if taken:
       raise ConfigError(f"{self.label} exists and is not empty: give a new or empty place")
     self.parent = os.path.realpath(tempfile.mkdtemp(prefix="compressive-upload-"))

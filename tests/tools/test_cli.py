@@ -94,7 +94,8 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   drawn = json.loads(r.stdout.strip().splitlines()[-1])
   steps = [r["step"] for r in map(json.loads, open(os.path.join(workdir,
                                                                   "metrics_train.jsonl")))]
-  assert drawn == {"figure": os.path.join(workdir, "curves.png"), "train_points": len(steps),
+  assert drawn == {"figure": os.path.join(workdir, "curves.png"),
+                   "title": f"training curve of {workdir}", "train_points": len(steps),
                    "eval_points": 1} and steps[-1] == 4
   assert open(drawn["figure"], "rb").read(4) == b"\x89PNG"
 
