@@ -66,9 +66,10 @@ flags.DEFINE_bool("accept_changed_corpus", False,
                   "since the checkpoint was saved; without it, that stops the run with one "
                   "line.")
 flags.DEFINE_bool("print_config", False,
-                  "Print the config the command line gives, after its checks, as JSON: "
-                  "what the run's config.json would record (every field, evaluation's "
-                  "sizes resolved); then exit, training nothing and writing nothing.")
+                  "Print the config the command line gives, after its checks (not of its "
+                  "data, whose paths may be yet to fill in), as JSON: what the run's "
+                  "config.json would record (every field, evaluation's sizes resolved); "
+                  "then exit, training nothing and writing nothing.")
 flags.DEFINE_bool("dry_run", False,
                   "Check everything a start checks (the config, the data, every document "
                   "read once, the model's size on this machine's devices, whether the workdir "
@@ -118,14 +119,17 @@ def train(config, workdir: str) -> None:
     if "data" in config:
       data_lib.check_unread_sections(data_lib.DataConfig.from_dict(config.data),
                                      cli_config.overridden_fields(sys.argv))
+    if FLAGS.print_config:  # what config.json would record: every field, as the run reads it
+      # The config's own checks and its mesh against this machine's devices;
+      # not its data (a path to fill in) nor its size here.
+      experiment = config_lib.check(config, here=False, num_devices=jax.device_count())
+      print(json.dumps(experiment.to_dict(), indent=2))
+      return
     experiment = config_lib.check(config)
     last = experiment.train.num_train_steps
     if profile is not None and profile[0] > last:
       raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
                         f"(num_train_steps={last}): no trace would be taken")
-    if FLAGS.print_config:  # what config.json would record: every field, as the run reads it
-      print(json.dumps(experiment.to_dict(), indent=2))
-      return
     if FLAGS.dry_run:
       print(train_lib.dry_run(experiment, workdir))
       return
