@@ -1,6 +1,6 @@
 """A run's metrics: each stream's JSON-lines file, handed on to the metric
 writers (writers.py: TensorBoard event files by default, W&B, a user's own);
-reading and truncating the files; the config flattened as hparams.
+reading and truncating the files.
 
 TensorBoard's event files are written with tensorboardX (protobuf and numpy
 only), not TensorFlow: training never imports TensorFlow.
@@ -16,45 +16,10 @@ import os
 from typing import Any, Mapping, Optional, Sequence
 
 from compressive import files
-from compressive.training import layout, savedjson, sidefiles
+from compressive.training import layout, savedjson, sidefiles, writers
 from compressive.errors import naming as _naming
 
 _log = logging.getLogger("compressive")
-
-
-def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
-  """A nested config (ConfigDict or mappings) -> {"dotted.key": leaf value}.
-
-  A flat dict comes back as it is (its keys may already hold dots).
-  """
-  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
-    config = config.to_dict()
-  out: dict[str, Any] = {}
-  for k, v in config.items():
-    key = f"{prefix}{k}"
-    if hasattr(v, "to_dict") or isinstance(v, Mapping):
-      out.update(flatten_config(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
-def hparams(config: Any) -> dict[str, bool | int | float | str]:
-  """A config (nested, as written: Experiment.config, every field as the
-  run's config.json records it, or already flat) as TensorBoard hparams:
-  dotted keys (flatten_config, the one flattener), values bool / int /
-  float / str (hparam_value: tuples, lists, None and the rest as str)."""
-  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
-
-
-def hparam_value(v: Any) -> bool | int | float | str:
-  """A config value as a TensorBoard hparam: bool, number or string (tuples,
-  lists, None and anything else as their str())."""
-  if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # numpy scalar
-    v = v.item()
-  if isinstance(v, (bool, int, float, str)):
-    return v
-  return str(v)
 
 
 class MetricWriter:
@@ -68,7 +33,6 @@ class MetricWriter:
 
   def __init__(self, workdir: str, name: str = "train", enabled: bool = True,
                sinks: Optional[Sequence[Any]] = None):
-    from compressive.training import writers
     self.enabled, self.name = enabled, name
     self.jsonl = layout.Workdir(workdir).metrics(name)
     self._owned = sinks is None and enabled

@@ -115,6 +115,42 @@ def run_of(workdir: str, config: Mapping[str, Any]) -> Run:
 # -- TensorBoard. ---------------------------------------------------------------
 
 
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested config (ConfigDict or mappings) -> {"dotted.key": leaf value}.
+
+  A flat dict comes back as it is (its keys may already hold dots).
+  """
+  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
+    config = config.to_dict()
+  out: dict[str, Any] = {}
+  for k, v in config.items():
+    key = f"{prefix}{k}"
+    if hasattr(v, "to_dict") or isinstance(v, Mapping):
+      out.update(flatten_config(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def hparams(config: Any) -> dict[str, bool | int | float | str]:
+  """A config (nested, as written: Experiment.config, every field as the
+  run's config.json records it, or already flat) as TensorBoard hparams:
+  dotted keys (flatten_config, the one flattener), values bool / int /
+  float / str (hparam_value: tuples, lists, None and the rest as str)."""
+  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
+
+
+def hparam_value(v: Any) -> bool | int | float | str:
+  """A config value as a TensorBoard hparam: bool, number or string (tuples,
+  lists, None and anything else as their str())."""
+  if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # numpy scalar
+    v = v.item()
+  if isinstance(v, (bool, int, float, str)):
+    return v
+  return str(v)
+
+
+
 class TensorBoard:
   """Event files in WORKDIR/tensorboard/<stream>/ (layout.Workdir), with
   tensorboardX (protobuf and numpy only), never TensorFlow; the hparams in
@@ -154,7 +190,7 @@ class TensorBoard:
     self._summary(stream, summary_pb2.Summary(value=values), int(step))
 
   def write_hparams(self, config: Mapping[str, Any]) -> None:
-    """The config as TensorBoard hparams (metrics.hparams: flat, bool /
+    """The config as TensorBoard hparams (`hparams`: flat, bool /
     number / str). Only the session start info: without an experiment
     summary TensorBoard infers the hparams and metrics of every run it
     sees, which compares runs with different configs correctly. No session
@@ -162,7 +198,6 @@ class TensorBoard:
     TensorBoard shows the first record of a folder: a resumed run's is
     ignored."""
     from tensorboardX import summary as tbx_summary
-    from compressive.training.metrics import hparams
     _, session_start, _ = tbx_summary.hparams(hparams(config), {})
     self._summary("train", session_start)
 

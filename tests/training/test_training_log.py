@@ -12,7 +12,8 @@ import pytest
 
 from compressive.scale import flops
 from compressive.training import loop as train_lib
-from compressive.training.metrics import MetricWriter, hparams, read_jsonl
+from compressive.training.metrics import MetricWriter, read_jsonl
+from compressive.training.writers import hparams
 from helpers import to_train, tiny_experiment, write_config_file
 import inprocess
 
