@@ -85,8 +85,6 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   cfg, train, written, mesh = groups(config)
   _check_plugins(cfg)
   data = data_lib.DataConfig.from_dict(config.data)
-  if training:  # a config given to train on: a field it sets that goes unread is said
-    data_lib.warn_of_unread_sections(data)
   if here:
     data_lib.validate_data_config(data)
   _check_vocabulary(data, cfg, here, training)

@@ -114,8 +114,8 @@ def train(config, workdir: str) -> None:
     profile = config_lib.profile_steps(FLAGS.profile_steps)
     initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
-    # A command line's field of a source the run does not read: refused
-    # (a config file's is a warning, config.check's).
+    # A field of a source the run does not read: refused from the command
+    # line, a warning from a config file (data.check_unread_sections).
     if "data" in config:
       data_lib.check_unread_sections(data_lib.DataConfig.from_dict(config.data),
                                      cli_config.overridden_fields(sys.argv))

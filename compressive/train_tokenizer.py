@@ -47,7 +47,6 @@ def main(argv):
       raise ConfigError('the config has no data section (config.data)')
     data_config = data.DataConfig.from_dict(_CONFIG.value.data)
     data.check_unread_sections(data_config, cli_config.overridden_fields(sys.argv))
-    data.warn_of_unread_sections(data_config)
     validate(data_config)
     texts = data.iter_texts(data_config, 'train',
                             max_bytes=data_config.spm_train_max_bytes,

@@ -35,7 +35,6 @@ from compressive.data import synthetic  # noqa: F401
 from compressive.data import recall  # noqa: F401
 from compressive.data import registry
 from compressive.data.config import check_unread_sections
-from compressive.data.config import warn_of_unread_sections
 from compressive.data.config import DataConfig
 from compressive.data.config import default_data_config
 from compressive.data.config import validate_data_config
@@ -84,5 +83,4 @@ __all__ = [
     'split_by_hash',
     'train_sentencepiece',
     'validate_data_config',
-    'warn_of_unread_sections',
 ]

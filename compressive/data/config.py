@@ -161,23 +161,20 @@ def _unread(c: DataConfig, name: str, field: str) -> str:
 
 
 def check_unread_sections(c: DataConfig, given: Collection[str] = ()) -> None:
-  """ConfigError (one line, naming the source to select) for a field of
-  `given` (dotted paths: the command line's --config.data.X.Y overrides)
-  that the run never reads (unread_fields): a mistake made on the command
-  line stops the start."""
-  for name, field in unread_fields(c):
+  """What a tool says of the fields the run never reads (unread_fields), by
+  where each was set: one the command line sets (`given`, dotted paths of
+  its --config.X overrides) is refused, ConfigError naming the source to
+  select; one a config file sets is a warning line per section, unless the
+  command line chose data.source itself (a config switched to another
+  source, its own source's settings left in place)."""
+  found = unread_fields(c)
+  for name, field in found:
     if f"data.{name}.{field}" in given:
       raise ConfigError(_unread(c, name, field))
-
-
-def warn_of_unread_sections(c: DataConfig) -> None:
-  """A warning for each section with fields the run never reads
-  (unread_fields), naming the first and the source to select: a config
-  file may carry another source's settings on purpose (a config switched
-  to another source on the command line); config.check gives it for a
-  config to train on."""
+  if "data.source" in given:
+    return
   seen = set()
-  for name, field in unread_fields(c):
+  for name, field in found:
     if name not in seen:
       seen.add(name)
       _log.warning("%s", _unread(c, name, field))

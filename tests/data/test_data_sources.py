@@ -964,7 +964,8 @@ def test_docs_data_lists_every_data_field_at_its_default():
 
 def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):
   # Set on the command line: refused, naming the source to select. Set by
-  # a config file (a config switched to another source): a warning.
+  # a config file: a warning, unless the command line chose the source (a
+  # config switched to another one).
   c = data_of(config(source='books', text_files__path='input.txt', synthetic__seed=3))
   assert data.config.unread_fields(c) == [('text_files', 'path'), ('synthetic', 'seed')]
   with pytest.raises(ConfigError) as e:
@@ -973,9 +974,10 @@ def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):
       "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
       'data.text_files: select that source with --config.data.source=text_files, or leave '
       'data.text_files at its defaults')
-  data.check_unread_sections(c, {'data.books.cache_dir'})  # a field the run reads
   with caplog.at_level('WARNING', logger='compressive'):
-    data.warn_of_unread_sections(c)
+    data.check_unread_sections(c, {'data.source'})  # the source chosen: nothing to say
+    assert not caplog.records
+    data.check_unread_sections(c, {'data.books.cache_dir'})  # a field the run reads
   assert [r.getMessage() for r in caplog.records] == [
       "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
       'data.text_files: select that source with --config.data.source=text_files, or leave '
