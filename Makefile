@@ -29,10 +29,10 @@ $(BASE_STAMP): requirements.txt $(PYPROJECT) | $(PY)
 	$(INSTALL_SELF)
 	touch $@
 
-# requirements-test.txt includes the other three files, so this installation
+# requirements-test.txt includes the other four files, so this installation
 # stands for the base one too.
 $(TEST_STAMP): requirements-test.txt requirements.txt requirements-pg19.txt requirements-gcs.txt \
-    $(PYPROJECT) | $(PY)
+    requirements-extras.txt $(PYPROJECT) | $(PY)
 	$(PY) -m pip install -r requirements-test.txt
 	$(INSTALL_SELF)
 	touch $@ $(BASE_STAMP)
@@ -127,10 +127,12 @@ SMOKE_TESTS := tests/model/test_model.py tests/model/test_memory.py \
 	$(PYTHON312) -m venv .venv-$*
 
 .venv-%/.installed: requirements-%.txt requirements-test.txt requirements.txt \
-		requirements-pg19.txt requirements-gcs.txt $(PYPROJECT) | .venv-%/bin/python
+		requirements-pg19.txt requirements-gcs.txt requirements-extras.txt $(PYPROJECT) \
+		| .venv-%/bin/python
 	pinned=$$(sed -n 's/==.*//p' requirements-$*.txt | paste -sd'|'); \
 	grep -hvE "^(-r |($$pinned)==)" requirements.txt requirements-pg19.txt \
-		requirements-gcs.txt requirements-test.txt | cat - requirements-$*.txt \
+		requirements-gcs.txt requirements-extras.txt requirements-test.txt \
+		| cat - requirements-$*.txt \
 		> .venv-$*/requirements.txt
 	.venv-$*/bin/python -m pip install -r .venv-$*/requirements.txt
 	.venv-$*/bin/python -m pip install --no-deps -e .

@@ -12,7 +12,11 @@ from compressive.model import sampling
 # Python); the module lives in the model layer.
 sys.modules.setdefault(__name__ + ".sampling", sampling)
 
+# The package's version (pyproject.toml reads it from here).
+__version__ = "0.1.0"
+
 __all__ = [
+    "__version__",
     "CompressiveTransformer",
     "ConfigError",
     "Memory",

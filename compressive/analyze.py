@@ -1,7 +1,7 @@
 """Analyse what a checkpoint's memory does; JSON plus a PNG figure.
 
-    python analyze.py --workdir=runs/default --analysis=attention --split=validation
-    python analyze.py --workdir=runs/default --analysis=loss_by_position
+    python -m compressive.analyze --workdir=runs/default --analysis=attention --split=validation
+    python -m compressive.analyze --workdir=runs/default --analysis=loss_by_position
 
 `attention`: the paper's §5.5 figure, average attention weight per position
 bucket over [compressed memory | memory | segment], per layer.
@@ -83,13 +83,20 @@ def plot_loss(result, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot([max(s, 1) for s in result["start"]], result["bits"], marker="o")
+  ax.plot(bucket_ends(result["start"], FLAGS.bucket_tokens), result["bits"], marker="o")
   ax.set_xscale("log")
-  ax.set_xlabel("position in document (tokens, bucket start)")
+  ax.set_xlabel("position in document (tokens, bucket end)")
   ax.set_ylabel("bits per token")
   ax.set_title("Loss by position within documents")
   fig.tight_layout()
   fig.savefig(path, dpi=120, format="png")
+
+
+def bucket_ends(starts, bucket_tokens: int) -> list[int]:
+  """Where each loss-by-position bucket ends (the next one's start): its
+  place on the log axis, which the first bucket's start, 0, has none on.
+  Buckets are [0, B), [B, 2B), [2B, 4B), ... (analysis.loss_by_position)."""
+  return [2 * s if s else bucket_tokens for s in starts]
 
 
 def plot_recall(result, path):

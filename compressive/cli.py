@@ -34,9 +34,10 @@ from absl import flags
 
 from compressive.cli_config import (
     CONFIG_DIR, DEFAULT_CONFIGS, config_file_flags, config_file_parser, config_names,
-    install_override_rules, parse_failure, repeated_config, resolve_config_names, unloaded_config,
+    parse_failure, repeated_config, resolve_config_names, unloaded_config,
     with_default_configs)
 from compressive import cli_xla
+from compressive.cli_overrides import install_override_rules
 from compressive import files
 from compressive import remote
 from compressive import storage
@@ -244,7 +245,7 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   Every override follows one rule, the last value given wins (for tuples
   too: ml_collections' own tuple flags accumulate), and a data source named
   `--config.data.source=module:Name` has its section for its own fields'
-  overrides (cli_config.install_override_rules, config_file_parser)."""
+  overrides (cli_overrides.install_override_rules, cli_config.config_file_parser)."""
   from ml_collections import config_flags
   if default is not None:
     DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(CONFIG_DIR, default)

@@ -3,12 +3,13 @@ without its path is found, which default file a --config loads, how an
 override is read, and one line for a config file or override that cannot be
 loaded, named where it failed (the file's own line, or the override).
 
-One rule for every override (install_override_rules): the last value given
-of a repeated --config.X wins, whatever its type (ml_collections' own tuple
-flags accumulate: `--config.x=(32,) --config.x=(64,)` gave (32, 64)). A data
-source named `module:Name` on the command line is imported while the config
-is read, so that its section, data.<name>, is there for its own fields'
-overrides; one named only by the config file is not imported here.
+One rule for every override (cli_overrides.install_override_rules): the
+last value given of a repeated --config.X wins, for tuples, lists, strings,
+numbers, booleans and fields that are None alike. A data source named
+`module:Name` on the command line (--config.data.source) is imported while
+the config is read, so that its section, data.<name>, is there for its own
+fields' overrides; a source named only by the config file is not imported
+here.
 
 Base layer, beside cli.py (the tools import it themselves): it reports
 nothing itself; cli.parse_flags is the one place that prints an error and
@@ -17,7 +18,6 @@ exits.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import re
@@ -152,60 +152,25 @@ def config_file_flags() -> list[str]:
 
 
 
-# -- How an override is read. ----------------------------------------------------
-
-
-class _WholeSequence(flags.ArgumentParser):
-  """A tuple's or list's override, read whole: `--config.x=(32,64)`, or one
-  element without brackets (`--config.x=32`). Registered for tuple and list
-  in place of ml_collections' TupleParser, whose flags accumulate: a field
-  read by this parser is an ordinary flag, whose last value wins."""
-
-  def __init__(self, kind: type):
-    super().__init__()
-    self.kind = kind
-
-  def parse(self, argument: Any) -> Any:
-    from ml_collections.config_flags import tuple_parser
-    if isinstance(argument, (tuple, list)):
-      return self.kind(argument)
-    return self.kind(tuple_parser.TupleParser().parse(argument))
-
-  def flag_type(self) -> str:
-    return self.kind.__name__
-
-
-class _Literal(flags.ArgumentParser):
-  """A field that is None: any Python literal (`3`, `(4,)`, `'a'`, `None`;
-  `true` and `false` are booleans), else the text itself, a string."""
-
-  def parse(self, argument: Any) -> Any:
-    if not isinstance(argument, str):
-      return argument
-    try:
-      return ast.literal_eval({"true": "True", "false": "False"}.get(argument, argument))
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-      return argument
-
-  def flag_type(self) -> str:
-    return "literal"
-
-
-def install_override_rules() -> None:
-  """The last value of a repeated override wins, whatever the field's type:
-  ml_collections reads tuples (and lists, and None fields, which it cannot
-  override at all) with the parsers above. Process-wide; idempotent."""
-  from ml_collections import config_flags
-  config_flags.register_flag_parser_for_type(tuple, _WholeSequence(tuple))
-  config_flags.register_flag_parser_for_type(list, _WholeSequence(list))
-  config_flags.register_flag_parser_for_type(type(None), _Literal())
-
-
 def _expanded(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
   except flags.Error:
     return argv  # reported by the parse itself
+
+
+def overridden_fields(argv: list[str], name: str = "config") -> set[str]:
+  """The fields the command line overrides, as dotted paths
+  (`--config.data.text_files.path=...` -> data.text_files.path; booleans'
+  `--noconfig.x` too), flag files expanded, up to a `--`."""
+  fields = set()
+  for a in _expanded(argv)[1:]:
+    if a == "--":
+      break
+    m = re.match(rf"^-{{1,2}}(?:no)?{re.escape(name)}\.([\w.]+)(=|$)", a)
+    if m:
+      fields.add(m.group(1))
+  return fields
 
 
 def command_line_source(argv: list[str], name: str = "config") -> Optional[str]:
@@ -284,8 +249,21 @@ def load_failure(name: str, path: str, error: BaseException) -> str:
       return (f"--{name}={path}: no such config name ({', '.join(config_names())}) "
               f"or config file (relative to {os.getcwd()})")
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-    return f"--{name}={path}: no such config file{where}"
+    shipped = _shipped_name(path)
+    hint = (f"; the shipped config of that name is --{name}={shipped}" if shipped else "")
+    return f"--{name}={path}: no such config file{where}{hint}"
   return f"--{name}={shown_config(path)}: cannot load the config file: {reason}"
+
+
+def _shipped_name(path: str) -> Optional[str]:
+  """NAME, when `path` is `configs/NAME.py` (a checkout's path, as the
+  guides once wrote it) and NAME a shipped config: after `pip install` the
+  configs are named without their folder (--config=NAME)."""
+  folder, file = os.path.split(os.path.normpath(path))
+  name = file[:-3] if file.endswith(".py") else ""
+  if os.path.basename(folder) == "configs" and name in config_names():
+    return name
+  return None
 
 
 def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:

@@ -87,7 +87,7 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   data = data_lib.DataConfig.from_dict(config.data)
   if here:
     data_lib.validate_data_config(data)
-  _check_vocabulary(data, cfg, here)
+  _check_vocabulary(data, cfg, here, training)
   evaluation = written.resolved(cfg, train.batch_size)
   _check_eval_sizes(evaluation, cfg)
   values.config_floats(config)  # every float field as float32 holds it, listed or not
@@ -123,10 +123,14 @@ def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:
         "lower grad_accum_steps or raise batch_size")
 
 
-def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: bool) -> None:
+def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: bool,
+                      training: bool) -> None:
   """The tokenizer's vocabulary fits model.vocab_size: bytes' 256 anywhere;
   another tokenizer's (a SentencePiece model's file) where it is read,
-  `here`."""
+  `here`. A model.vocab_size above the tokenizer's pieces trains (a
+  vocabulary padded to a multiple that shards well is the user's choice),
+  with a warning when `training`: the ids past the pieces never occur in
+  the data, and the sampler never emits them (sample.py)."""
   if data_config.tokenizer == "bytes" and cfg.vocab_size < 256:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
   if here:
@@ -134,6 +138,13 @@ def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: 
     if vocab > cfg.vocab_size:
       raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
                         f"vocabulary ({vocab})")
+    if training and vocab < cfg.vocab_size:
+      which = (f"data.spm_model={data_config.spm_model}" if data_config.tokenizer == "sentencepiece"
+               else f"data.tokenizer={data_config.tokenizer}")
+      _log.warning(
+          "model.vocab_size=%d is larger than the tokenizer's %d pieces (%s): ids %d-%d never "
+          "occur in the data and are never sampled; --config.model.vocab_size=%d trains the "
+          "vocabulary there is", cfg.vocab_size, vocab, which, vocab, cfg.vocab_size - 1, vocab)
 
 
 def default_mesh_config() -> ml_collections.ConfigDict:

@@ -1,10 +1,10 @@
-"""Evaluate a training workdir: python eval.py --workdir=DIR [--split=validation].
+"""Evaluate a training workdir: python -m compressive.eval --workdir=DIR [--split=validation].
 
 Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
 Prints the result as one JSON object on the last line of stdout, then writes it
-to DIR/eval_<split>_step<N>.json (a workdir that cannot be written, e.g.
-read-only, is a warning). Checkpoints are only read, never written. On PG-19
+to DIR/eval_<split>_step<N>.json and names that file on stderr (a workdir
+that cannot be written, e.g. read-only, is a warning). Checkpoints are only read, never written. On PG-19
 a whole split also gives `word_perplexity` with `words` (counted) and, for
 validation and test, `words_official`, its normaliser (compressive/evaluation/evaluate.py).
 
@@ -19,6 +19,8 @@ A progress line (segment i/total, tokens per second, ETA) goes to stderr
 every --progress_seconds; stdout holds only the result.
 """
 
+import sys
+
 from absl import flags
 import jax
 
@@ -28,6 +30,7 @@ from compressive import config as config_lib
 from compressive import cli_flags
 from compressive import data as data_lib
 from compressive import reading
+from compressive import remote
 from compressive import values
 from compressive.errors import NonFiniteError
 from compressive.evaluation import evaluate as eval_lib
@@ -79,8 +82,11 @@ def check_finite(result: dict, step: int) -> None:
 
 def report(result: dict, step: int) -> None:
   """Prints the result's JSON line, then saves it in the workdir (cli.
-  write_result: a workdir that cannot be written loses nothing)."""
-  cli.write_result(result, layout.Workdir(FLAGS.workdir).eval_result(FLAGS.split, step))
+  write_result: a workdir that cannot be written loses nothing) and names
+  the file on stderr."""
+  path = layout.Workdir(FLAGS.workdir).eval_result(FLAGS.split, step)
+  if cli.write_result(result, path):
+    print(f"result: {remote.public(path)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -108,11 +108,19 @@ class TrainConfig:
   # transferred to the devices) while the device computes; 0: none.
   prefetch_steps: int = values.whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made ahead "
                                             "in a background thread; 0: none)")
+  # Where the metrics go besides metrics_*.jsonl: writers by name
+  # (training/writers.py: tensorboard, wandb) or module:Name, a user's own.
+  metric_writers: tuple = ("tensorboard",)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   segment_length: int = dataclasses.field(default=0, metadata={"derived": True})
 
   def __post_init__(self):
     values.check_fields(self, "")
+    names = self.metric_writers
+    if (not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)):
+      raise ConfigError(f"metric_writers={names!r} must be a tuple of distinct writer names, "
+                        "e.g. ('tensorboard', 'wandb'), or () for none")
     updates = self.num_train_steps * self.segments_per_step
     if updates > 2**31 - 1:
       raise ConfigError(

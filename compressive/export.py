@@ -1,4 +1,6 @@
-"""Export a workdir's parameters: python export.py --workdir=DIR --output=OUT [--step=N].
+"""Export a workdir's parameters:
+
+    python -m compressive.export --workdir=DIR --output=OUT [--step=N]
 
 Writes the parameters of the workdir's latest (or --step) checkpoint and its
 config into OUT, a new or empty folder: no optimizer state, no training

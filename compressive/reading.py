@@ -25,6 +25,7 @@ below every layer, holds what every entry point shares.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -32,6 +33,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from absl import flags
 import jax
+import jax.numpy as jnp
 
 from compressive import cli
 from compressive import errors
@@ -41,6 +43,7 @@ from compressive import config as config_lib
 from compressive import experiment as experiment_lib
 from compressive import cli_flags
 from compressive.errors import CheckpointError
+from compressive.model.sampling import Sampler
 from compressive.scale import processes
 from compressive.training import checkpoint
 from compressive.training import runconfig
@@ -128,3 +131,31 @@ def _check_step() -> None:
   if step not in saved:
     raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
                           f"saved steps are {', '.join(map(str, saved))}")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _held_to(logits: jax.Array, pieces: int) -> jax.Array:
+  """logits [B, V] with every id from `pieces` on at -inf: never chosen."""
+  return jnp.where(jnp.arange(logits.shape[-1]) < pieces, logits, -jnp.inf)
+
+
+class PiecesSampler(Sampler):
+  """A Sampler that chooses among the first `pieces` ids only (the
+  tokenizer's vocabulary), whatever the model's vocabulary: every logits it
+  is given past them (a model.vocab_size larger than the tokenizer's) is
+  set to -inf as it arrives, so greedy decoding, top-k and top-p alike
+  never pick them."""
+
+  def __init__(self, model, *, pieces: int, **sizes):
+    self._pieces = pieces
+    self._logits = None
+    super().__init__(model, **sizes)
+
+  @property
+  def logits(self):
+    return self._logits
+
+  @logits.setter
+  def logits(self, value) -> None:
+    held = value is not None and value.shape[-1] > self._pieces
+    self._logits = _held_to(value, self._pieces) if held else value

@@ -55,7 +55,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Mapping, Optional
+import re
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from compressive import storage
 from compressive.errors import ConfigError, UserError
@@ -163,6 +167,89 @@ def _reaching(what: str) -> Iterator[None]:
   except Exception as e:  # the clients' own exceptions (aiohttp, google.auth, gcsfs, tf)
     cause = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     raise StorageError(f"{what}: {type(e).__name__}" + (f": {cause}" if cause else "")) from e
+
+
+# -- Reaching the store at the start: both clients, a bounded wait. ---------------
+
+
+def _bounded(work: Callable[[], Any], url: str, seconds: Optional[float],
+             say: Optional[Callable[[str], None]] = None) -> Any:
+  """work()'s result, waited for at most `seconds` (storage.within: None, no
+  deadline), saying every storage.PROGRESS_S that it still waits (`say`,
+  default a warning line); storage.StorageTimeout when no answer came."""
+  say = say or (lambda text: _LOG.warning("%s", text))
+  bound = "" if seconds is None else f" of at most {seconds:g}"
+  return storage.within(seconds, f"reading {url}", work, progress=lambda waited: say(
+      f"still waiting for Cloud Storage ({url}): {waited:.0f} s{bound}"))
+
+
+def _tensorstore_reaches(url: str, seconds: Optional[float]) -> None:
+  """StorageError, in the file layer's words (`cannot read URL: ...`), when
+  TensorStore, which reads and writes the checkpoints (through Orbax),
+  cannot read the URL's bucket: it has its own endpoint
+  (TENSORSTORE_GCS_HTTP_URL) and credentials, and would otherwise hang at
+  the first save. Its log lines (the credentials it chose, once per
+  process) are kept off the console; a failure's reason is its own."""
+  import tensorstore as ts  # Orbax's; only for a URL
+  bucket, _, path = url.split("://", 1)[1].partition("/")
+  key = f"{path.rstrip('/')}/.compressive-probe".lstrip("/")
+
+  def probe() -> None:
+    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result(timeout=seconds)
+    store.read(key).result(timeout=seconds)
+
+  with _captured_stderr() as (said, say):
+    try:
+      _bounded(probe, url, seconds, say)
+      return
+    except storage.StorageTimeout:  # no answer
+      why = f"no answer within {seconds:g} s"
+    except TimeoutError:  # TensorStore's own deadline, at the same time
+      why = f"no answer within {seconds:g} s"
+    except Exception as e:  # TensorStore's own (a refusal, no credentials)
+      why = " ".join(str(e).split())[:300] or type(e).__name__
+  told = [" ".join(line.split("] ", 1)[-1].split()) for line in said
+          if _ABSL_LINE.match(line) and line[0] in "EW"]
+  hint = ""
+  if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
+    hint = ("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL to the same URL "
+            "(and GOOGLE_AUTH_TOKEN_FOR_TESTING for an emulator)")
+  raise StorageError(f"cannot read {url}: TensorStore, which writes the checkpoints: {why}"
+                     + (f" ({told[-1][:300]})" if told else "") + hint)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[tuple[list[str], Callable[[str], None]]]:
+  """(lines, say): collects what is written to file descriptor 2 meanwhile
+  (TensorStore logs there from C++: the credentials it uses, once per
+  process) as `lines`, and `say` writes a warning line past it, to the
+  console; after, the lines but TensorStore's own (absl's `I1205
+  09:11:35.49 ... file.cc:136] ...`) are written to it."""
+  lines: list[str] = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+
+  def say(text: str) -> None:
+    os.write(saved, f"{time.strftime('%H:%M:%S')} warning: {public(text)}\n".encode())
+
+  try:
+    with tempfile.TemporaryFile() as held:
+      os.dup2(held.fileno(), 2)
+      try:
+        yield lines, say
+      finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        held.seek(0)
+        lines += held.read().decode("utf-8", errors="replace").splitlines()
+  finally:
+    os.close(saved)
+  kept = [line for line in lines if not _ABSL_LINE.match(line)]
+  if kept:
+    print("\n".join(kept), file=sys.stderr)
+
+
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
 
 
 # -- Paths that may be URLs (the checkpoints, an export's parameters). -------------
@@ -288,11 +375,8 @@ class Mirror:
     _LOG.addFilter(_PUBLIC)
     try:
       with _reaching(f"cannot read {self.url}"):
-        storage.within(self.deadline, f"reading {self.url}", self._pull)
-      what = f"{self.url}: TensorStore, which reads and writes the checkpoints there"
-      with _reaching(what):  # a small read answers at once: no need to wait the whole deadline
-        storage.within(min(self.deadline or PROBE_S, PROBE_S), what,
-                       self._reach_tensorstore)
+        _bounded(self._pull, self.url, self.deadline)
+      _tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
     except BaseException:
       self._close()
       raise
@@ -317,15 +401,6 @@ class Mirror:
           self._partial[_identity(os.fstat(out.fileno()))] = item.name
     self._copied = _files_under(self.local)
     self._held = bool(self._copied)
-
-  def _reach_tensorstore(self) -> None:
-    """A read through TensorStore (which Orbax writes the checkpoints with)
-    with the credentials it will use: a missing object answers; no
-    credentials, or no server, raise or never answer (the deadline)."""
-    import tensorstore as ts  # pylint: disable=g-import-not-at-top  (Orbax's own)
-    bucket, _, path = self.url.split("://", 1)[1].partition("/")
-    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
-    store.read(f"{path}/.compressive-reach" if path else ".compressive-reach").result()
 
   def _check_bucket(self) -> None:
     """StorageError when the URL's bucket does not exist: no run is begun
@@ -411,8 +486,9 @@ class Upload:
   def __enter__(self) -> str:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
-      taken = storage.within(self.deadline, f"reading {self.url}", lambda: target.exists() and (
-          target.is_file() or any(target.iterdir())))
+      taken = _bounded(lambda: target.exists() and (target.is_file() or any(target.iterdir())),
+                       self.url, self.deadline)
+    _tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
     if taken:
       raise ConfigError(f"{self.label} exists and is not empty: give a new or empty place")
     self._folder = storage.LocalFolder("compressive-upload-", "output")

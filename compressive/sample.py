@@ -1,9 +1,13 @@
 """Generate text from a trained workdir, streaming it as it is produced.
 
-    python sample.py --workdir=runs/default --prompt="To be, or not" --num_tokens=500
+    python -m compressive.sample --workdir=runs/default --prompt="To be, or not" --num_tokens=500
 
 The prompt is consumed segment by segment into the memory; decoding is token by
 token with cached keys and values; length is unbounded, memory use is not.
+
+Only the tokenizer's pieces are sampled: a model whose vocabulary is larger
+(model.vocab_size above a SentencePiece model's pieces) never emits an id
+its tokenizer cannot decode.
 
 The memory has the evaluation sizes of the workdir's config (config.eval, as
 eval.py and analyze.py use; -1 there: training's), which --memory_length and
@@ -22,7 +26,7 @@ from compressive import cli_flags
 from compressive import data as data_lib
 from compressive import reading
 from compressive.errors import ConfigError
-from compressive.model.sampling import Sampler, TextStream
+from compressive.model.sampling import TextStream
 
 FLAGS = flags.FLAGS
 
@@ -92,8 +96,9 @@ def main(argv):
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
     model = reading.open_flagged_run(experiment).model
     sizes = experiment.eval
-    sampler = Sampler(model, batch_size=1, memory_length=sizes.memory_length,
-                      compressed_memory_length=sizes.compressed_memory_length)
+    sampler = reading.PiecesSampler(model, pieces=tokenizer.vocab_size, batch_size=1,
+                            memory_length=sizes.memory_length,
+                            compressed_memory_length=sizes.compressed_memory_length)
     stream = TextStream(tokenizer)
     try:
       sys.stdout.write(prompt)

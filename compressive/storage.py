@@ -42,6 +42,8 @@ T = TypeVar("T")
 DEFAULT_DEADLINE_S = 300.0
 # How often the waiting thread wakes (signals run then).
 _SLICE_S = 0.2
+# How often a wait with `progress` says that it still waits.
+PROGRESS_S = 10.0
 
 _stalled: list[str] = []  # what went unanswered in this process (its first)
 
@@ -55,11 +57,14 @@ def stalled() -> Optional[str]:
   return _stalled[0] if _stalled else None
 
 
-def within(seconds: Optional[float], what: str, call: Callable[[], T]) -> T:
+def within(seconds: Optional[float], what: str, call: Callable[[], T],
+           progress: Optional[Callable[[float], None]] = None) -> T:
   """call(), waited for at most `seconds` (None: no deadline, called here);
   StorageTimeout naming `what` when it has not answered by then, or when a
   call of this process went unanswered before (`stalled`). Its own
-  exception is raised here."""
+  exception is raised here. `progress(seconds waited)` is called every
+  PROGRESS_S while it waits (a tool's start says so: no network, a server
+  that does not answer)."""
   if seconds is None:
     return call()
   if _stalled:
@@ -73,11 +78,16 @@ def within(seconds: Optional[float], what: str, call: Callable[[], T]) -> T:
       outcome["error"] = e
 
   thread = threading.Thread(target=run, name="compressive-storage", daemon=True)
-  end = time.monotonic() + seconds
+  start = time.monotonic()
+  end, said = start + seconds, start
   thread.start()
   while thread.is_alive():
     thread.join(_SLICE_S)  # a signal's handler runs between the slices
-    if thread.is_alive() and time.monotonic() >= end:
+    now = time.monotonic()
+    if thread.is_alive() and progress is not None and now - said >= PROGRESS_S and now < end:
+      said = now
+      progress(now - start)
+    if thread.is_alive() and now >= end:
       _stalled.append(f"{what}: no answer within {seconds:g} s")
       raise StorageTimeout(f"{what}: Cloud Storage did not answer within {seconds:g} s "
                            "(--storage_deadline); what was saved before is intact")

@@ -1,4 +1,9 @@
-"""Train a Compressive Transformer: python train.py --config=configs/X.py --workdir=DIR.
+"""Train a Compressive Transformer:
+
+    python -m compressive.train --config=NAME --workdir=DIR
+
+NAME is a shipped config (default, enwik8, pg19, ...; --help lists them) or
+a config file of your own (--config=path/to/mine.py).
 
 Override any config field with --config.a.b=value (a typo is an error). A
 workdir that already holds checkpoints is resumed from its latest one, on
@@ -14,6 +19,7 @@ else; the workdir must be shared by all hosts. Process 0 alone writes the
 config, metrics and logs; checkpoints are written by all together.
 """
 
+import json
 import logging
 import signal
 import sys
@@ -34,6 +40,7 @@ from compressive import config as config_lib
 from compressive import cli_flags
 
 from compressive import cli_config
+from compressive import data as data_lib
 from compressive import errors
 from compressive import remote
 from compressive import storage
@@ -43,6 +50,7 @@ from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import layout
 from compressive.training import loop as train_lib
+from compressive.training import writers
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
@@ -59,8 +67,10 @@ flags.DEFINE_bool("accept_changed_corpus", False,
                   "since the checkpoint was saved; without it, that stops the run with one "
                   "line.")
 flags.DEFINE_bool("print_config", False,
-                  "Print the config the command line gives (after its checks) and exit, "
-                  "training nothing and writing nothing.")
+                  "Print the config the command line gives, after its checks (not of its "
+                  "data, whose paths may be yet to fill in), as JSON: what the run's "
+                  "config.json would record (every field, evaluation's sizes resolved); "
+                  "then exit, training nothing and writing nothing.")
 flags.DEFINE_bool("dry_run", False,
                   "Check everything a start checks (the config, the data, every document "
                   "read once, the model's size on this machine's devices, whether the workdir "
@@ -109,14 +119,22 @@ def train(config, workdir: str) -> None:
     profile = config_lib.profile_steps(FLAGS.profile_steps)
     initialize_distributed()  # before the check: it counts every process's devices
     setup_logging()
+    # A field of a source the run does not read: refused from the command
+    # line, a warning from a config file (data.check_unread_sections).
+    if "data" in config:
+      data_lib.check_unread_sections(data_lib.DataConfig.from_dict(config.data),
+                                     cli_config.overridden_fields(sys.argv))
+    if FLAGS.print_config:  # what config.json would record: every field, as the run reads it
+      # The config's own checks and its mesh against this machine's devices;
+      # not its data (a path to fill in) nor its size here.
+      experiment = config_lib.check(config, here=False, num_devices=jax.device_count())
+      print(json.dumps(experiment.to_dict(), indent=2))
+      return
     experiment = config_lib.check(config)
     last = experiment.train.num_train_steps
     if profile is not None and profile[0] > last:
       raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
                         f"(num_train_steps={last}): no trace would be taken")
-    if FLAGS.print_config:
-      print(config)
-      return
     if FLAGS.dry_run:
       print(train_lib.dry_run(experiment, workdir))
       return
@@ -128,8 +146,9 @@ def train(config, workdir: str) -> None:
                                           config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
-    print("TensorBoard logs: tensorboard --logdir "
-          + remote.public(layout.Workdir(workdir).tensorboard()))
+    if writers.TENSORBOARD in experiment.train.metric_writers:
+      print("TensorBoard logs: tensorboard --logdir "
+            + remote.public(layout.Workdir(workdir).tensorboard()))
     if result and stopped is None:
       print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again

@@ -1,20 +1,23 @@
 """Trains the SentencePiece tokenizer of an experiment on its train split.
 
-    python train_tokenizer.py --config=configs/pg19.py
+    python -m compressive.train_tokenizer --config=pg19 --config.data.spm_model=PATH
 
 Reads at most config.data.spm_train_max_bytes of the training split of
 config.data.source (documents in seeded random order) and writes the model
 to config.data.spm_model, with config.data.spm_vocab_size pieces at most
-(the paper: 32k subwords for PG-19). A mistake (a config field, the corpus,
-an output path that cannot be written, a vocabulary too small for the
-corpus) is one line `error: ...` and exit code 2, as in train.py.
+(the paper: 32k subwords for PG-19): a small corpus gives fewer. The last
+line of stdout names the file, its pieces and the flags that train a model
+on it (--config.model.vocab_size=PIECES). A mistake (a config field, the
+corpus, an output path that cannot be written, a vocabulary too small for
+the corpus) is one line `error: ...` and exit code 2, as in train.py.
 """
 
+import logging
 import os
-
-from absl import logging
+import sys
 
 from compressive import cli
+from compressive import cli_config
 from compressive import data
 from compressive import files
 from compressive.errors import ConfigError
@@ -39,10 +42,13 @@ def validate(data_config: data.DataConfig) -> None:
 
 def main(argv):
   del argv  # cli.parse_flags refuses positional arguments
+  cli.quiet_libraries()
+  logging.getLogger('compressive').setLevel(logging.INFO)  # a download's progress
   with cli.user_errors():
     if 'data' not in _CONFIG.value:
       raise ConfigError('the config has no data section (config.data)')
     data_config = data.DataConfig.from_dict(_CONFIG.value.data)
+    data.check_unread_sections(data_config, cli_config.overridden_fields(sys.argv))
     validate(data_config)
     texts = data.iter_texts(data_config, 'train',
                             max_bytes=data_config.spm_train_max_bytes,
@@ -55,8 +61,12 @@ def main(argv):
         character_coverage=data_config.spm_character_coverage,
         num_threads=os.cpu_count() or 1,
         seed=data_config.spm_train_seed)
-  logging.info('Wrote %s (%d pieces).', data_config.spm_model,
-               tokenizer.vocab_size)
+  pieces = tokenizer.vocab_size
+  fewer = (f' (fewer than data.spm_vocab_size={data_config.spm_vocab_size}: the corpus has no '
+           'more)' if pieces < data_config.spm_vocab_size else '')
+  print(f'wrote {data_config.spm_model}: {pieces} pieces{fewer}; train with '
+        f'--config.data.tokenizer=sentencepiece --config.data.spm_model={data_config.spm_model} '
+        f'--config.model.vocab_size={pieces}', flush=True)
 
 
 if __name__ == "__main__":

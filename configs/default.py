@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Steps' batches made ahead in a background thread (tokenized, stacked and
   # transferred to the devices) while the device computes; 0: none.
   config.prefetch_steps = 2
+  # Where the metrics go besides metrics_*.jsonl: tensorboard, wandb (the
+  # wandb extra), or module:Name, a writer of your own (docs/TRAINING.md).
+  config.metric_writers = ("tensorboard",)
 
   model = config.model = ml_collections.ConfigDict()
   model.vocab_size = 256  # bytes
@@ -98,6 +101,9 @@ def get_config() -> ml_collections.ConfigDict:
       "pg19": {"data_dir": "", "raw_dir": ""},
       "text_files": {"path": "", "heldout_fraction": 0.05, "text_errors": "strict",
                      "document_bytes": 16384},
+      "records": {"path": "", "text_field": "text", "heldout_fraction": 0.05},
+      "hf_datasets": {"path": "", "name": "", "text_column": "text",
+                      "splits": ("train", "validation", "test"), "heldout_fraction": 0.05},
       "synthetic": {"kind": "random", "num_docs": (64, 8, 8), "min_length": 2,
                     "max_length": 2048, "period": 64, "seed": 0},
       "recall": {"distances": (64, 256, 1024), "requery_distances": (), "doc_length": 4096,

@@ -50,6 +50,7 @@ import zygote  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 _SESSION_CACHE = None
+_SESSION_XDG = None
 
 
 def pytest_configure(config):
@@ -74,6 +75,17 @@ def pytest_configure(config):
   if path:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  # Generated documents (data/generated.py: the recall task's) are cached
+  # under $XDG_CACHE_HOME: for the session, a temporary folder, not the
+  # user's ~/.cache.
+  # Matplotlib keeps its font cache where it was (under the user's cache
+  # folder): a new one would be built by running fc-list, a process.
+  global _SESSION_XDG
+  if "XDG_CACHE_HOME" not in os.environ:
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.expanduser("~"), ".cache",
+                                                       "matplotlib"))
+    _SESSION_XDG = tempfile.mkdtemp(prefix="compressive-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = _SESSION_XDG
   # Entry points the tests start as processes are forked from an
   # interpreter that has imported the libraries already (tests/zygote.py),
   # instead of importing them again in each. Installed after the environment
@@ -139,3 +151,6 @@ def pytest_unconfigure(config):
   if _SESSION_CACHE is not None:
     os.environ.pop("COMPRESSIVE_COMPILATION_CACHE", None)
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+  if _SESSION_XDG is not None:
+    os.environ.pop("XDG_CACHE_HOME", None)
+    shutil.rmtree(_SESSION_XDG, ignore_errors=True)

@@ -1,9 +1,9 @@
 """Compile a config's train or evaluation step for hardware this machine does
-not have, and say whether it fits: python aot.py --config=C --target=T.
+not have, and say whether it fits: python -m compressive.aot --config=C --target=T.
 
-    python aot.py --config=configs/tpu_v5e8.py:pg19 --target=tpu:v5e-8
-    python aot.py --config=configs/gpu8.py:enwik8 --target=gpu:h200-8 --step=eval
-    python aot.py --config=configs/pg19.py --target=cpu      # this machine's devices
+    python -m compressive.aot --config=tpu_v5e8:pg19 --target=tpu:v5e-8
+    python -m compressive.aot --config=gpu8:enwik8 --target=gpu:h200-8 --step=eval
+    python -m compressive.aot --config=pg19 --target=cpu      # this machine's devices
 
 The step is the one train.py (or eval.py) runs, built from shapes alone for
 the target's devices (compressive/scale/targets.py: TPU topologies and CUDA

@@ -29,9 +29,12 @@ from compressive.data import books  # noqa: F401
 from compressive.data import enwik8  # noqa: F401
 from compressive.data import pg19  # noqa: F401
 from compressive.data import text_files  # noqa: F401
+from compressive.data import records  # noqa: F401
+from compressive.data import hf_datasets  # noqa: F401
 from compressive.data import synthetic  # noqa: F401
 from compressive.data import recall  # noqa: F401
 from compressive.data import registry
+from compressive.data.config import check_unread_sections
 from compressive.data.config import DataConfig
 from compressive.data.config import default_data_config
 from compressive.data.config import validate_data_config
@@ -46,6 +49,7 @@ from compressive.data.registry import SPLITS
 from compressive.data.sources import check_documents
 from compressive.data.sources import corpus_identity
 from compressive.data.sources import data_identity
+from compressive.data.sources import describe
 from compressive.data.sources import get_documents
 from compressive.data.sources import iter_texts
 from compressive.data.tokenizers import ByteTokenizer
@@ -66,8 +70,10 @@ __all__ = [
     'TokenDocuments',
     'Tokenizer',
     'check_documents',
+    'check_unread_sections',
     'corpus_identity',
     'data_identity',
+    'describe',
     'default_data_config',
     'epoch_permutation',
     'get_documents',

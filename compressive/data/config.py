@@ -17,8 +17,10 @@ the comment beside it, here (the shared ones) and on its source's schema.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import ml_collections
 import numpy as np
@@ -28,6 +30,8 @@ from compressive import values
 from compressive.data import registry
 from compressive.data import tokenizers
 from compressive.errors import ConfigError
+
+_log = logging.getLogger('compressive')
 
 TOKENIZERS = ('bytes', 'sentencepiece')
 SPM_MODEL_TYPES = ('unigram', 'bpe', 'char', 'word')
@@ -144,6 +148,54 @@ def default_data_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(DataConfig().to_dict())
   c.lock()
   return c
+
+
+def _plain(value: Any) -> Any:
+  """A section's fields as JSON holds them (tuples and lists alike)."""
+  return json.loads(json.dumps(value))
+
+
+def unread_fields(c: DataConfig) -> list[tuple[str, str]]:
+  """(section, field) of every field of a registered source's section other
+  than data.source's that differs from its default: fields the run never
+  reads (`--config.data.text_files.path=input.txt` while data.source is
+  books would train on the books)."""
+  selected = registry.get(c.source).name
+  found = []
+  for name, section in c.sections.items():
+    if name == selected or name not in registry.names() or not dataclasses.is_dataclass(section):
+      continue
+    given = _plain(values.to_dict(section))
+    default = _plain(values.to_dict(registry.get(name).schema()))
+    found += [(name, k) for k in given if given[k] != default.get(k)]
+  return found
+
+
+def _unread(c: DataConfig, name: str, field: str) -> str:
+  value = getattr(c.sections[name], field)
+  return (f"data.{name}.{field}={value!r} is set, but data.source={c.source!r} reads "
+          f"data.{registry.get(c.source).name}, not data.{name}: select that source with "
+          f"--config.data.source={name}, or leave data.{name} at its defaults")
+
+
+def check_unread_sections(c: DataConfig, given: Collection[str] = ()) -> None:
+  """What a tool says of the fields the run never reads (unread_fields), by
+  where each was set: one the command line sets (`given`, dotted paths of
+  its --config.X overrides) is refused, ConfigError naming the source to
+  select; one a config file sets is a warning line per section, unless the
+  command line chose data.source itself (a config switched to another
+  source, its own source's settings left in place)."""
+  found = unread_fields(c)
+  for name, field in found:
+    if f"data.{name}.{field}" in given:
+      raise ConfigError(_unread(c, name, field))
+  if "data.source" in given:
+    return
+  seen = set()
+  for name, field in found:
+    if name not in seen:
+      seen.add(name)
+      _log.warning("%s", _unread(c, name, field))
 
 
 def _host_memory() -> int:

@@ -32,6 +32,7 @@ from compressive import values
 from compressive.errors import ConfigError
 from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.data import generated
 from compressive.data import registry
 
 if TYPE_CHECKING:
@@ -195,10 +196,19 @@ def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDoc
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
   c = data_config.recall
+  _check(c, DataError)
+  # Generated once per config (its split and fields, and this module's code)
+  # and read back from the cache after that (data/generated.py).
+  texts, queries = generated.cached_documents(
+      "recall", {"split": split, **dataclasses.asdict(c)}, __file__, Query,
+      lambda: _generate(c, split))
+  return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
+
+
+def _generate(c: Config, split: str) -> tuple[list[str], list[list[Query]]]:
   k = registry.SPLITS.index(split)
   seed = int(np.random.SeedSequence([c.seed, 7, k]).generate_state(1)[0])
   rng = np.random.default_rng(seed)
-  _check(c, DataError)
   distances = tuple(int(d) for d in c.distances)
   requery = tuple(int(d) for d in c.requery_distances)
   texts, queries = [], []
@@ -215,7 +225,7 @@ def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDoc
         f"recall/{split}: no fact could be placed in its {len(texts)} documents of "
         f"{c.doc_length} bytes (data.recall.facts={c.facts} facts at distances {distances}); "
         "raise data.recall.doc_length or lower data.recall.facts")
-  return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
+  return texts, queries
 
 
 # Built in memory: counting every document's tokens costs a moment.

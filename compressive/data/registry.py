@@ -97,6 +97,9 @@ class Source:
       huge length or count is one line, not a MemoryError or a silent
       generation. None: nothing is held that its fields size (files whose
       size the files decide).
+    location: (data_config) -> where the source reads its data, in words
+      (a path or a URL), for the run's start and --dry_run. None: the
+      values of its location_fields, or "generated" when it has none.
     official_words: (split) -> the split's published word total, by which
       its word-level perplexity is normalised, or None (then the words
       counted in its texts are). A source that has this hook gets
@@ -111,6 +114,7 @@ class Source:
   iter_texts: Optional[Callable[['DataConfig', str, Optional[int], int], Iterator[str]]] = None
   identity: Optional[Callable[['DataConfig'], str]] = None
   location_fields: tuple[str, ...] = ()
+  location: Optional[Callable[['DataConfig'], str]] = None
   official_words: Optional[Callable[[str], Optional[int]]] = None
   host_bytes: Optional[Callable[['DataConfig'], int]] = None
 

@@ -126,3 +126,22 @@ def data_identity(data_config: 'DataConfig') -> dict:
   for name in source.location_fields:
     fields.pop(name, None)
   return {'source': data_config.source, source.name: fields}
+
+
+def describe(data_config: 'DataConfig', counts: dict[str, int] | None = None) -> str:
+  """The corpus in words, for the run's start and --dry_run: data.source,
+  where it reads (Source.location), and `counts`' documents per split:
+  `data.source=text_files (input.txt): train 59, validation 3, test 3
+  documents`."""
+  source = registry.get(data_config.source)
+  section = registry.section(data_config, source.name)
+  if source.location is not None:
+    where = str(registry.call_hook(data_config.source, source, 'location', data_config))
+  else:
+    where = ', '.join(str(getattr(section, f)) for f in source.location_fields
+                      if getattr(section, f, '')) or ('generated' if not source.location_fields
+                                                       else 'not set')
+  text = f'data.source={data_config.source} ({where})'
+  if counts:
+    text += ': ' + ', '.join(f'{split} {n:,}' for split, n in counts.items()) + ' documents'
+  return text

@@ -10,7 +10,9 @@ Layout, either:
   `document_bytes` bytes, each ending at a line's end where the piece holds
   one (else at a character's end), a last piece under a quarter of that
   joined to the one before; the pieces are split by a hash of their names
-  (`input.txt:0007`) as files are.
+  (`input.txt:0007`) as files are. A file that gives fewer than
+  ENOUGH_PIECES documents so is cut into that many, smaller ones (a line
+  says so).
 
 Files are read lazily, one at a time, and exactly as stored (no newline or
 whitespace changes; only a leading byte-order mark is dropped). Invalid
@@ -30,6 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
   from compressive.data.config import DataConfig
 
 TEXT_ERRORS = ('strict', 'replace')
+_log = logging.getLogger('compressive')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,12 +292,44 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
   return tuple(ranges)
 
 
+# A file that gives fewer documents than this at data.text_files.document_bytes
+# (a small file) is cut into this many instead, of at least MIN_PIECE_BYTES
+# each: enough for the default batch's 16 rows, each reading its own, and a
+# held-out document or two for validation and test.
+ENOUGH_PIECES = 32
+MIN_PIECE_BYTES = 64
+_told: set[tuple[str, int, int, int]] = set()  # the files whose cut was said
+
+
+def piece_bytes(path: str, document_bytes: int) -> int:
+  """The most bytes of a document of the one-file corpus at `path`:
+  `document_bytes`, or for a file that gives fewer than ENOUGH_PIECES
+  documents at it, the size that cuts it into ENOUGH_PIECES (at least
+  MIN_PIECE_BYTES), said once in a line."""
+  st = os.stat(path)
+  key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, document_bytes)
+  if len(_pieces(*key)) >= ENOUGH_PIECES or st.st_size <= MIN_PIECE_BYTES:
+    return document_bytes
+  smaller = max(MIN_PIECE_BYTES, -(-st.st_size // ENOUGH_PIECES))
+  if smaller >= document_bytes:
+    return document_bytes
+  if key not in _told:
+    _told.add(key)
+    _log.info('%s (%s bytes) gives %d document(s) of at most data.text_files.document_bytes=%d '
+              'bytes: cut into documents of at most %s bytes instead (%d)', shown(path),
+              f'{st.st_size:,}', len(_pieces(*key)), document_bytes, f'{smaller:,}',
+              len(_pieces(*key[:3], smaller)))
+  return smaller
+
+
 def _file_pieces(path: str, document_bytes: int
                  ) -> tuple[list[str], tuple[tuple[int, int], ...]]:
-  """(names, byte ranges) of the documents of one file (data.text_files.path)."""
+  """(names, byte ranges) of the documents of one file (data.text_files.path),
+  cut at piece_bytes(path, document_bytes)."""
   check_name(path)
   st = os.stat(path)
-  ranges = _pieces(os.path.abspath(path), st.st_size, st.st_mtime_ns, document_bytes)
+  ranges = _pieces(os.path.abspath(path), st.st_size, st.st_mtime_ns,
+                   piece_bytes(path, document_bytes))
   if st.st_size == 0:
     raise DataError(f'{shown(path)}: the file is empty')
   name = os.path.basename(path)
@@ -308,9 +344,8 @@ def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], st
   names, ranges = _file_pieces(c.path, c.document_bytes)
   if len(names) < 3:
     raise DataError(
-        f'{shown(c.path)} cuts into {len(names)} document(s) of at most '
-        f'data.text_files.document_bytes={c.document_bytes} bytes; splitting needs at least 3: '
-        'lower document_bytes')
+        f'{shown(c.path)} cuts into {len(names)} document(s), even in pieces of '
+        f'{MIN_PIECE_BYTES} bytes (the least); splitting needs at least 3: give more text')
   chosen = documents_lib.split_by_hash(names, c.heldout_fraction)[split]
   return [names[i] for i in chosen], [ranges[i] for i in chosen], c.text_errors
 
@@ -367,7 +402,9 @@ def identity(data_config: 'DataConfig') -> str:
   if os.path.isfile(path):
     listing = [(os.path.basename(path), os.path.getsize(path))]
     digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    return f'text_files: 1 file, {listing[0][1]} bytes, sha256 {digest[:16]}'
+    size = piece_bytes(path, data_config.text_files.document_bytes)
+    cut = '' if size == data_config.text_files.document_bytes else f', pieces of {size} bytes'
+    return f'text_files: 1 file, {listing[0][1]} bytes{cut}, sha256 {digest[:16]}'
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folders = [os.path.join(path, s) for s in registry.SPLITS
                if os.path.isdir(os.path.join(path, s))]

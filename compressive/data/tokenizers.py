@@ -110,7 +110,16 @@ class SentencePieceTokenizer:
     return np.asarray(self._sp.encode(text), dtype=np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+    """The text of `ids`; DataError (one line) for an id that is not one of
+    the model's pieces (SentencePiece's own error is an IndexError)."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    size = self.vocab_size
+    bad = next((i for i in ids if not 0 <= i < size), None)
+    if bad is not None:
+      raise DataError(f'token id {bad} is not a piece of {self.model_path!r} (data.spm_model: '
+                      f'{size} pieces, ids 0-{size - 1}); a model whose model.vocab_size is '
+                      'larger than its tokenizer\'s pieces emitted it')
+    return self._sp.decode(ids)
 
 
 def get_tokenizer(data_config: 'DataConfig') -> Tokenizer:

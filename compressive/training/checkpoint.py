@@ -12,6 +12,7 @@ so that `compressive.load(workdir)` can rebuild the model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from typing import Any, Optional
@@ -27,11 +28,20 @@ from compressive.training.integrity import DamagedCheckpointError
 from compressive.training.orbax_errors import write_errno
 
 
+class _NoReadOnlyNotice(logging.Filter):
+  """Drops Orbax's warning that a read-only manager's folder is read only:
+  a reader asked for it (compressive.load from Python prints it otherwise)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+
 def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):
   if read_only:
     # Evaluation, sampling and analysis never write, delete or clean up
     # anything, even while a training run is saving into the same workdir.
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+    # (save_interval_steps=0: what read_only sets, without Orbax's warning.)
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   else:
     # The one trainer of the workdir (it holds its lock) removes what a save
     # that was killed or refused left half-written.
@@ -39,9 +49,14 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
                                            cleanup_tmp_directories=True)
   handlers = {"state": ocp.StandardCheckpointHandler(), "memory": ocp.StandardCheckpointHandler(),
               "data": ocp.JsonCheckpointHandler(), INTEGRITY: ocp.JsonCheckpointHandler()}
-  return ocp.CheckpointManager(
-      layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options,
-      item_handlers=handlers)
+  notice, absl_log = _NoReadOnlyNotice(), logging.getLogger("absl")
+  absl_log.addFilter(notice)
+  try:
+    return ocp.CheckpointManager(
+        layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options,
+        item_handlers=handlers)
+  finally:
+    absl_log.removeFilter(notice)
 
 
 def _listing(read, attempts: int = 10):

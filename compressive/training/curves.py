@@ -15,6 +15,7 @@ import logging
 from typing import Optional
 
 from compressive import files
+from compressive import remote
 from compressive.training import layout
 from compressive.training.metrics import read_jsonl
 
@@ -29,7 +30,8 @@ def _points(rows: list[dict]) -> tuple[str, list[tuple[int, float]]]:
 
 
 def draw(workdir: str) -> dict:
-  """Writes the figure; what it shows: its path and the points drawn."""
+  """Writes the figure; what it shows: its path, its title and the points
+  drawn."""
   from matplotlib.figure import Figure  # no pyplot: no global state, any thread
   run = layout.Workdir(workdir)
   name, train = _points(read_jsonl(run.metrics("train")))
@@ -45,10 +47,12 @@ def draw(workdir: str) -> dict:
   ax.grid(alpha=0.3)
   if train or evals:
     ax.legend()
-  ax.set_title(f"training curve of {workdir}", fontsize=9)
+  title = f"training curve of {remote.public(workdir)}"  # a gs:// run's URL, not its mirror
+  ax.set_title(title, fontsize=9)
   with files.replacing(run.curves, binary=True) as f:
     fig.savefig(f, format="png", dpi=100)
-  return {"figure": run.curves, "train_points": len(train), "eval_points": len(evals)}
+  return {"figure": run.curves, "title": title, "train_points": len(train),
+          "eval_points": len(evals)}
 
 
 def draw_at_the_end(workdir: str) -> Optional[str]:

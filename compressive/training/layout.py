@@ -20,6 +20,8 @@ A training workdir:
                            damaged steps moved aside; workdir.json, the
                            workdir whose run they hold (lock.py)
   curves.png               the training curve, drawn at the end of a run (curves.py)
+  wandb/                   Weights & Biases' files, with metric_writers naming wandb
+                           (writers.py; W&B's own layout inside it)
   eval_<split>_step<N>.json                  eval.py's result
   analysis_<name>_<split><sizes>.{json,png}  analyze.py's result and figure
 
@@ -54,6 +56,7 @@ SKIPPED_DIR = "skipped"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 CURVES_FILE = "curves.png"
+WANDB_DIR = "wandb"
 # The metric streams a trainer writes: training's, and the evaluation's
 # every eval_every_steps.
 METRICS = ("train", "eval")
@@ -151,6 +154,12 @@ class Workdir:
   @property
   def curves(self) -> str:
     return self._path(CURVES_FILE)
+
+  @property
+  def wandb(self) -> str:
+    """W&B's folder (it writes its own `wandb/` inside the folder it is
+    given: this folder's parent, the workdir)."""
+    return self._path(WANDB_DIR)
 
   @property
   def side_files(self) -> tuple[str, ...]:

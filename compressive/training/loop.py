@@ -49,6 +49,7 @@ from compressive.training import restore as restore_lib
 from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
+from compressive.training import writers
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 # Re-exported: the error train_and_evaluate raises.
@@ -116,6 +117,7 @@ def train_and_evaluate(
     The last evaluation's metrics (or the last training metrics).
   """
   files.check_local(workdir, "a workdir", remote_ok=True)  # another URL: before anything is made
+  writers.resolve(experiment.train.metric_writers)  # a writer that cannot be had: before anything
   options = _Options(stop_at_step, should_stop, restore_intact,
                      config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)
   if remote.is_remote(workdir):  # gs://: in a local mirror of its files (remote.py)
@@ -189,14 +191,16 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
   resume's config against the workdir's), in one line; nothing is written,
   nothing compiled or trained."""
   data = experiment.data
+  writers.resolve(experiment.train.metric_writers)
   tokenizer = data_lib.get_tokenizer(data)
   setup = setup_lib.build_setup(experiment)
   counts = {}
-  for split in dict.fromkeys(("train", experiment.eval.split)):
+  for split in data_lib.SPLITS:
     docs = data_lib.get_documents(data, split, tokenizer)
     if split == "train":  # the iterator's own checks (enough documents for the batch's rows)
       data_lib.SegmentIterator(docs, experiment.train.batch_size, experiment.train.segment_length)
-    data_lib.check_documents(data, split, tokenizer)
+    if split in ("train", experiment.eval.split):  # what a start reads
+      data_lib.check_documents(data, split, tokenizer)
     counts[split] = len(docs)
   steps = []
   if remote.isdir(layout.Workdir(workdir).checkpoints):
@@ -213,8 +217,7 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
   return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
           f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
           f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
-          + ", ".join(f"{split} {n} documents" for split, n in counts.items()) + "; nothing "
-          "trained or written")
+          f"{data_lib.describe(data, counts)}; nothing trained or written")
 
 
 @dataclasses.dataclass
@@ -269,22 +272,39 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
                    layout.Workdir(workdir).config)
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
-  writer = MetricWriter(workdir, "train", enabled=is_main)
-  eval_writer = MetricWriter(workdir, "eval", enabled=is_main)
-  with contextlib.closing(writer), contextlib.closing(eval_writer), \
+  with _metric_writers(experiment, workdir, is_main) as (writer, eval_writer), \
       runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler:
-    if is_main and hasattr(writer, "write_hparams"):
-      writer.write_hparams(experiment.to_dict())
     end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)
     run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
                eval_writer, profiler, end, options.accept_changed_corpus)
     runlog.log_start(experiment, workdir, setup.num_params, start, end, options.config_name)
+    _log.info("%s", data_lib.describe(experiment.data, {
+        "train": len(train_iter.docs), f"{experiment.eval.split} (evaluated)": len(eval_docs)}))
     result = _steps(run, start, restored, is_main, options.should_stop)
   if is_main:  # from the metrics files, closed above
     curves.draw_at_the_end(workdir)
   return result
+
+
+@contextlib.contextmanager
+def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main: bool):
+  """(train, eval) MetricWriters, handing their records to the metric
+  writers of experiment.train.metric_writers (writers.py), opened once for
+  both on process 0 (given the config as hyperparameters) and closed after."""
+  sinks = writers.open_all(experiment.train.metric_writers, writers.run_of(
+      workdir, experiment.to_dict())) if is_main else []
+  try:
+    writer = MetricWriter(workdir, "train", enabled=is_main, sinks=sinks)
+    eval_writer = MetricWriter(workdir, "eval", enabled=is_main, sinks=sinks)
+    with contextlib.closing(writer), contextlib.closing(eval_writer):
+      if is_main and hasattr(writer, "write_hparams"):
+        writer.write_hparams(experiment.to_dict())
+      yield writer, eval_writer
+  finally:
+    for sink in sinks:
+      sink.close()
 
 
 def _steps(run: _Run, start: int, restored, is_main: bool,

@@ -1,136 +1,67 @@
-"""One writer for metrics: TensorBoard event files, a JSON-lines file, and a
-readable log line.
+"""A run's metrics: each stream's JSON-lines file, handed on to the metric
+writers (writers.py: TensorBoard event files by default, W&B, a user's own);
+reading and truncating the files.
 
-The event files are written with tensorboardX (protobuf and numpy only), not
-TensorFlow: training never imports TensorFlow.
+TensorBoard's event files are written with tensorboardX (protobuf and numpy
+only), not TensorFlow: training never imports TensorFlow.
 """
 
 from __future__ import annotations
 
-import itertools
 import errno
 import json
 import logging
 import math
 import os
-import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 from compressive import files
-from compressive.training import layout, savedjson, sidefiles
+from compressive.training import layout, savedjson, sidefiles, writers
 from compressive.errors import naming as _naming
 
 _log = logging.getLogger("compressive")
-_writer_ids = itertools.count()
-
-
-def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
-  """A nested config (ConfigDict or mappings) -> {"dotted.key": leaf value}.
-
-  A flat dict comes back as it is (its keys may already hold dots).
-  """
-  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
-    config = config.to_dict()
-  out: dict[str, Any] = {}
-  for k, v in config.items():
-    key = f"{prefix}{k}"
-    if hasattr(v, "to_dict") or isinstance(v, Mapping):
-      out.update(flatten_config(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
-def hparams(config: Any) -> dict[str, bool | int | float | str]:
-  """A config (nested, as written: Experiment.config, every field as the
-  run's config.json records it, or already flat) as TensorBoard hparams:
-  dotted keys (flatten_config, the one flattener), values bool / int /
-  float / str (hparam_value: tuples, lists, None and the rest as str)."""
-  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
-
-
-def hparam_value(v: Any) -> bool | int | float | str:
-  """A config value as a TensorBoard hparam: bool, number or string (tuples,
-  lists, None and anything else as their str())."""
-  if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # numpy scalar
-    v = v.item()
-  if isinstance(v, (bool, int, float, str)):
-    return v
-  return str(v)
 
 
 class MetricWriter:
-  """Writes scalars to `<workdir>/tensorboard/<name>` and
-  `<workdir>/metrics_<name>.jsonl` (layout.Workdir's tensorboard and
-  metrics); `enabled=False` on non-writing processes."""
+  """One stream's metrics (`name`: "train" or "eval"): each record appended
+  to `<workdir>/metrics_<name>.jsonl` (layout.Workdir's metrics: the run's
+  own record, which its curve, its resume and the tools read), and handed
+  to the metric writers `sinks` (writers.py: TensorBoard, W&B, a user's),
+  which the run opens once for both streams and closes itself; without
+  `sinks`, a TensorBoard writer of its own, closed with it. `enabled=False`
+  on non-writing processes: nothing is written or opened."""
 
-  def __init__(self, workdir: str, name: str = "train", enabled: bool = True):
-    self.enabled = enabled
-    run = layout.Workdir(workdir)
-    self.logdir = run.tensorboard(name)
-    self.jsonl = run.metrics(name)
-    self._events = run.events(name)  # the event files' prefix
-    self._tb_writer = None
-    if enabled:
-      os.makedirs(self.logdir, exist_ok=True)
-
-  def _tensorboard(self):
-    if self._tb_writer is None:
-      # Created on first use, so that a writer that writes nothing leaves no
-      # empty event file behind. Synchronous (tensorboardX's EventsWriter, not
-      # its SummaryWriter's background thread): a write the disk refuses is
-      # an OSError here, reported in one line, not a dead thread whose queue
-      # a later flush would wait on forever. tensorboardX names event files
-      # by the second and host only, and opens them with "wb": the suffix
-      # keeps a second writer within that second (a quick resume) from
-      # truncating the first's.
-      from tensorboardX import event_file_writer
-      self._tb_writer = event_file_writer.EventsWriter(
-          self._events,
-          filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
-    return self._tb_writer
-
-  def _write_summary(self, summary, step: int = 0) -> None:
-    from tensorboardX.proto import event_pb2
-    writer = self._tensorboard()
-    writer.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+  def __init__(self, workdir: str, name: str = "train", enabled: bool = True,
+               sinks: Optional[Sequence[Any]] = None):
+    self.enabled, self.name = enabled, name
+    self.jsonl = layout.Workdir(workdir).metrics(name)
+    self._owned = sinks is None and enabled
+    self.sinks = list(sinks or ()) if not self._owned else [
+        writers.TensorBoard(writers.run_of(workdir, {}))]
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    from tensorboardX import summary as tbx_summary
     scalars = {k: float(v) for k, v in scalars.items()}
     record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in scalars.items()}}
     append_line(self.jsonl, json.dumps(record, allow_nan=False))  # NaN is null: valid JSON
-    with _naming(self.logdir):
-      for k, v in scalars.items():
-        self._write_summary(tbx_summary.scalar(k, v), int(step))
-      self._tensorboard().flush()
+    for sink in self.sinks:
+      sink.write(self.name, int(step), scalars)
 
   def write_hparams(self, config: Any) -> None:
-    """Logs the run's config as TensorBoard hparams (`hparams(config)`), in
-    this writer's event directory (TensorBoard's HPARAMS tab: one row per
-    run, its scalars as the metrics). Call once per run, before or after the
-    first `write`. TensorBoard shows the first record of a directory:
-    writing again into it (a resumed run) adds one it ignores.
-    """
+    """Hands the run's config (nested, as Experiment.to_dict gives it) to
+    the writers (TensorBoard's HPARAMS tab, W&B's config). Call once per
+    run start, on the train stream's writer."""
     if not self.enabled:
       return
-    from tensorboardX import summary as tbx_summary
-    flat = hparams(config)
-    # Only the session start info: without an experiment summary TensorBoard
-    # infers the hparams and metrics of every run it sees, which compares runs
-    # with different configs correctly. No session end info: close() cannot
-    # tell a finished run from a failed one.
-    _, session_start, _ = tbx_summary.hparams(flat, {})
-    with _naming(self.logdir):
-      self._write_summary(session_start)
-      self._tensorboard().flush()
+    for sink in self.sinks:
+      sink.write_hparams(config)
 
   def close(self) -> None:
-    if self._tb_writer is not None:
-      self._tb_writer.close()
-      self._tb_writer = None
+    if self._owned:
+      for sink in self.sinks:
+        sink.close()
+      self.sinks = []
 
 
 def append_line(path: str, line: str) -> None:

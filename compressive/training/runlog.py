@@ -28,6 +28,7 @@ from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import step as train_step
 from compressive.training import layout
+from compressive.training import writers
 from compressive.training.metrics import (MetricWriter, truncate_jsonl)
 
 _log = logging.getLogger("compressive")
@@ -265,7 +266,8 @@ class MetricLog:
     if all(np.isfinite(mass)):
       scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
       attn = "/".join(f"{v:.2f}" for v in mass)
-    eta = (self.end - step) * elapsed / max(steps, 1)
+    eta = (self.end - step) * elapsed / max(steps, 1) + remaining_pauses(
+        self.train, step, self.end, clock)
     self.writer.write(step, scalars)
     _log.info(
         "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
@@ -273,6 +275,25 @@ class MetricLog:
         scalars[self.bits_name], scalars["reconstruction_loss"], attn,
         scalars["tokens_per_second"], mfu, values.hms(eta))
     clock.restart()
+
+
+def _due_after(every: int, step: int, end: int, also: int) -> int:
+  """How many steps in (step, end] are multiples of `every` (none when 0) or
+  are `also`."""
+  count = end // every - step // every if every else 0
+  return count + int(step < also <= end and not (every and also % every == 0))
+
+
+def remaining_pauses(train: experiment_lib.TrainConfig, step: int, end: int, clock: Clock) -> float:
+  """Seconds the run's evaluations and checkpoints after `step` (up to
+  `end`) will take, at the mean of those this run has made (none yet: 0),
+  for the ETA: they are left out of training's own time (Clock)."""
+  total = 0.0
+  for what, every, also in (("eval", train.eval_every_steps, train.num_train_steps),
+                            ("save", train.checkpoint_every_steps, end)):
+    if clock.times[what]:
+      total += _due_after(every, step, end, also) * clock.spent[what] / clock.times[what]
+  return total
 
 
 def truncate_metrics(path: str, step: int) -> None:
@@ -303,8 +324,12 @@ def log_start(experiment: experiment_lib.Experiment, workdir: str, num_params: i
             f"{segments * model.segment_length:,}", train.batch_size, train.segments_per_step,
             model.segment_length, start + 1, end, train.num_train_steps)
   run = layout.Workdir(os.path.abspath(workdir))
-  _log.info("the run's files: %s, %s, %s and %s; TensorBoard: tensorboard --logdir %s",
-            run.config, run.log, run.metrics("train"), run.metrics("eval"), run.tensorboard())
+  board = (f"; TensorBoard: tensorboard --logdir {run.tensorboard()}"
+           if writers.TENSORBOARD in train.metric_writers else "")
+  others = [w for w in train.metric_writers if w != writers.TENSORBOARD]
+  _log.info("the run's files: %s, %s, %s and %s%s%s", run.config, run.log, run.metrics("train"),
+            run.metrics("eval"), board,
+            f"; metrics also to {', '.join(others)}" if others else "")
 
 
 def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:

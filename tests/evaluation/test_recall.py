@@ -147,3 +147,40 @@ def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_st
   assert after["steps"] == 6 and after["train_tokens"] == 2 * 2 * 8 * 10
   assert abs(after["train_seconds"] - (160 / 80.0 + 160 / 160.0)) < 1e-12
   assert [c[0] for c in after["curve"]] == [5, 6]
+
+
+def test_the_documents_are_generated_once_per_config_and_read_back(tmp_path, monkeypatch):
+  from compressive.data import generated
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  c = recall_config()
+  c.data.recall.num_docs = (5, 2, 2)
+  tokenizer = data_lib.get_tokenizer(c.data)
+  made = {s: data_lib.get_documents(data_of(c.data), s, tokenizer) for s in data_lib.SPLITS}
+  cached = sorted(p.name for p in (tmp_path / "compressive" / "generated").iterdir())
+  assert len(cached) == 3 and all(n.startswith("recall-") for n in cached)
+  # Read back: nothing generated, every text and query the same.
+  def never(*args, **kwargs):
+    raise AssertionError("generated again")
+  monkeypatch.setattr(recall_source, "make_document", never)
+  for split, docs in made.items():
+    again = data_lib.get_documents(data_of(c.data), split, tokenizer)
+    assert [again.text(i) for i in range(len(again))] == [docs.text(i) for i in range(len(docs))]
+    assert [again.queries(i) for i in range(len(again))] == \
+        [docs.queries(i) for i in range(len(docs))]
+    assert [q.first for i in range(len(again)) for q in again.queries(i)]  # booleans kept
+  # Another config (its seed) is other documents: generated, not read.
+  c.data.recall.seed = 1
+  with pytest.raises(AssertionError, match="generated again"):
+    data_lib.get_documents(data_of(c.data), "test", tokenizer)
+  monkeypatch.undo()
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  # A damaged file is made again and replaced.
+  c.data.recall.seed = 0
+  folder = tmp_path / "compressive" / "generated"
+  assert generated.cache_folder() == str(folder)
+  for name in cached:
+    (folder / name).write_bytes(b"not an npz")
+  again = data_lib.get_documents(data_of(c.data), "test", tokenizer)
+  assert [again.text(i) for i in range(len(again))] == \
+      [made["test"].text(i) for i in range(len(made["test"]))]
+  assert sum((folder / name).read_bytes().startswith(b"PK") for name in cached) == 1

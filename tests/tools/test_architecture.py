@@ -30,7 +30,7 @@ LAYERS = (
     ("base", ("compressive.errors", "compressive.values", "compressive.remote", "compressive.storage",
               "compressive.files",
               "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
-              "compressive.cli_xla",
+              "compressive.cli_overrides", "compressive.cli_xla",
               "compressive.plugins",
               # the shipped configs (configs/): data, importing only ml_collections
               "compressive.configs")),
@@ -320,6 +320,7 @@ def test_each_root_script_only_runs_its_tool(script):
 ML_COLLECTIONS_IMPORTERS = {
     "compressive.cli": "the --config flag (config_flags)",
     "compressive.cli_config": "config files and their overrides",
+    "compressive.cli_overrides": "how an override is read (ml_collections' tuple parser)",
     "compressive.config": "the config checked, the Experiment built from it",
     "compressive.training.runconfig": "a saved config.json read back to be checked",
     "compressive.data.config": "the data section as a config file holds it (default_data_config)",

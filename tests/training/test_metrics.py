@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from compressive.training.metrics import (MetricWriter, flatten_config, hparam_value, hparams,
-                                          read_jsonl)
+from compressive.training.metrics import MetricWriter, read_jsonl
+from compressive.training.writers import flatten_config, hparam_value, hparams
 from helpers import checked, ROOT, TESTS, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
@@ -177,7 +177,7 @@ def test_disabled_writer_writes_nothing(tmp_path):
 
 
 def test_the_hparams_are_the_config_flattened_once():
-  # One function (metrics.hparams) for the hparams a run logs: a numpy
+  # One function (writers.hparams) for the hparams a run logs: a numpy
   # scalar, a tuple and None come out as TensorBoard takes them, from the
   # nested config or from one already flat.
   c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,

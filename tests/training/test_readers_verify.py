@@ -598,3 +598,13 @@ def test_a_tokenizer_file_that_is_no_regular_file_is_one_line(tmp_path, kind, ca
     os.mkdir(path)
   with pytest.raises(DataError, match=re.escape(cause)):
     tokenizers.SentencePieceTokenizer(path)
+
+
+def test_compressive_load_from_python_logs_no_warning_of_orbax(tmp_path, caplog):
+  # A reader's checkpoints are read only by design: Orbax's two warnings
+  # saying so ("setting save_interval_steps=0", "Given directory is read
+  # only") are not the user's news.
+  workdir = untrained_workdir(tmp_path / "wd")
+  with caplog.at_level("WARNING"):
+    compressive.load(workdir)
+  assert not [r.getMessage() for r in caplog.records if r.levelno >= 30]

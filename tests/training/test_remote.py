@@ -171,6 +171,46 @@ def test_an_export_to_a_place_on_cloud_storage_that_holds_something_is_refused(g
   assert under(gcs, url) == ["something"]
 
 
+# STORAGE_EMULATOR_HOST alone: gcsfs reaches the server, TensorStore (the
+# checkpoints') goes to Google's for credentials and never answers. The
+# start says so in one line, within the bound (shortened here), with a line
+# a second while it waits.
+HALF_CONFIGURED = """
+import runpy, sys
+from compressive import remote
+from compressive import storage
+remote.PROBE_S, storage.PROGRESS_S = 6.0, 2.0
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_module("compressive.train", run_name="__main__")
+"""
+
+
+def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, tmp_path):
+  env = process_env()
+  for name in gcs.env():
+    env.pop(name, None)
+  env.update(STORAGE_EMULATOR_HOST=gcs.url, EPATH_USE_TF="false",
+             GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", no_proxy="127.0.0.1,localhost",
+             NO_PROXY="127.0.0.1,localhost", GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no"),
+             HOME=str(tmp_path))
+  config = write_config_file(tmp_path / "c.py")
+  url = new_url()
+  p = subprocess.run([sys.executable, "-c", HALF_CONFIGURED, f"--config={config}",
+                      f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=300)
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2, p.stderr[-3000:]
+  assert lines[-1].startswith(f"error: cannot read {url}: TensorStore, which writes the "
+                              "checkpoints: "), lines[-1]
+  assert lines[-1].endswith("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL "
+                            "to the same URL (and GOOGLE_AUTH_TOKEN_FOR_TESTING for an "
+                            "emulator)"), lines[-1]
+  waited = [line for line in lines if "still waiting for Cloud Storage" in line]
+  assert waited and all(f"({url}): " in line for line in waited), lines
+  assert not any(line.startswith(("I", "E")) and "] " in line for line in lines), lines
+  assert under(gcs, url) == []  # nothing begun
+
+
 # -- As a user runs the tools. -------------------------------------------------------
 
 
@@ -209,6 +249,8 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
                             f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=600)
   assert resumed.returncode == 0 and f"resumed from step {stopped}" in resumed.stderr
+  # TensorStore's own log line (the credentials it uses) is not the console's.
+  assert "google_auth_provider" not in resumed.stderr + err, resumed.stderr[-3000:]
   assert straight.wait(timeout=600) == 0, straight.stderr.read()[-3000:]
   # Every logged step once, in order, as in the local run.
   metrics = remote.read_bytes(f"{url}/metrics_train.jsonl").decode()
@@ -229,6 +271,7 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
               env=env).startswith("ab")
   curve = json.loads(tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env))
   assert curve["figure"] == f"{url}/curves.png" and remote.size(curve["figure"]) > 0
+  assert curve["title"] == f"training curve of {url}"  # the URL, not the mirror's folder
   for a, b in zip(params_of(url), params_of(local)):
     np.testing.assert_array_equal(a, b)
 

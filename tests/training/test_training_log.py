@@ -12,7 +12,8 @@ import pytest
 
 from compressive.scale import flops
 from compressive.training import loop as train_lib
-from compressive.training.metrics import MetricWriter, hparams, read_jsonl
+from compressive.training.metrics import MetricWriter, read_jsonl
+from compressive.training.writers import hparams
 from helpers import to_train, tiny_experiment, write_config_file
 import inprocess
 
@@ -76,6 +77,23 @@ def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, cap
   assert all(isinstance(v, (bool, int, float, str)) for v in flat.values())
 
 
+def test_the_eta_counts_the_evaluations_and_checkpoints_left():
+  from compressive.training import runlog
+  train = to_train(tiny_experiment(**{"num_train_steps": 260, "eval_every_steps": 100,
+                                      "checkpoint_every_steps": 50})).train
+  clock = runlog.Clock()
+  assert runlog.remaining_pauses(train, 25, 260, clock) == 0  # none measured yet
+  clock.spent, clock.times = {"eval": 8.0, "save": 3.0}, {"eval": 2, "save": 3}
+  # After step 25: evaluations at 100, 200 and the last step (3 x 4 s) and
+  # saves at 50, 100, ..., 250 and the last step (6 x 1 s).
+  assert runlog.remaining_pauses(train, 25, 260, clock) == 3 * 4.0 + 6 * 1.0
+  assert runlog.remaining_pauses(train, 250, 260, clock) == 4.0 + 1.0
+  assert runlog.remaining_pauses(train, 260, 260, clock) == 0
+  # A run stopping early (stop_at_step=120) saves at its end, and the last
+  # step's evaluation is not in it.
+  assert runlog.remaining_pauses(train, 25, 120, clock) == 4.0 + 3 * 1.0
+
+
 @pytest.mark.slow
 def test_evaluation_time_is_logged(tmp_path, caplog):
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 1,
@@ -96,6 +114,9 @@ def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_p
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"), stop_at_step=0)  # no step
   assert any(re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
              for m in messages(caplog)), messages(caplog)
+  # And what it trains on: the source, where it is, the documents it reads.
+  assert "data.source=synthetic (generated): train 16, validation (evaluated) 4 documents" in \
+      messages(caplog)
   found = [r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in
            r.getMessage()]
   assert len(found) == warned and all(r.levelno == logging.WARNING for r in found)
@@ -212,6 +233,10 @@ def test_eval_progress_goes_to_stderr_and_the_result_alone_to_stdout(trained):
   assert len(out) == 1
   result = json.loads(out[-1])
   assert result["split"] == "validation"  # the default, as analyze.py's
+  # Its last line on stderr names the file the result was saved in.
+  saved = f"{workdir}/eval_validation_step{result['step']}.json"
+  assert r.stderr.strip().splitlines()[-1] == f"result: {saved}"
+  assert json.loads(open(saved).read()) == result
 
 
 @pytest.mark.slow
