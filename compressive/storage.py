@@ -82,7 +82,7 @@ def within(seconds: Optional[float], what: str, call: Callable[[], T],
   end, said = start + seconds, start
   thread.start()
   while thread.is_alive():
-    thread.join(_SLICE_S)  # a signal's handler runs between the slices
+    thread.join(_SLICE_S if progress is None else min(_SLICE_S, PROGRESS_S))  # signals run between
     now = time.monotonic()
     if thread.is_alive() and progress is not None and now - said >= PROGRESS_S and now < end:
       said = now

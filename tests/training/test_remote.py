@@ -195,9 +195,13 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
              HOME=str(tmp_path))
   config = write_config_file(tmp_path / "c.py")
   url = new_url()
+  start = time.monotonic()
   p = subprocess.run([sys.executable, "-c", HALF_CONFIGURED, f"--config={config}",
                       f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True, text=True,
                      timeout=300)
+  # The run hung 8 min 50 s after its last step; now: the probe's bound (6 s
+  # here), and a loaded machine's start.
+  assert time.monotonic() - start < 6 + 120
   lines = p.stderr.strip().splitlines()
   assert p.returncode == 2, p.stderr[-3000:]
   assert lines[-1].startswith(f"error: cannot read {url}: TensorStore, which writes the "
@@ -332,26 +336,6 @@ def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url)
 
 
 # -- A storage call that never answers is an error, not a hang. ----------------------
-
-
-def test_tensorstore_without_its_credentials_is_one_line_at_the_start(gcs, tmp_path):
-  # With only the emulator's address for gcsfs, TensorStore went to Google
-  # for credentials: the run hung 8 min 50 s after its last step.
-  env = process_env(**gcs.env())
-  for name in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
-    env.pop(name)
-  url = new_url()
-  config = write_config_file(tmp_path / "c.py", {"num_train_steps": 2})
-  start = time.monotonic()
-  r = subprocess.run([sys.executable, "train.py", f"--config={config}", f"--workdir={url}",
-                      "--storage_deadline=10"], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
-  assert time.monotonic() - start < 10 + 120  # the deadline, and a loaded machine's start
-  errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
-  assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-  assert errors[0].startswith(f"error: {url}: TensorStore, which reads and writes the "
-                              "checkpoints there"), errors[0]
-  assert under(gcs, url) == []
 
 
 def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_nothing_lost(
