@@ -34,8 +34,7 @@ from absl import flags
 
 from compressive.cli_config import (
     CONFIG_DIR, DEFAULT_CONFIGS, config_file_flags, config_file_parser, config_names,
-    parse_failure, repeated_config, resolve_config_names, unloaded_config,
-    with_default_configs)
+    parse_failure, repeated_config, resolve_config_names, unloaded_config, with_default_configs)
 from compressive import cli_xla
 from compressive.cli_overrides import install_override_rules
 from compressive import files

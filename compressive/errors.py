@@ -40,6 +40,10 @@ class CheckpointError(UserError):
   """A checkpoint that cannot be restored; names its directory."""
 
 
+class StorageError(UserError):
+  """Cloud Storage could not be reached, or refused a read or a write."""
+
+
 class NonFiniteError(RuntimeError):
   """Training produced a NaN or infinite loss or gradient: not the user's
   error, but reported as one line (exit code 1), naming the newest intact

@@ -55,14 +55,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
-import sys
-import tempfile
-import time
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from compressive import storage
-from compressive.errors import ConfigError, UserError
+from compressive import reach
+from compressive.errors import ConfigError, StorageError, UserError
 
 # What the package reads and writes runs in; other URLs are refused
 # (files.check_local).
@@ -86,10 +83,6 @@ def register_run_files(bounds: Mapping[str, int]) -> None:
   with its bound (training/sidefiles.py, which owns the side files' rules,
   calls this as it is imported); nothing else there is ever read."""
   _RUN_FILES.update(bounds)
-
-
-class StorageError(UserError):
-  """Cloud Storage could not be reached, or refused a read or a write."""
 
 
 def is_remote(path: Any) -> bool:
@@ -167,89 +160,6 @@ def _reaching(what: str) -> Iterator[None]:
   except Exception as e:  # the clients' own exceptions (aiohttp, google.auth, gcsfs, tf)
     cause = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     raise StorageError(f"{what}: {type(e).__name__}" + (f": {cause}" if cause else "")) from e
-
-
-# -- Reaching the store at the start: both clients, a bounded wait. ---------------
-
-
-def _bounded(work: Callable[[], Any], url: str, seconds: Optional[float],
-             say: Optional[Callable[[str], None]] = None) -> Any:
-  """work()'s result, waited for at most `seconds` (storage.within: None, no
-  deadline), saying every storage.PROGRESS_S that it still waits (`say`,
-  default a warning line); storage.StorageTimeout when no answer came."""
-  say = say or (lambda text: _LOG.warning("%s", text))
-  bound = "" if seconds is None else f" of at most {seconds:g}"
-  return storage.within(seconds, f"reading {url}", work, progress=lambda waited: say(
-      f"still waiting for Cloud Storage ({url}): {waited:.0f} s{bound}"))
-
-
-def _tensorstore_reaches(url: str, seconds: Optional[float]) -> None:
-  """StorageError, in the file layer's words (`cannot read URL: ...`), when
-  TensorStore, which reads and writes the checkpoints (through Orbax),
-  cannot read the URL's bucket: it has its own endpoint
-  (TENSORSTORE_GCS_HTTP_URL) and credentials, and would otherwise hang at
-  the first save. Its log lines (the credentials it chose, once per
-  process) are kept off the console; a failure's reason is its own."""
-  import tensorstore as ts  # Orbax's; only for a URL
-  bucket, _, path = url.split("://", 1)[1].partition("/")
-  key = f"{path.rstrip('/')}/.compressive-probe".lstrip("/")
-
-  def probe() -> None:
-    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result(timeout=seconds)
-    store.read(key).result(timeout=seconds)
-
-  with _captured_stderr() as (said, say):
-    try:
-      _bounded(probe, url, seconds, say)
-      return
-    except storage.StorageTimeout:  # no answer
-      why = f"no answer within {seconds:g} s"
-    except TimeoutError:  # TensorStore's own deadline, at the same time
-      why = f"no answer within {seconds:g} s"
-    except Exception as e:  # TensorStore's own (a refusal, no credentials)
-      why = " ".join(str(e).split())[:300] or type(e).__name__
-  told = [" ".join(line.split("] ", 1)[-1].split()) for line in said
-          if _ABSL_LINE.match(line) and line[0] in "EW"]
-  hint = ""
-  if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
-    hint = ("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL to the same URL "
-            "(and GOOGLE_AUTH_TOKEN_FOR_TESTING for an emulator)")
-  raise StorageError(f"cannot read {url}: TensorStore, which writes the checkpoints: {why}"
-                     + (f" ({told[-1][:300]})" if told else "") + hint)
-
-
-@contextlib.contextmanager
-def _captured_stderr() -> Iterator[tuple[list[str], Callable[[str], None]]]:
-  """(lines, say): collects what is written to file descriptor 2 meanwhile
-  (TensorStore logs there from C++: the credentials it uses, once per
-  process) as `lines`, and `say` writes a warning line past it, to the
-  console; after, the lines but TensorStore's own (absl's `I1205
-  09:11:35.49 ... file.cc:136] ...`) are written to it."""
-  lines: list[str] = []
-  sys.stderr.flush()
-  saved = os.dup(2)
-
-  def say(text: str) -> None:
-    os.write(saved, f"{time.strftime('%H:%M:%S')} warning: {public(text)}\n".encode())
-
-  try:
-    with tempfile.TemporaryFile() as held:
-      os.dup2(held.fileno(), 2)
-      try:
-        yield lines, say
-      finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        held.seek(0)
-        lines += held.read().decode("utf-8", errors="replace").splitlines()
-  finally:
-    os.close(saved)
-  kept = [line for line in lines if not _ABSL_LINE.match(line)]
-  if kept:
-    print("\n".join(kept), file=sys.stderr)
-
-
-_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
 
 
 # -- Paths that may be URLs (the checkpoints, an export's parameters). -------------
@@ -375,8 +285,8 @@ class Mirror:
     _LOG.addFilter(_PUBLIC)
     try:
       with _reaching(f"cannot read {self.url}"):
-        _bounded(self._pull, self.url, self.deadline)
-      _tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
+        reach.bounded(self._pull, self.url, self.deadline)
+      reach.tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
     except BaseException:
       self._close()
       raise
@@ -486,9 +396,9 @@ class Upload:
   def __enter__(self) -> str:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
-      taken = _bounded(lambda: target.exists() and (target.is_file() or any(target.iterdir())),
+      taken = reach.bounded(lambda: target.exists() and (target.is_file() or any(target.iterdir())),
                        self.url, self.deadline)
-    _tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
+    reach.tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
     if taken:
       raise ConfigError(f"{self.label} exists and is not empty: give a new or empty place")
     self._folder = storage.LocalFolder("compressive-upload-", "output")

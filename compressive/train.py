@@ -49,6 +49,7 @@ from compressive.errors import ConfigError
 from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import layout
+from compressive.training import dryrun
 from compressive.training import loop as train_lib
 from compressive.training import writers
 
@@ -136,7 +137,7 @@ def train(config, workdir: str) -> None:
       raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
                         f"(num_train_steps={last}): no trace would be taken")
     if FLAGS.dry_run:
-      print(train_lib.dry_run(experiment, workdir))
+      print(dryrun.dry_run(experiment, workdir))
       return
     stop = interrupts.SignalStop()
     result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,

@@ -35,7 +35,6 @@ from compressive import experiment as experiment_lib
 from compressive import values
 from compressive import data as data_lib
 from compressive.data import prefetch
-from compressive.errors import CheckpointError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import runconfig
@@ -52,7 +51,6 @@ from compressive.training import step as train_step
 from compressive.training import writers
 from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
-# Re-exported: the error train_and_evaluate raises.
 
 _log = logging.getLogger("compressive")
 
@@ -183,41 +181,6 @@ def _remove_stub(workdir: str) -> None:
       os.rmdir(folder)
     except OSError:
       pass  # not there, or not empty: kept
-
-
-def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
-  """What a start would do, checked as a start checks it (the data, every
-  document read once; the model built abstractly on this machine's mesh; a
-  resume's config against the workdir's), in one line; nothing is written,
-  nothing compiled or trained."""
-  data = experiment.data
-  writers.resolve(experiment.train.metric_writers)
-  tokenizer = data_lib.get_tokenizer(data)
-  setup = setup_lib.build_setup(experiment)
-  counts = {}
-  for split in data_lib.SPLITS:
-    docs = data_lib.get_documents(data, split, tokenizer)
-    if split == "train":  # the iterator's own checks (enough documents for the batch's rows)
-      data_lib.SegmentIterator(docs, experiment.train.batch_size, experiment.train.segment_length)
-    if split in ("train", experiment.eval.split):  # what a start reads
-      data_lib.check_documents(data, split, tokenizer)
-    counts[split] = len(docs)
-  steps = []
-  if remote.isdir(layout.Workdir(workdir).checkpoints):
-    steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
-  if steps:
-    try:
-      runconfig.load_config(workdir)  # a damaged one a start would set aside: not here
-    except (OSError, CheckpointError):
-      pass
-    else:
-      runconfig.check_resume_config(workdir, experiment)
-  device = setup.layout.mesh.devices.flat[0]
-  where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
-  return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
-          f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
-          f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
-          f"{data_lib.describe(data, counts)}; nothing trained or written")
 
 
 @dataclasses.dataclass

@@ -64,16 +64,23 @@ CRAFTED = b"\xc3" + b"\x80" * 40000
 
 def test_a_crafted_one_file_corpus_is_cut_and_named_not_looped_on(tmp_path):
   c, path = _corpus(tmp_path, CRAFTED, document_bytes=16384)
+  st = os.stat(path)
+  at = (str(path), st.st_size, st.st_mtime_ns)
+  assert within(BOUND_S, text_files._pieces, *at, 16384) == (
+      (0, 16384), (16384, 32768), (32768, 40001))
+  # Three documents are too few to split well: cut smaller (piece_bytes), as cleanly.
+  size = text_files.piece_bytes(str(path), 16384)
   names, ranges = within(BOUND_S, text_files._file_pieces, str(path), 16384)
-  assert ranges == ((0, 16384), (16384, 32768), (32768, 40001)) and len(names) == 3
-  for split in data.SPLITS:  # one piece each
+  assert size < 16384 and len(names) == len(ranges) > 3
+  assert ranges == tuple((i, min(i + size, 40001)) for i in range(0, 40001, size))
+  for split in data.SPLITS:
     with pytest.raises(DataError, match=r"input\d+\.txt: invalid UTF-8 at byte \d+ \(invalid "
                                         r"(start|continuation) byte\)"):
       within(BOUND_S, data.check_documents, data_of(c), split, data.ByteTokenizer())
   # Read with U+FFFD for what is not UTF-8, as text_errors='replace' asks.
   c.text_files.text_errors = "replace"
   docs = within(BOUND_S, data.get_documents, data_of(c), "train", data.ByteTokenizer())
-  assert set(docs.text(0)) <= {"\ufffd", "\u00c0"} and len(docs.text(0)) > 7000
+  assert set(docs.text(0)) <= {"\ufffd", "\u00c0"} and len(docs.text(0)) >= size // 2
 
 
 def test_training_on_the_crafted_corpus_is_one_line_before_any_work(tmp_path):

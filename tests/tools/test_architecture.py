@@ -27,7 +27,8 @@ TOOLS = ("compressive.train", "compressive.eval", "compressive.sample", "compres
 
 # Bottom to top. A module may import its own layer and the ones before it.
 LAYERS = (
-    ("base", ("compressive.errors", "compressive.values", "compressive.remote", "compressive.storage",
+    ("base", ("compressive.errors", "compressive.values", "compressive.remote", "compressive.reach",
+              "compressive.storage",
               "compressive.files",
               "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
               "compressive.cli_overrides", "compressive.cli_xla",

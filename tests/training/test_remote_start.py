@@ -1,4 +1,4 @@
-"""A gs:// start's wait for Cloud Storage (compressive/remote.py), without a
+"""A gs:// start's wait for Cloud Storage (compressive/reach.py), without a
 server: bounded, saying that it waits; TensorStore's log lines kept off the
 console while the rest of what is written there gets through.
 (tests/training/test_remote.py starts the server.)"""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from compressive import remote
+from compressive import reach
 from compressive import storage
 
 
@@ -20,7 +20,7 @@ def test_the_wait_for_an_answer_is_bounded_and_says_that_it_waits(monkeypatch):
   release = threading.Event()
   start = time.monotonic()
   with pytest.raises(storage.StorageTimeout) as e:
-    remote._bounded(lambda: release.wait(30), "gs://b/run", 0.45, said.append)
+    reach.bounded(lambda: release.wait(30), "gs://b/run", 0.45, said.append)
   release.set()
   assert time.monotonic() - start < 5
   assert str(e.value) == ("reading gs://b/run: Cloud Storage did not answer within 0.45 s "
@@ -29,16 +29,16 @@ def test_the_wait_for_an_answer_is_bounded_and_says_that_it_waits(monkeypatch):
                                                      "(gs://b/run): ") for line in said), said
   monkeypatch.setattr(storage, "_stalled", [])
   # An answer in time is the answer; a client's error is its own.
-  assert remote._bounded(lambda: 7, "gs://b/run", 5, said.append) == 7
+  assert reach.bounded(lambda: 7, "gs://b/run", 5, said.append) == 7
 
   def refuses():
     raise PermissionError("403 Forbidden")
   with pytest.raises(PermissionError, match="403 Forbidden"):
-    remote._bounded(refuses, "gs://b/run", 5)
+    reach.bounded(refuses, "gs://b/run", 5)
 
 
 def test_tensorstores_lines_stay_off_the_console_and_the_rest_gets_through(capfd):
-  with remote._captured_stderr() as (lines, say):
+  with reach.captured_stderr() as (lines, say):
     os.write(2, b"I1205 09:10:57.054914    1948 google_auth_provider.cc:136] Using "
                 b"GOOGLE_AUTH_TOKEN_FOR_TESTING\n")
     os.write(2, b"a line of someone else\n")
