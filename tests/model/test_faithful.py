@@ -133,7 +133,7 @@ def test_evaluation_mode_traces_no_reconstruction_attention():
   assert count() < in_training
 
 
-@pytest.mark.parametrize("compression", ["max_pool", "mean_pool", "most_used"])
+@pytest.mark.parametrize("compression", ["max_pool", "overlap_max_pool", "mean_pool", "most_used"])
 @pytest.mark.parametrize("loss", ["attention", "autoencoding"])
 def test_parameter_free_compressions_have_no_reconstruction_loss(compression, loss):
   cfg = tiny_model_config(compression=compression, reconstruction_loss=loss)

@@ -18,13 +18,15 @@ from helpers import jitted_forward, make_model, tiny_model_config
 T, M, C, RATE = 4, 6, 3, 2  # M is not a multiple of T: evicted blocks mix old and new
 
 
-def simulate(num_segments, most_used=False):
+def simulate(num_segments, most_used=False, window=1):
   """Yields (mem_ids, evicted_ids, cmem) after each segment.
 
   mem_ids: the token in each memory slot (-1 = empty). cmem: for each
   compressed slot, (valid, source ids): pooling and convolutions summarise a
-  group of c consecutive evicted slots; most-used keeps min(valid, T / c)
-  evicted slots, so its validity is a count, not a per-group "any".
+  group of c consecutive evicted slots (a slot of a `window` > 1 reads its
+  group and the window - 1 groups before it in the same eviction; valid
+  when its own group is); most-used keeps min(valid, T / c) evicted slots,
+  so its validity is a count, not a per-group "any".
   """
   mem = [-1] * M
   cmem = [(False, (-1,) * RATE)] * C
@@ -35,8 +37,8 @@ def simulate(num_segments, most_used=False):
       k = min(sum(i >= 0 for i in evicted), T // RATE)
       new = [(j >= T // RATE - k, tuple(evicted)) for j in range(T // RATE)]
     else:
-      groups = [tuple(evicted[i:i + RATE]) for i in range(0, T, RATE)]
-      new = [(any(i >= 0 for i in g), g) for g in groups]
+      new = [(any(i >= 0 for i in evicted[i:i + RATE]),
+              tuple(evicted[max(0, i - (window - 1) * RATE):i + RATE])) for i in range(0, T, RATE)]
     cmem = (cmem + new)[-C:]
     yield list(mem), list(evicted), list(cmem)
 
@@ -52,7 +54,8 @@ def test_fifo_order_and_masks_step_by_step(compression):
   tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(3), (1, 5 * T), 0, cfg.vocab_size))
   memory = compressive.init_memory(cfg, 1)
   vec = lambda i: emb[tokens[0, i]] if i >= 0 else np.zeros(cfg.d_model, np.float32)
-  for s, (mem_ids, evicted_ids, cmem_groups) in enumerate(simulate(5, compression == "most_used")):
+  sim = simulate(5, compression == "most_used", COMPRESSIONS[compression].window)
+  for s, (mem_ids, evicted_ids, cmem_groups) in enumerate(sim):
     _, memory, _ = forward(state, tokens[:, s * T:(s + 1) * T], memory, None)
     layer = memory.layer(0)
     # Memory: the newest M layer inputs, oldest first; empty slots masked.
@@ -68,7 +71,7 @@ def test_fifo_order_and_masks_step_by_step(compression):
         np.testing.assert_array_equal(cmem[slot], 0.0)
       elif compression == "mean_pool":
         np.testing.assert_allclose(cmem[slot], np.mean(valid, 0), rtol=1e-6, atol=1e-6)
-      elif compression == "max_pool":
+      elif compression in ("max_pool", "overlap_max_pool"):  # over its window's valid slots
         np.testing.assert_allclose(cmem[slot], np.max(valid, 0), rtol=0, atol=0)
       elif compression == "most_used":
         # One of its eviction's own slots, kept whole.
