@@ -100,13 +100,14 @@ def test_a_stop_during_an_evaluation_is_acted_on_at_the_next_segment(tmp_path, m
 
 @pytest.mark.slow  # a signal to a process of its own
 def test_a_reading_tool_stops_with_one_line_and_the_signals_status(tmp_path):
+  # An evaluation of minutes (2,000 documents), stopped at its first
+  # progress line: it is evaluating however loaded the machine is.
   workdir = untrained_workdir(tmp_path / "wd", tiny_experiment(
-      **{"data.synthetic.num_docs": (16, 200, 4), "data.synthetic.max_length": 4000,
+      **{"data.synthetic.num_docs": (16, 2000, 4), "data.synthetic.max_length": 4000,
          "data.synthetic.min_length": 3000}))
   p = subprocess.Popen([sys.executable, "eval.py", f"--workdir={workdir}"],
                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  wait_for(p, "")  # its first line: it runs
-  time.sleep(3)
+  wait_for(p, "eval: segment")
   p.send_signal(signal.SIGHUP)
   out, err = p.communicate(timeout=SLACK_S)
   assert p.returncode == 128 + signal.SIGHUP and out == "", (p.returncode, err[-3000:])
