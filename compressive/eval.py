@@ -63,6 +63,7 @@ def main(argv):
     step = run.step
     result = eval_lib.evaluate(run.model, documents, experiment, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
+    assert result is not None  # no `stop`: the pass runs to its end
     check_finite(result, step)
   result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
   if jax.process_index() == 0:

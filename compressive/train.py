@@ -111,8 +111,8 @@ def main(argv):
              code=errors.exit_status(signum))
   finally:  # a stop or a failure while joining the other processes: no wait for them at exit
     if processes.join_unfinished():
-      storage.exit_now(sys.exc_info()[1].code if isinstance(sys.exc_info()[1], SystemExit)
-                       else 1)
+      error = sys.exc_info()[1]
+      storage.exit_now(error.code if isinstance(error, SystemExit) else 1)
 
 
 def train(config, workdir: str) -> None:

@@ -263,6 +263,7 @@ class CompressiveTransformer(nnx.Module):
     whose leaves carry the layer axis when scan_layers)."""
     if self.config.scan_layers:
       return nnx.split(self.blocks)
+    assert isinstance(self.blocks, nnx.List)  # unrolled: built as a list of Blocks
     splits = [nnx.split(block) for block in self.blocks]
     return splits[0][0], [state for _, state in splits]
 

@@ -200,11 +200,14 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
         model_config.reconstruction_loss)
 
   def segment(carry, seg):
+    state, memory = carry
     gradients = _full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
-    return _update(tx, layout, *carry, seg, functools.partial(gradients, forward))
+    return _update(tx, layout, state, memory, seg, functools.partial(gradients, forward))
 
   def window(carry, segs):
-    return _update(tx, layout, *carry, segs, functools.partial(_window_gradients, forward))
+    state, memory = carry
+    return _update(tx, layout, state, memory, segs,
+                   functools.partial(_window_gradients, forward))
 
   def train_step(state, memory, batch):
     if gradient_window == 1:  # the paper's: one update per segment
