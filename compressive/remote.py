@@ -110,7 +110,7 @@ def check_url(url: str, what: str) -> None:
 
 
 def _epath(url: str):
-  from etils import epath  # pylint: disable=g-import-not-at-top  (only where a URL is used)
+  from etils import epath  # imported only where a URL is used
   return epath.Path(url)
 
 
@@ -295,7 +295,7 @@ class Mirror:
   def _pull(self) -> None:
     try:
       items = list(_epath(self.url).iterdir())  # a listing raises what a test of existence hides
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError":  # tf.io.gfile's
         self._check_bucket()
         return  # a new run: nothing there yet

@@ -113,7 +113,7 @@ def _model_fields(model: Any) -> dict[str, Any]:
   left out at their defaults: a config written before a field existed ran
   with its default. A section this version cannot read is compared as it
   is written."""
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive.model.config import ModelConfig
   try:
     return dataclasses.asdict(ModelConfig.from_config(model))
   except (ConfigError, TypeError):
@@ -123,9 +123,9 @@ def _model_fields(model: Any) -> dict[str, Any]:
 def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   """{parameter path: shape} of the model `fields` build (abstract: nothing
   is allocated)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+  from compressive.model.config import ModelConfig
+  from compressive.model.transformer import CompressiveTransformer
   model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
   return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
           for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -294,9 +294,9 @@ def identity_problem(identity: dict) -> Optional[str]:
   words: a model field ModelConfig does not know or a value of another
   kind, a data section other than data.source's, a field that section does
   not know or does not record (where its files are); None when nothing."""
-  from compressive import values  # pylint: disable=g-import-not-at-top
-  from compressive.data import registry  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive import values
+  from compressive.data import registry
+  from compressive.model.config import ModelConfig
   try:
     values.check_section(ModelConfig, identity["model"], "identity.model.")
     data = identity["data"]
