@@ -18,8 +18,7 @@ import os
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS

@@ -40,10 +40,9 @@ import sys
 import time
 import warnings
 
+from compressive_transformer_pytorch import CompressiveTransformer
 import torch
 import torch.nn.functional as F
-
-from compressive_transformer_pytorch import CompressiveTransformer
 
 REFERENCE = dict(num_tokens=256, dim=512, depth=8, heads=8, seq_len=256, mem_len=256,
                  cmem_len=256, cmem_ratio=4, gru_gated_residual=False)

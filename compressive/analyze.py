@@ -30,18 +30,11 @@ import sys
 
 from absl import flags
 
-from compressive.evaluation import analysis
-from compressive.evaluation import probe
-from compressive import remote
-from compressive import cli
+from compressive import cli, cli_flags, files, reading, remote, values
 from compressive import data as data_lib
-from compressive import cli_flags
-from compressive import files
-from compressive import reading
-from compressive import values
 from compressive.errors import ConfigError
-from compressive.training import curves
-from compressive.training import layout
+from compressive.evaluation import analysis, probe
+from compressive.training import curves, layout
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()

@@ -24,14 +24,9 @@ import sys
 from absl import flags
 import jax
 
-from compressive import cli
+from compressive import cli, cli_flags, reading, remote, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
 from compressive import data as data_lib
-from compressive import reading
-from compressive import remote
-from compressive import values
 from compressive.errors import NonFiniteError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import layout

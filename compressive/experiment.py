@@ -35,10 +35,10 @@ from typing import Any, Mapping
 from flax import nnx
 
 from compressive import values
-from compressive.errors import ConfigError
-from compressive.data import registry
 from compressive.data import config as data_config
+from compressive.data import registry
 from compressive.data.config import DataConfig
+from compressive.errors import ConfigError
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
 

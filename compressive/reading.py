@@ -35,20 +35,14 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from compressive import cli
-from compressive import errors
-from compressive import storage
+from compressive import cli, cli_flags, errors, storage
 from compressive import config as config_lib
-
 from compressive import experiment as experiment_lib
-from compressive import cli_flags
 from compressive.errors import CheckpointError
 from compressive.model.sampling import Sampler
 from compressive.scale import processes
-from compressive.training import checkpoint
-from compressive.training import runconfig
+from compressive.training import checkpoint, opening, runconfig
 from compressive.training import export as export_lib
-from compressive.training import opening
 
 FLAGS = flags.FLAGS
 

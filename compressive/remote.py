@@ -57,8 +57,7 @@ import logging
 import os
 from typing import Any, Iterator, Mapping, Optional
 
-from compressive import storage
-from compressive import reach
+from compressive import reach, storage
 from compressive.errors import ConfigError, StorageError, UserError
 
 # What the package reads and writes runs in; other URLs are refused

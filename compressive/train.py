@@ -34,24 +34,14 @@ if __name__ == "__main__":  # the tool, not an import: before JAX's imports, a s
 from absl import flags
 import jax
 
-from compressive import cli
+from compressive import cli, cli_config, cli_flags, errors, remote, storage, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
-
-from compressive import cli_config
 from compressive import data as data_lib
-from compressive import errors
-from compressive import remote
-from compressive import storage
-from compressive import values
 from compressive.errors import ConfigError
 from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import layout
-from compressive.training import dryrun
+from compressive.training import dryrun, layout, writers
 from compressive.training import loop as train_lib
-from compressive.training import writers
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")

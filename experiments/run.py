@@ -51,8 +51,7 @@ import json
 import os
 import signal
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from compressive import cli
 from compressive.errors import ConfigError

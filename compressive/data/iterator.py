@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.errors import DataError
 
 _M64 = (1 << 64) - 1
 

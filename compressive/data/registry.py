@@ -26,8 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from compressive import plugins
-from compressive import values
+from compressive import plugins, values
 from compressive.errors import ConfigError, DataError, UserError
 
 # Annotations name `Documents` (data/documents.py, which imports this module)

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import flax.struct
 from flax import nnx
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive.errors import ConfigError, UserError
 from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
-from compressive.model.compression import Compressor, resolve as resolve_compression
+from compressive.model.compression import Compressor
+from compressive.model.compression import resolve as resolve_compression
 from compressive.model.config import ModelConfig
-from compressive.errors import ConfigError, UserError
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
 

@@ -38,7 +38,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from flax import nnx
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 

@@ -81,7 +81,6 @@ from typing import Optional, Union
 from compressive.errors import ConfigError
 from compressive.scale.gpu_specs import GPU_SPECS, GiB, gpu_target_config
 
-
 # What a missing libtpu or CUDA plugin's error advises.
 AOT_ADVICE = ('install the AOT extra, pip install "compressive[aot]" (in a checkout: '
               '`make aot-venv`, then run with .venv-aot/bin/python)')

@@ -20,10 +20,9 @@ from typing import Any, Optional
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive import remote
-from compressive import storage
-from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
+from compressive import remote, storage
 from compressive.errors import CheckpointError, NonFiniteError
+from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.training.integrity import DamagedCheckpointError
 from compressive.training.orbax_errors import write_errno
 

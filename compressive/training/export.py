@@ -33,14 +33,12 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from compressive import remote
-from compressive import files
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import trees
-from compressive.training import integrity as integrity_lib
-from compressive.training import layout, savedjson, sidefiles
-from compressive.scale import sharding
+from compressive import files, remote
 from compressive.errors import CheckpointError
+from compressive.scale import sharding
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity as integrity_lib
+from compressive.training import layout, savedjson, sidefiles, trees
 
 FORMAT = "compressive-params"
 VERSION = 2

@@ -19,8 +19,8 @@ from compressive import config as config_lib
 from compressive import remote
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import export as export_lib
-from compressive.training import integrity as integrity_lib
 from compressive.training import inference, layout, opening, orbax_errors, runconfig
+from compressive.training import integrity as integrity_lib
 
 
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:

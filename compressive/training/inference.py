@@ -17,15 +17,13 @@ from typing import Optional
 import jax
 
 from compressive import config as config_lib
-
-from compressive import experiment as experiment_lib
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
 from compressive import data as data_lib
-from compressive.training import setup as setup_lib
+from compressive import experiment as experiment_lib
 from compressive.errors import UserError
 from compressive.model.transformer import CompressiveTransformer, merge_params
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity, runconfig
+from compressive.training import setup as setup_lib
 
 _log = logging.getLogger("compressive")
 

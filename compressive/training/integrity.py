@@ -124,6 +124,7 @@ def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   """{parameter path: shape} of the model `fields` build (abstract: nothing
   is allocated)."""
   from flax import nnx
+
   from compressive.model.config import ModelConfig
   from compressive.model.transformer import CompressiveTransformer
   model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))

@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from compressive import files
-from compressive import remote
-
 from compressive import experiment as experiment_lib
+from compressive import files, remote
 from compressive.model.transformer import CompressiveTransformer
 from compressive.training import export as export_lib
 from compressive.training import inference

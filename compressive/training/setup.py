@@ -21,14 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
-from compressive.training import trees
 from compressive.training import step as train_step
+from compressive.training import trees
 
 
 @dataclasses.dataclass(frozen=True)

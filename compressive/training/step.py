@@ -26,8 +26,8 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, Optional, Self
 
-import flax.struct
 from flax import nnx
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
@@ -36,8 +36,8 @@ import optax
 from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
-from compressive.scale import sharding
 from compressive.model.transformer import CompressiveTransformer, merge_params
+from compressive.scale import sharding
 
 
 @flax.struct.dataclass

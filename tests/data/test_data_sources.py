@@ -22,14 +22,8 @@ import numpy as np
 import pytest
 
 from compressive import data
-from compressive.data import books
-from compressive.data import packages
-from compressive.data import enwik8
-from compressive.data import rdata
-from compressive.data import registry
-from compressive.data import text_files
-from compressive.errors import ConfigError
-from compressive.errors import DataError
+from compressive.data import books, enwik8, packages, rdata, registry, text_files
+from compressive.errors import ConfigError, DataError
 from helpers import data_of
 
 

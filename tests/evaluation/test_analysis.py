@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from compressive.evaluation import analysis
 from compressive import data as data_lib
-from helpers import data_of, to_evaluate, make_model, tiny_experiment
+from compressive.evaluation import analysis
+from helpers import data_of, make_model, tiny_experiment, to_evaluate
 
 
 def test_attention_buckets_cover_all_banks_and_sum_to_one():

@@ -10,14 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compressive import config as config_lib
 import compressive
-from compressive.scale import sharding
-from compressive.training import loop as train_lib
+from compressive import config as config_lib
 from compressive.model.compression import COMPRESSIONS, Compression, register
 from compressive.model.config import ModelConfig
 from compressive.model.layers import param
-from helpers import to_train, make_model, tiny_experiment, tiny_model_config
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+from helpers import make_model, tiny_experiment, tiny_model_config, to_train
 
 
 class ScaledLast(Compression):

@@ -11,7 +11,6 @@ import compressive
 from compressive.model import compression as compression_lib
 from helpers import jitted_forward, make_model, run_segments, tiny_model_config
 
-
 # Every compression the package registers, read from its registry, so that a
 # new one is held to the temporal range without being listed here (a toy one
 # a test file registers is not the package's).

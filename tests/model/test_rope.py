@@ -16,13 +16,19 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
-from compressive.model import attention as attention_lib
-from compressive.scale import sharding
 from compressive.errors import ConfigError
+from compressive.model import attention as attention_lib
 from compressive.model.config import ModelConfig
 from compressive.model.sampling import Sampler
-from helpers import (checked, greedy_without_cache, jitted_forward, make_model, run_segments,
-                     tiny_model_config)
+from compressive.scale import sharding
+from helpers import (
+  checked,
+  greedy_without_cache,
+  jitted_forward,
+  make_model,
+  run_segments,
+  tiny_model_config,
+)
 
 
 def mesh_of(config):
@@ -194,8 +200,8 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 
 
 def test_resuming_with_other_positions_names_the_field(tmp_path):
-  from compressive.training import runconfig
   from compressive.configs import default, default_rope
+  from compressive.training import runconfig
   runconfig.save_config(str(tmp_path), checked(default.get_config()))
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
     runconfig.check_resume_config(str(tmp_path), checked(default_rope.get_config()))

@@ -33,7 +33,7 @@ from compressive import cli  # noqa: E402
 cli.use_compilation_cache(None)
 
 from compressive.training import loop as train_lib  # noqa: E402
-from helpers import to_train, sharding_experiment  # noqa: E402
+from helpers import sharding_experiment, to_train  # noqa: E402
 
 
 def main(runs_json: str) -> None:

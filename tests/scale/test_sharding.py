@@ -29,17 +29,24 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive import experiment as experiment_lib
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import trees
-from compressive.scale import sharding
-from compressive.training import loop as train_lib
-from compressive.training import step as train_step
 from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
+from compressive.scale import sharding
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from compressive.training import trees
 from compressive.training.metrics import read_jsonl
-from helpers import (to_train, ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
-                     write_config_file)
+from helpers import (
+  ROOT,
+  TESTS,
+  process_env,
+  sharding_experiment,
+  tiny_model_config,
+  to_train,
+  write_config_file,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -461,6 +468,7 @@ def test_the_noise_bound_still_catches_a_sharding_bug(runs):
 @pytest.mark.parametrize("positions,loss", [("relative", "attention"), ("rope", "autoencoding")])
 def test_every_parameter_declares_its_logical_axes(compression, positions, loss):
   from flax import nnx
+
   from compressive.model.transformer import CompressiveTransformer
   cfg = ModelConfig.from_config(tiny_model_config(
       compression=compression, positions=positions, reconstruction_loss=loss))
@@ -475,6 +483,7 @@ def test_every_parameter_declares_its_logical_axes(compression, positions, loss)
 
 def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   from flax import nnx
+
   from compressive.model import layers
   made = layers.FeedForward.__init__
 

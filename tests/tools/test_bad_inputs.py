@@ -6,20 +6,20 @@ Each case runs the same checks the entry points run, inside the same
 through train.py as a user would (test_cli.py, test_robustness.py).
 """
 
+from contextlib import redirect_stderr
 import io
 import os
 import zipfile
-from contextlib import redirect_stderr
 
 import pytest
 
-from compressive import config as config_lib
-from compressive.training import runconfig
-from compressive import cli
-from compressive import data as data_lib
 import compressive
+from compressive import cli
+from compressive import config as config_lib
+from compressive import data as data_lib
 from compressive.training import loop as train_lib
-from helpers import data_of, to_train, checked, tiny_experiment
+from compressive.training import runconfig
+from helpers import checked, data_of, tiny_experiment, to_train
 
 
 def set_fields(**fields):

@@ -12,6 +12,7 @@ download fails at once; apt-get is a stub that fails as it does offline. Environ
 here (a full disk, a quota) go through `cli.user_errors` in-process.
 """
 
+from contextlib import redirect_stderr
 import dataclasses
 import errno
 import io
@@ -20,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import redirect_stderr
 from typing import Callable, Optional
 
 import pytest
@@ -29,7 +29,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from helpers import data_of, ROOT, TESTS, tiny_experiment, write_config_file
+from helpers import ROOT, TESTS, data_of, tiny_experiment, write_config_file
 import inprocess
 
 TIMEOUT = 300

@@ -7,13 +7,11 @@ from the command line once the command line names it."""
 import os
 import sys
 
-import pytest
 from absl import flags
+import pytest
 
-from compressive import cli
+from compressive import cli, cli_config
 from helpers import ROOT
-
-from compressive import cli_config
 
 DEFAULT = os.path.join(ROOT, 'configs', 'default.py')
 

@@ -19,11 +19,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 import pytest
 
-from compressive import cli
+from compressive import cli, cli_config
 from compressive.training import loop as train_lib
-
-from compressive import cli_config
-from helpers import to_train, ROOT, TESTS, tiny_experiment
+from helpers import ROOT, TESTS, tiny_experiment, to_train
 
 TIMEOUT = 600
 

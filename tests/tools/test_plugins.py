@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from compressive import config as config_lib
 import compressive
+from compressive import config as config_lib
 from compressive import data
 from compressive.data import registry
 from compressive.errors import ConfigError
@@ -23,8 +23,7 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
-from helpers import data_of, to_train, to_evaluate, checked, ROOT, tiny_experiment
-
+from helpers import ROOT, checked, data_of, tiny_experiment, to_evaluate, to_train
 
 PLUGIN = '''
 from flax import nnx
@@ -289,7 +288,9 @@ def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
 
 def test_word_perplexity_is_asked_of_the_source(plugin):
   import math
+
   from flax import nnx
+
   from compressive.evaluation import evaluate as eval_lib
   config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
   data.validate_data_config(data_of(config.data))

@@ -17,13 +17,8 @@ import time
 from absl import flags
 import pytest
 
-from compressive import cli
+from compressive import cli, cli_config, cli_flags, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
-
-from compressive import cli_config
-from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import processes as processes_lib

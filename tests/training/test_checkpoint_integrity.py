@@ -3,8 +3,8 @@ and restore errors that tell a missing step, another model and real damage
 apart; --restore_intact never trains over checkpoints it skipped."""
 
 import json
-import re
 import os
+import re
 import shutil
 
 from flax import nnx
@@ -15,14 +15,12 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
+from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
+from compressive.training import integrity, runconfig, trees
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.training import trees
-from compressive.errors import CheckpointError, NonFiniteError
-from helpers import to_train, checked, run_identity_of, tiny_experiment, tree_digest
+from helpers import checked, run_identity_of, tiny_experiment, to_train, tree_digest
 
 
 def config(**overrides):

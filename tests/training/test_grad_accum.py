@@ -14,19 +14,24 @@ import optax
 import pytest
 
 from compressive import config as config_lib
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.data import prefetch
+from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.errors import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import (data_of, to_train, ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
-                     tiny_experiment)
-
+from helpers import (
+  ROOT,
+  TESTS,
+  assert_stopped_and_resumed_like_straight,
+  data_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+)
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
 # file's scenario) between grad_accum_steps=1 and 2 or 4: the micro-batches

@@ -14,7 +14,7 @@ import pytest
 
 from compressive.training.metrics import MetricWriter, read_jsonl
 from compressive.training.writers import flatten_config, hparam_value, hparams
-from helpers import checked, ROOT, TESTS, tiny_experiment
+from helpers import ROOT, TESTS, checked, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}

@@ -20,19 +20,24 @@ import sys
 import pytest
 
 import compressive
-from compressive import cli
+from compressive import cli, plugins
 from compressive import data as data_lib
-from compressive import plugins
 from compressive.data import registry, tokenizers
 from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
 from compressive.training import export as export_lib
-from compressive.training import exporting
+from compressive.training import exporting, integrity, runconfig
 from compressive.training import loop as train_lib
-from helpers import (data_of, to_train, checked, generated_texts, run_identity_of, sentencepiece_run_fields,
-                     tiny_experiment, untrained_workdir)
+from helpers import (
+  checked,
+  data_of,
+  generated_texts,
+  run_identity_of,
+  sentencepiece_run_fields,
+  tiny_experiment,
+  to_train,
+  untrained_workdir,
+)
 import inprocess
 
 

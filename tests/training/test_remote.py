@@ -19,13 +19,19 @@ import pytest
 import compressive
 from compressive import remote
 from compressive.errors import ConfigError, DataError
-from compressive.training import layout
-from compressive.training import sidefiles
+from compressive.training import layout, sidefiles
 from compressive.training import loop as train_lib
 from compressive.training import setup as setup_lib
-from helpers import (to_train, ROOT, assert_same_params, params_of, process_env, tiny_experiment,
-                     write_config_file)
 import gcs_server
+from helpers import (
+  ROOT,
+  assert_same_params,
+  params_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+  write_config_file,
+)
 import inprocess
 
 STEPS = 12

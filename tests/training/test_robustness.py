@@ -12,13 +12,23 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import loop as train_lib
-from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError, NonFiniteError
-from helpers import (to_train, ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
-                     tree_digest, write_config_file, process_env, DEFAULT_LEVEL)
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import runconfig
+from compressive.training import step as train_step
+from helpers import (
+  DEFAULT_LEVEL,
+  ROOT,
+  assert_same_params,
+  inject_nan_at,
+  params_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+  tree_digest,
+  write_config_file,
+)
 import inprocess
 
 STEPS = 24

@@ -21,10 +21,8 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive.errors import CheckpointError, ConfigError
-from compressive.training import integrity
 from compressive.training import export as export_lib
-from compressive.training import exporting
-from compressive.training import runconfig
+from compressive.training import exporting, integrity, runconfig
 from helpers import tiny_experiment, untrained_workdir, write_config_file
 import inprocess
 

@@ -16,14 +16,12 @@ import signal
 import pytest
 
 import compressive
-from compressive import cli
-from compressive import files
+from compressive import cli, files
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
 from compressive.training import loop as train_lib
-from compressive.training import metrics, runlog, sidefiles
-from helpers import to_train, checked, tiny_experiment
+from compressive.training import metrics, runconfig, runlog, sidefiles
+from helpers import checked, tiny_experiment, to_train
 
 
 @contextlib.contextmanager

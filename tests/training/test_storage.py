@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from compressive import cli
-from compressive import storage
+from compressive import cli, storage
 
 # Generous beside the deadlines below (a loaded 2-core machine wakes late),
 # far below a hang.

@@ -8,8 +8,7 @@ import pytest
 
 from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
-from helpers import to_train, assert_resumed_like_straight, tiny_experiment
-
+from helpers import assert_resumed_like_straight, tiny_experiment, to_train
 
 # Slow (every test trains end to end with train_and_evaluate):
 # `make test-fast` (pytest -m 'not slow') leaves this file out.

@@ -16,7 +16,7 @@ from compressive.errors import ConfigError
 from compressive.training import loop as train_lib
 from compressive.training import writers
 from compressive.training.metrics import read_jsonl
-from helpers import to_train, tiny_experiment
+from helpers import tiny_experiment, to_train
 import inprocess
 
 RUN = {"num_train_steps": 4, "log_every_steps": 1, "eval_every_steps": 2,
