@@ -137,7 +137,8 @@ class EvalBench:
     self._batches = [self._random_batch(i == 0) for i in range(8)]
 
   def _random_batch(self, first: bool):
-    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1), dtype=np.int32)
+    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1),
+                               dtype=np.int32)
     return jax.device_put(dict(
         inputs=tokens[:, :-1], targets=tokens[:, 1:], mask=np.ones((self.b, self.t), bool),
         start_of_sequence=np.full((self.b,), first)))

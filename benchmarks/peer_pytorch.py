@@ -133,7 +133,8 @@ class Peer:
                  tokens_per_second=tokens / seconds)
       if cmd == "train" and self.last_losses:
         out["lm_loss"], out["aux_loss"] = self.last_losses
-        out["to_kv_requires_grad"] = bool(self.model.attn_layers[0].fn.fn.to_kv.weight.requires_grad)
+        to_kv = self.model.attn_layers[0].fn.fn.to_kv
+        out["to_kv_requires_grad"] = bool(to_kv.weight.requires_grad)
     else:
       raise ValueError(f"unknown command {cmd!r}")
     mem = self.train_mem if cmd != "eval" else self.eval_mem

@@ -17,9 +17,9 @@ data.source=recall and a compressed memory).
 loaded; a run in progress too), redrawn as WORKDIR/curves.png, the figure
 train.py draws at the end of a run; its JSON names the figure.
 The JSON is printed as the last line of stdout, then written with a figure to
-DIR/analysis_<name>_<split>.{json,png}, `_step<N>` added for --step=N (a workdir that cannot be written, e.g.
-read-only, is a warning). A progress line (segment i/total, tokens per second,
-ETA) goes to stderr every --progress_seconds.
+DIR/analysis_<name>_<split>.{json,png}, `_step<N>` added for --step=N (a workdir
+that cannot be written, e.g. read-only, is a warning). A progress line (segment
+i/total, tokens per second, ETA) goes to stderr every --progress_seconds.
 
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
@@ -182,7 +182,8 @@ def run(model, documents, experiment):
     except ValueError as e:  # the split's documents are too short to fill the memories
       if not str(e).startswith("no segment had full memories"):
         raise
-      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+      raise ConfigError(
+          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
     return result, plot_attention
   if FLAGS.analysis == "recall":
     return analysis.recall_accuracy(model, documents, experiment, max_segments=FLAGS.max_segments,
@@ -192,7 +193,8 @@ def run(model, documents, experiment):
       return probe.recall_probe(model, documents, experiment, max_segments=FLAGS.max_segments,
                                 progress_every_s=every), plot_probe
     except ValueError as e:  # no answer's value in the compressed memory
-      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+      raise ConfigError(
+          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
   return analysis.loss_by_position(model, documents, experiment, bucket_tokens=FLAGS.bucket_tokens,
                                    max_segments=FLAGS.max_segments,
                                    progress_every_s=every), plot_loss

@@ -141,7 +141,8 @@ def environment_error(e: Optional[BaseException]) -> Optional[OSError]:
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
-    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS or isinstance(e, FileNotFoundError)):
+    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS
+                                   or isinstance(e, FileNotFoundError)):
       return e
     e = e.__cause__
   return None

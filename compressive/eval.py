@@ -4,9 +4,10 @@ Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
 Prints the result as one JSON object on the last line of stdout, then writes it
 to DIR/eval_<split>_step<N>.json and names that file on stderr (a workdir
-that cannot be written, e.g. read-only, is a warning). Checkpoints are only read, never written. On PG-19
-a whole split also gives `word_perplexity` with `words` (counted) and, for
-validation and test, `words_official`, its normaliser (compressive/evaluation/evaluate.py).
+that cannot be written, e.g. read-only, is a warning). Checkpoints are only
+read, never written. On PG-19 a whole split also gives `word_perplexity` with
+`words` (counted) and, for validation and test, `words_official`, its normaliser
+(compressive/evaluation/evaluate.py).
 
 The checkpoint is restored onto this machine's devices, whatever mesh trained
 it: the saved config's `mesh.shape` is used if it fits this machine's devices,

@@ -61,7 +61,8 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
     with cli.user_errors(), cli_flags.reading_saved_run():
       if validate is not None:
         validate()
-      if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
+      # the tool has the multi-host flags (cli_flags.define_multihost_flags)
+      if "multihost" in FLAGS:
         processes.initialize_distributed(**cli_flags.multihost_arguments())
       if progress:
         logging.getLogger("compressive").setLevel(

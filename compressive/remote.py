@@ -26,9 +26,10 @@ saves (so the bucket's metrics reach at least the newest checkpoint's
 step), and when the tool ends, by an error too. Every pull, push and
 checkpoint save has a deadline (compressive/storage.py), and a mirror's
 start reaches TensorStore too, with the credentials it will use: a store
-that never answers is one line, not a hang. A new run that fails before its first checkpoint leaves nothing
-in the bucket. An export written to a URL (`Upload`) is made locally and
-copied there when complete, its top-level files (the manifest) last.
+that never answers is one line, not a hang. A new run that fails before
+its first checkpoint leaves nothing in the bucket. An export written to a
+URL (`Upload`) is made locally and copied there when complete, its
+top-level files (the manifest) last.
 
 What holds on Cloud Storage, and what does not (docs/SCALING.md):
 - an object is replaced whole: a reader sees the old file or the new one,

@@ -130,11 +130,10 @@ def train(config, workdir: str) -> None:
       print(dryrun.dry_run(experiment, workdir))
       return
     stop = interrupts.SignalStop()
-    result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
-                                          restore_intact=FLAGS.restore_intact,
-                                          profile_steps=profile,
-                                          accept_changed_corpus=FLAGS.accept_changed_corpus,
-                                          config_name=cli_config.config_argument(sys.argv, "config"))
+    result = train_lib.train_and_evaluate(
+        experiment, workdir, should_stop=stop.should_stop, restore_intact=FLAGS.restore_intact,
+        profile_steps=profile, accept_changed_corpus=FLAGS.accept_changed_corpus,
+        config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     if writers.TENSORBOARD in experiment.train.metric_writers:

@@ -49,12 +49,13 @@ class Aux:
   """What a call reports besides logits and memory.
 
   At model level `reconstruction_loss` is summed over layers (0 if nothing was
-  evicted, in `model.eval()` mode, or for a parameter-free compression) and `attention_mass` [3] (by BANKS) averaged over layers, heads,
-  queries and rows; it is NaN where rope attention ran fused (no weights).
+  evicted, in `model.eval()` mode, or for a parameter-free compression) and
+  `attention_mass` [3] (by BANKS) averaged over layers, heads, queries and
+  rows; it is NaN where rope attention ran fused (no weights).
   `attention_by_key` [L, B, K] (with `collect_attention`) is each layer's
   attention on every key of [cmem; mem; segment], averaged over heads and
-  queries (docs/PAPER.md §Analyses); `attention_weights` [L, B, H, T, K]
-  (with `attention_weights`) every head's and query's weights themselves.
+  queries (docs/PAPER.md §Analyses); `attention_weights` [L, B, H, T, K] (with
+  `attention_weights`) every head's and query's weights themselves.
   """
 
   reconstruction_loss: jax.Array
@@ -107,7 +108,8 @@ class Block(nnx.Module):
         normalize_inputs=not self.post_norm)
     # Post-norm's LN after the attention's residual (pre-norm's is inside
     # the attention); ffn_norm is the feed-forward's in both.
-    self.attention_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm else None
+    self.attention_norm = (LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm
+                           else None)
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)

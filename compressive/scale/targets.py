@@ -48,8 +48,9 @@ that touches jax before asking for a target's devices calls
       unexpected worker hostname..."). They describe the host's own (absent)
       TPUs, not the compile target, whose topology is passed explicitly.
 
-Per-device numbers (memory; peak FLOP/s live in compressive/scale/flops.py) are the vendors' published ones
-(TPU memory: what the TPU compiler allows); each carries its source.
+Per-device numbers (memory; peak FLOP/s live in compressive/scale/flops.py)
+are the vendors' published ones (TPU memory: what the TPU compiler allows);
+each carries its source.
 
 What differs between the back ends (jax 0.10.2, libtpu 0.0.42.1):
   - `compiled.cost_analysis()` is a dict on cpu and tpu, None on gpu (as is

@@ -88,7 +88,8 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
         checkpointer.save(written.params, params)
       runconfig.write_config(partial, config.to_dict())  # as the run saved it
       manifest = {"format": export_lib.FORMAT, "version": export_lib.VERSION, "step": int(step),
-                  "source": remote.url_of(workdir) or os.path.abspath(workdir), "integrity": integrity,
+                  "source": remote.url_of(workdir) or os.path.abspath(workdir),
+                  "integrity": integrity,
                   "identity": identity,
                   "config_sha256": export_lib.file_digest(written.config)}
       manifest["sha256"] = export_lib.manifest_digest(manifest)

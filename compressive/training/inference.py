@@ -95,9 +95,10 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
 
 
 def _tokenizer_identity(data_config) -> Optional[str]:
-  """The identity of the tokenizer of `data_config` (the data section), to compare with the one its checkpoints
-  recorded; None when the tokenizer cannot be built here (a SentencePiece
-  model not on this machine: the tools that need it say so themselves)."""
+  """The identity of the tokenizer of `data_config` (the data section), to
+  compare with the one its checkpoints recorded; None when the tokenizer
+  cannot be built here (a SentencePiece model not on this machine: the
+  tools that need it say so themselves)."""
   try:
     return data_lib.get_tokenizer(data_config).identity
   except (UserError, OSError):

@@ -214,8 +214,8 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
-  identity = integrity.run_identity(experiment.model, tokenizer.identity, data_lib.corpus_identity(data),
-                                   data_lib.data_identity(data))
+  identity = integrity.run_identity(experiment.model, tokenizer.identity,
+                                    data_lib.corpus_identity(data), data_lib.data_identity(data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,

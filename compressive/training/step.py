@@ -141,8 +141,9 @@ def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params, tx)
 def init_train_state(experiment: experiment_lib.Experiment, tx, layout: Layout) -> TrainState:
   """A fresh train state, each parameter initialised straight into its shards."""
   train = experiment.train
-  return jax.jit(lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
-                 out_shardings=layout.state)()
+  return jax.jit(
+      lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
+      out_shardings=layout.state)()
 
 
 def init_sharded_memory(model_config, batch_size: int, layout: Layout):
@@ -391,7 +392,8 @@ def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: in
     k, seg_k, memory_k, coefficient = xs
 
     def loss_fn(params):
-      nats, count, new_memory, scalars = forward(params, seg_k, memory_k, jax.random.fold_in(rng, k))
+      nats, count, new_memory, scalars = forward(params, seg_k, memory_k,
+                                                 jax.random.fold_in(rng, k))
       return (nats / total + coefficient * scalars["reconstruction_loss"],
               (new_memory, scalars, nats, count))
 
