@@ -1,7 +1,8 @@
 """Trains the sharding tests' tiny experiment on given meshes, in its own process.
 
 test_sharding.py runs this with fake CPU devices (JAX_NUM_CPU_DEVICES=8,
-JAX's jax_num_cpu_devices), which must be set before JAX starts and so cannot be set inside the pytest process:
+JAX's jax_num_cpu_devices), which must be set before JAX starts and so
+cannot be set inside the pytest process:
 
     python tests/scale/sharding_worker.py RUNS_JSON
 

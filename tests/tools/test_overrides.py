@@ -69,8 +69,10 @@ def test_every_spelling_of_a_repeated_override_is_last_wins():
   assert c.data.recall.distances == (24,)
   c = parse('--config.data.recall.distances=(24,)', '--config.data.recall.distances', '(8,16)')
   assert c.data.recall.distances == (8, 16)
-  assert parse('--config.model.scan_layers', '--noconfig.model.scan_layers').model.scan_layers is False
-  assert parse('--noconfig.model.scan_layers', '--config.model.scan_layers').model.scan_layers is True
+  assert parse('--config.model.scan_layers',
+               '--noconfig.model.scan_layers').model.scan_layers is False
+  assert parse('--noconfig.model.scan_layers',
+               '--config.model.scan_layers').model.scan_layers is True
 
 
 @pytest.fixture

@@ -72,7 +72,8 @@ def abstract_state():
 
 def orbax_alone(step_dir):
   """What Orbax itself restores, with no checks of ours: the arrays' bytes."""
-  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"), trees.abstract(abstract_state()))
+  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"),
+                                             trees.abstract(abstract_state()))
   return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
@@ -105,7 +106,8 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
     workdir, trained, tmp_path):
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
   longer = config(num_train_steps=8)
-  with pytest.raises(integrity.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"):
+  with pytest.raises(integrity.DamagedCheckpointError,
+                     match="checkpoints/6 is damaged.*--restore_intact"):
     train_lib.train_and_evaluate(to_train(longer), str(workdir))
   # --restore_intact resumes from step 4, and the damaged step is kept aside
   # (rotation would otherwise delete it as the oldest).
@@ -140,7 +142,8 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
       train_lib.train_and_evaluate(to_train(narrow), str(workdir), restore_intact=intact)
     message = str(info.value)
     assert "parameter shapes differ" in message and "restore_intact" not in message
-    assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
+    assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: "
+                     r"blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
   assert tree_digest(workdir / "checkpoints") == before  # nothing skipped, deleted or trained
 
 
@@ -151,8 +154,10 @@ def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
       for name in files:
         open(os.path.join(root, name), "wb").close()
   with pytest.raises(CheckpointError,
-                     match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged.*nothing was trained"):
-    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir), restore_intact=True)
+                     match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged"
+                           r".*nothing was trained"):
+    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir),
+                                 restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4", "6"]
   assert not os.path.exists(workdir / "checkpoints" / "8")
 

@@ -207,7 +207,8 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   # rows come back where they were.
   script = tmp_path / "dp.py"
   script.write_text(textwrap.dedent(
-      DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))))
+      DATA_PARALLEL.format(root=ROOT, tests=TESTS,
+                           here=os.path.dirname(os.path.abspath(__file__)))))
   env = process_env(devices=2, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                      env=env, timeout=600)

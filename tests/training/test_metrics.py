@@ -117,7 +117,8 @@ def _hparams_plugin_session_groups(logdir):
       logdir=str(logdir), data_provider=provider, multiplexer=mux))
   request = api_pb2.ListSessionGroupsRequest(
       start_index=0, slice_size=100, allowed_statuses=api_pb2.Status.values())
-  return list_session_groups.Handler(context.RequestContext(), ctx, "", request).run().session_groups
+  handler = list_session_groups.Handler(context.RequestContext(), ctx, "", request)
+  return handler.run().session_groups
 
 
 def _hparams(group):

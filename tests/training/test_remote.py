@@ -77,7 +77,8 @@ def steps_logged(lines: str) -> list[int]:
 def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_path, caplog):
   caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
   url = new_url()
-  train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
+  train_lib.train_and_evaluate(
+      to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
   objects = under(gcs, url)
   for name in ("config.json", "train.log", "metrics_train.jsonl", "curves.png"):
     assert name in objects, objects

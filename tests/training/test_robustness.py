@@ -161,7 +161,8 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference, tmp_path):
+def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference,
+                                                                   tmp_path):
   # Eight steps' batches made ahead when the run is killed: the checkpoints
   # hold the position after the batches the steps consumed.
   workdir = tmp_path / "wd"

@@ -55,7 +55,8 @@ def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, co
 
 
 @pytest.mark.parametrize("positions", ["relative", "rope"])
-def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions, caplog):
+def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions,
+                                                                         caplog):
   # Fused rope attention computes no weights (the model reports NaN mass);
   # training logs and writes no NaN, and leaves those scalars out.
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0,
