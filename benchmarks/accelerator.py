@@ -17,8 +17,7 @@ import os
 import statistics
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,8 +18,7 @@ import os
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -76,7 +75,8 @@ def markdown(rows: list[dict]) -> str:
     fits = {True: "yes", False: "**no**", None: "-"}[r.get("fits")] if "fits" in r else "**no**"
     mfu = r.get("step_seconds_at_40pct_mfu")
     out.append(
-        f"| {r['row']} | {r.get('target', '-')} | {_gib(per)} / {_gib(r.get('device_memory_bytes'))} "
+        f"| {r['row']} | {r.get('target', '-')} "
+        f"| {_gib(per)} / {_gib(r.get('device_memory_bytes'))} "
         f"| {fits} | {r.get('compile_seconds', '-')} "
         f"| {r['model_flops_per_step'] / 1e12:.0f} | {'-' if mfu is None else f'{mfu:.2f}'} |"
         if "model_flops_per_step" in r else

@@ -24,11 +24,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from compressive import config as config_lib
-from compressive.evaluation import evaluate as eval_lib  # noqa: E402
-from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
-from compressive.model import memory as memory_lib  # noqa: E402
-from compressive.training import step as train_step  # noqa: E402
 from compressive.configs import default as default_config  # noqa: E402
+from compressive.evaluation import evaluate as eval_lib  # noqa: E402
+from compressive.model import memory as memory_lib  # noqa: E402
+from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
+from compressive.training import step as train_step  # noqa: E402
 
 REFERENCE_MODEL = dict(
     vocab_size=256, d_model=512, num_layers=8, num_heads=8, d_ff=2048,
@@ -137,7 +137,8 @@ class EvalBench:
     self._batches = [self._random_batch(i == 0) for i in range(8)]
 
   def _random_batch(self, first: bool):
-    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1), dtype=np.int32)
+    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1),
+                               dtype=np.int32)
     return jax.device_put(dict(
         inputs=tokens[:, :-1], targets=tokens[:, 1:], mask=np.ones((self.b, self.t), bool),
         start_of_sequence=np.full((self.b,), first)))

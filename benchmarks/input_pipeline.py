@@ -69,16 +69,14 @@ import threading
 import time
 import zipfile
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import ml_collections
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import pg19_books  # noqa: E402
-from compressive import data  # noqa: E402
-from compressive import files  # noqa: E402
+from compressive import data, files  # noqa: E402
 from compressive.data import documents as documents_lib  # noqa: E402
 from compressive.data import prefetch  # noqa: E402
 

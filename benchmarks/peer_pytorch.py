@@ -40,10 +40,9 @@ import sys
 import time
 import warnings
 
+from compressive_transformer_pytorch import CompressiveTransformer
 import torch
 import torch.nn.functional as F
-
-from compressive_transformer_pytorch import CompressiveTransformer
 
 REFERENCE = dict(num_tokens=256, dim=512, depth=8, heads=8, seq_len=256, mem_len=256,
                  cmem_len=256, cmem_ratio=4, gru_gated_residual=False)
@@ -134,7 +133,8 @@ class Peer:
                  tokens_per_second=tokens / seconds)
       if cmd == "train" and self.last_losses:
         out["lm_loss"], out["aux_loss"] = self.last_losses
-        out["to_kv_requires_grad"] = bool(self.model.attn_layers[0].fn.fn.to_kv.weight.requires_grad)
+        to_kv = self.model.attn_layers[0].fn.fn.to_kv
+        out["to_kv_requires_grad"] = bool(to_kv.weight.requires_grad)
     else:
       raise ValueError(f"unknown command {cmd!r}")
     mem = self.train_mem if cmd != "eval" else self.eval_mem

@@ -49,8 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from compressive import data  # noqa: E402
-from compressive import files  # noqa: E402
+from compressive import data, files  # noqa: E402
 from compressive.data import books as books_lib  # noqa: E402
 
 # The books: PG-19's train split averages ~400 KB a book.
@@ -229,8 +228,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  from absl import app
-  from absl import flags
+  from absl import app, flags
   flags.DEFINE_string("cache_dir", "", "Folder of the stand-in's pg19_books/ "
                       "('' = ~/.cache/compressive/bench).")
   app.run(main)

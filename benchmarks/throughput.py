@@ -22,8 +22,7 @@ import statistics
 import sys
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -116,8 +115,8 @@ def measure_stream() -> dict:
   from compressive import config as config_lib
   from compressive import data as data_lib
   from compressive.evaluation import evaluate as eval_lib
-  from compressive.training import step as train_step
   from compressive.model.transformer import merge_params
+  from compressive.training import step as train_step
   counts = sorted(int(x) for x in FLAGS.stream_tokens)
   kind = FLAGS.kinds[0]
   config = common.reference_config(kind, batch_size=1, dtype=FLAGS.dtype, **_overrides())

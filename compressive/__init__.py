@@ -3,10 +3,10 @@
 import sys
 
 from compressive.errors import ConfigError
+from compressive.model import sampling
 from compressive.model.config import ModelConfig
 from compressive.model.memory import Memory, init_memory, reset_rows
 from compressive.model.transformer import CompressiveTransformer
-from compressive.model import sampling
 
 # `compressive.sampling` stays importable by its public name (docs/EVALUATION.md §From
 # Python); the module lives in the model layer.
@@ -49,8 +49,8 @@ def load(workdir: str, step=None, *, config=None, plugins=()):
 
 def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
   """(experiment, model, step): `load`, and the step whose parameters it holds."""
-  from compressive import plugins as plugins_lib
   from compressive import config as config_lib
+  from compressive import plugins as plugins_lib
   from compressive.training import opening
   plugins_lib.trust(plugins)
   with plugins_lib.saved_config():

@@ -17,9 +17,9 @@ data.source=recall and a compressed memory).
 loaded; a run in progress too), redrawn as WORKDIR/curves.png, the figure
 train.py draws at the end of a run; its JSON names the figure.
 The JSON is printed as the last line of stdout, then written with a figure to
-DIR/analysis_<name>_<split>.{json,png}, `_step<N>` added for --step=N (a workdir that cannot be written, e.g.
-read-only, is a warning). A progress line (segment i/total, tokens per second,
-ETA) goes to stderr every --progress_seconds.
+DIR/analysis_<name>_<split>.{json,png}, `_step<N>` added for --step=N (a workdir
+that cannot be written, e.g. read-only, is a warning). A progress line (segment
+i/total, tokens per second, ETA) goes to stderr every --progress_seconds.
 
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
@@ -30,18 +30,11 @@ import sys
 
 from absl import flags
 
-from compressive.evaluation import analysis
-from compressive.evaluation import probe
-from compressive import remote
-from compressive import cli
+from compressive import cli, cli_flags, files, reading, remote, values
 from compressive import data as data_lib
-from compressive import cli_flags
-from compressive import files
-from compressive import reading
-from compressive import values
 from compressive.errors import ConfigError
-from compressive.training import curves
-from compressive.training import layout
+from compressive.evaluation import analysis, probe
+from compressive.training import curves, layout
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
@@ -189,7 +182,8 @@ def run(model, documents, experiment):
     except ValueError as e:  # the split's documents are too short to fill the memories
       if not str(e).startswith("no segment had full memories"):
         raise
-      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+      raise ConfigError(
+          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
     return result, plot_attention
   if FLAGS.analysis == "recall":
     return analysis.recall_accuracy(model, documents, experiment, max_segments=FLAGS.max_segments,
@@ -199,7 +193,8 @@ def run(model, documents, experiment):
       return probe.recall_probe(model, documents, experiment, max_segments=FLAGS.max_segments,
                                 progress_every_s=every), plot_probe
     except ValueError as e:  # no answer's value in the compressed memory
-      raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+      raise ConfigError(
+          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
   return analysis.loss_by_position(model, documents, experiment, bucket_tokens=FLAGS.bucket_tokens,
                                    max_segments=FLAGS.max_segments,
                                    progress_every_s=every), plot_loss

@@ -29,17 +29,10 @@ import textwrap
 import time
 from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
-from compressive.cli_config import (
-    CONFIG_DIR, DEFAULT_CONFIGS, config_file_flags, config_file_parser, config_names,
-    parse_failure, repeated_config, resolve_config_names, unloaded_config, with_default_configs)
-from compressive import cli_xla
+from compressive import cli_config, cli_xla, files, remote, storage
 from compressive.cli_overrides import install_override_rules
-from compressive import files
-from compressive import remote
-from compressive import storage
 from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError, stopping_on_signals
 
 # OSErrors that are the environment's, not a bug: each is reported as one
@@ -148,7 +141,8 @@ def environment_error(e: Optional[BaseException]) -> Optional[OSError]:
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
-    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS or isinstance(e, FileNotFoundError)):
+    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS
+                                   or isinstance(e, FileNotFoundError)):
       return e
     e = e.__cause__
   return None
@@ -247,12 +241,14 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   overrides (cli_overrides.install_override_rules, cli_config.config_file_parser)."""
   from ml_collections import config_flags
   if default is not None:
-    DEFAULT_CONFIGS[name] = default if os.path.isabs(default) else os.path.join(CONFIG_DIR, default)
+    cli_config.DEFAULT_CONFIGS[name] = (
+        default if os.path.isabs(default) else os.path.join(cli_config.CONFIG_DIR, default))
   flag_values = flags.FLAGS if flag_values is None else flag_values
   install_override_rules()
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
                                            lock_config=True, sys_argv=sys_argv)
-  flag_values[name].parser = config_file_parser(type(flag_values[name].parser), name, sys_argv)
+  flag_values[name].parser = cli_config.config_file_parser(type(flag_values[name].parser), name,
+                                                            sys_argv)
   if default is not None:
     flag_values[name].default_as_str = repr(default)  # for --help
   if required:
@@ -327,11 +323,11 @@ def tool_help() -> str:
   fields are; printed on stdout, exit 0 (absl's own --help exits 1)."""
   doc = (sys.modules["__main__"].__doc__ or "").strip()
   parts = [doc, flags.FLAGS.main_module_help().strip() or "(no flags)"]
-  if config_file_flags():
+  if cli_config.config_file_flags():
     parts.append(textwrap.fill(
                  f"Shipped configs (--config=NAME, or --config=path/to/file.py): "
-                 f"{', '.join(config_names())}; a hardware preset takes the experiment after "
-                 "':' (--config=gpu8:enwik8). Any field is --config.FIELD=VALUE; "
+                 f"{', '.join(cli_config.config_names())}; a hardware preset takes the "
+                 "experiment after ':' (--config=gpu8:enwik8). Any field is --config.FIELD=VALUE; "
                  "--print_config shows them all (train). --helpfull lists every flag.", 80))
   return "\n\n".join(parts)
 
@@ -342,25 +338,25 @@ def parse_flags(argv: list[str]) -> list[str]:
   override (ml_collections raises plain exceptions for an unknown field or a
   wrong type, which would otherwise print a traceback)."""
   # Every entry point's, and a --config a tool's own: in each one's --help.
-  for name in ("compilation_cache", "storage_deadline", *config_file_flags()):
+  for name in ("compilation_cache", "storage_deadline", *cli_config.config_file_flags()):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
   if any(a in ("-h", "-?", "--help", "--helpshort") for a in argv[1:]):
     print(tool_help())
     sys.exit(0)
   xla = os.environ.get("XLA_FLAGS", "")
-  repeated = (repeated_config(argv) or cli_xla.xla_flags_problem(xla)
+  repeated = (cli_config.repeated_config(argv) or cli_xla.xla_flags_problem(xla)
               or cli_xla.xla_flags_unknown(xla))
   if repeated is not None:
     fail(repeated)
-  argv = resolve_config_names(with_default_configs(argv))
+  argv = cli_config.resolve_config_names(cli_config.with_default_configs(argv))
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:
-    line = parse_failure(argv, e)
+    line = cli_config.parse_failure(argv, e)
     if line is None:
       raise  # not the command line's nor a config file's: a bug
     fail(line)
-  unloaded = unloaded_config(argv)
+  unloaded = cli_config.unloaded_config(argv)
   if unloaded is not None:
     fail(unloaded)
   if len(rest) > 1:  # no entry point takes positional arguments

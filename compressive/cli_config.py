@@ -148,7 +148,8 @@ def with_default_configs(argv: list[str]) -> list[str]:
 def config_file_flags() -> list[str]:
   """Names of the --config style flags (ml_collections config files)."""
   return [name for name in flags.FLAGS
-          if any(k.__name__ == "ConfigFileFlagParser" for k in type(flags.FLAGS[name].parser).__mro__)]
+          if any(k.__name__ == "ConfigFileFlagParser"
+                 for k in type(flags.FLAGS[name].parser).__mro__)]
 
 
 

@@ -20,7 +20,6 @@ from absl import flags
 from compressive import files, values
 from compressive.errors import ConfigError
 
-
 # The flags several entry points share, each defined once here. They belong to
 # the entry point that asks for them (absl's module_name), so that its --help
 # lists them as before.

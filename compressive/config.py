@@ -132,7 +132,8 @@ def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: 
   with a warning when `training`: the ids past the pieces never occur in
   the data, and the sampler never emits them (sample.py)."""
   if data_config.tokenizer == "bytes" and cfg.vocab_size < 256:
-    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary")
+    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's "
+                      "vocabulary")
   if here:
     vocab = data_lib.get_tokenizer(data_config).vocab_size
     if vocab > cfg.vocab_size:
@@ -154,7 +155,8 @@ def default_mesh_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
 
 
-def fit_mesh_to_devices(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> bool:
+def fit_mesh_to_devices(config: ml_collections.ConfigDict,
+                        num_devices: Optional[int] = None) -> bool:
   """For a saved config read on another machine: if its `mesh.shape` does
   not fit this machine's devices, replace it by every device on the first
   axis (data parallel; parameters whole on each device). Returns whether it

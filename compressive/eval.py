@@ -4,9 +4,10 @@ Streams whole documents of the split through the model with the evaluation
 memory sizes of the workdir's config (override them with the flags below).
 Prints the result as one JSON object on the last line of stdout, then writes it
 to DIR/eval_<split>_step<N>.json and names that file on stderr (a workdir
-that cannot be written, e.g. read-only, is a warning). Checkpoints are only read, never written. On PG-19
-a whole split also gives `word_perplexity` with `words` (counted) and, for
-validation and test, `words_official`, its normaliser (compressive/evaluation/evaluate.py).
+that cannot be written, e.g. read-only, is a warning). Checkpoints are only
+read, never written. On PG-19 a whole split also gives `word_perplexity` with
+`words` (counted) and, for validation and test, `words_official`, its normaliser
+(compressive/evaluation/evaluate.py).
 
 The checkpoint is restored onto this machine's devices, whatever mesh trained
 it: the saved config's `mesh.shape` is used if it fits this machine's devices,
@@ -24,14 +25,9 @@ import sys
 from absl import flags
 import jax
 
-from compressive import cli
+from compressive import cli, cli_flags, reading, remote, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
 from compressive import data as data_lib
-from compressive import reading
-from compressive import remote
-from compressive import values
 from compressive.errors import NonFiniteError
 from compressive.evaluation import evaluate as eval_lib
 from compressive.training import layout
@@ -63,6 +59,7 @@ def main(argv):
     step = run.step
     result = eval_lib.evaluate(run.model, documents, experiment, max_segments=FLAGS.max_segments,
                                progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
+    assert result is not None  # no `stop`: the pass runs to its end
     check_finite(result, step)
   result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
   if jax.process_index() == 0:

@@ -35,10 +35,10 @@ from typing import Any, Mapping
 from flax import nnx
 
 from compressive import values
-from compressive.errors import ConfigError
-from compressive.data import registry
 from compressive.data import config as data_config
+from compressive.data import registry
 from compressive.data.config import DataConfig
+from compressive.errors import ConfigError
 from compressive.model.config import ModelConfig
 from compressive.scale.sharding import MeshConfig
 
@@ -106,8 +106,8 @@ class TrainConfig:
   keep_checkpoints: int = values.whole(3, _INT32, _POSITIVE)
   # Steps' batches made ahead in a background thread (tokenized, stacked and
   # transferred to the devices) while the device computes; 0: none.
-  prefetch_steps: int = values.whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made ahead "
-                                            "in a background thread; 0: none)")
+  prefetch_steps: int = values.whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made "
+                                     "ahead in a background thread; 0: none)")
   # Where the metrics go besides metrics_*.jsonl: writers by name
   # (training/writers.py: tensorboard, wandb) or module:Name, a user's own.
   metric_writers: tuple = ("tensorboard",)
@@ -241,8 +241,9 @@ class Experiment:
     (evaluation's sizes resolved): what config.json, a checkpoint's
     identity and the logged hyperparameters record; `config.check` reads it
     back to the same Experiment."""
-    return dict(values.to_dict(self.train), model=dataclasses.asdict(self.model), data=self.data.to_dict(),
-                eval=values.to_dict(self.eval), mesh=values.to_dict(self.mesh))
+    return dict(values.to_dict(self.train), model=dataclasses.asdict(self.model),
+                data=self.data.to_dict(), eval=values.to_dict(self.eval),
+                mesh=values.to_dict(self.mesh))
 
 
 def check_written(top: Any) -> None:

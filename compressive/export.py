@@ -15,11 +15,7 @@ import os
 
 from absl import flags
 
-from compressive import cli
-from compressive import reading
-from compressive import remote
-
-from compressive import cli_flags
+from compressive import cli, cli_flags, reading, remote
 from compressive.training import exporting
 
 FLAGS = flags.FLAGS

@@ -43,7 +43,8 @@ def lookup(field: str, name: Any, registered: Mapping[str, Any],
     module = importlib.import_module(module_name)
   except Exception as e:  # any failure to import is the config's
     raise ConfigError(f"{where}: cannot import module {module_name!r} "
-                      f"({type(e).__name__}: {' '.join(str(e).split())}); is it on PYTHONPATH?") from None
+                      f"({type(e).__name__}: {' '.join(str(e).split())}); "
+                      "is it on PYTHONPATH?") from None
   found = getattr(module, attr, None) if attr else None
   if found is None:
     raise ConfigError(f"{where}: module {module_name!r} has no {attr!r}")

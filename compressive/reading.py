@@ -35,20 +35,14 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from compressive import cli
-from compressive import errors
-from compressive import storage
+from compressive import cli, cli_flags, errors, storage
 from compressive import config as config_lib
-
 from compressive import experiment as experiment_lib
-from compressive import cli_flags
 from compressive.errors import CheckpointError
 from compressive.model.sampling import Sampler
 from compressive.scale import processes
-from compressive.training import checkpoint
-from compressive.training import runconfig
+from compressive.training import checkpoint, opening, runconfig
 from compressive.training import export as export_lib
-from compressive.training import opening
 
 FLAGS = flags.FLAGS
 
@@ -67,7 +61,8 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
     with cli.user_errors(), cli_flags.reading_saved_run():
       if validate is not None:
         validate()
-      if "multihost" in FLAGS:  # the tool has the multi-host flags (cli_flags.define_multihost_flags)
+      # the tool has the multi-host flags (cli_flags.define_multihost_flags)
+      if "multihost" in FLAGS:
         processes.initialize_distributed(**cli_flags.multihost_arguments())
       if progress:
         logging.getLogger("compressive").setLevel(

@@ -26,9 +26,10 @@ saves (so the bucket's metrics reach at least the newest checkpoint's
 step), and when the tool ends, by an error too. Every pull, push and
 checkpoint save has a deadline (compressive/storage.py), and a mirror's
 start reaches TensorStore too, with the credentials it will use: a store
-that never answers is one line, not a hang. A new run that fails before its first checkpoint leaves nothing
-in the bucket. An export written to a URL (`Upload`) is made locally and
-copied there when complete, its top-level files (the manifest) last.
+that never answers is one line, not a hang. A new run that fails before
+its first checkpoint leaves nothing in the bucket. An export written to a
+URL (`Upload`) is made locally and copied there when complete, its
+top-level files (the manifest) last.
 
 What holds on Cloud Storage, and what does not (docs/SCALING.md):
 - an object is replaced whole: a reader sees the old file or the new one,
@@ -57,8 +58,7 @@ import logging
 import os
 from typing import Any, Iterator, Mapping, Optional
 
-from compressive import storage
-from compressive import reach
+from compressive import reach, storage
 from compressive.errors import ConfigError, StorageError, UserError
 
 # What the package reads and writes runs in; other URLs are refused
@@ -110,7 +110,7 @@ def check_url(url: str, what: str) -> None:
 
 
 def _epath(url: str):
-  from etils import epath  # pylint: disable=g-import-not-at-top  (only where a URL is used)
+  from etils import epath  # imported only where a URL is used
   return epath.Path(url)
 
 
@@ -295,7 +295,7 @@ class Mirror:
   def _pull(self) -> None:
     try:
       items = list(_epath(self.url).iterdir())  # a listing raises what a test of existence hides
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError":  # tf.io.gfile's
         self._check_bucket()
         return  # a new run: nothing there yet

@@ -19,12 +19,8 @@ import sys
 
 from absl import flags
 
-from compressive import cli
-from compressive import files
-
-from compressive import cli_flags
+from compressive import cli, cli_flags, files, reading
 from compressive import data as data_lib
-from compressive import reading
 from compressive.errors import ConfigError
 from compressive.model.sampling import TextStream
 

@@ -34,24 +34,14 @@ if __name__ == "__main__":  # the tool, not an import: before JAX's imports, a s
 from absl import flags
 import jax
 
-from compressive import cli
+from compressive import cli, cli_config, cli_flags, errors, remote, storage, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
-
-from compressive import cli_config
 from compressive import data as data_lib
-from compressive import errors
-from compressive import remote
-from compressive import storage
-from compressive import values
 from compressive.errors import ConfigError
 from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import layout
-from compressive.training import dryrun
+from compressive.training import dryrun, layout, writers
 from compressive.training import loop as train_lib
-from compressive.training import writers
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
@@ -111,8 +101,8 @@ def main(argv):
              code=errors.exit_status(signum))
   finally:  # a stop or a failure while joining the other processes: no wait for them at exit
     if processes.join_unfinished():
-      storage.exit_now(sys.exc_info()[1].code if isinstance(sys.exc_info()[1], SystemExit)
-                       else 1)
+      error = sys.exc_info()[1]
+      storage.exit_now(error.code if isinstance(error, SystemExit) else 1)
 
 
 def train(config, workdir: str) -> None:
@@ -140,11 +130,10 @@ def train(config, workdir: str) -> None:
       print(dryrun.dry_run(experiment, workdir))
       return
     stop = interrupts.SignalStop()
-    result = train_lib.train_and_evaluate(experiment, workdir, should_stop=stop.should_stop,
-                                          restore_intact=FLAGS.restore_intact,
-                                          profile_steps=profile,
-                                          accept_changed_corpus=FLAGS.accept_changed_corpus,
-                                          config_name=cli_config.config_argument(sys.argv, "config"))
+    result = train_lib.train_and_evaluate(
+        experiment, workdir, should_stop=stop.should_stop, restore_intact=FLAGS.restore_intact,
+        profile_steps=profile, accept_changed_corpus=FLAGS.accept_changed_corpus,
+        config_name=cli_config.config_argument(sys.argv, "config"))
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     if writers.TENSORBOARD in experiment.train.metric_writers:

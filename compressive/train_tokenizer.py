@@ -16,10 +16,7 @@ import logging
 import os
 import sys
 
-from compressive import cli
-from compressive import cli_config
-from compressive import data
-from compressive import files
+from compressive import cli, cli_config, data, files
 from compressive.errors import ConfigError
 
 _CONFIG = cli.define_config_flag(required=True)

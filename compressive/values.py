@@ -21,8 +21,8 @@ import logging
 import math
 import re
 import time
-import warnings
 from typing import Any, Iterator, Mapping
+import warnings
 
 import numpy as np
 

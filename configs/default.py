@@ -29,7 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
   # window as model.memory_gradient allows; 1: one update per segment, the paper's.
   config.gradient_window = 1
   config.log_every_steps = 25
-  config.eval_every_steps = 100  # a quick estimate on eval.max_segments rows; eval.py does whole splits
+  # A quick estimate on eval.max_segments rows; eval.py does whole splits.
+  config.eval_every_steps = 100
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 3
   # Steps' batches made ahead in a background thread (tokenized, stacked and
@@ -52,10 +53,12 @@ def get_config() -> ml_collections.ConfigDict:
   model.compression = "conv"  # max_pool | mean_pool | conv | dilated_conv | most_used
   model.reconstruction_loss = "attention"  # attention | autoencoding | none
   model.positions = "relative"  # relative (Transformer-XL: W_r, u, v) | rope (rotary, fusable)
-  model.norm = "post"  # post (LN after each residual: the paper's; better here, docs/RESULTS.md §8) | pre
+  # post (LN after each residual: the paper's; better here, docs/RESULTS.md §8) | pre
+  model.norm = "post"
   model.dropout_rate = 0.0
   model.dtype = "float32"  # activations: float32 | bfloat16 (parameters stay float32)
-  model.scan_layers = False  # True: one stacked layer run by lax.scan (fast compiles for deep models)
+  # True: one stacked layer run by lax.scan (fast compiles for deep models)
+  model.scan_layers = False
   model.remat = "none"  # none | full | matmuls: what backprop keeps of each layer's forward pass
   model.attention_chunk_size = 0  # queries per exact attention chunk; 0 = whole segment
   model.attention_implementation = "auto"  # rope's fused attention: auto | xla | cudnn (GPU)

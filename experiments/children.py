@@ -12,9 +12,7 @@ import subprocess
 import sys
 from typing import Callable, Optional
 
-from compressive import cli
-from compressive import errors
-from compressive import files
+from compressive import cli, errors, files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,8 +11,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from compressive.model import compression
-from compressive.model import layers
+from compressive.model import compression, layers
 
 
 class Overlap3MaxPool(compression.OverlapMaxPool):

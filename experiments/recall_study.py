@@ -389,11 +389,13 @@ def plot_recall_study(name: str, r: dict, path: str) -> None:
             "ct_no_compressed": "Compressive Transformer, compressed memory removed"}
   for model, label in labels.items():
     acc = r[model]["by_distance"]
-    line, = ax.plot(acc["distance"], acc["exact_match"], marker="o", label=f"{label}: whole answers")
+    line, = ax.plot(acc["distance"], acc["exact_match"], marker="o",
+                    label=f"{label}: whole answers")
     ax.plot(acc["distance"], acc["byte_accuracy"], marker=".", ls="--", color=line.get_color(),
             label=f"{label}: answer bytes")
   c = r["config"]
-  ax.axvline(c["txl_reach"], color="gray", ls=":", label=f"Transformer-XL's reach, layers x memory ({c['txl_reach']})")
+  ax.axvline(c["txl_reach"], color="gray", ls=":",
+             label=f"Transformer-XL's reach, layers x memory ({c['txl_reach']})")
   ax.axhline(0.1, color="gray", lw=0.8)
   ax.set_xlabel("bytes from the latest occurrence of the value to its query")
   ax.set_ylabel("accuracy on the test split (chance: 0.1 per byte)")

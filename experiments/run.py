@@ -51,8 +51,7 @@ import json
 import os
 import signal
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from compressive import cli
 from compressive.errors import ConfigError
@@ -151,7 +150,8 @@ def loss_past(workdir: str, reach: int) -> dict:
   mean = lambda ks: sum(r["bits"][k] * r["tokens"][k] for k in ks) / sum(r["tokens"][k] for k in ks)
   past = [k for k, start in enumerate(r["start"]) if start >= reach]
   return {"bits_per_byte": mean(range(len(r["start"]))),
-          "bits_per_byte_before_txl_reach": mean([k for k in range(len(r["start"])) if k not in past]),
+          "bits_per_byte_before_txl_reach": mean([k for k in range(len(r["start"]))
+                                                  if k not in past]),
           "bits_per_byte_past_txl_reach": mean(past),
           "tokens_past_txl_reach": sum(r["tokens"][k] for k in past), "by_position": r}
 

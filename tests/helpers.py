@@ -18,8 +18,8 @@ import ml_collections
 import numpy as np
 
 import compressive
-from compressive.training.metrics import read_jsonl
 from compressive.configs import default
+from compressive.training.metrics import read_jsonl
 
 # The tests folder (where this module is) and the repository root above it.
 TESTS = os.path.dirname(os.path.abspath(__file__))

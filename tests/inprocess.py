@@ -37,11 +37,9 @@ import jax
 
 # Loaded before the first run, so that the flags they define at import
 # (--compilation_cache) are the process's, not a tool's.
-from compressive import cli  # noqa: F401  (its flags, --compilation_cache, are the process's)
-from compressive import cli_config
-from compressive import cli_xla
+from compressive import cli_config, cli_xla
+import compressive.cli  # noqa: F401  (its flags, --compilation_cache, are the process's)
 from compressive.errors import STOP_SIGNALS
-
 from helpers import ROOT
 
 # Environment variables read when JAX starts a backend or imports: a run

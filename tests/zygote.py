@@ -6,13 +6,14 @@ mounts, several processes, fake devices, an installed package) start an
 entry point as a process (`python train.py ...`, `python -m
 compressive.eval ...`; the others run tools in process, tests/inprocess.py),
 and each new interpreter spends about 3 s of CPU importing the same
-libraries before it does what the test is about. Here each pytest process starts one server (this file, run as a
-script) that imports them once and then forks a child per request; the child
-takes the request's standard streams, working directory, environment and
-arguments, and runs the script or module as `__main__`, as `python` would.
-To the test the child is an ordinary `subprocess.Popen`: its pid can be
-signalled (SIGTERM, SIGKILL), its exit status is the script's (or the
-signal's), its output arrives on the test's pipes.
+libraries before it does what the test is about. Here each pytest process
+starts one server (this file, run as a script) that imports them once and
+then forks a child per request; the child takes the request's standard
+streams, working directory, environment and arguments, and runs the script
+or module as `__main__`, as `python` would. To the test the child is an
+ordinary `subprocess.Popen`: its pid can be signalled (SIGTERM, SIGKILL),
+its exit status is the script's (or the signal's), its output arrives on the
+test's pipes.
 
 `install()` (called by conftest.py) puts `Popen` in the subprocess module's
 place. A command is forked only when it is this interpreter

@@ -170,7 +170,8 @@ def per_device_bytes(memory_analysis) -> dict[str, int]:
       "temporaries": int(m.temp_size_in_bytes),
       "code": int(m.generated_code_size_in_bytes),
   }
-  out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"] + out["code"]
+  out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+                  + out["code"])
   return out
 
 
@@ -232,7 +233,8 @@ def advice(experiment: experiment_lib.Experiment, step: str,
 
 # libtpu's refusal: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total
 # memory required for HLO temporaries (200.00G) exceeds available HBM (15.75G)."
-_HBM = re.compile(r"required[^(]*\(([0-9.]+)([KMGT]?)\) exceeds available HBM \(([0-9.]+)([KMGT]?)\)")
+_HBM = re.compile(r"required[^(]*\(([0-9.]+)([KMGT]?)\) "
+                  r"exceeds available HBM \(([0-9.]+)([KMGT]?)\)")
 
 
 def parse_out_of_memory(message: str) -> Optional[tuple[float, float]]:

@@ -24,7 +24,8 @@ imported only by the pg19 source.
 """
 
 # Each source registers itself when imported; the order is that of the
-# choices listed in error messages.
+# choices listed in error messages, so isort leaves it as written.
+# isort: off
 from compressive.data import books  # noqa: F401
 from compressive.data import enwik8  # noqa: F401
 from compressive.data import pg19  # noqa: F401
@@ -33,30 +34,38 @@ from compressive.data import records  # noqa: F401
 from compressive.data import hf_datasets  # noqa: F401
 from compressive.data import synthetic  # noqa: F401
 from compressive.data import recall  # noqa: F401
+# isort: on
 from compressive.data import registry
-from compressive.data.config import check_unread_sections
-from compressive.data.config import DataConfig
-from compressive.data.config import default_data_config
-from compressive.data.config import validate_data_config
-from compressive.data.documents import ByteStreamDocuments
-from compressive.data.documents import Documents
-from compressive.data.documents import split_by_hash
-from compressive.data.documents import TextDocuments
-from compressive.data.documents import TokenDocuments
-from compressive.data.iterator import epoch_permutation
-from compressive.data.iterator import SegmentIterator
+from compressive.data.config import (
+    DataConfig,
+    check_unread_sections,
+    default_data_config,
+    validate_data_config,
+)
+from compressive.data.documents import (
+    ByteStreamDocuments,
+    Documents,
+    TextDocuments,
+    TokenDocuments,
+    split_by_hash,
+)
+from compressive.data.iterator import SegmentIterator, epoch_permutation
 from compressive.data.registry import SPLITS
-from compressive.data.sources import check_documents
-from compressive.data.sources import corpus_identity
-from compressive.data.sources import data_identity
-from compressive.data.sources import describe
-from compressive.data.sources import get_documents
-from compressive.data.sources import iter_texts
-from compressive.data.tokenizers import ByteTokenizer
-from compressive.data.tokenizers import get_tokenizer
-from compressive.data.tokenizers import SentencePieceTokenizer
-from compressive.data.tokenizers import Tokenizer
-from compressive.data.tokenizers import train_sentencepiece
+from compressive.data.sources import (
+    check_documents,
+    corpus_identity,
+    data_identity,
+    describe,
+    get_documents,
+    iter_texts,
+)
+from compressive.data.tokenizers import (
+    ByteTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    get_tokenizer,
+    train_sentencepiece,
+)
 
 __all__ = [
     'SPLITS',

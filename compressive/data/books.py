@@ -43,14 +43,10 @@ import re
 import tarfile
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from compressive import files
-from compressive import values
-from compressive.errors import DataError
+from compressive import files, values
 from compressive.data import documents as documents_lib
-from compressive.data import packages
-from compressive.data import rdata
-from compressive.data import registry
-from compressive.data import tokenizers
+from compressive.data import packages, rdata, registry, tokenizers
+from compressive.errors import DataError
 
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig

@@ -25,10 +25,8 @@ from typing import Any, Collection, Mapping
 import ml_collections
 import numpy as np
 
-from compressive import files
-from compressive import values
-from compressive.data import registry
-from compressive.data import tokenizers
+from compressive import files, values
+from compressive.data import registry, tokenizers
 from compressive.errors import ConfigError
 
 _log = logging.getLogger('compressive')

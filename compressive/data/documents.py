@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from compressive.errors import DataError, UserError
 from compressive.data import tokenizers
 from compressive.data.registry import SPLITS
+from compressive.errors import DataError, UserError
 
 
 class Documents(abc.ABC):

@@ -4,12 +4,13 @@ Notation: B global batch size, b = num_rows rows materialised by this
 process, T segment length, N documents in the split.
 
 Each batch row is pinned to one document until that document ends, so that
-row's memory (the Compressive Transformer's mem / cmem, docs/DESIGN.md §The memory's life cycle) carries
-the document's own past from one segment to the next. A document of L tokens
-gives L - 1 predictions, cut into ceil((L - 1) / T) segments; the last one is
-padded (inputs / targets 0, mask False), and the row's next segment starts
-the next document with start_of_sequence True, which resets the row's memory.
-No token is lost or repeated.
+row's memory (the Compressive Transformer's mem / cmem, docs/DESIGN.md §The
+memory's life cycle) carries the document's own past from one segment to the
+next. A document of L tokens gives L - 1 predictions, cut into
+ceil((L - 1) / T) segments; the last one is padded (inputs / targets 0, mask
+False), and the row's next segment starts the next document with
+start_of_sequence True, which resets the row's memory. No token is lost or
+repeated.
 
 Which row reads which document is a pure function of (seed, epoch, N, B), so
 every process computes its own rows without talking to the others: in epoch e
@@ -35,8 +36,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from compressive.errors import DataError
 from compressive.data import documents as documents_lib
+from compressive.errors import DataError
 
 _M64 = (1 << 64) - 1
 

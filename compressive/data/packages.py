@@ -212,4 +212,5 @@ def _unwritable(folder: str, setting: str, e: OSError | None) -> str:
   cause = (e.strerror or _one_line(e)) if e is not None else 'not writable'
   if e is not None and e.filename is not None and os.fsdecode(e.filename) != folder:
     cause = f'{os.fsdecode(e.filename)}: {cause}'
-  return f'the cache folder {folder} cannot be written ({cause}); set {setting} to a writable folder'
+  return (f'the cache folder {folder} cannot be written ({cause}); set {setting} to a writable '
+          'folder')

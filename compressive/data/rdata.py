@@ -14,8 +14,8 @@ import dataclasses
 import gzip
 import lzma
 import struct
-import zlib
 from typing import Any, Callable
+import zlib
 
 import numpy as np
 

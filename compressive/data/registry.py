@@ -8,15 +8,15 @@ A data source is one module that registers itself once, at import:
 
 and is imported by `compressive/data/__init__.py`, so that it is registered
 whenever `compressive.data` is. A Source defined outside this package is
-named `module:Name` in data.source and imported on demand (`get`). Its name is a value of `config.data.source`,
-and its fields live in their own section, `config.data.<name>` (its
-`schema`: a frozen dataclass whose defaults are the one copy of its fields,
-so `--config.data.enwik8.path=...` overrides it), apart
-from the fields every source shares (source, tokenizer, spm_*,
-cache_tokens). The data config's defaults and validation, `get_documents`,
-`check_documents` and `iter_texts` (sources.py) and the tests all read this
-registry instead of keeping their own list of names: adding a source touches
-no other file.
+named `module:Name` in data.source and imported on demand (`get`). Its name
+is a value of `config.data.source`, and its fields live in their own
+section, `config.data.<name>` (its `schema`: a frozen dataclass whose
+defaults are the one copy of its fields, so `--config.data.enwik8.path=...`
+overrides it), apart from the fields every source shares (source, tokenizer,
+spm_*, cache_tokens). The data config's defaults and validation,
+`get_documents`, `check_documents` and `iter_texts` (sources.py) and the
+tests all read this registry instead of keeping their own list of names:
+adding a source touches no other file.
 
 Nothing here imports a source: the registry is filled by the sources.
 """
@@ -26,8 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from compressive import plugins
-from compressive import values
+from compressive import plugins, values
 from compressive.errors import ConfigError, DataError, UserError
 
 # Annotations name `Documents` (data/documents.py, which imports this module)

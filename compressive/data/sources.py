@@ -11,11 +11,10 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Iterator
 
-from compressive.errors import DataError
 from compressive.data import documents as documents_lib
 from compressive.data import iterator as iterator_lib
-from compressive.data import registry
-from compressive.data import tokenizers
+from compressive.data import registry, tokenizers
+from compressive.errors import DataError
 
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig

@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from compressive import values
-from compressive.errors import ConfigError
-from compressive.errors import DataError
 from compressive.data import documents as documents_lib
-from compressive.data import registry
-from compressive.data import tokenizers
+from compressive.data import registry, tokenizers
+from compressive.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig

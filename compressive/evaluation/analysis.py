@@ -21,8 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.transformer import BANKS
 

@@ -36,20 +36,19 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Self, cast
 
-import flax.struct
 from flax import nnx
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
-from compressive.values import hms
+from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
-from compressive.scale import sharding
 from compressive.model.transformer import merge_params
+from compressive.scale import sharding
+from compressive.values import hms
 
 _log = logging.getLogger("compressive")
 

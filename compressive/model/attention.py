@@ -44,7 +44,7 @@ of the same kernel, run as it is: no loop, nothing recomputed.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from flax import nnx
 import jax
@@ -57,7 +57,8 @@ POSITIONS = ("relative", "rope")  # model.positions
 # model.attention_implementation: what computes rope's fused attention
 # (`jax.nn.dot_product_attention`'s `implementation`): JAX's choice, XLA's
 # own, or cuDNN's fused kernel (GPU only).
-IMPLEMENTATIONS = {"auto": None, "xla": "xla", "cudnn": "cudnn"}
+IMPLEMENTATIONS: dict[str, Optional[Literal["xla", "cudnn"]]] = {
+    "auto": None, "xla": "xla", "cudnn": "cudnn"}
 
 
 def sinusoids(distances: np.ndarray, d: int, dtype=jnp.float32) -> jax.Array:

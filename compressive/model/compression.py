@@ -226,7 +226,8 @@ class DilatedConv(Compression):
     h = self.groups(jnp.where(mask[..., None], slots, 0))  # [B, N/c, c, d]
     kernel, bias = self.kernel[...].astype(slots.dtype), self.bias[...].astype(slots.dtype)
     for i in range(kernel.shape[0]):
-      shifted = jnp.pad(h, ((0, 0), (0, 0), (2**i, 0), (0, 0)))[:, :, :c]  # h[t - 2**i], 0 before the group
+      # h[t - 2**i], 0 before the group
+      shifted = jnp.pad(h, ((0, 0), (0, 0), (2**i, 0), (0, 0)))[:, :, :c]
       h = h + jax.nn.gelu(dense(shifted, kernel[i, 0]) + dense(h, kernel[i, 1]) + bias[i])
     return h[:, :, c - 1], self.groups(mask).any(-1)
 
@@ -337,5 +338,6 @@ class Compressor(nnx.Module):
     """g: [B, N / c, d] -> [B, N, d] (auto-encoding loss only)."""
     b, g, d = compressed.shape
     dtype = compressed.dtype
-    y = dense(compressed, self.decoder_kernel[...].astype(dtype)) + self.decoder_bias[...].astype(dtype)
+    y = (dense(compressed, self.decoder_kernel[...].astype(dtype))
+         + self.decoder_bias[...].astype(dtype))
     return y.reshape(b, g * self.rate, d)

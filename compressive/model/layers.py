@@ -108,7 +108,8 @@ def _layer_norm_bwd(eps, res, dy):
   g = dyf * scale
   dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
   lead = tuple(range(dy.ndim - 1))
-  return dx.astype(dy.dtype), (dyf * xhat).sum(lead).astype(scale.dtype), dyf.sum(lead).astype(scale.dtype)
+  return (dx.astype(dy.dtype), (dyf * xhat).sum(lead).astype(scale.dtype),
+          dyf.sum(lead).astype(scale.dtype))
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)

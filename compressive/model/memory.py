@@ -95,7 +95,8 @@ def init_memory(model_config, batch_size: int, dtype=jnp.float32, *,
   (evaluation may use larger memories)."""
   cfg = config_lib.ModelConfig.from_config(model_config)
   m = cfg.memory_length if memory_length is None else memory_length
-  cm = cfg.compressed_memory_length if compressed_memory_length is None else compressed_memory_length
+  cm = (cfg.compressed_memory_length if compressed_memory_length is None
+        else compressed_memory_length)
   config_lib.check_memory_sizes(cfg, m, cm, batch_size)
   layers, d = cfg.num_layers, cfg.d_model
   return Memory(
@@ -157,7 +158,8 @@ def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.A
     k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), past + tq - 1
   else:
     assert cache is not None  # decoding: the transformer refuses a memory without one
-    put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), position, 1)
+    put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype),
+                                                               position, 1)
     k_seg, v_seg = put(cache.seg_k, k_x), put(cache.seg_v, v_x)
     seg_valid = jnp.broadcast_to(jnp.arange(k_seg.shape[1]) < position + tq, (b, k_seg.shape[1]))
     q_last = past + position + tq - 1

@@ -30,7 +30,8 @@ from compressive.model.transformer import CompressiveTransformer
 
 def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
   """ValueError naming the argument that is out of range."""
-  if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+  if (isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer))
+      or num_tokens < 0):
     raise ValueError(f"num_tokens={num_tokens!r} must be an integer >= 0")
   if not (isinstance(temperature, (int, float, np.number)) and math.isfinite(temperature)
           and temperature >= 0):
@@ -41,7 +42,8 @@ def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: 
     raise ValueError(f"top_p={top_p!r} must be in (0, 1] (1: off)")
 
 
-def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int,
+           top_p: float) -> jax.Array:
   """Next tokens [B] from logits [B, V]: greedy at temperature 0, else
   sampling restricted to the top k and to the smallest set of mass >= top_p."""
   if temperature <= 0:
@@ -186,7 +188,8 @@ class TextStream:
   def _piece(self) -> str:
     before = self._tokenizer.decode(self._tail) if self._tail else ""
     after = self._tokenizer.decode(self._tail + self._pending)
-    return after[len(before):] if after.startswith(before) else self._tokenizer.decode(self._pending)
+    return (after[len(before):] if after.startswith(before)
+            else self._tokenizer.decode(self._pending))
 
   def _shown(self, piece: str) -> str:
     self._tail = (self._tail + self._pending)[-self._context:]

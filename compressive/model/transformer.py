@@ -25,17 +25,18 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import flax.struct
 from flax import nnx
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive.errors import ConfigError, UserError
 from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
-from compressive.model.compression import Compressor, resolve as resolve_compression
+from compressive.model.compression import Compressor
+from compressive.model.compression import resolve as resolve_compression
 from compressive.model.config import ModelConfig
-from compressive.errors import ConfigError, UserError
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
 
@@ -48,12 +49,13 @@ class Aux:
   """What a call reports besides logits and memory.
 
   At model level `reconstruction_loss` is summed over layers (0 if nothing was
-  evicted, in `model.eval()` mode, or for a parameter-free compression) and `attention_mass` [3] (by BANKS) averaged over layers, heads,
-  queries and rows; it is NaN where rope attention ran fused (no weights).
+  evicted, in `model.eval()` mode, or for a parameter-free compression) and
+  `attention_mass` [3] (by BANKS) averaged over layers, heads, queries and
+  rows; it is NaN where rope attention ran fused (no weights).
   `attention_by_key` [L, B, K] (with `collect_attention`) is each layer's
   attention on every key of [cmem; mem; segment], averaged over heads and
-  queries (docs/PAPER.md §Analyses); `attention_weights` [L, B, H, T, K]
-  (with `attention_weights`) every head's and query's weights themselves.
+  queries (docs/PAPER.md §Analyses); `attention_weights` [L, B, H, T, K] (with
+  `attention_weights`) every head's and query's weights themselves.
   """
 
   reconstruction_loss: jax.Array
@@ -106,7 +108,8 @@ class Block(nnx.Module):
         normalize_inputs=not self.post_norm)
     # Post-norm's LN after the attention's residual (pre-norm's is inside
     # the attention); ffn_norm is the feed-forward's in both.
-    self.attention_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm else None
+    self.attention_norm = (LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm
+                           else None)
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
@@ -263,6 +266,7 @@ class CompressiveTransformer(nnx.Module):
     whose leaves carry the layer axis when scan_layers)."""
     if self.config.scan_layers:
       return nnx.split(self.blocks)
+    assert isinstance(self.blocks, nnx.List)  # unrolled: built as a list of Blocks
     splits = [nnx.split(block) for block in self.blocks]
     return splits[0][0], [state for _, state in splits]
 

@@ -38,7 +38,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from flax import nnx
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
@@ -99,13 +100,16 @@ class MeshConfig:
       raise MeshError(f"mesh.shape={shape!r} has more than one -1")
     for a in self.data_axes:
       if a not in axes:
-        raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}")
+        raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in "
+                          f"mesh.axes={axes!r}")
     for rule in self.logical_axis_rules:
       if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
-        raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair")
+        raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) "
+                          "pair")
       for a in _names(rule[1]):
         if a not in axes:
-          raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}")
+          raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in "
+                            f"mesh.axes={axes!r}")
 
   @classmethod
   def from_config(cls, section: Any) -> "MeshConfig":
@@ -344,7 +348,8 @@ def local_rows(sharding: NamedSharding, global_shape: Sequence[int], axis: int) 
   return start, stop - start
 
 
-def global_array(sharding: NamedSharding, local: np.ndarray, global_shape: Sequence[int]) -> jax.Array:
+def global_array(sharding: NamedSharding, local: np.ndarray,
+                 global_shape: Sequence[int]) -> jax.Array:
   """One global array from every process's rows (each passes its own)."""
   return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))
 

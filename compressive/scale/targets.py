@@ -48,8 +48,9 @@ that touches jax before asking for a target's devices calls
       unexpected worker hostname..."). They describe the host's own (absent)
       TPUs, not the compile target, whose topology is passed explicitly.
 
-Per-device numbers (memory; peak FLOP/s live in compressive/scale/flops.py) are the vendors' published ones
-(TPU memory: what the TPU compiler allows); each carries its source.
+Per-device numbers (memory; peak FLOP/s live in compressive/scale/flops.py)
+are the vendors' published ones (TPU memory: what the TPU compiler allows);
+each carries its source.
 
 What differs between the back ends (jax 0.10.2, libtpu 0.0.42.1):
   - `compiled.cost_analysis()` is a dict on cpu and tpu, None on gpu (as is
@@ -80,7 +81,6 @@ from typing import Optional, Union
 
 from compressive.errors import ConfigError
 from compressive.scale.gpu_specs import GPU_SPECS, GiB, gpu_target_config
-
 
 # What a missing libtpu or CUDA plugin's error advises.
 AOT_ADVICE = ('install the AOT extra, pip install "compressive[aot]" (in a checkout: '

@@ -20,10 +20,9 @@ from typing import Any, Optional
 import numpy as np
 import orbax.checkpoint as ocp
 
-from compressive import remote
-from compressive import storage
-from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
+from compressive import remote, storage
 from compressive.errors import CheckpointError, NonFiniteError
+from compressive.training import integrity, interrupts, layout, orbax_errors, savedjson, trees
 from compressive.training.integrity import DamagedCheckpointError
 from compressive.training.orbax_errors import write_errno
 
@@ -291,9 +290,11 @@ class Checkpointer:
       parts.append(f"{len(diffs)} of {len(wanted)} have other shapes, saved -> config: "
                    + "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else ""))
     if missing:
-      parts.append(f"not in the checkpoint: {', '.join(missing[:3])}" + (", ..." if len(missing) > 3 else ""))
+      parts.append(f"not in the checkpoint: {', '.join(missing[:3])}"
+                   + (", ..." if len(missing) > 3 else ""))
     if extra:
-      parts.append(f"only in the checkpoint: {', '.join(extra[:3])}" + (", ..." if len(extra) > 3 else ""))
+      parts.append(f"only in the checkpoint: {', '.join(extra[:3])}"
+                   + (", ..." if len(extra) > 3 else ""))
     return (f"parameter shapes differ between checkpoint {self.step_dir(step)} and the "
             f"config's model ({'; '.join(parts)}): the config is not the one that trained it; "
             "use the saved config (config.json) or another --workdir")

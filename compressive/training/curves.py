@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from compressive import files
-from compressive import remote
+from compressive import files, remote
 from compressive.training import layout
 from compressive.training.metrics import read_jsonl
 

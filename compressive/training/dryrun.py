@@ -3,15 +3,13 @@ nothing written, compiled or trained (train.py --dry_run)."""
 
 from __future__ import annotations
 
+from compressive import data as data_lib
 from compressive import experiment as experiment_lib
 from compressive import remote
-from compressive import data as data_lib
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import layout
-from compressive.training import runconfig
+from compressive.training import layout, runconfig, writers
 from compressive.training import setup as setup_lib
-from compressive.training import writers
 
 
 def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:

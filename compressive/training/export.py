@@ -19,9 +19,10 @@ either a whole export or untouched. `compressive.load(folder)` reads it as
 it reads a workdir; the checksums are verified on every load, like a
 checkpoint's, and the identity is compared as a checkpoint's is: a
 SentencePiece model retrained in place since the export, or another model
-or data config, is refused by every reader. A version 2 export.json lacking any of its fields, or holding a
-null where a check value belongs, is damaged, never read as version 1's;
-version 1 exports (no identity) are not read at all.
+or data config, is refused by every reader. A version 2 export.json lacking
+any of its fields, or holding a null where a check value belongs, is
+damaged, never read as version 1's; version 1 exports (no identity) are not
+read at all.
 """
 
 from __future__ import annotations
@@ -33,14 +34,12 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from compressive import remote
-from compressive import files
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import trees
-from compressive.training import integrity as integrity_lib
-from compressive.training import layout, savedjson, sidefiles
-from compressive.scale import sharding
+from compressive import files, remote
 from compressive.errors import CheckpointError
+from compressive.scale import sharding
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity as integrity_lib
+from compressive.training import layout, savedjson, sidefiles, trees
 
 FORMAT = "compressive-params"
 VERSION = 2
@@ -164,7 +163,8 @@ def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> 
   diffs = [f"{n} {saved[n]} -> {wanted[n]}" for n in wanted if n in saved and saved[n] != wanted[n]]
   missing = [n for n in wanted if n not in saved]
   extra = [n for n in saved if n not in wanted]
-  parts = [f"{len(diffs)} have other shapes, saved -> config: " + "; ".join(diffs[:3])] if diffs else []
+  parts = ([f"{len(diffs)} have other shapes, saved -> config: " + "; ".join(diffs[:3])]
+           if diffs else [])
   if missing:
     parts.append("not in the export: " + ", ".join(missing[:3]))
   if extra:

@@ -19,8 +19,8 @@ from compressive import config as config_lib
 from compressive import remote
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import export as export_lib
-from compressive.training import integrity as integrity_lib
 from compressive.training import inference, layout, opening, orbax_errors, runconfig
+from compressive.training import integrity as integrity_lib
 
 
 def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
@@ -88,7 +88,8 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
         checkpointer.save(written.params, params)
       runconfig.write_config(partial, config.to_dict())  # as the run saved it
       manifest = {"format": export_lib.FORMAT, "version": export_lib.VERSION, "step": int(step),
-                  "source": remote.url_of(workdir) or os.path.abspath(workdir), "integrity": integrity,
+                  "source": remote.url_of(workdir) or os.path.abspath(workdir),
+                  "integrity": integrity,
                   "identity": identity,
                   "config_sha256": export_lib.file_digest(written.config)}
       manifest["sha256"] = export_lib.manifest_digest(manifest)

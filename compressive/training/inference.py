@@ -17,15 +17,13 @@ from typing import Optional
 import jax
 
 from compressive import config as config_lib
-
-from compressive import experiment as experiment_lib
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
 from compressive import data as data_lib
-from compressive.training import setup as setup_lib
+from compressive import experiment as experiment_lib
 from compressive.errors import UserError
 from compressive.model.transformer import CompressiveTransformer, merge_params
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import integrity, runconfig
+from compressive.training import setup as setup_lib
 
 _log = logging.getLogger("compressive")
 
@@ -97,9 +95,10 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
 
 
 def _tokenizer_identity(data_config) -> Optional[str]:
-  """The identity of the tokenizer of `data_config` (the data section), to compare with the one its checkpoints
-  recorded; None when the tokenizer cannot be built here (a SentencePiece
-  model not on this machine: the tools that need it say so themselves)."""
+  """The identity of the tokenizer of `data_config` (the data section), to
+  compare with the one its checkpoints recorded; None when the tokenizer
+  cannot be built here (a SentencePiece model not on this machine: the
+  tools that need it say so themselves)."""
   try:
     return data_lib.get_tokenizer(data_config).identity
   except (UserError, OSError):

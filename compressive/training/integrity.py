@@ -46,7 +46,8 @@ class UnknownRecordError(CheckpointError):
 
 def json_digest(value: Any) -> str:
   """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
-  return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+  canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # The integrity record's format. Version 2 records name their version and
@@ -73,8 +74,8 @@ def run_identity(model: Any, tokenizer_identity: Optional[str] = None,
   present. A reader leaves the parts it cannot know None (not compared); a
   checkpoint records each but the corpus, which is None only for a source
   without a digest (record())."""
-  return {"model": json.loads(json.dumps(dataclasses.asdict(model))), "tokenizer": tokenizer_identity,
-          "data": data, "corpus": corpus}
+  return {"model": json.loads(json.dumps(dataclasses.asdict(model))),
+          "tokenizer": tokenizer_identity, "data": data, "corpus": corpus}
 
 
 # How the model runs, not what it computes: these may change between the
@@ -109,11 +110,11 @@ def flat(value: Any, prefix: str) -> dict[str, Any]:
 
 
 def _model_fields(model: Any) -> dict[str, Any]:
-  """Every field of a model section (a ModelConfig, or a mapping as a saved config holds it), those it
-  left out at their defaults: a config written before a field existed ran
-  with its default. A section this version cannot read is compared as it
-  is written."""
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  """Every field of a model section (a ModelConfig, or a mapping as a
+  saved config holds it), those it left out at their defaults: a config
+  written before a field existed ran with its default. A section this
+  version cannot read is compared as it is written."""
+  from compressive.model.config import ModelConfig
   try:
     return dataclasses.asdict(ModelConfig.from_config(model))
   except (ConfigError, TypeError):
@@ -123,9 +124,10 @@ def _model_fields(model: Any) -> dict[str, Any]:
 def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   """{parameter path: shape} of the model `fields` build (abstract: nothing
   is allocated)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  from compressive.model.transformer import CompressiveTransformer  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+
+  from compressive.model.config import ModelConfig
+  from compressive.model.transformer import CompressiveTransformer
   model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
   return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
           for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -294,9 +296,9 @@ def identity_problem(identity: dict) -> Optional[str]:
   words: a model field ModelConfig does not know or a value of another
   kind, a data section other than data.source's, a field that section does
   not know or does not record (where its files are); None when nothing."""
-  from compressive import values  # pylint: disable=g-import-not-at-top
-  from compressive.data import registry  # pylint: disable=g-import-not-at-top
-  from compressive.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from compressive import values
+  from compressive.data import registry
+  from compressive.model.config import ModelConfig
   try:
     values.check_section(ModelConfig, identity["model"], "identity.model.")
     data = identity["data"]
@@ -364,7 +366,8 @@ def _bits(x: jax.Array) -> jax.Array:
   if size == 4:
     return jax.lax.bitcast_convert_type(x, jnp.uint32)
   if size in (1, 2):
-    return jax.lax.bitcast_convert_type(x, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)
+    narrow = jnp.uint8 if size == 1 else jnp.uint16
+    return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
   return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2] words
 
 
@@ -375,7 +378,8 @@ def _fingerprints(leaves: list[jax.Array]):
     words = _bits(x).reshape(-1)
     weights = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
     sums.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * weights).sum(dtype=jnp.uint32)]))
-    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating) else jnp.bool_(True))
+    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating)
+                  else jnp.bool_(True))
   return sums, finite
 
 

@@ -44,8 +44,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from compressive import files
-from compressive import remote
+from compressive import files, remote
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"

@@ -55,8 +55,7 @@ import socket
 import stat
 from typing import Optional
 
-from compressive import files
-from compressive import remote
+from compressive import files, remote
 from compressive.errors import UserError
 from compressive.training import interrupts, layout, savedjson
 

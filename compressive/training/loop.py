@@ -27,29 +27,28 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from compressive import files
-from compressive import remote
 from compressive import config as config_lib
-
-from compressive import experiment as experiment_lib
-from compressive import values
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
+from compressive import files, remote, values
 from compressive.data import prefetch
 from compressive.evaluation import evaluate as eval_lib
+from compressive.model.transformer import merge_params
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
-from compressive.training import curves
-from compressive.training import interrupts
-from compressive.training import layout
+from compressive.training import (
+  curves,
+  integrity,
+  interrupts,
+  layout,
+  runconfig,
+  runlog,
+  sidefiles,
+  writers,
+)
 from compressive.training import lock as workdir_lock
-from compressive.training import sidefiles
 from compressive.training import restore as restore_lib
-from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
-from compressive.training import writers
-from compressive.model.transformer import merge_params
 from compressive.training.metrics import MetricWriter
 
 _log = logging.getLogger("compressive")
@@ -215,8 +214,8 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
-  identity = integrity.run_identity(experiment.model, tokenizer.identity, data_lib.corpus_identity(data),
-                                   data_lib.data_identity(data))
+  identity = integrity.run_identity(experiment.model, tokenizer.identity,
+                                    data_lib.corpus_identity(data), data_lib.data_identity(data))
 
   start, restored = restore_lib.restore_newest(
       checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,

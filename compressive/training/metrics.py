@@ -16,8 +16,8 @@ import os
 from typing import Any, Mapping, Optional, Sequence
 
 from compressive import files
-from compressive.training import layout, savedjson, sidefiles, writers
 from compressive.errors import naming as _naming
+from compressive.training import layout, savedjson, sidefiles, writers
 
 _log = logging.getLogger("compressive")
 

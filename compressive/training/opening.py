@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from compressive import files
-from compressive import remote
-
 from compressive import experiment as experiment_lib
+from compressive import files, remote
 from compressive.model.transformer import CompressiveTransformer
 from compressive.training import export as export_lib
 from compressive.training import inference
@@ -42,8 +40,9 @@ def open_run(path: str, step: Optional[int] = None, *,
   `experiment`: the Experiment to open it as (a tool's, from
   config.check_saved; a library caller's, from config.check_to_read: its
   model must match the run's), or None for the saved config (refitted to
-  this machine's devices when its mesh does not fit them). What is read is verified: checksums, finite
-  values, the run's identity (model, data config, tokenizer).
+  this machine's devices when its mesh does not fit them). What is read is
+  verified: checksums, finite values, the run's identity (model, data config,
+  tokenizer).
   """
   files.check_local(path, "a workdir or an export", remote_ok=True)
   if remote.is_remote(path):  # gs://: its small files read through a local mirror

@@ -18,14 +18,11 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import integrity
-from compressive.training import layout
-from compressive.training import runlog
+from compressive.training import integrity, layout, runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter

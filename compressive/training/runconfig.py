@@ -14,13 +14,11 @@ from typing import Any, Mapping, TypeAlias
 
 import ml_collections
 
+from compressive import experiment as experiment_lib
 from compressive import files
 from compressive.errors import CheckpointError, ConfigError
-from compressive import experiment as experiment_lib
 from compressive.experiment import Experiment
-from compressive.training import layout, savedjson, sidefiles
-from compressive.training import integrity
-
+from compressive.training import integrity, layout, savedjson, sidefiles
 
 # A saved config as read back (config.json), for `config.check_saved` to
 # make ready and check: the code that reads a run's fields reads the checked

@@ -20,16 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive import files
 from compressive import experiment as experiment_lib
-from compressive import values
+from compressive import files, values
 from compressive.model import losses
 from compressive.model.transformer import BANKS
 from compressive.scale import flops as flops_lib
+from compressive.training import layout, writers
 from compressive.training import step as train_step
-from compressive.training import layout
-from compressive.training import writers
-from compressive.training.metrics import (MetricWriter, truncate_jsonl)
+from compressive.training.metrics import MetricWriter, truncate_jsonl
 
 _log = logging.getLogger("compressive")
 

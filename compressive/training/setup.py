@@ -21,14 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.data import prefetch
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
-from compressive.training import trees
 from compressive.training import step as train_step
+from compressive.training import trees
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +129,8 @@ def global_data_state(state: dict[str, np.ndarray], it: data_lib.SegmentIterator
   return state
 
 
-def local_data_state(state: dict[str, np.ndarray], row_start: int, num_rows: int) -> dict[str, np.ndarray]:
+def local_data_state(state: dict[str, np.ndarray], row_start: int,
+                     num_rows: int) -> dict[str, np.ndarray]:
   """This process's rows of a checkpoint's (all-row) iterator state."""
   saved_rows = len(np.asarray(state["epoch"]).reshape(-1))
   if int(state.get("row_start", 0)) != 0 or int(state.get("num_rows", saved_rows)) != saved_rows:

@@ -22,8 +22,7 @@ import os
 import shutil
 from typing import Iterator
 
-from compressive import files
-from compressive import remote
+from compressive import files, remote
 from compressive.training import layout
 
 _log = logging.getLogger("compressive")

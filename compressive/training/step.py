@@ -26,8 +26,8 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, Optional, Self
 
-import flax.struct
 from flax import nnx
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
@@ -36,8 +36,8 @@ import optax
 from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
-from compressive.scale import sharding
 from compressive.model.transformer import CompressiveTransformer, merge_params
+from compressive.scale import sharding
 
 
 @flax.struct.dataclass
@@ -141,8 +141,9 @@ def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params, tx)
 def init_train_state(experiment: experiment_lib.Experiment, tx, layout: Layout) -> TrainState:
   """A fresh train state, each parameter initialised straight into its shards."""
   train = experiment.train
-  return jax.jit(lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
-                 out_shardings=layout.state)()
+  return jax.jit(
+      lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
+      out_shardings=layout.state)()
 
 
 def init_sharded_memory(model_config, batch_size: int, layout: Layout):
@@ -200,11 +201,14 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
         model_config.reconstruction_loss)
 
   def segment(carry, seg):
+    state, memory = carry
     gradients = _full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
-    return _update(tx, layout, *carry, seg, functools.partial(gradients, forward))
+    return _update(tx, layout, state, memory, seg, functools.partial(gradients, forward))
 
   def window(carry, segs):
-    return _update(tx, layout, *carry, segs, functools.partial(_window_gradients, forward))
+    state, memory = carry
+    return _update(tx, layout, state, memory, segs,
+                   functools.partial(_window_gradients, forward))
 
   def train_step(state, memory, batch):
     if gradient_window == 1:  # the paper's: one update per segment
@@ -388,7 +392,8 @@ def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: in
     k, seg_k, memory_k, coefficient = xs
 
     def loss_fn(params):
-      nats, count, new_memory, scalars = forward(params, seg_k, memory_k, jax.random.fold_in(rng, k))
+      nats, count, new_memory, scalars = forward(params, seg_k, memory_k,
+                                                 jax.random.fold_in(rng, k))
       return (nats / total + coefficient * scalars["reconstruction_loss"],
               (new_memory, scalars, nats, count))
 

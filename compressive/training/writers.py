@@ -33,8 +33,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from compressive import plugins
-from compressive import remote
+from compressive import plugins, remote
 from compressive.errors import ConfigError
 from compressive.errors import naming as _naming
 from compressive.training import layout

@@ -116,8 +116,8 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
   from flax import nnx
 
   import compressive
-  from compressive.evaluation import evaluate as eval_lib
   from compressive.configs import default
+  from compressive.evaluation import evaluate as eval_lib
   config = default.get_config()
   config.data = prepared.copy_and_resolve_references()
   m = config.model

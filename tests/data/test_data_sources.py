@@ -22,14 +22,8 @@ import numpy as np
 import pytest
 
 from compressive import data
-from compressive.data import books
-from compressive.data import packages
-from compressive.data import enwik8
-from compressive.data import rdata
-from compressive.data import registry
-from compressive.data import text_files
-from compressive.errors import ConfigError
-from compressive.errors import DataError
+from compressive.data import books, enwik8, packages, rdata, registry, text_files
+from compressive.errors import ConfigError, DataError
 from helpers import data_of
 
 
@@ -675,7 +669,8 @@ def test_a_plugin_source_is_held_to_its_contract(gives, said):
   try:
     c = config(source='toy')
     with pytest.raises(DataError, match=said) as e:
-      data.check_documents(data_of(c), 'train', data.ByteTokenizer())  # what training does at start-up
+      # what training does at start-up
+      data.check_documents(data_of(c), 'train', data.ByteTokenizer())
   finally:
     registry.unregister('toy')
   assert '\n' not in str(e.value)
@@ -946,8 +941,8 @@ def test_a_folder_of_too_few_files_points_to_the_one_file_route(tmp_path):
   (tmp_path / 'a.txt').write_text('some text\n')
   with pytest.raises(DataError, match='give one file as data.text_files.path to cut it into '
                                       'documents'):
-    data.get_documents(data_of(config(source='text_files', text_files__path=str(tmp_path))), 'train',
-                       data.ByteTokenizer())
+    data.get_documents(data_of(config(source='text_files', text_files__path=str(tmp_path))),
+                       'train', data.ByteTokenizer())
 
 
 def test_docs_data_lists_every_data_field_at_its_default():

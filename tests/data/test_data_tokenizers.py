@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from compressive import data
-from helpers import data_of, ROOT as REPO, generated_texts
+from helpers import ROOT as REPO
+from helpers import data_of, generated_texts
+
 
 def test_byte_tokenizer_round_trip():
   tok = data.ByteTokenizer()

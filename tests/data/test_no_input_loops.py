@@ -8,7 +8,8 @@ import os
 import struct
 import threading
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 
 from compressive import data

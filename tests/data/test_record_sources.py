@@ -12,8 +12,12 @@ import pytest
 from compressive import data
 from compressive.data import hf_datasets, records
 from compressive.errors import ConfigError, DataError
-from helpers import (assert_stopped_and_resumed_like_straight, data_of, generated_texts,
-                     tiny_experiment)
+from helpers import (
+  assert_stopped_and_resumed_like_straight,
+  data_of,
+  generated_texts,
+  tiny_experiment,
+)
 
 TEXTS = generated_texts(30)
 

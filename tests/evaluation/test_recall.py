@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from compressive.evaluation import analysis
 from compressive import data as data_lib
 from compressive.data import recall as recall_source
 from compressive.errors import ConfigError
-from helpers import data_of, to_evaluate, make_model, tiny_experiment
+from compressive.evaluation import analysis
+from helpers import data_of, make_model, tiny_experiment, to_evaluate
 
 
 def recall_config():
@@ -127,6 +127,7 @@ def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_st
   # the first 600 steps had 4: the steps after the start are counted at the
   # copy's config, the ones before at the source's.
   import json
+
   from experiments import children
   def workdir(name, segments, rows):
     wd = tmp_path / name

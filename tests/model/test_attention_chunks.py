@@ -232,7 +232,8 @@ def test_model_chunked_matches_dense(positions, compression):
       zip(chunked, dense)):
     errs = (_max_err(logits, want_logits),
             max(_max_err(a, x) for a, x in zip(jax.tree.leaves(mem), jax.tree.leaves(want_mem))),
-            max(_max_err(a, x) for a, x in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads))))
+            max(_max_err(a, x) for a, x in zip(jax.tree.leaves(grads),
+                                               jax.tree.leaves(want_grads))))
     print(f"\nsegment {i}: logits {errs[0]:.1e}, memory {errs[1]:.1e}, gradients {errs[2]:.1e}")
     _assert_close_in_ulps(logits, want_logits, MODEL_VALUE_ULPS, f"segment {i} logits")
     assert jax.tree.structure(mem) == jax.tree.structure(want_mem)

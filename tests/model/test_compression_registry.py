@@ -10,14 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compressive import config as config_lib
 import compressive
-from compressive.scale import sharding
-from compressive.training import loop as train_lib
+from compressive import config as config_lib
 from compressive.model.compression import COMPRESSIONS, Compression, register
 from compressive.model.config import ModelConfig
 from compressive.model.layers import param
-from helpers import to_train, make_model, tiny_experiment, tiny_model_config
+from compressive.scale import sharding
+from compressive.training import loop as train_lib
+from helpers import make_model, tiny_experiment, tiny_model_config, to_train
 
 
 class ScaledLast(Compression):
@@ -59,7 +59,8 @@ def test_a_compression_registered_here_trains_and_restores(registered, tmp_path)
 
 
 def test_an_unknown_compression_is_named_with_the_registered_ones():
-  with pytest.raises(compressive.ConfigError, match="model.compression='nope' is unknown; choose one of max_pool"):
+  with pytest.raises(compressive.ConfigError,
+                     match="model.compression='nope' is unknown; choose one of max_pool"):
     config_lib.check(tiny_experiment(**{"model.compression": "nope"}), here=False)
 
 
@@ -105,7 +106,8 @@ class FloatMask(Compression):
 
 @pytest.mark.parametrize("cls,said", [
     (Uncompressed, r"returned \(float32\[2, 4, 16\], bool\[2, 4\]\) for \[2, 4, 16\] slots at "
-                   r"rate 2; a compression returns \(\[2, 2, 16\] floating slots, \[2, 2\] bool mask\)"),
+                   r"rate 2; a compression returns \(\[2, 2, 16\] floating slots, "
+                   r"\[2, 2\] bool mask\)"),
     (Raising, r"raised ValueError on \[2, 4, 16\] slots: my own bug"),
     (AsList, r"returned a list of 2; a compression returns a tuple"),
     (FloatMask, r"returned \(float32\[2, 2, 16\], float32\[2, 2\]\)"),

@@ -8,15 +8,16 @@ accepted config must build and run a segment.
 import math
 
 from flax import nnx
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import compressive
 from compressive import config as config_lib
-from compressive.model.compression import COMPRESSIONS
 from compressive.errors import ConfigError
+from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
 from helpers import jitted_forward
 

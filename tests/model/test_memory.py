@@ -218,7 +218,8 @@ def test_attention_keys_whole_segment_and_decoding():
     k, v, valid, q_last, cached = memory_lib.attention_keys(
         cached, keys_values, x[:, p:p + 1], -x[:, p:p + 1], jnp.asarray(p))
     assert int(q_last) == C + M + p
-    np.testing.assert_array_equal(k[:, :C + M + p + 1], jnp.concatenate([2 * slots, x[:, :p + 1]], 1))
+    np.testing.assert_array_equal(k[:, :C + M + p + 1],
+                                  jnp.concatenate([2 * slots, x[:, :p + 1]], 1))
     np.testing.assert_array_equal(v[:, C + M:C + M + p + 1], -x[:, :p + 1])
     np.testing.assert_array_equal(valid[:, C + M:], jnp.broadcast_to(jnp.arange(T) <= p, (2, T)))
   np.testing.assert_array_equal(cached.cache.seg_k, x)

@@ -11,7 +11,6 @@ import compressive
 from compressive.model import compression as compression_lib
 from helpers import jitted_forward, make_model, run_segments, tiny_model_config
 
-
 # Every compression the package registers, read from its registry, so that a
 # new one is held to the temporal range without being listed here (a toy one
 # a test file registers is not the package's).
@@ -50,7 +49,8 @@ def test_temporal_range_of_one_layer(compression):
   # Row 0 is unperturbed; row d perturbs the token d positions before `start`.
   distances = np.arange(1, start + 1)
   batch = jnp.repeat(base, len(distances) + 1, 0)
-  batch = batch.at[distances, start - distances].set((base[0, start - distances] + 7) % cfg.vocab_size)
+  batch = batch.at[distances, start - distances].set(
+      (base[0, start - distances] + 7) % cfg.vocab_size)
   logits, _ = run_segments(forward, state, batch, compressive.init_memory(cfg, batch.shape[0]), t)
   last = np.asarray(logits[:, start:])
   changed = np.abs(last[1:] - last[:1]).max(axis=(1, 2)) > 0
@@ -115,7 +115,8 @@ def test_scan_under_jit_matches_eager_and_does_not_retrace():
   for s in range(n_seg):
     want, memory, aux = model(segments[s], memory, sos[s])
     np.testing.assert_allclose(np.asarray(logits[s]), np.asarray(want), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(recon[s]), float(aux.reconstruction_loss), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(recon[s]), float(aux.reconstruction_loss), rtol=1e-5,
+                               atol=1e-7)
   for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(memory)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -156,7 +157,8 @@ def test_evaluation_may_use_longer_memories_and_other_segment_lengths():
   tokens = jnp.ones((1, 8), jnp.int32)
   for _ in range(6):  # 16 memory slots fill after 2 segments; then 4 slots a segment
     logits, memory, aux = forward(state, tokens, memory, None)
-  assert bool(memory.cmem_mask.all()) and float(aux.scalars()["attention_mass/compressed_memory"]) > 0
+  assert (bool(memory.cmem_mask.all())
+          and float(aux.scalars()["attention_mass/compressed_memory"]) > 0)
   with pytest.raises(ValueError, match="multiple of compression_rate"):
     forward(state, jnp.ones((1, 5), jnp.int32), memory, None)
 
@@ -167,7 +169,8 @@ def test_attention_mass_sums_to_one():
   memory = compressive.init_memory(cfg, 2)
   for _ in range(5):
     _, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
-  total = sum(float(aux.scalars()[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
+  total = sum(float(aux.scalars()[f"attention_mass/{k}"])
+              for k in ("compressed_memory", "memory", "segment"))
   assert abs(total - 1.0) < 1e-5
 
 

@@ -16,13 +16,19 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
-from compressive.model import attention as attention_lib
-from compressive.scale import sharding
 from compressive.errors import ConfigError
+from compressive.model import attention as attention_lib
 from compressive.model.config import ModelConfig
 from compressive.model.sampling import Sampler
-from helpers import (checked, greedy_without_cache, jitted_forward, make_model, run_segments,
-                     tiny_model_config)
+from compressive.scale import sharding
+from helpers import (
+  checked,
+  greedy_without_cache,
+  jitted_forward,
+  make_model,
+  run_segments,
+  tiny_model_config,
+)
 
 
 def mesh_of(config):
@@ -80,7 +86,8 @@ def test_default_rope_config_differs_from_default_only_in_positions():
 
 
 def test_bad_positions_are_config_errors():
-  with pytest.raises(ConfigError, match=r"model.positions='alibi' is unknown; choose one of relative, rope"):
+  with pytest.raises(ConfigError,
+                     match=r"model.positions='alibi' is unknown; choose one of relative, rope"):
     ModelConfig.from_config(tiny_model_config(positions="alibi"))
   with pytest.raises(ConfigError, match="model.positions='rope'.*even"):
     ModelConfig.from_config(tiny_model_config(positions="rope", d_model=6, num_heads=2))
@@ -136,7 +143,8 @@ def test_fused_output_equals_explicit_weights(monkeypatch):
     np.testing.assert_allclose(aux.reconstruction_loss, aux_w.reconstruction_loss,
                                rtol=1e-5, atol=1e-7)
     # Fused: no weights, so no attention mass; explicit: it sums to one.
-    assert all(np.isnan(aux.scalars()[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment"))
+    assert all(np.isnan(aux.scalars()[f"attention_mass/{k}"])
+               for k in ("compressed_memory", "memory", "segment"))
     assert sum(float(aux_w.scalars()[f"attention_mass/{k}"]) for k in
                ("compressed_memory", "memory", "segment")) == pytest.approx(1.0, abs=1e-5)
   # The same memory; only `usage` differs: it is accumulated from the
@@ -167,7 +175,8 @@ def test_reconstruction_sees_unrotated_queries_and_keys():
             for k, v in mine.items()} if isinstance(theirs, dict) else theirs
 
   state = nnx.state(relative)
-  nnx.replace_by_pure_dict(state, overlay(nnx.to_pure_dict(state), nnx.to_pure_dict(nnx.state(rope))))
+  nnx.replace_by_pure_dict(state,
+                           overlay(nnx.to_pure_dict(state), nnx.to_pure_dict(nnx.state(rope))))
   nnx.update(relative, state)
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 24), 0, 32)
   losses = []
@@ -194,15 +203,16 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 
 
 def test_resuming_with_other_positions_names_the_field(tmp_path):
-  from compressive.training import runconfig
   from compressive.configs import default, default_rope
+  from compressive.training import runconfig
   runconfig.save_config(str(tmp_path), checked(default.get_config()))
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
     runconfig.check_resume_config(str(tmp_path), checked(default_rope.get_config()))
 
 
 def test_attention_implementation_is_checked_before_anything_runs():
-  with pytest.raises(ConfigError, match="attention_implementation='cudnn' needs model.positions='rope'"):
+  with pytest.raises(ConfigError,
+                     match="attention_implementation='cudnn' needs model.positions='rope'"):
     ModelConfig.from_config(tiny_model_config(attention_implementation="cudnn"))
   with pytest.raises(ConfigError, match="attention_implementation='flash' is unknown"):
     ModelConfig.from_config(rope_config(attention_implementation="flash"))

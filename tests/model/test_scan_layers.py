@@ -15,8 +15,8 @@ import pytest
 
 import compressive
 from compressive.model import losses
-from compressive.scale import sharding
 from compressive.model.sampling import Sampler
+from compressive.scale import sharding
 from helpers import tiny_model_config
 
 # Every test compiles the deep model's step (forward and gradients) twice or

@@ -1,7 +1,8 @@
 """Trains the sharding tests' tiny experiment on given meshes, in its own process.
 
 test_sharding.py runs this with fake CPU devices (JAX_NUM_CPU_DEVICES=8,
-JAX's jax_num_cpu_devices), which must be set before JAX starts and so cannot be set inside the pytest process:
+JAX's jax_num_cpu_devices), which must be set before JAX starts and so
+cannot be set inside the pytest process:
 
     python tests/scale/sharding_worker.py RUNS_JSON
 
@@ -33,7 +34,7 @@ from compressive import cli  # noqa: E402
 cli.use_compilation_cache(None)
 
 from compressive.training import loop as train_lib  # noqa: E402
-from helpers import to_train, sharding_experiment  # noqa: E402
+from helpers import sharding_experiment, to_train  # noqa: E402
 
 
 def main(runs_json: str) -> None:

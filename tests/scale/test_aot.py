@@ -79,7 +79,8 @@ def test_sharded_train_step_reports_its_collectives(config_file):
   report = json.loads(r.stdout.strip().splitlines()[-1])
   assert report["devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
   assert report["collectives"].get("all-gather", 0) > 0
-  assert report["collectives"].get("all-reduce", 0) + report["collectives"].get("reduce-scatter", 0) > 0
+  assert (report["collectives"].get("all-reduce", 0)
+          + report["collectives"].get("reduce-scatter", 0)) > 0
 
 
 def test_reading_compiler_output():

@@ -3,9 +3,10 @@ trains the same model, checkpoints move between meshes, and two processes
 train like one.
 
 Multi-device runs use fake CPU devices (JAX_NUM_CPU_DEVICES=8, JAX's
-jax_num_cpu_devices). That setting only works before JAX starts, and this pytest process has one device, so they run in a
-child process (tests/scale/sharding_worker.py); the two-process run starts
-train.py twice with a local coordinator. The one-device reference and the
+jax_num_cpu_devices). That setting only works before JAX starts, and this
+pytest process has one device, so they run in a child process
+(tests/scale/sharding_worker.py); the two-process run starts train.py
+twice with a local coordinator. The one-device reference and the
 8-devices-to-1 resume run in this process.
 """
 
@@ -29,17 +30,24 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive import experiment as experiment_lib
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import trees
-from compressive.scale import sharding
-from compressive.training import loop as train_lib
-from compressive.training import step as train_step
 from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
+from compressive.scale import sharding
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import step as train_step
+from compressive.training import trees
 from compressive.training.metrics import read_jsonl
-from helpers import (to_train, ROOT, TESTS, process_env, sharding_experiment, tiny_model_config,
-                     write_config_file)
+from helpers import (
+  ROOT,
+  TESTS,
+  process_env,
+  sharding_experiment,
+  tiny_model_config,
+  to_train,
+  write_config_file,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -79,7 +87,8 @@ def abstract_training(config):
   """(abstract nnx state, abstract params, abstract train state) of a config,
   unchecked: its mesh may be another machine's."""
   state = abstract_state(config)
-  params, train = nnx.to_pure_dict(state), experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
+  params = nnx.to_pure_dict(state)
+  train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   return state, params, train_step.abstract_train_state(
       train, params, train_step.make_optimizer(train, params))
 
@@ -100,7 +109,8 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert att["wo"] == P("tensor", None, "fsdp")  # [H, D, d]
   assert att["u"] == att["v"] == P("tensor", None)
   ffn = specs["blocks"][1]["ffn"]
-  assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (P("fsdp", "tensor"), P("tensor"), P("tensor", "fsdp"))
+  assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (P("fsdp", "tensor"), P("tensor"),
+                                               P("tensor", "fsdp"))
   assert specs["blocks"][0]["compressor"]["fn"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
   assert specs["embed"]["embedding"] == P("tensor", "fsdp")  # [V, d]
   assert specs["head"] == P("fsdp", "tensor")
@@ -108,7 +118,8 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert norms["scale"] == specs["blocks"][0]["ffn"]["b2"] == P()  # replicated
 
   dilated = sharding_experiment(**{"model.compression": "dilated_conv"})
-  kernel = sharding.param_specs(mesh_of(dilated), abstract_state(dilated))["blocks"][0]["compressor"]["fn"]["kernel"]
+  dilated_specs = sharding.param_specs(mesh_of(dilated), abstract_state(dilated))
+  kernel = dilated_specs["blocks"][0]["compressor"]["fn"]["kernel"]
   assert kernel == P(None, None, "fsdp", None)  # [n, 2, d, d]
 
 
@@ -149,7 +160,8 @@ def test_minus_one_takes_the_remaining_devices(shape, resolved):
     ({"mesh.shape": (8, 1)}, "mesh.shape=(8, 1) has 2 entries"),
     ({"batch_size": 4, "mesh.shape": (8, 1, 1)}, "batch_size=4 is not divisible by 8"),
     ({"batch_size": 4, "mesh.shape": (1, 8, 1)}, "batch_size=4 is not divisible by 8"),
-    ({"mesh.shape": (2, 1, 4)}, "model.num_heads=2 does not divide along mesh axes ('tensor',) of size 4"),
+    ({"mesh.shape": (2, 1, 4)},
+     "model.num_heads=2 does not divide along mesh axes ('tensor',) of size 4"),
     ({"model.num_heads": 4, "model.d_ff": 66, "mesh.shape": (2, 1, 4)}, "model.d_ff=66"),
     ({"model.d_model": 36, "model.num_heads": 2, "mesh.shape": (1, 8, 1)}, "model.d_model=36"),
     ({"mesh.data_axes": ("data", "pipeline")}, "mesh.data_axes"),
@@ -171,7 +183,8 @@ def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
 def test_validate_config_checks_the_mesh_against_this_machine():
   # One device here: a two-device mesh fails before anything is built.
   config = sharding_experiment(**{"mesh.shape": (2, 1, 1)})
-  with pytest.raises(compressive.ConfigError, match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"):
+  with pytest.raises(compressive.ConfigError,
+                     match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"):
     config_lib.check(config)
 
 
@@ -350,7 +363,8 @@ def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   wd = runs["workdirs"]["m222"]
   experiment, model = compressive.load(wd)
   assert tuple(experiment.mesh.shape) == (-1, 1, 1)
-  docs = data_lib.get_documents(experiment.data, experiment.eval.split, data_lib.get_tokenizer(experiment.data))
+  docs = data_lib.get_documents(experiment.data, experiment.eval.split,
+                                data_lib.get_tokenizer(experiment.data))
   # The same quick estimate the training run logged at its last step.
   result = eval_lib.evaluate(model, docs, experiment, max_segments=experiment.eval.max_segments)
   trained = read_jsonl(os.path.join(wd, "metrics_eval.jsonl"))[-1]
@@ -362,12 +376,14 @@ def test_two_processes_train_like_one(runs):
   wd = runs["workdirs"]
   ref, got = losses(wd["ref"]), losses(wd["mp"])
   # Process 0 alone wrote the metrics: one record per step.
-  assert [r["step"] for r in read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))] == list(range(1, 21))
+  records = read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))
+  assert [r["step"] for r in records] == list(range(1, 21))
   assert max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref) <= TOLERANCE
   allowed_params = noise_bound(max(max(parameter_differences(wd[n], wd["ref"]).values())
                                    for n in MESHES), PARAM_TOLERANCE)
   diffs = parameter_differences(wd["mp"], wd["ref"])
-  assert max(diffs.values()) <= allowed_params, (allowed_params, max(diffs.items(), key=lambda kv: kv[1]))
+  assert max(diffs.values()) <= allowed_params, (allowed_params,
+                                                 max(diffs.items(), key=lambda kv: kv[1]))
   (out0, _), (out1, _) = runs["mp_outputs"]
   assert "final evaluation" in out0 and "final evaluation" not in out1
 
@@ -461,6 +477,7 @@ def test_the_noise_bound_still_catches_a_sharding_bug(runs):
 @pytest.mark.parametrize("positions,loss", [("relative", "attention"), ("rope", "autoencoding")])
 def test_every_parameter_declares_its_logical_axes(compression, positions, loss):
   from flax import nnx
+
   from compressive.model.transformer import CompressiveTransformer
   cfg = ModelConfig.from_config(tiny_model_config(
       compression=compression, positions=positions, reconstruction_loss=loss))
@@ -475,6 +492,7 @@ def test_every_parameter_declares_its_logical_axes(compression, positions, loss)
 
 def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   from flax import nnx
+
   from compressive.model import layers
   made = layers.FeedForward.__init__
 
@@ -487,7 +505,8 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   state = abstract_state(config)
   for read in (sharding.logical_axes, lambda s: sharding.param_specs(mesh_of(config), s),
                lambda s: validate(config, s, num_devices=1)):
-    with pytest.raises(compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
+    with pytest.raises(compressive.ConfigError,
+                       match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
       read(state)
 
 
@@ -510,7 +529,8 @@ def _old_logical_axes(model_config):
 def _old_param_specs(config, params):
   table = _old_logical_axes(ModelConfig.from_config(config.model))
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""), params)
+      lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""),
+      params)
 
 
 def _old_state_specs(config, params, tree):
@@ -556,7 +576,8 @@ def compare_specs(config, mesh=None):
   old_params, old_state = _old_param_specs(config, params), _old_state_specs(config, params, state)
   assert sharding.param_specs(mesh_of(config), template) == old_params
   new_state = sharding.state_specs(mesh_of(config), template, state)
-  assert jax.tree.structure(new_state, is_leaf=is_spec) == jax.tree.structure(old_state, is_leaf=is_spec)
+  assert (jax.tree.structure(new_state, is_leaf=is_spec)
+          == jax.tree.structure(old_state, is_leaf=is_spec))
   assert jax.tree.leaves(new_state, is_leaf=is_spec) == jax.tree.leaves(old_state, is_leaf=is_spec)
   if mesh is not None:
     memory = jax.eval_shape(lambda: compressive.init_memory(config.model, config.batch_size))

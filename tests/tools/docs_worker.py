@@ -255,6 +255,7 @@ def config_fields() -> list[str]:
   """Every field path (sections too) of every config in configs/ (with
   get_config's default argument) and of the data section with all sources."""
   import ml_collections
+
   from compressive.data import config as data_config
   fields = set()
 

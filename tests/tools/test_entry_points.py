@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import ROOT
 
 # Slow (every test runs the tools in processes):

@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-from compressive import cli
-from compressive import files
+from compressive import cli, files
 
 
 def _only(folder):

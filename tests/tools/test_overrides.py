@@ -7,13 +7,11 @@ from the command line once the command line names it."""
 import os
 import sys
 
-import pytest
 from absl import flags
+import pytest
 
-from compressive import cli
+from compressive import cli, cli_config
 from helpers import ROOT
-
-from compressive import cli_config
 
 DEFAULT = os.path.join(ROOT, 'configs', 'default.py')
 
@@ -71,8 +69,10 @@ def test_every_spelling_of_a_repeated_override_is_last_wins():
   assert c.data.recall.distances == (24,)
   c = parse('--config.data.recall.distances=(24,)', '--config.data.recall.distances', '(8,16)')
   assert c.data.recall.distances == (8, 16)
-  assert parse('--config.model.scan_layers', '--noconfig.model.scan_layers').model.scan_layers is False
-  assert parse('--noconfig.model.scan_layers', '--config.model.scan_layers').model.scan_layers is True
+  assert parse('--config.model.scan_layers',
+               '--noconfig.model.scan_layers').model.scan_layers is False
+  assert parse('--noconfig.model.scan_layers',
+               '--config.model.scan_layers').model.scan_layers is True
 
 
 @pytest.fixture

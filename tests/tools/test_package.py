@@ -19,11 +19,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 import pytest
 
-from compressive import cli
+from compressive import cli, cli_config
 from compressive.training import loop as train_lib
-
-from compressive import cli_config
-from helpers import to_train, ROOT, TESTS, tiny_experiment
+from helpers import ROOT, TESTS, tiny_experiment, to_train
 
 TIMEOUT = 600
 
@@ -40,7 +38,8 @@ def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert {"default", "enwik8", "gpu8"} <= set(cli_config.config_names())
   assert cli_config.resolve_config("default") == os.path.join(cli_config.CONFIG_DIR, "default.py")
-  assert cli_config.resolve_config("gpu8:pg19") == os.path.join(cli_config.CONFIG_DIR, "gpu8.py") + ":pg19"
+  assert (cli_config.resolve_config("gpu8:pg19")
+          == os.path.join(cli_config.CONFIG_DIR, "gpu8.py") + ":pg19")
   # configs/paper.py is what the paper's configs share, with no get_config:
   # not a name a user can train.
   assert "paper" not in cli_config.config_names()
@@ -104,8 +103,8 @@ def test_no_folder_shadows_the_shipped_configs(tmp_path, monkeypatch, kind):
         module.get_config()
     assert config.model.d_model > 0
   assert "configs" not in sys.modules
-  assert sys.modules["compressive.configs.default"].__file__ == os.path.join(cli_config.CONFIG_DIR,
-                                                                            "default.py")
+  assert (sys.modules["compressive.configs.default"].__file__
+          == os.path.join(cli_config.CONFIG_DIR, "default.py"))
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from compressive import config as config_lib
 import compressive
+from compressive import config as config_lib
 from compressive import data
 from compressive.data import registry
 from compressive.errors import ConfigError
@@ -23,8 +23,7 @@ from compressive.model import compression as compression_lib
 from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
-from helpers import data_of, to_train, to_evaluate, checked, ROOT, tiny_experiment
-
+from helpers import ROOT, checked, data_of, tiny_experiment, to_evaluate, to_train
 
 PLUGIN = '''
 from flax import nnx
@@ -47,7 +46,8 @@ class LastSlot(Compression):
     self.gain = param(nnx.initializers.ones, None, (d_model,), ("norm",), param_dtype)
 
   def __call__(self, slots, mask, usage):
-    return self.groups(slots)[:, :, -1] * self.gain[...].astype(slots.dtype), self.groups(mask).any(-1)
+    last = self.groups(slots)[:, :, -1]
+    return last * self.gain[...].astype(slots.dtype), self.groups(mask).any(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +210,8 @@ def test_a_compression_is_imported_by_module_and_name(plugin):
     ('plugin_mod:WORDS', r"'WORDS' of 'plugin_mod' is not a subclass"),
 ])
 def test_a_compression_that_cannot_be_had_is_one_line(plugin, name, message):
-  with pytest.raises(ConfigError, match=rf"^model\.compression={re.escape(repr(name))}: {message}") as e:
+  with pytest.raises(ConfigError,
+                     match=rf"^model\.compression={re.escape(repr(name))}: {message}") as e:
     config_lib.check(tiny_experiment(**{'model.compression': name}), here=False)
   assert '\n' not in str(e.value)
 
@@ -277,7 +278,8 @@ def test_a_source_is_imported_by_module_and_name(plugin):
 @pytest.mark.parametrize('name,message', [
     ('no_such_plugin_mod:X', r"cannot import module 'no_such_plugin_mod'"),
     ('plugin_mod:Missing', r"module 'plugin_mod' has no 'Missing'"),
-    ('plugin_mod:LastSlot', r"'LastSlot' of 'plugin_mod' is not a compressive\.data\.registry\.Source"),
+    ('plugin_mod:LastSlot',
+     r"'LastSlot' of 'plugin_mod' is not a compressive\.data\.registry\.Source"),
 ])
 def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
   c = data.default_data_config()
@@ -289,7 +291,9 @@ def test_a_source_that_cannot_be_had_is_one_line(plugin, name, message):
 
 def test_word_perplexity_is_asked_of_the_source(plugin):
   import math
+
   from flax import nnx
+
   from compressive.evaluation import evaluate as eval_lib
   config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
   data.validate_data_config(data_of(config.data))
@@ -300,7 +304,8 @@ def test_word_perplexity_is_asked_of_the_source(plugin):
   assert result['words_official'] == 1000  # the source's, and a warning: far off
   assert result['word_perplexity'] == pytest.approx(
       math.exp(result['loss'] * result['tokens'] / 1000), rel=1e-6)
-  train = eval_lib.evaluate(model, data.get_documents(data_of(config.data), 'train', data.ByteTokenizer()),
+  train = eval_lib.evaluate(model,
+                            data.get_documents(data_of(config.data), 'train', data.ByteTokenizer()),
                             to_evaluate(config), split='train')
   assert 'words_official' not in train and train['word_perplexity'] > 1
   synthetic = tiny_experiment()
@@ -316,8 +321,10 @@ def test_a_resume_that_changes_the_parameter_tree_is_refused(tmp_path, field, ot
   runconfig.save_config(str(tmp_path), checked(tiny_experiment()))
   saved = tiny_experiment().model[field]
   value = other[saved]
-  with pytest.raises(ConfigError, match=rf"model\.{field} {saved!r} -> {value!r}\. Use another") as e:
-    runconfig.check_resume_config(str(tmp_path), checked(tiny_experiment(**{f'model.{field}': value})))
+  with pytest.raises(ConfigError,
+                     match=rf"model\.{field} {saved!r} -> {value!r}\. Use another") as e:
+    runconfig.check_resume_config(str(tmp_path),
+                                  checked(tiny_experiment(**{f'model.{field}': value})))
   assert '\n' not in str(e.value) and str(e.value).count('model.') == 1
 
 

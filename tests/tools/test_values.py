@@ -17,13 +17,8 @@ import time
 from absl import flags
 import pytest
 
-from compressive import cli
+from compressive import cli, cli_config, cli_flags, values
 from compressive import config as config_lib
-
-from compressive import cli_flags
-
-from compressive import cli_config
-from compressive import values
 from compressive.errors import ConfigError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import processes as processes_lib
@@ -174,7 +169,8 @@ def test_a_float_flag_is_checked_as_float32(flag, value, interval, expected):
 
 def test_an_integer_flag_is_checked_against_its_range(flag):
   flag.h31_int = 2**31
-  with pytest.raises(ConfigError, match=r"^--h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)"):
+  with pytest.raises(ConfigError,
+                     match=r"^--h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)"):
     cli_flags.check_int_flag("h31_int", "[-1, 2**31)")
   flag.h31_int = -1
   cli_flags.check_int_flag("h31_int", "[0, 2**31)", also=(-1,))
@@ -238,7 +234,8 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
   # entry points print the message alone (the table of user messages in
   # test_entry_point_errors.py runs the tools).
   error = flags.IllegalFlagValueError("flag --step=-1: --step=-1 must be >= 0, below 2**31")
-  assert cli_config.parse_failure(["eval.py", "--step=-1"], error) == "--step=-1 must be >= 0, below 2**31"
+  assert (cli_config.parse_failure(["eval.py", "--step=-1"], error)
+          == "--step=-1 must be >= 0, below 2**31")
 
 
 @pytest.mark.parametrize("address, processes, process, expected", [

@@ -28,7 +28,8 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1:2] == ["jax"]:
       import jax
       name = sys.argv[2]  # a state is an attribute, a plain flag is read
-      print("option", getattr(jax.config, name) if hasattr(jax.config, name) else jax.config.read(name))
+      print("option",
+            getattr(jax.config, name) if hasattr(jax.config, name) else jax.config.read(name))
     sys.exit(int(os.environ.get("ZYGOTE_EXIT", "0")))
     """)
 

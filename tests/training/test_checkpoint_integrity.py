@@ -3,8 +3,8 @@ and restore errors that tell a missing step, another model and real damage
 apart; --restore_intact never trains over checkpoints it skipped."""
 
 import json
-import re
 import os
+import re
 import shutil
 
 from flax import nnx
@@ -15,14 +15,12 @@ import pytest
 
 import compressive
 from compressive import config as config_lib
+from compressive.errors import CheckpointError, NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
+from compressive.training import integrity, runconfig, trees
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.training import trees
-from compressive.errors import CheckpointError, NonFiniteError
-from helpers import to_train, checked, run_identity_of, tiny_experiment, tree_digest
+from helpers import checked, run_identity_of, tiny_experiment, to_train, tree_digest
 
 
 def config(**overrides):
@@ -74,7 +72,8 @@ def abstract_state():
 
 def orbax_alone(step_dir):
   """What Orbax itself restores, with no checks of ours: the arrays' bytes."""
-  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"), trees.abstract(abstract_state()))
+  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"),
+                                             trees.abstract(abstract_state()))
   return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
@@ -107,7 +106,8 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
     workdir, trained, tmp_path):
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
   longer = config(num_train_steps=8)
-  with pytest.raises(integrity.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"):
+  with pytest.raises(integrity.DamagedCheckpointError,
+                     match="checkpoints/6 is damaged.*--restore_intact"):
     train_lib.train_and_evaluate(to_train(longer), str(workdir))
   # --restore_intact resumes from step 4, and the damaged step is kept aside
   # (rotation would otherwise delete it as the oldest).
@@ -142,7 +142,8 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
       train_lib.train_and_evaluate(to_train(narrow), str(workdir), restore_intact=intact)
     message = str(info.value)
     assert "parameter shapes differ" in message and "restore_intact" not in message
-    assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
+    assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: "
+                     r"blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
   assert tree_digest(workdir / "checkpoints") == before  # nothing skipped, deleted or trained
 
 
@@ -153,8 +154,10 @@ def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
       for name in files:
         open(os.path.join(root, name), "wb").close()
   with pytest.raises(CheckpointError,
-                     match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged.*nothing was trained"):
-    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir), restore_intact=True)
+                     match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged"
+                           r".*nothing was trained"):
+    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir),
+                                 restore_intact=True)
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4", "6"]
   assert not os.path.exists(workdir / "checkpoints" / "8")
 

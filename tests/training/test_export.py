@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 import compressive
+from compressive.errors import CheckpointError
 from compressive.training import exporting
 from compressive.training import loop as train_lib
-from compressive.errors import CheckpointError
-from helpers import to_train, tiny_experiment, write_config_file
+from helpers import tiny_experiment, to_train, write_config_file
 import inprocess
-
 
 # Slow (every test runs export.py on a model trained end to end): `make
 # test-fast` (pytest -m 'not slow') leaves this file out.

@@ -14,19 +14,24 @@ import optax
 import pytest
 
 from compressive import config as config_lib
-
-from compressive import experiment as experiment_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.data import prefetch
+from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
-from compressive.errors import ConfigError
 from compressive.training.metrics import read_jsonl
-from helpers import (data_of, to_train, ROOT, TESTS, assert_stopped_and_resumed_like_straight, process_env,
-                     tiny_experiment)
-
+from helpers import (
+  ROOT,
+  TESTS,
+  assert_stopped_and_resumed_like_straight,
+  data_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+)
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
 # file's scenario) between grad_accum_steps=1 and 2 or 4: the micro-batches
@@ -202,7 +207,8 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   # rows come back where they were.
   script = tmp_path / "dp.py"
   script.write_text(textwrap.dedent(
-      DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))))
+      DATA_PARALLEL.format(root=ROOT, tests=TESTS,
+                           here=os.path.dirname(os.path.abspath(__file__)))))
   env = process_env(devices=2, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                      env=env, timeout=600)

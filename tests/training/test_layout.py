@@ -13,9 +13,8 @@ import pytest
 
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import export as export_lib
-from compressive.training import layout
-from compressive.training import lock, loop, runlog, sidefiles
-from helpers import to_train, ROOT, tiny_experiment
+from compressive.training import layout, lock, loop, runlog, sidefiles
+from helpers import ROOT, tiny_experiment, to_train
 
 
 @pytest.mark.slow

@@ -21,7 +21,6 @@ import optax
 import pytest
 
 from compressive import config as config_lib
-
 from compressive import experiment as experiment_lib
 from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib

@@ -14,7 +14,7 @@ import pytest
 
 from compressive.training.metrics import MetricWriter, read_jsonl
 from compressive.training.writers import flatten_config, hparam_value, hparams
-from helpers import checked, ROOT, TESTS, tiny_experiment
+from helpers import ROOT, TESTS, checked, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
@@ -117,7 +117,8 @@ def _hparams_plugin_session_groups(logdir):
       logdir=str(logdir), data_provider=provider, multiplexer=mux))
   request = api_pb2.ListSessionGroupsRequest(
       start_index=0, slice_size=100, allowed_statuses=api_pb2.Status.values())
-  return list_session_groups.Handler(context.RequestContext(), ctx, "", request).run().session_groups
+  handler = list_session_groups.Handler(context.RequestContext(), ctx, "", request)
+  return handler.run().session_groups
 
 
 def _hparams(group):

@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compressive.training import checkpoint as ckpt_lib
 from compressive import data as data_lib
+from compressive.data import prefetch
+from compressive.errors import DataError
+from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import runlog
 from compressive.training import step as train_step
-from compressive.data import prefetch
-from compressive.errors import DataError
-from helpers import data_of, to_train, assert_same_params, tiny_experiment
+from helpers import assert_same_params, data_of, tiny_experiment, to_train
 
 STEPS = 12
 

@@ -15,16 +15,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 import compressive
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
 from compressive import data as data_lib
-from compressive.training import export as export_lib
-from compressive.training import exporting
-from compressive.training import loop as train_lib
 from compressive.errors import CheckpointError
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import export as export_lib
+from compressive.training import exporting, integrity, runconfig
+from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
-from helpers import to_train, ROOT, assert_same_params, tiny_experiment, write_config_file
+from helpers import ROOT, assert_same_params, tiny_experiment, to_train, write_config_file
 import inprocess
 
 

@@ -20,19 +20,24 @@ import sys
 import pytest
 
 import compressive
-from compressive import cli
+from compressive import cli, plugins
 from compressive import data as data_lib
-from compressive import plugins
 from compressive.data import registry, tokenizers
 from compressive.errors import CheckpointError, ConfigError, DataError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import integrity
 from compressive.training import export as export_lib
-from compressive.training import exporting
+from compressive.training import exporting, integrity, runconfig
 from compressive.training import loop as train_lib
-from helpers import (data_of, to_train, checked, generated_texts, run_identity_of, sentencepiece_run_fields,
-                     tiny_experiment, untrained_workdir)
+from helpers import (
+  checked,
+  data_of,
+  generated_texts,
+  run_identity_of,
+  sentencepiece_run_fields,
+  tiny_experiment,
+  to_train,
+  untrained_workdir,
+)
 import inprocess
 
 
@@ -157,7 +162,8 @@ def test_a_field_removed_from_an_export_is_damage(exported, tmp_path, field):
 
 @pytest.mark.parametrize("overrides,changed,expected", [
     ({}, {"data.synthetic.seed": 1}, "data.synthetic.seed 0 -> 1"),
-    ({}, {"data.synthetic.num_docs": (17, 4, 4)}, "data.synthetic.num_docs [16, 4, 4] -> [17, 4, 4]"),
+    ({}, {"data.synthetic.num_docs": (17, 4, 4)},
+     "data.synthetic.num_docs [16, 4, 4] -> [17, 4, 4]"),
     ({"data.source": "recall", "data.recall.num_docs": (8, 2, 2)}, {"data.recall.facts": 4},
      "data.recall.facts 8 -> 4"),
 ], ids=["synthetic seed", "synthetic num_docs", "recall facts"])
@@ -183,7 +189,8 @@ def test_the_data_identity_leaves_out_only_where_the_data_is(tmp_path):
                                                      "text_errors": "strict",
                                                      "document_bytes": 16384}
   books = tiny_experiment(**{"data.source": "books", "data.books.cache_dir": "/x"}).data
-  assert data_lib.data_identity(data_of(books)) == {"source": "books", "books": {"heldout_fraction": 0.05}}
+  assert data_lib.data_identity(data_of(books)) == {"source": "books",
+                                                    "books": {"heldout_fraction": 0.05}}
 
 
 @pytest.fixture
@@ -214,14 +221,17 @@ def test_a_plugin_source_is_identified_by_its_fields_and_its_hook(toy_source):
     c.source = "toy_id"
   assert data_lib.data_identity(data_of(c)) == {"source": "toy_id", "toy_id": {"length": 5}}
   assert data_lib.corpus_identity(data_of(c)) == "toy_id content 5"
-  saved = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+  saved = integrity.run_identity(checked(tiny_experiment()).model, "bytes",
+                                 data_lib.corpus_identity(data_of(c)),
                                 data_lib.data_identity(data_of(c)))
   c.toy_id.folder = "/elsewhere"  # moved: the same data
-  same = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+  same = integrity.run_identity(checked(tiny_experiment()).model, "bytes",
+                                data_lib.corpus_identity(data_of(c)),
                                data_lib.data_identity(data_of(c)))
   integrity.compare_identity("checkpoint x", saved, same, ())
   c.toy_id.length = 6
-  other = integrity.run_identity(checked(tiny_experiment()).model, "bytes", data_lib.corpus_identity(data_of(c)),
+  other = integrity.run_identity(checked(tiny_experiment()).model, "bytes",
+                                 data_lib.corpus_identity(data_of(c)),
                                 data_lib.data_identity(data_of(c)))
   with pytest.raises(integrity.RunMismatchError, match="data.toy_id.length 5 -> 6"):
     integrity.compare_identity("checkpoint x", saved, other, ())
@@ -327,9 +337,11 @@ def _truncated_params(out):
     (_no_params, r"export .* is damaged: its params/ folder is missing"),
     (_empty_params, r"export .* is damaged"),
     (_truncated_params, r"export .* is damaged"),
-    (lambda out: os.remove(out / "config.json"), r"export .* is damaged: its config.json is missing"),
+    (lambda out: os.remove(out / "config.json"),
+     r"export .* is damaged: its config.json is missing"),
     (lambda out: (out / "config.json").write_text('{"model": {'), r"config.json was changed since"),
-    (lambda out: (out / "export.json").write_text('{"format": "compressive-pa'), r"export.json is damaged"),
+    (lambda out: (out / "export.json").write_text('{"format": "compressive-pa'),
+     r"export.json is damaged"),
 ], ids=["no params", "params emptied", "params truncated", "no config.json",
         "config.json truncated", "export.json truncated"])
 def test_a_broken_export_is_one_line(exported, tmp_path, damage, message):
@@ -351,7 +363,8 @@ def test_a_path_that_is_no_run_is_named(run, tmp_path):
     compressive.load(str(tmp_path / "nowhere"))
   empty = tmp_path / "empty"
   empty.mkdir()
-  with pytest.raises(FileNotFoundError, match=r"config.json not found: .* is not a training workdir"):
+  with pytest.raises(FileNotFoundError,
+                     match=r"config.json not found: .* is not a training workdir"):
     compressive.load(str(empty))
 
 

@@ -19,13 +19,19 @@ import pytest
 import compressive
 from compressive import remote
 from compressive.errors import ConfigError, DataError
-from compressive.training import layout
-from compressive.training import sidefiles
+from compressive.training import layout, sidefiles
 from compressive.training import loop as train_lib
 from compressive.training import setup as setup_lib
-from helpers import (to_train, ROOT, assert_same_params, params_of, process_env, tiny_experiment,
-                     write_config_file)
 import gcs_server
+from helpers import (
+  ROOT,
+  assert_same_params,
+  params_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+  write_config_file,
+)
 import inprocess
 
 STEPS = 12
@@ -71,7 +77,8 @@ def steps_logged(lines: str) -> list[int]:
 def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_path, caplog):
   caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
   url = new_url()
-  train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
+  train_lib.train_and_evaluate(
+      to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
   objects = under(gcs, url)
   for name in ("config.json", "train.log", "metrics_train.jsonl", "curves.png"):
     assert name in objects, objects

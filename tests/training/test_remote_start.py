@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from compressive import reach
-from compressive import storage
+from compressive import reach, storage
 
 
 def test_the_wait_for_an_answer_is_bounded_and_says_that_it_waits(monkeypatch):

@@ -12,13 +12,23 @@ import numpy as np
 import pytest
 
 import compressive
-from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
-from compressive.training import loop as train_lib
-from compressive.training import step as train_step
 from compressive.errors import CheckpointError, ConfigError, DataError, NonFiniteError
-from helpers import (to_train, ROOT, assert_same_params, inject_nan_at, params_of, tiny_experiment,
-                     tree_digest, write_config_file, process_env, DEFAULT_LEVEL)
+from compressive.training import checkpoint as ckpt_lib
+from compressive.training import loop as train_lib
+from compressive.training import runconfig
+from compressive.training import step as train_step
+from helpers import (
+  DEFAULT_LEVEL,
+  ROOT,
+  assert_same_params,
+  inject_nan_at,
+  params_of,
+  process_env,
+  tiny_experiment,
+  to_train,
+  tree_digest,
+  write_config_file,
+)
 import inprocess
 
 STEPS = 24
@@ -151,7 +161,8 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference, tmp_path):
+def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference,
+                                                                   tmp_path):
   # Eight steps' batches made ahead when the run is killed: the checkpoints
   # hold the position after the batches the steps consumed.
   workdir = tmp_path / "wd"

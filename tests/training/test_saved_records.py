@@ -21,10 +21,8 @@ import pytest
 import compressive
 from compressive import config as config_lib
 from compressive.errors import CheckpointError, ConfigError
-from compressive.training import integrity
 from compressive.training import export as export_lib
-from compressive.training import exporting
-from compressive.training import runconfig
+from compressive.training import exporting, integrity, runconfig
 from helpers import tiny_experiment, untrained_workdir, write_config_file
 import inprocess
 
@@ -103,7 +101,8 @@ def test_a_config_file_with_a_field_the_model_does_not_know_is_one_line(tmp_path
 
 @pytest.mark.parametrize("body,named", [
     ("c.mesh.unlock()\nc.mesh.axis = ('data',)\n", "mesh.axis is not a field"),
-    ("c.data.synthetic.unlock()\nc.data.synthetic.sede = 1\n", "data.synthetic.sede is not a field"),
+    ("c.data.synthetic.unlock()\nc.data.synthetic.sede = 1\n",
+     "data.synthetic.sede is not a field"),
     ("c.unlock()\nc.learning_rate = 0.1\n", "learning_rate is not a field of this version's "
                                              "config (top level: "),
     ("c.eval.unlock()\nc.eval.max_segment = 3\n", "eval.max_segment is not a field"),
@@ -173,7 +172,8 @@ def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoi
 
 
 @pytest.mark.parametrize("edit,named", [
-    (lambda r: r["identity"]["model"].update(num_layerz=2), "identity.model.num_layerz is not a field"),
+    (lambda r: r["identity"]["model"].update(num_layerz=2),
+     "identity.model.num_layerz is not a field"),
     (lambda r: r["identity"]["model"].update(num_layers="2"),
      "identity.model.num_layers='2' must be an integer, not str"),
     (lambda r: r["identity"]["data"]["synthetic"].update(sede=1),
@@ -193,7 +193,8 @@ def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(run, tm
 
 
 @pytest.mark.parametrize("edit,named", [
-    (lambda m: m["identity"]["model"].update(memory_len=4), "identity.model.memory_len is not a field"),
+    (lambda m: m["identity"]["model"].update(memory_len=4),
+     "identity.model.memory_len is not a field"),
     (lambda m: m["identity"]["data"]["synthetic"].update(seed="0"),
      "identity.data.synthetic.seed='0' must be an integer, not str"),
     (lambda m: m.update(identity_v3={}), "'identity_v3', a field no export of version 2 holds"),

@@ -12,7 +12,7 @@ import pytest
 from compressive.errors import NonFiniteError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
-from helpers import to_train, inject_nan_at, run_identity_of, tiny_experiment
+from helpers import inject_nan_at, run_identity_of, tiny_experiment, to_train
 
 
 def _data_state():

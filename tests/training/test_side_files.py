@@ -16,14 +16,12 @@ import signal
 import pytest
 
 import compressive
-from compressive import cli
-from compressive import files
+from compressive import cli, files
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import runconfig
 from compressive.training import loop as train_lib
-from compressive.training import metrics, runlog, sidefiles
-from helpers import to_train, checked, tiny_experiment
+from compressive.training import metrics, runconfig, runlog, sidefiles
+from helpers import checked, tiny_experiment, to_train
 
 
 @contextlib.contextmanager
@@ -127,7 +125,8 @@ def test_a_reader_refuses_a_config_json_that_is_not_a_file_in_one_line(tmp_path,
   outside = outside_things(tmp_path)
   wd = tmp_path / "wd"
   wd.mkdir()
-  runconfig.save_config(str(outside / "folder"), checked(tiny_experiment()))  # a config, but elsewhere
+  # a config, but elsewhere
+  runconfig.save_config(str(outside / "folder"), checked(tiny_experiment()))
   put(str(wd / "config.json"), kind, str(outside / "folder" / "config.json"))
   with no_waiting(), pytest.raises(CheckpointError, match=rf"config.json is a {kind}, not a file"):
     runconfig.load_config(str(wd))

@@ -21,7 +21,14 @@ from compressive.evaluation import evaluate as eval_lib
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import metrics
-from helpers import ROOT, process_env, tiny_experiment, to_train, untrained_workdir, write_config_file
+from helpers import (
+  ROOT,
+  process_env,
+  tiny_experiment,
+  to_train,
+  untrained_workdir,
+  write_config_file,
+)
 
 # Generous for a loaded 2-core machine (a process's start imports JAX), far
 # below a hang.

@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from compressive import cli
-from compressive import storage
+from compressive import cli, storage
 
 # Generous beside the deadlines below (a loaded 2-core machine wakes late),
 # far below a hang.
@@ -80,7 +79,8 @@ def test_a_mirror_folder_its_tool_left_when_killed_is_cleared_by_the_next(tmp_pa
           "open(f.path + '/config.json', 'w').write('{}')\nprint(f.parent, flush=True)\n"
           "time.sleep(600)\n")
   env = dict(os.environ, TMPDIR=str(tmp_path))
-  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=env)
   try:
     left = holder.stdout.readline().strip()
     assert os.path.isdir(left)

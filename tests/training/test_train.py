@@ -8,8 +8,7 @@ import pytest
 
 from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
-from helpers import to_train, assert_resumed_like_straight, tiny_experiment
-
+from helpers import assert_resumed_like_straight, tiny_experiment, to_train
 
 # Slow (every test trains end to end with train_and_evaluate):
 # `make test-fast` (pytest -m 'not slow') leaves this file out.
@@ -56,7 +55,8 @@ def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, co
 
 
 @pytest.mark.parametrize("positions", ["relative", "rope"])
-def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions, caplog):
+def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions,
+                                                                         caplog):
   # Fused rope attention computes no weights (the model reports NaN mass);
   # training logs and writes no NaN, and leaves those scalars out.
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0,

@@ -5,8 +5,8 @@ on stdout."""
 
 import json
 import logging
-import re
 import os
+import re
 
 import pytest
 
@@ -14,7 +14,7 @@ from compressive.scale import flops
 from compressive.training import loop as train_lib
 from compressive.training.metrics import MetricWriter, read_jsonl
 from compressive.training.writers import hparams
-from helpers import to_train, tiny_experiment, write_config_file
+from helpers import tiny_experiment, to_train, write_config_file
 import inprocess
 
 

@@ -16,11 +16,11 @@ import socket
 import pytest
 
 from compressive import files
-from compressive.training import loop as train_lib
 from compressive.errors import UserError
+from compressive.training import loop as train_lib
 from compressive.training import sidefiles
 from compressive.training.lock import LOCK_FILE, OWNER_FILE, WorkdirBusyError, WorkdirLock
-from helpers import to_train, tiny_experiment
+from helpers import tiny_experiment, to_train
 
 BUSY = r"in use by another trainer \(pid \d+ on host"
 

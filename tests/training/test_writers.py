@@ -16,7 +16,7 @@ from compressive.errors import ConfigError
 from compressive.training import loop as train_lib
 from compressive.training import writers
 from compressive.training.metrics import read_jsonl
-from helpers import to_train, tiny_experiment
+from helpers import tiny_experiment, to_train
 import inprocess
 
 RUN = {"num_train_steps": 4, "log_every_steps": 1, "eval_every_steps": 2,
@@ -115,7 +115,8 @@ def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, monkeypatch)
   find = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "wandb" else find(name, *a))
-  r = inprocess.run("train.py", [f"--workdir={tmp_path}/wd", "--config.metric_writers=(tensorboard,wandb)",
+  r = inprocess.run("train.py",
+                    [f"--workdir={tmp_path}/wd", "--config.metric_writers=(tensorboard,wandb)",
                                  "--dry_run"])
   assert r.returncode == 2 and r.stderr.strip() == (
       "error: metric_writers names wandb, which needs the wandb package: pip install "
