@@ -3,6 +3,7 @@ persistent compilation cache (on by default, and a warm run compiles
 nothing), and the README's Python snippet run from an installed wheel in
 another directory."""
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -251,7 +252,15 @@ def installed(tmp_path_factory):
   from a copy of the sources, so the repository gets no build/ folder) and
   the dependencies of this interpreter's environment (a .pth line: nothing is
   downloaded). Returns (python, site-packages)."""
-  pytest.importorskip("setuptools", minversion="64")  # builds the wheel here, offline
+  # Builds the wheel here, offline, in a process of its own: asked of the
+  # metadata, not imported (setuptools' distutils shim refuses to import once
+  # another test in this worker has imported the standard library's).
+  try:
+    setuptools_major = int(importlib.metadata.version("setuptools").split(".")[0])
+  except importlib.metadata.PackageNotFoundError:
+    setuptools_major = 0
+  if setuptools_major < 64:
+    pytest.skip("building the wheel offline needs setuptools >= 64")
   tmp = tmp_path_factory.mktemp("installed")
   src = tmp / "src"
   for name in ("pyproject.toml", "README.md", "requirements.txt"):

@@ -105,6 +105,11 @@ def test_a_stop_during_an_evaluation_is_acted_on_at_the_next_segment(tmp_path, m
   assert evals == []  # the dropped evaluation wrote nothing
 
 
+# Runs the script of argv[1] with SIGHUP at its default disposition.
+DEFAULT_SIGHUP = ("import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                  "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 @pytest.mark.slow  # a signal to a process of its own
 def test_a_reading_tool_stops_with_one_line_and_the_signals_status(tmp_path):
   # An evaluation of minutes (2,000 documents), stopped at its first
@@ -112,7 +117,10 @@ def test_a_reading_tool_stops_with_one_line_and_the_signals_status(tmp_path):
   workdir = untrained_workdir(tmp_path / "wd", tiny_experiment(
       **{"data.synthetic.num_docs": (16, 2000, 4), "data.synthetic.max_length": 4000,
          "data.synthetic.min_length": 3000}))
-  p = subprocess.Popen([sys.executable, "eval.py", f"--workdir={workdir}"],
+  # Started as a terminal's shell starts it, SIGHUP at its default: a tool
+  # keeps a stop signal its parent ignores ignored (nohup), and the suite
+  # may itself run under nohup.
+  p = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGHUP, "eval.py", f"--workdir={workdir}"],
                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   wait_for(p, "eval: segment")
   p.send_signal(signal.SIGHUP)
