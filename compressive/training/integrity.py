@@ -52,10 +52,10 @@ def json_digest(value: Any) -> str:
 
 # The integrity record's format. Version 2 records name their version and
 # hold every field below; a field missing from one is damage. Records that
-# name no version were written before version 2 (before 2026-12-02, the
-# third pass): they held no data config and no corpus digest, exactly what a
-# version 2 record stripped of its version and those parts holds, so they
-# are not read (UnknownRecordError), as version 1 exports are not.
+# name no version were written before version 2: they held no data config
+# and no corpus digest, exactly what a version 2 record stripped of its
+# version and those parts holds, so they are not read (UnknownRecordError),
+# as version 1 exports are not.
 RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
@@ -211,7 +211,7 @@ def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) ->
 # What a record of each version holds, and of what type (a tuple allows
 # each type in it): null is damage wherever a check value belongs, except a
 # corpus digest, which a source without one records as null. A record that
-# names no version (the third pass) held an identity of the model config
+# names no version held an identity of the model config
 # and the tokenizer, the corpus's digest only when its source had one.
 _NULLABLE = (str, type(None))
 IDENTITY_FIELDS = {"model": dict, "tokenizer": str, "data": dict, "corpus": _NULLABLE}
