@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive import values
 from compressive.errors import CheckpointError, ConfigError
 
 
@@ -99,16 +100,6 @@ _FIX = {
 }
 
 
-def flat(value: Any, prefix: str) -> dict[str, Any]:
-  """A nested JSON dict as {"a.b": leaf}."""
-  if not isinstance(value, dict):
-    return {prefix: value}
-  out: dict[str, Any] = {}
-  for k, v in value.items():
-    out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
-  return out
-
-
 def _model_fields(model: Any) -> dict[str, Any]:
   """Every field of a model section (a ModelConfig, or a mapping as a
   saved config holds it), those it left out at their defaults: a config
@@ -161,7 +152,7 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   if part == "model" and isinstance(a, dict) and isinstance(b, dict):
     return "; ".join(model_differences(a, b)[:4]) or None
   if part == "data" and isinstance(a, dict) and isinstance(b, dict):
-    fa, fb = flat(a, "data"), flat(b, "data")
+    fa, fb = values.flatten(a, "data."), values.flatten(b, "data.")
     fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None
@@ -296,7 +287,6 @@ def identity_problem(identity: dict) -> Optional[str]:
   words: a model field ModelConfig does not know or a value of another
   kind, a data section other than data.source's, a field that section does
   not know or does not record (where its files are); None when nothing."""
-  from compressive import values
   from compressive.data import registry
   from compressive.model.config import ModelConfig
   try:
