@@ -102,13 +102,6 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
 RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
 
 
-def _get(config, dotted: str):
-  value = config
-  for part in dotted.split("."):
-    value = value.get(part) if hasattr(value, "get") else None
-  return value
-
-
 def check_resume_config(workdir: str, experiment: Experiment) -> None:
   """ConfigError naming the fields that differ from the run being resumed.
 
@@ -129,10 +122,10 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  current = experiment.to_dict()
+  was, now = values.flatten(saved), values.flatten(experiment.to_dict())  # each a leaf
   diffs = integrity.model_differences(saved.get("model") or {}, experiment.model) + [
-      f"{name} {_get(saved, name)!r} -> {_get(current, name)!r}"
-      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(current, name)]
+      f"{name} {was.get(name)!r} -> {now.get(name)!r}"
+      for name in RUN_SHAPE_FIELDS if was.get(name) != now.get(name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)
