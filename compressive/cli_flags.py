@@ -174,35 +174,23 @@ def _flag_value_error(name: str, e: ConfigError, value: Any) -> ConfigError:
   return ConfigError(f"--{name}={value}{rest}")
 
 
-def check_number_flag(name: str, interval: str, *, dtype: str = "float32",
-                      must: str = "") -> None:
-  """ConfigError `--name=VALUE ...` unless the float flag is unset or, as
-  `dtype` holds it (float32: what the device computes with; float64 for a
-  value only the host uses), a number in `interval` (values.number: no NaN,
-  no overflow to inf, no underflow to 0, no rounding onto an open end)."""
-  _check_number(name, flags.FLAGS[name].value, interval, dtype, must)
-
-
-def check_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
-                   must: str = "") -> None:
-  """ConfigError `--name=VALUE ...` unless the integer flag is unset, one of
-  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
-  _check_int(name, flags.FLAGS[name].value, interval, also, must)
-
-
 def validate_number_flag(name: str, interval: str, *, dtype: str = "float32",
                          must: str = "") -> None:
-  """Makes check_number_flag's check the float flag's own (an absl
-  validator): run as the command line is parsed, so that a value out of
-  range is one line (`parse_flags`) before the tool starts, and whenever
-  the flag is set. Called where the flag is defined."""
+  """The float flag's own check (an absl validator): ConfigError
+  `--name=VALUE ...` unless the flag is unset or, as `dtype` holds it
+  (float32: what the device computes with; float64 for a value only the
+  host uses), a number in `interval` (values.number: no NaN, no overflow to
+  inf, no underflow to 0, no rounding onto an open end). Run as the command
+  line is parsed, so that a value out of range is one line (`parse_flags`)
+  before the tool starts, and whenever the flag is set. Called where the
+  flag is defined."""
   _register(name, lambda value: _check_number(name, value, interval, dtype, must))
 
 
 def validate_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
                       must: str = "") -> None:
-  """Makes check_int_flag's check the integer flag's own, as
-  validate_number_flag does."""
+  """The integer flag's own check, as validate_number_flag's: unset, one of
+  `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
   _register(name, lambda value: _check_int(name, value, interval, also, must))
 
 

@@ -389,6 +389,24 @@ def metrics_text(metrics: dict[str, Any], sep: str = " ") -> str:
   return "  ".join(f"{k}{sep}{text(v)}" for k, v in metrics.items())
 
 
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested config (ConfigDict, mappings, JSON) -> {"dotted.key": leaf
+  value}, each key after `prefix`; an empty section leaves no key.
+
+  A flat dict comes back as it is (its keys may already hold dots).
+  """
+  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
+    config = config.to_dict()
+  out: dict[str, Any] = {}
+  for k, v in config.items():
+    key = f"{prefix}{k}"
+    if hasattr(v, "to_dict") or isinstance(v, Mapping):
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
 def non_finite(value: Any, prefix: str = "") -> list[str]:
   """The names (dotted, [i] for items) of the NaN or infinite floats in a
   result of dicts, lists and numbers."""

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from compressive import values
 from compressive.errors import CheckpointError, ConfigError
 
 
@@ -52,10 +53,10 @@ def json_digest(value: Any) -> str:
 
 # The integrity record's format. Version 2 records name their version and
 # hold every field below; a field missing from one is damage. Records that
-# name no version were written before version 2 (before 2026-12-02, the
-# third pass): they held no data config and no corpus digest, exactly what a
-# version 2 record stripped of its version and those parts holds, so they
-# are not read (UnknownRecordError), as version 1 exports are not.
+# name no version were written before version 2: they held no data config
+# and no corpus digest, exactly what a version 2 record stripped of its
+# version and those parts holds, so they are not read (UnknownRecordError),
+# as version 1 exports are not.
 RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
@@ -97,16 +98,6 @@ _FIX = {
     "corpus": "files were added, removed or changed since: restore the corpus, or pass "
               "--accept_changed_corpus to go on training on it deliberately",
 }
-
-
-def flat(value: Any, prefix: str) -> dict[str, Any]:
-  """A nested JSON dict as {"a.b": leaf}."""
-  if not isinstance(value, dict):
-    return {prefix: value}
-  out: dict[str, Any] = {}
-  for k, v in value.items():
-    out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
-  return out
 
 
 def _model_fields(model: Any) -> dict[str, Any]:
@@ -161,7 +152,7 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   if part == "model" and isinstance(a, dict) and isinstance(b, dict):
     return "; ".join(model_differences(a, b)[:4]) or None
   if part == "data" and isinstance(a, dict) and isinstance(b, dict):
-    fa, fb = flat(a, "data"), flat(b, "data")
+    fa, fb = values.flatten(a, "data."), values.flatten(b, "data.")
     fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None
@@ -211,7 +202,7 @@ def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) ->
 # What a record of each version holds, and of what type (a tuple allows
 # each type in it): null is damage wherever a check value belongs, except a
 # corpus digest, which a source without one records as null. A record that
-# names no version (the third pass) held an identity of the model config
+# names no version held an identity of the model config
 # and the tokenizer, the corpus's digest only when its source had one.
 _NULLABLE = (str, type(None))
 IDENTITY_FIELDS = {"model": dict, "tokenizer": str, "data": dict, "corpus": _NULLABLE}
@@ -296,7 +287,6 @@ def identity_problem(identity: dict) -> Optional[str]:
   words: a model field ModelConfig does not know or a value of another
   kind, a data section other than data.source's, a field that section does
   not know or does not record (where its files are); None when nothing."""
-  from compressive import values
   from compressive.data import registry
   from compressive.model.config import ModelConfig
   try:

@@ -127,13 +127,9 @@ def read_jsonl(path: str) -> list[dict]:
   return records
 
 
-def rewrite_jsonl(path: str, records: list[dict]) -> None:
-  """Replaces the file's records at once (a temporary file renamed over it),
-  so that a crash leaves the old file or the new one, never half of each."""
-  _replace_lines(path, (json.dumps(r) + "\n" for r in records))
-
-
 def _replace_lines(path: str, lines) -> None:
+  """Replaces the file's lines at once (a temporary file renamed over it),
+  so that a crash leaves the old file or the new one, never half of each."""
   with files.replacing(path) as f:
     f.writelines(lines)
 

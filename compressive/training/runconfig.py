@@ -15,7 +15,7 @@ from typing import Any, Mapping, TypeAlias
 import ml_collections
 
 from compressive import experiment as experiment_lib
-from compressive import files
+from compressive import files, values
 from compressive.errors import CheckpointError, ConfigError
 from compressive.experiment import Experiment
 from compressive.training import integrity, layout, savedjson, sidefiles
@@ -32,11 +32,11 @@ def save_config(workdir: str, experiment: Experiment) -> None:
   write_config(workdir, experiment.to_dict())
 
 
-def write_config(workdir: str, values: Mapping[str, Any]) -> None:
+def write_config(workdir: str, fields: Mapping[str, Any]) -> None:
   """Writes WORKDIR/config.json (a config's fields, nested) whole (a
   temporary file renamed over it); a write the disk refuses names the file."""
   os.makedirs(workdir, exist_ok=True)
-  files.write_text(layout.Workdir(workdir).config, json.dumps(values, indent=2) + "\n")
+  files.write_text(layout.Workdir(workdir).config, json.dumps(fields, indent=2) + "\n")
 
 
 def load_config(workdir: str) -> SavedConfig:
@@ -55,9 +55,9 @@ def load_config(workdir: str) -> SavedConfig:
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
-    values = _tuples(savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path))
-    experiment_lib.check_written(values)  # its sections, fields and kinds: not its ranges
-    return ml_collections.ConfigDict(values)
+    fields = _tuples(savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path))
+    experiment_lib.check_written(fields)  # its sections, fields and kinds: not its ranges
+    return ml_collections.ConfigDict(fields)
   except savedjson.DamagedJSONError as e:
     cause = e.cause
   except ConfigError as e:
@@ -89,7 +89,7 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
   except (OSError, CheckpointError):
     return []
   given = json.loads(json.dumps(experiment.to_dict()))  # tuples as JSON lists, as saved
-  a, b = integrity.flat(saved, ""), integrity.flat(given, "")
+  a, b = values.flatten(saved), values.flatten(given)
   return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
           if a.get(k) != b.get(k)]
 
@@ -100,13 +100,6 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
 # fields are derived (integrity.model_differences, the one rule the
 # checkpoints' identity check keeps too).
 RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
-
-
-def _get(config, dotted: str):
-  value = config
-  for part in dotted.split("."):
-    value = value.get(part) if hasattr(value, "get") else None
-  return value
 
 
 def check_resume_config(workdir: str, experiment: Experiment) -> None:
@@ -129,10 +122,10 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  current = experiment.to_dict()
+  was, now = values.flatten(saved), values.flatten(experiment.to_dict())  # each a leaf
   diffs = integrity.model_differences(saved.get("model") or {}, experiment.model) + [
-      f"{name} {_get(saved, name)!r} -> {_get(current, name)!r}"
-      for name in RUN_SHAPE_FIELDS if _get(saved, name) != _get(current, name)]
+      f"{name} {was.get(name)!r} -> {now.get(name)!r}"
+      for name in RUN_SHAPE_FIELDS if was.get(name) != now.get(name)]
   if diffs:
     raise ConfigError(
         f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)

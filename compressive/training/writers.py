@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from compressive import plugins, remote
+from compressive import plugins, remote, values
 from compressive.errors import ConfigError
 from compressive.errors import naming as _naming
 from compressive.training import layout
@@ -114,29 +114,12 @@ def run_of(workdir: str, config: Mapping[str, Any]) -> Run:
 # -- TensorBoard. ---------------------------------------------------------------
 
 
-def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
-  """A nested config (ConfigDict or mappings) -> {"dotted.key": leaf value}.
-
-  A flat dict comes back as it is (its keys may already hold dots).
-  """
-  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
-    config = config.to_dict()
-  out: dict[str, Any] = {}
-  for k, v in config.items():
-    key = f"{prefix}{k}"
-    if hasattr(v, "to_dict") or isinstance(v, Mapping):
-      out.update(flatten_config(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
 def hparams(config: Any) -> dict[str, bool | int | float | str]:
   """A config (nested, as written: Experiment.config, every field as the
   run's config.json records it, or already flat) as TensorBoard hparams:
-  dotted keys (flatten_config, the one flattener), values bool / int /
+  dotted keys (values.flatten, the one flattener), values bool / int /
   float / str (hparam_value: tuples, lists, None and the rest as str)."""
-  return {k: hparam_value(v) for k, v in flatten_config(config).items()}
+  return {k: hparam_value(v) for k, v in values.flatten(config).items()}
 
 
 def hparam_value(v: Any) -> bool | int | float | str:
@@ -185,8 +168,8 @@ class TensorBoard:
   def write(self, stream: str, step: int, scalars: Mapping[str, float]) -> None:
     from tensorboardX import summary as tbx_summary
     from tensorboardX.proto import summary_pb2
-    values = [v for k, x in scalars.items() for v in tbx_summary.scalar(k, float(x)).value]
-    self._summary(stream, summary_pb2.Summary(value=values), int(step))
+    summaries = [v for k, x in scalars.items() for v in tbx_summary.scalar(k, float(x)).value]
+    self._summary(stream, summary_pb2.Summary(value=summaries), int(step))
 
   def write_hparams(self, config: Mapping[str, Any]) -> None:
     """The config as TensorBoard hparams (`hparams`: flat, bool /

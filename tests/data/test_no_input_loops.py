@@ -58,7 +58,7 @@ def _corpus(tmp_path, raw: bytes, **fields):
   return c, path
 
 
-# -- The reproduction: one lead byte, then continuation bytes alone. ---------
+# -- One lead byte, then continuation bytes alone: cut and named, not looped on. -----
 
 CRAFTED = b"\xc3" + b"\x80" * 40000
 

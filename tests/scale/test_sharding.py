@@ -510,33 +510,34 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
       read(state)
 
 
-# -- The specs against the path-matching functions they replaced. -------------------
+# -- Every array's spec is its parameter's declared axes under the rules. --------
 #
-# sharding.py once rebuilt the model from config.model to read its logical
-# axes and matched optimizer state to parameters by path suffix and shape.
-# It now reads the axes from the state its caller built and follows the
-# optimizer state's structure; these copies of the old functions pin that
-# every config lays out every array as before.
+# The promise stated leaf by leaf, without sharding.state_specs' matching by
+# structure: a parameter's spec is spec_for_axes of the logical axes that a
+# model built afresh from config.model declares for it; a training-state
+# leaf whose path ends in a parameter's path and has its shape (Adam's mu
+# and nu) has that parameter's spec; every other leaf (step, counts) is
+# replicated.
 
 
-def _old_logical_axes(model_config):
+def _declared_axes(model_config):
   from compressive.model.transformer import CompressiveTransformer
   model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
   return {"/".join(str(k) for k in path): tuple(var.get_metadata()["out_sharding"])
           for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def _old_param_specs(config, params):
-  table = _old_logical_axes(ModelConfig.from_config(config.model))
+def _expected_param_specs(config, params):
+  table = _declared_axes(ModelConfig.from_config(config.model))
   return jax.tree_util.tree_map_with_path(
       lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""),
       params)
 
 
-def _old_state_specs(config, params, tree):
+def _expected_state_specs(config, params, tree):
   P = jax.sharding.PartitionSpec
   table = {}
-  specs = _old_param_specs(config, params)
+  specs = _expected_param_specs(config, params)
   for (path, x), p in zip(jax.tree_util.tree_leaves_with_path(params),
                           jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P))):
     table[sharding.path_str(path)] = (tuple(x.shape), p)
@@ -568,28 +569,30 @@ def spec_cases():
 
 
 def compare_specs(config, mesh=None):
-  """Asserts the new specs (and, on `mesh`, the layout's shardings) equal the
-  old functions'; returns how many state leaves it compared."""
+  """Asserts sharding's specs (and, on `mesh`, the layout's shardings) equal
+  the expected ones; returns how many state leaves it compared."""
   P = jax.sharding.PartitionSpec
   template, params, state = abstract_training(config)
   is_spec = lambda x: isinstance(x, P)
-  old_params, old_state = _old_param_specs(config, params), _old_state_specs(config, params, state)
-  assert sharding.param_specs(mesh_of(config), template) == old_params
-  new_state = sharding.state_specs(mesh_of(config), template, state)
-  assert (jax.tree.structure(new_state, is_leaf=is_spec)
-          == jax.tree.structure(old_state, is_leaf=is_spec))
-  assert jax.tree.leaves(new_state, is_leaf=is_spec) == jax.tree.leaves(old_state, is_leaf=is_spec)
+  want_params = _expected_param_specs(config, params)
+  want_state = _expected_state_specs(config, params, state)
+  assert sharding.param_specs(mesh_of(config), template) == want_params
+  got_state = sharding.state_specs(mesh_of(config), template, state)
+  assert (jax.tree.structure(got_state, is_leaf=is_spec)
+          == jax.tree.structure(want_state, is_leaf=is_spec))
+  assert (jax.tree.leaves(got_state, is_leaf=is_spec)
+          == jax.tree.leaves(want_state, is_leaf=is_spec))
   if mesh is not None:
     memory = jax.eval_shape(lambda: compressive.init_memory(config.model, config.batch_size))
     layout = train_step.make_layout(mesh_of(config), mesh, template, state, memory)
-    assert layout.state == sharding.shardings(mesh, old_state)
+    assert layout.state == sharding.shardings(mesh, want_state)
     assert layout.compute_params == sharding.shardings(
-        mesh, sharding.gathered_specs(mesh_of(config), old_params))
-  return len(jax.tree.leaves(new_state, is_leaf=is_spec))
+        mesh, sharding.gathered_specs(mesh_of(config), want_params))
+  return len(jax.tree.leaves(got_state, is_leaf=is_spec))
 
 
 @pytest.mark.parametrize("case", ["default", "scan_layers", "compression_dilated_conv"])
-def test_specs_equal_the_path_matched_ones(case):
+def test_every_leaf_has_its_parameters_declared_spec(case):
   config = spec_cases()[case]
   n = compare_specs(config)
   params = abstract_training(config)[1]
@@ -605,7 +608,7 @@ def compare_all_specs_on_eight_devices():
 
 
 @pytest.mark.slow
-def test_shardings_equal_the_path_matched_ones_on_eight_devices():
+def test_every_leaf_is_laid_out_by_its_parameters_declared_spec_on_eight_devices():
   code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
           "test_sharding.compare_all_specs_on_eight_devices()")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

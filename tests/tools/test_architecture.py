@@ -326,8 +326,8 @@ ML_COLLECTIONS_IMPORTERS = {
     "compressive.training.runconfig": "a saved config.json read back to be checked",
     "compressive.data.config": "the data section as a config file holds it (default_data_config)",
 }
-# Mentions of `ConfigDict` in compressive/ (code, types and docstrings): 134
-# before the typed experiment (issue 30). A new one past this ceiling is a
+# Mentions of `ConfigDict` in compressive/ (code, types and docstrings), which
+# the command line and config files parse. A new one past this ceiling is a
 # raw config reaching somewhere it should take the Experiment; lower the
 # ceiling when mentions go.
 MAX_CONFIGDICT_MENTIONS = 22

@@ -428,7 +428,7 @@ CASES = [
          ["--workdir={wd}", "--analysis=recall_probe"], "--analysis=recall_probe needs"),
     Case("analyze: workdir is a file", "analyze.py", ["--workdir={file}"],
          "is a file, not a folder"),
-    # Found at start-up, before anything compiles (the third pass).
+    # Found at start-up, before anything compiles.
     Case("train: no synthetic documents at all", "train.py",
          [CFG, "--workdir={tmp}/wd", "--config.data.synthetic.num_docs=()"],
          "data.synthetic.num_docs=()"),

@@ -1,7 +1,7 @@
 """The installable package: configs found by name from any directory, JAX's
 persistent compilation cache (on by default, and a warm run compiles
-nothing), and the README's Python snippet run from an installed wheel in
-another directory."""
+nothing), and the Python snippet of docs/EVALUATION.md ("From Python") run
+from an installed wheel in another directory."""
 
 import importlib.metadata
 import importlib.util
@@ -297,7 +297,7 @@ def trained(tmp_path_factory):
   return workdir
 
 
-# The README's "From Python" snippet, with a trained workdir.
+# docs/EVALUATION.md's "From Python" snippet, with a trained workdir.
 README_SNIPPET = """
 import jax.numpy as jnp
 from flax import nnx
@@ -317,7 +317,7 @@ config, trained = compressive.load(WORKDIR)             # a trained model back
 
 
 @pytest.mark.slow
-def test_the_readme_snippet_runs_from_an_installed_wheel_elsewhere(installed, trained, tmp_path):
+def test_the_python_snippet_runs_from_an_installed_wheel_elsewhere(installed, trained, tmp_path):
   exe, site = installed
   code = README_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""
       import os

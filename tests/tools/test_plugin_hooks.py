@@ -105,8 +105,8 @@ def config_file(tmp_path, **fields):
   return str(path)
 
 
-# -- The issue's: a compression's constructor, a source's validate, iter_texts, --------
-# -- official_words. ------------------------------------------------------------------
+# -- A plugin hook that raises is one line: a compression's constructor, a source's ----
+# -- validate, iter_texts, official_words. --------------------------------------------
 
 
 def test_a_compressions_constructor_that_raises_is_one_line(plugin, tmp_path):

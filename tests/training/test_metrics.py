@@ -12,8 +12,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from compressive import values
 from compressive.training.metrics import MetricWriter, read_jsonl
-from compressive.training.writers import flatten_config, hparam_value, hparams
+from compressive.training.writers import hparam_value, hparams
 from helpers import ROOT, TESTS, checked, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
@@ -132,7 +133,7 @@ def test_training_writes_the_config_as_hparams(workdir):
   got = _hparams(groups[0])
   # Every field of every group, as config.json records it (Experiment.to_dict).
   recorded = checked(tiny_experiment(**OVERRIDES)).to_dict()
-  assert got == {k: hparam_value(v) for k, v in flatten_config(recorded).items()}
+  assert got == {k: hparam_value(v) for k, v in values.flatten(recorded).items()}
   assert got["eval.memory_length"] == tiny_experiment().model.memory_length  # -1 resolved
   assert got["model.d_model"] == 32 and got["data.source"] == "synthetic"
   assert got["data.synthetic.num_docs"] == "(16, 4, 4)"
@@ -158,13 +159,13 @@ def test_tensorboard_shows_the_first_hparams_of_a_run_directory(tmp_path):
       (1, float(np.float32(0.1))), (2, float(np.float32(0.2)))]
 
 
-def test_flatten_config_and_hparam_values():
+def test_flatten_and_hparam_values():
   c = ml_collections.ConfigDict({"a": 1, "b": {"c": (2, 3), "d": None, "e": {"f": "x"}},
                                  "g": [1.5], "h": True, "i": np.float32(0.5)})
-  flat = flatten_config(c)
+  flat = values.flatten(c)
   assert flat == {"a": 1, "b.c": (2, 3), "b.d": None, "b.e.f": "x", "g": [1.5], "h": True,
                   "i": np.float32(0.5)}
-  assert flatten_config(flat) == flat
+  assert values.flatten(flat) == flat
   assert {k: hparam_value(v) for k, v in flat.items()} == {
       "a": 1, "b.c": "(2, 3)", "b.d": "None", "b.e.f": "x", "g": "[1.5]", "h": True, "i": 0.5}
 
@@ -184,4 +185,4 @@ def test_the_hparams_are_the_config_flattened_once():
   c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,
                                  "e": {}, "f": True})
   assert hparams(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
-  assert hparams(hparams(c)) == hparams(c) == hparams(flatten_config(c))
+  assert hparams(hparams(c)) == hparams(c) == hparams(values.flatten(c))

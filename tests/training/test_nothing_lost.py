@@ -1,6 +1,7 @@
-"""Nothing lost, third pass: readers that survive rotation, every byte a
-resume depends on verified, side files that never block a resume, an
-idempotent --restore_intact, and the tools' own clean-ups."""
+"""Nothing lost while runs and readers share a workdir: readers that survive
+rotation, every byte a resume depends on verified, side files that never
+block a resume, an idempotent --restore_intact, and the tools' own
+clean-ups."""
 
 import json
 import os

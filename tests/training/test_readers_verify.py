@@ -1,6 +1,6 @@
-"""Nothing lost, fourth pass: every reader verifies what it reads, workdir or
-export alike. The run's identity (the model config, the tokenizer, the data
-config's generating fields) travels into exports and is compared by every
+"""Every reader verifies what it reads, workdir or export alike. The run's
+identity (the model config, the tokenizer, the data config's generating
+fields) travels into exports and is compared by every
 reader; a field missing from an integrity record is damage; the data
 identity covers every source; a saved config never imports a module or
 makes a reader download; and a broken export or a wrong path is one line.
@@ -368,8 +368,7 @@ def test_a_path_that_is_no_run_is_named(run, tmp_path):
     compressive.load(str(empty))
 
 
-# -- Nothing lost, fifth pass: any failure to parse is damage, and a null -------
-# -- never turns a check off. ----------------------------------------------------
+# -- Any failure to parse is damage, and a null never turns a check off. ---------
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion: RecursionError

@@ -73,7 +73,7 @@ def one_line(result, *expected):
 
 
 def mine(tmp_path, body):
-  """A config file built on the shipped default, as the README shows."""
+  """A config file built on the shipped default, as docs/TRAINING.md shows."""
   path = tmp_path / "mine.py"
   path.write_text("from compressive.configs import default\n\n\ndef get_config():\n"
                   "  c = default.get_config()\n" + textwrap.indent(textwrap.dedent(body), "  ")

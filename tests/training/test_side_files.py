@@ -224,7 +224,7 @@ def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
   assert not os.listdir(tmp_path)
 
 
-# -- Nothing lost, fifth pass: whatever fails to parse is damage, set aside. ----
+# -- Whatever fails to parse is damage, set aside. -----------------------------
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion: RecursionError
