@@ -216,7 +216,8 @@ def _model_step(cfg, tokens_per_segment, seed=0):
 
 @pytest.mark.slow  # the whole model's gradient step, compiled twice per case
 @pytest.mark.parametrize("positions,compression", [
-    ("relative", "conv"), ("rope", "conv"), ("rope", "most_used")])
+    ("relative", "conv"), ("rope", "conv"), ("rope", "most_used"),
+    ("relative", "overlap_max_pool")])
 def test_model_chunked_matches_dense(positions, compression):
   """The whole model with attention_chunk_size=2 (4 chunks of a segment of
   8) against 0: the same logits, memory and parameter gradients over 3
