@@ -190,12 +190,14 @@ _WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "
 
 
 def _declared(kind: str, default: Any, interval: str = "", must: str = "",
-              choices: Any = ()) -> Any:
+              choices: Any = (), rule: Any = None) -> Any:
   metadata = {"kind": kind, "must": must}
   if interval:
     metadata["interval"] = interval
   if choices:
     metadata["choices"] = choices
+  if rule:
+    metadata["rule"] = rule
   return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -225,9 +227,12 @@ def flag(default: bool) -> Any:
   return _declared("bool", default)
 
 
-def sequence(default: Any, must: str = "") -> Any:
-  """A dataclass field holding a tuple (a list as JSON gives it is read as one)."""
-  return _declared("tuple", default, must=must)
+def sequence(default: Any, must: str = "", rule: Any = None) -> Any:
+  """A dataclass field holding a tuple (a list as JSON gives it is read as one);
+  `rule`, a function of the tuple, says what is wrong with its items: the
+  words of the error after the field's name (e.g. "=('a', 'a') must be
+  distinct names"), or "" when nothing is."""
+  return _declared("tuple", default, must=must, rule=rule)
 
 
 def kind_of(f: dataclasses.Field) -> str:
@@ -279,15 +284,18 @@ def check_kind(f: dataclasses.Field, value: Any, prefix: str) -> None:
 
 def check_fields(group: Any, prefix: str) -> dict[str, Any]:
   """Every field of `group` against its kind (check_kind) and its declared
-  range, in field order; ConfigError naming `PREFIXfield`. Returns {field:
-  the value as checked} of the fields with a range (a float as float32
-  holds it)."""
+  range or rule, in field order; ConfigError naming `PREFIXfield`. Returns
+  {field: the value as checked} of the fields with a range (a float as
+  float32 holds it)."""
   held = {}
   for f in dataclasses.fields(group):
     if f.metadata.get("derived"):
       continue
     value = getattr(group, f.name)
     check_kind(f, value, prefix)
+    problem = f.metadata["rule"](value) if "rule" in f.metadata else ""
+    if problem:
+      raise ConfigError(f"{prefix}{f.name}{problem}")
     if "interval" in f.metadata:
       check = integer if f.metadata["kind"] == "int" else number
       held[f.name] = check(prefix + f.name, value, f.metadata["interval"],

@@ -53,9 +53,10 @@ _REQUIRED = dataclasses.MISSING  # a field every model section gives
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """The model section (`config.model`), typed and frozen: each field
-  declares its kind and range or choices once (values.whole, ...), a section
-  read with `from_config` refuses a field it does not know, and the rules
-  between the fields are checked as it is made (`validate`)."""
+  declares its kind and range or choices once (values.whole, ...) and is
+  checked against them as the group is made (`__post_init__`), then the
+  rules between the fields (`_check_rules`); a section read with
+  `from_config` refuses a field it does not know."""
   vocab_size: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_layers: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_heads: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
@@ -96,7 +97,8 @@ class ModelConfig:
     return values.from_dict(cls, config, "model.")
 
   def __post_init__(self):
-    validate(self)
+    values.check_fields(self, "model.")
+    _check_rules(self)
 
   @property
   def head_dim(self) -> int:
@@ -137,10 +139,9 @@ def _check_depth(cfg: ModelConfig) -> None:
         "minutes to build even scanned (the build's time grows as the layers squared)")
 
 
-def validate(cfg: ModelConfig) -> None:
-  """Raises ConfigError naming the first field out of its kind or range
-  (values.check_fields), then the first rule between fields it breaks."""
-  values.check_fields(cfg, "model.")
+def _check_rules(cfg: ModelConfig) -> None:
+  """ConfigError naming the first rule between the fields (each field
+  already checked against its own range) that `cfg` breaks."""
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
