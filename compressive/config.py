@@ -90,7 +90,6 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   _check_vocabulary(data, cfg, here, training)
   evaluation = written.resolved(cfg, train.batch_size)
   _check_eval_sizes(evaluation, cfg)
-  values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
