@@ -14,7 +14,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 import compressive
@@ -51,14 +50,14 @@ def process_env(devices: Optional[int] = None, **more: str) -> dict[str, str]:
 # -- Tiny models. ----------------------------------------------------------------
 
 
-def tiny_model_config(**overrides) -> ml_collections.ConfigDict:
+def tiny_model_config(**overrides) -> compressive.ModelConfig:
   values = dict(
       vocab_size=32, num_layers=2, num_heads=2, d_model=16, d_ff=32,
       segment_length=4, memory_length=8, compressed_memory_length=4,
       compression_rate=2, compression="conv", reconstruction_loss="attention",
       dropout_rate=0.0, dtype="float32")
   values.update(overrides)
-  return ml_collections.ConfigDict(values)
+  return compressive.ModelConfig.from_config(values)
 
 
 def make_model(cfg, seed: int = 0):

@@ -8,7 +8,7 @@ reported once, by field name, before anything is built or compiled.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 from compressive import values
 from compressive.errors import ConfigError
@@ -87,7 +87,7 @@ class ModelConfig:
   memory_gradient: str = values.text("none", MEMORY_GRADIENTS)  # "none" is the paper's
 
   @classmethod
-  def from_config(cls, config: Any) -> "ModelConfig":
+  def from_config(cls, config: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     """From the config's model section (a ConfigDict or mapping; a field it
     lacks takes its default, but the sizes, which it must give) or a
     ModelConfig; ConfigError naming a field it does not know, one it lacks
@@ -108,6 +108,16 @@ class ModelConfig:
   def temporal_range(self) -> int:
     """Tokens back one layer can reach: n_m + c * n_cm (paper §3)."""
     return self.memory_length + self.compression_rate * self.compressed_memory_length
+
+
+def require(cfg: ModelConfig, taker: str) -> None:
+  """TypeError unless `cfg` is a ModelConfig: the model layer takes the
+  checked group only (a ConfigDict would be read unchecked, attribute by
+  attribute); a caller holding a config's model section converts it once,
+  with ModelConfig.from_config."""
+  if not isinstance(cfg, ModelConfig):
+    raise TypeError(f"{taker} takes a ModelConfig, not {type(cfg).__name__}: "
+                    "ModelConfig.from_config(config.model) reads a config's model section")
 
 
 # How deep a model may be built, checked before anything is built, as the

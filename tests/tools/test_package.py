@@ -295,7 +295,7 @@ from flax import nnx
 import compressive
 from compressive.configs import default
 
-cfg = default.get_config().model
+cfg = compressive.ModelConfig.from_config(default.get_config().model)
 model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
 memory = compressive.init_memory(cfg, batch_size=2)          # all slots empty
 tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
