@@ -147,13 +147,6 @@ def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: 
           "vocabulary there is", cfg.vocab_size, vocab, which, vocab, cfg.vocab_size - 1, vocab)
 
 
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """`config.mesh` of every experiment unless it says otherwise: MeshConfig's
-  defaults (configs/default.py writes them out; tests/tools/test_configs.py
-  holds the two equal)."""
-  return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
-
-
 def fit_mesh_to_devices(config: ml_collections.ConfigDict,
                         num_devices: Optional[int] = None) -> bool:
   """For a saved config read on another machine: if its `mesh.shape` does

@@ -104,11 +104,6 @@ class ModelConfig:
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
-  @property
-  def temporal_range(self) -> int:
-    """Tokens back one layer can reach: n_m + c * n_cm (paper §3)."""
-    return self.memory_length + self.compression_rate * self.compressed_memory_length
-
 
 def require(cfg: ModelConfig, taker: str) -> None:
   """TypeError unless `cfg` is a ModelConfig: the model layer takes the

@@ -181,7 +181,7 @@ def _structure(value, name=""):
 
 @pytest.mark.parametrize("section,library", [
     ("data", "compressive.data:default_data_config"),
-    ("mesh", "compressive.config:default_mesh_config"),
+    ("mesh", "helpers:default_mesh_config"),
 ])
 def test_the_default_config_writes_out_the_library_defaults(section, library):
   # configs/default.py writes these sections out (a config imports only
