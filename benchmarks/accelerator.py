@@ -51,7 +51,8 @@ def run_case(name: str) -> dict:
   device = jax.devices()[0]
   stats = device.memory_stats() or {}
   peak = flops_lib.device_peak_flops("bfloat16", device)
-  per_token = common.flops_per_token(config.model, config.batch_size).train
+  model = common.ModelConfig.from_config(config.model)
+  per_token = common.flops_per_token(model, config.batch_size).train
   rate = statistics.median(rates)
   return {
       "model": config.model.to_dict(), "batch_size": config.batch_size,

@@ -27,6 +27,7 @@ from compressive import config as config_lib
 from compressive.configs import default as default_config  # noqa: E402
 from compressive.evaluation import evaluate as eval_lib  # noqa: E402
 from compressive.model import memory as memory_lib  # noqa: E402
+from compressive.model.config import ModelConfig  # noqa: E402
 from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (moved to the library)
 from compressive.training import step as train_step  # noqa: E402
 
@@ -77,7 +78,7 @@ class TrainBench:
     self.state = train_step.create_train_state(experiment.train, params, self.tx)
     self.num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
-    self.memory = memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype))
+    self.memory = memory_lib.init_memory(experiment.model, b, jnp.dtype(config.model.dtype))
     self.step_fn = train_step.make_train_step(
         graphdef, template, self.tx, dropout=False,
         gradient_window=experiment.train.gradient_window)
@@ -123,14 +124,15 @@ class EvalBench:
   def __init__(self, config: ml_collections.ConfigDict, seed: int = 0, model=None,
                cache_keys_values: bool = True):
     self.config = config
+    cfg = ModelConfig.from_config(config.model)
     if model is None:
-      graphdef, template, params = train_step.build_model(config.model, config.seed)
+      graphdef, template, params = train_step.build_model(cfg, config.seed)
       from compressive.model.transformer import merge_params
       model = merge_params(graphdef, template, params)
     self.model = model
     init, self.step = eval_lib.make_eval_step(model, cache_keys_values=cache_keys_values)
     b, t = config.batch_size, config.model.segment_length
-    self.carry = init(memory_lib.init_memory(config.model, b, jnp.dtype(config.model.dtype)))
+    self.carry = init(memory_lib.init_memory(cfg, b, jnp.dtype(cfg.dtype)))
     self.rng = np.random.default_rng(seed)
     self.b, self.t = b, t
     self.tokens_per_segment = b * t

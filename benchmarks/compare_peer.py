@@ -200,7 +200,7 @@ def main(argv=None) -> int:
   med = {k: statistics.median(r[k] for r in rounds)
          for k in ("ours_train", "theirs_train", "ours_eval", "theirs_eval")}
   best = {k: max(r[k] for r in rounds) for k in med}
-  flops = common.flops_per_token(config.model, config.batch_size)
+  flops = common.flops_per_token(common.ModelConfig.from_config(config.model), config.batch_size)
   def speeds(stat):
     return {p: dict(ours=round(stat[f"ours_{p}"], 1), theirs=round(stat[f"theirs_{p}"], 1))
             for p in ("train", "eval")}

@@ -63,7 +63,7 @@ def measure_throughput() -> dict:
     # The same evaluation recomputing every memory slot's keys and values
     # each segment, to show what evaluation's key/value cache buys.
     eb_plain = common.EvalBench(config, cache_keys_values=False)
-    flops = common.flops_per_token(config.model, config.batch_size)
+    flops = common.flops_per_token(common.ModelConfig.from_config(config.model), config.batch_size)
     benches[kind] = (tb, eb, eb_plain)
     result["models"][kind] = {
         "model": config.model.to_dict(), "batch_size": config.batch_size,
@@ -126,7 +126,8 @@ def measure_stream() -> dict:
   d.synthetic.num_docs = (1, 1, 1)
   d.synthetic.min_length = d.synthetic.max_length = counts[-1] + config.model.segment_length + 1
   documents = data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
-  graphdef, template, params = train_step.build_model(config.model, config.seed)
+  graphdef, template, params = train_step.build_model(
+      common.ModelConfig.from_config(config.model), config.seed)
   model = merge_params(graphdef, template, params)
   t = config.model.segment_length
   experiment = config_lib.check(config, training=False)

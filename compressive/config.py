@@ -90,7 +90,6 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   _check_vocabulary(data, cfg, here, training)
   evaluation = written.resolved(cfg, train.batch_size)
   _check_eval_sizes(evaluation, cfg)
-  values.config_floats(config)  # every float field as float32 holds it, listed or not
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
@@ -146,13 +145,6 @@ def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: 
           "model.vocab_size=%d is larger than the tokenizer's %d pieces (%s): ids %d-%d never "
           "occur in the data and are never sampled; --config.model.vocab_size=%d trains the "
           "vocabulary there is", cfg.vocab_size, vocab, which, vocab, cfg.vocab_size - 1, vocab)
-
-
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """`config.mesh` of every experiment unless it says otherwise: MeshConfig's
-  defaults (configs/default.py writes them out; tests/tools/test_configs.py
-  holds the two equal)."""
-  return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
 
 
 def fit_mesh_to_devices(config: ml_collections.ConfigDict,

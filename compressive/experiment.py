@@ -71,6 +71,14 @@ class OptimizerConfig:
                       must=f"a finite number > 0 ({what})")
 
 
+def _writer_names_problem(names: tuple) -> str:
+  """What is wrong with metric_writers' names (values.sequence's rule)."""
+  if all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names):
+    return ""
+  return (f"={names!r} must be a tuple of distinct writer names, e.g. ('tensorboard', 'wandb'), "
+          "or () for none")
+
+
 _POSITIVE = "a positive integer below 2**31"
 _NEVER = "an integer >= 0 (0: never), below 2**31"
 
@@ -110,17 +118,12 @@ class TrainConfig:
                                      "ahead in a background thread; 0: none)")
   # Where the metrics go besides metrics_*.jsonl: writers by name
   # (training/writers.py: tensorboard, wandb) or module:Name, a user's own.
-  metric_writers: tuple = ("tensorboard",)
+  metric_writers: tuple = values.sequence(("tensorboard",), rule=_writer_names_problem)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   segment_length: int = dataclasses.field(default=0, metadata={"derived": True})
 
   def __post_init__(self):
     values.check_fields(self, "")
-    names = self.metric_writers
-    if (not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names)
-        or len(set(names)) != len(names)):
-      raise ConfigError(f"metric_writers={names!r} must be a tuple of distinct writer names, "
-                        "e.g. ('tensorboard', 'wandb'), or () for none")
     updates = self.num_train_steps * self.segments_per_step
     if updates > 2**31 - 1:
       raise ConfigError(

@@ -5,10 +5,12 @@ A float the device computes with is a float32: a value that is finite in
 Python may overflow to inf there (1e39), underflow to 0 (1e-300) or round
 onto the edge of its range (b2 = 0.9999999999 becomes 1.0). `number` checks
 a value as that dtype holds it, against its range written as an interval
-("[0, 1)", "(0, inf]"), and returns it; `config_floats` applies the dtype
-rule to every float field of a config, so that a new field is checked
-without being listed anywhere. An integer is checked by `integer` against
-its interval too (e.g. a seed against the 32 bits a PRNG key holds).
+("[0, 1)", "(0, inf]"), and returns it; a config group checks every float
+field it has this way (`check_fields`: against its declared range, or,
+declared by its annotation alone, against float32's), so that a new field
+is checked without being listed anywhere. An integer is checked by
+`integer` against its interval too (e.g. a seed against the 32 bits a PRNG
+key holds).
 
 Every failure is a ConfigError whose one line names the field (or flag),
 the value as typed, what the dtype made of it, and the range.
@@ -21,7 +23,7 @@ import logging
 import math
 import re
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 import warnings
 
 import numpy as np
@@ -148,29 +150,6 @@ def _int_bound(interval: str, which: int):
   return _exact_bound(match.group(2 + which))
 
 
-def float_fields(config: Any, prefix: str = "") -> Iterator[tuple[str, float | np.floating]]:
-  """(dotted name, value) of every float leaf of a ConfigDict or mapping,
-  inside tuples too (name[i])."""
-  for key, value in config.items():
-    name = f"{prefix}{key}"
-    if hasattr(value, "items"):
-      yield from float_fields(value, name + ".")
-    elif isinstance(value, (tuple, list)):
-      for i, item in enumerate(value):
-        if isinstance(item, (float, np.floating)):
-          yield f"{name}[{i}]", item
-    elif isinstance(value, (float, np.floating)):
-      yield name, value
-
-
-def config_floats(config: Any) -> None:
-  """Every float field of the config as a float32 holds it (`number`: not
-  NaN, no overflow, no underflow; an inf typed as inf is left to the field's
-  own range): a field nobody listed is still checked as the device sees it."""
-  for name, value in float_fields(config):
-    number(name, value, "[-inf, inf]", must="a number that float32 holds")
-
-
 # -- Config groups: dataclasses whose fields declare their ranges. ------------------
 #
 # Every group (a frozen dataclass: the model, training, optimizer,
@@ -190,12 +169,14 @@ _WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "
 
 
 def _declared(kind: str, default: Any, interval: str = "", must: str = "",
-              choices: Any = ()) -> Any:
+              choices: Any = (), rule: Any = None) -> Any:
   metadata = {"kind": kind, "must": must}
   if interval:
     metadata["interval"] = interval
   if choices:
     metadata["choices"] = choices
+  if rule:
+    metadata["rule"] = rule
   return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -225,9 +206,12 @@ def flag(default: bool) -> Any:
   return _declared("bool", default)
 
 
-def sequence(default: Any, must: str = "") -> Any:
-  """A dataclass field holding a tuple (a list as JSON gives it is read as one)."""
-  return _declared("tuple", default, must=must)
+def sequence(default: Any, must: str = "", rule: Any = None) -> Any:
+  """A dataclass field holding a tuple (a list as JSON gives it is read as one);
+  `rule`, a function of the tuple, says what is wrong with its items: the
+  words of the error after the field's name (e.g. "=('a', 'a') must be
+  distinct names"), or "" when nothing is."""
+  return _declared("tuple", default, must=must, rule=rule)
 
 
 def kind_of(f: dataclasses.Field) -> str:
@@ -279,19 +263,26 @@ def check_kind(f: dataclasses.Field, value: Any, prefix: str) -> None:
 
 def check_fields(group: Any, prefix: str) -> dict[str, Any]:
   """Every field of `group` against its kind (check_kind) and its declared
-  range, in field order; ConfigError naming `PREFIXfield`. Returns {field:
-  the value as checked} of the fields with a range (a float as float32
-  holds it)."""
+  range or rule (a float declared by its annotation alone: against what
+  float32 holds), in field order; ConfigError naming `PREFIXfield`.
+  Returns {field: the value as checked} of the fields with a range and the
+  floats (a float as float32 holds it)."""
   held = {}
   for f in dataclasses.fields(group):
     if f.metadata.get("derived"):
       continue
     value = getattr(group, f.name)
     check_kind(f, value, prefix)
+    problem = f.metadata["rule"](value) if "rule" in f.metadata else ""
+    if problem:
+      raise ConfigError(f"{prefix}{f.name}{problem}")
     if "interval" in f.metadata:
       check = integer if f.metadata["kind"] == "int" else number
       held[f.name] = check(prefix + f.name, value, f.metadata["interval"],
                            must=f.metadata["must"])
+    elif kind_of(f) == "float":  # no range of its own: as float32 holds it (an inf typed as inf)
+      held[f.name] = number(prefix + f.name, value, "[-inf, inf]",
+                            must="a number that float32 holds")
   return held
 
 
@@ -325,11 +316,15 @@ def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
   a field it does not know, one it lacks that has no default, a value of
   another kind are each a ConfigError naming the field; `derived` fields
   come from other groups, never from the section); the group then checks
-  its ranges and its rules as it is made."""
+  its ranges and its rules as it is made, and each field is checked here
+  too (check_fields), for a schema declared by annotations, which has no
+  __post_init__ of its own."""
   if hasattr(section, "to_dict"):
     section = section.to_dict()
   check_section(cls, section, prefix, derived)
-  return cls(**section, **derived)
+  group = cls(**section, **derived)
+  check_fields(group, prefix)  # a schema by annotations has no __post_init__ to do it
+  return group
 
 
 def to_dict(group: Any) -> dict[str, Any]:

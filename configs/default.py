@@ -129,7 +129,7 @@ def get_config() -> ml_collections.ConfigDict:
   # parameter's logical axes -> mesh axes): heads, MLP hidden units and the
   # vocabulary on 'tensor', one d-sized dimension on 'fsdp'. See compressive/scale/sharding.py
   # and the presets configs/gpu1.py, gpu8.py, tpu_v5e8.py.
-  # Held equal to compressive.config.default_mesh_config() by
+  # Held equal to MeshConfig's defaults (compressive/scale/sharding.py) by
   # tests/tools/test_configs.py.
   mesh = config.mesh = ml_collections.ConfigDict()
   mesh.axes = ("data", "fsdp", "tensor")

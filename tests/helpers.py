@@ -51,14 +51,14 @@ def process_env(devices: Optional[int] = None, **more: str) -> dict[str, str]:
 # -- Tiny models. ----------------------------------------------------------------
 
 
-def tiny_model_config(**overrides) -> ml_collections.ConfigDict:
+def tiny_model_config(**overrides) -> compressive.ModelConfig:
   values = dict(
       vocab_size=32, num_layers=2, num_heads=2, d_model=16, d_ff=32,
       segment_length=4, memory_length=8, compressed_memory_length=4,
       compression_rate=2, compression="conv", reconstruction_loss="attention",
       dropout_rate=0.0, dtype="float32")
   values.update(overrides)
-  return ml_collections.ConfigDict(values)
+  return compressive.ModelConfig.from_config(values)
 
 
 def make_model(cfg, seed: int = 0):
@@ -112,6 +112,16 @@ def greedy_without_cache(cfg, model, prompt, n):
 
 
 # -- Tiny experiments and their config files. ------------------------------------
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """MeshConfig's defaults as a config file's mesh section holds them: what
+  configs/default.py writes out (tests/tools/test_configs.py holds the two
+  equal)."""
+  from compressive import values
+  from compressive.scale.sharding import MeshConfig
+  return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
+
 
 
 def tiny_experiment(**overrides):

@@ -8,7 +8,7 @@ reported once, by field name, before anything is built or compiled.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 from compressive import values
 from compressive.errors import ConfigError
@@ -53,9 +53,10 @@ _REQUIRED = dataclasses.MISSING  # a field every model section gives
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """The model section (`config.model`), typed and frozen: each field
-  declares its kind and range or choices once (values.whole, ...), a section
-  read with `from_config` refuses a field it does not know, and the rules
-  between the fields are checked as it is made (`validate`)."""
+  declares its kind and range or choices once (values.whole, ...) and is
+  checked against them as the group is made (`__post_init__`), then the
+  rules between the fields (`_check_rules`); a section read with
+  `from_config` refuses a field it does not know."""
   vocab_size: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_layers: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_heads: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
@@ -86,7 +87,7 @@ class ModelConfig:
   memory_gradient: str = values.text("none", MEMORY_GRADIENTS)  # "none" is the paper's
 
   @classmethod
-  def from_config(cls, config: Any) -> "ModelConfig":
+  def from_config(cls, config: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     """From the config's model section (a ConfigDict or mapping; a field it
     lacks takes its default, but the sizes, which it must give) or a
     ModelConfig; ConfigError naming a field it does not know, one it lacks
@@ -96,16 +97,22 @@ class ModelConfig:
     return values.from_dict(cls, config, "model.")
 
   def __post_init__(self):
-    validate(self)
+    values.check_fields(self, "model.")
+    _check_rules(self)
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
-  @property
-  def temporal_range(self) -> int:
-    """Tokens back one layer can reach: n_m + c * n_cm (paper §3)."""
-    return self.memory_length + self.compression_rate * self.compressed_memory_length
+
+def require(cfg: ModelConfig, taker: str) -> None:
+  """TypeError unless `cfg` is a ModelConfig: the model layer takes the
+  checked group only (a ConfigDict would be read unchecked, attribute by
+  attribute); a caller holding a config's model section converts it once,
+  with ModelConfig.from_config."""
+  if not isinstance(cfg, ModelConfig):
+    raise TypeError(f"{taker} takes a ModelConfig, not {type(cfg).__name__}: "
+                    "ModelConfig.from_config(config.model) reads a config's model section")
 
 
 # How deep a model may be built, checked before anything is built, as the
@@ -137,10 +144,9 @@ def _check_depth(cfg: ModelConfig) -> None:
         "minutes to build even scanned (the build's time grows as the layers squared)")
 
 
-def validate(cfg: ModelConfig) -> None:
-  """Raises ConfigError naming the first field out of its kind or range
-  (values.check_fields), then the first rule between fields it breaks."""
-  values.check_fields(cfg, "model.")
+def _check_rules(cfg: ModelConfig) -> None:
+  """ConfigError naming the first rule between the fields (each field
+  already checked against its own range) that `cfg` breaks."""
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
         f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")

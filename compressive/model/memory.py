@@ -87,13 +87,12 @@ class Memory:
     return jax.tree.map(lambda *a: jnp.stack(a), *layers)
 
 
-def init_memory(model_config, batch_size: int, dtype=jnp.float32, *,
+def init_memory(cfg: config_lib.ModelConfig, batch_size: int, dtype=jnp.float32, *,
                 memory_length: Optional[int] = None,
                 compressed_memory_length: Optional[int] = None) -> Memory:
-  """A memory whose slots are all empty (masked), for `model_config` (a
-  ModelConfig, or the `model` ConfigDict); the sizes override the model's
-  (evaluation may use larger memories)."""
-  cfg = config_lib.ModelConfig.from_config(model_config)
+  """A memory whose slots are all empty (masked), for the model of `cfg`;
+  the sizes override the model's (evaluation may use larger memories)."""
+  config_lib.require(cfg, "init_memory")
   m = cfg.memory_length if memory_length is None else memory_length
   cm = (cfg.compressed_memory_length if compressed_memory_length is None
         else compressed_memory_length)

@@ -23,7 +23,7 @@ its slots' keys and values, `cache_keys_values`) and one-token decoding
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from flax import nnx
 import flax.struct
@@ -36,7 +36,7 @@ from compressive.model import memory as memory_lib
 from compressive.model.attention import RelativeAttention, sinusoids
 from compressive.model.compression import Compressor
 from compressive.model.compression import resolve as resolve_compression
-from compressive.model.config import ModelConfig
+from compressive.model.config import ModelConfig, require
 from compressive.model.layers import FeedForward, LayerNorm, dense, param
 from compressive.model.memory import KeysValues, Memory
 
@@ -214,8 +214,8 @@ class CompressiveTransformer(nnx.Module):
   Transformer-XL; `memory_length=compressed_memory_length=0` a segment-local
   Transformer."""
 
-  def __init__(self, model_config: Any, *, rngs: nnx.Rngs):
-    cfg = ModelConfig.from_config(model_config)
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    require(cfg, "CompressiveTransformer")
     self.config = cfg
     dtype = jnp.dtype(cfg.dtype)
     self.dtype = dtype

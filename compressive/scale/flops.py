@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from compressive.model import compression as compression_lib
+from compressive.model.config import ModelConfig
 
 
 @dataclasses.dataclass
@@ -31,7 +32,7 @@ class Flops:
   evaluate: float  # forward with evaluation's key/value cache and position keys
 
 
-def flops_per_token(model_config, batch_size: int) -> Flops:
+def flops_per_token(model_config: ModelConfig, batch_size: int) -> Flops:
   """FLOPs per token of a model config, for rows processed `batch_size` at a
   time (the relative position keys are computed once per call, for all rows)."""
   m = model_config

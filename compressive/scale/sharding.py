@@ -62,12 +62,36 @@ DEFAULT_LOGICAL_AXIS_RULES = (
 )
 
 
+# What is wrong with a field of the mesh section by itself (values.sequence's
+# rule): the words of the error after the field's name, "" for nothing.
+
+
+def _axes_problem(axes: tuple) -> str:
+  if axes and all(isinstance(a, str) and a for a in axes) and len(set(axes)) == len(axes):
+    return ""
+  return f"={axes!r} must be distinct non-empty names"
+
+
+def _shape_problem(shape: tuple) -> str:
+  if any(isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1) for n in shape):
+    return f"={shape!r}: entries must be positive integers or -1"
+  return f"={shape!r} has more than one -1" if shape.count(-1) > 1 else ""
+
+
+def _rules_problem(rules: tuple) -> str:
+  for rule in rules:
+    if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
+      return f": {rule!r} is not a (logical axis, mesh axes) pair"
+  return ""
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MeshConfig:
   """The config's mesh section (`config.mesh`), typed and frozen: built once
-  by `config.check` (`Experiment.mesh`), its fields checked against each
-  other as it is made (a field left out takes its default: the default
-  config's mesh, data parallel over every device).
+  by `config.check` (`Experiment.mesh`), each field checked against its kind
+  and its rule, then the fields against each other, as it is made (a field
+  left out takes its default: the default config's mesh, data parallel over
+  every device).
 
   Attributes:
     axes: the mesh axis names.
@@ -76,36 +100,31 @@ class MeshConfig:
     data_axes: the axes that split batch rows, and with them the memory.
     logical_axis_rules: (logical axis, mesh axes) pairs.
   """
-  axes: tuple = values.sequence(("data", "fsdp", "tensor"))
-  shape: tuple = values.sequence((-1, 1, 1))  # -1: the devices the other axes leave
+  axes: tuple = values.sequence(("data", "fsdp", "tensor"), rule=_axes_problem)
+  # -1: the devices the other axes leave. (Its entries are checked with the
+  # fields against each other: a MeshError, which a tool reading a saved
+  # config adds --mesh_shape to.)
+  shape: tuple = values.sequence((-1, 1, 1))
   # Batch and memory rows are split along these.
   data_axes: tuple = values.sequence(("data", "fsdp"))
   # Each parameter's logical axis -> mesh axes (None: replicated).
-  logical_axis_rules: tuple = values.sequence(DEFAULT_LOGICAL_AXIS_RULES)
+  logical_axis_rules: tuple = values.sequence(DEFAULT_LOGICAL_AXIS_RULES, rule=_rules_problem)
 
   def __post_init__(self):
-    """Each field's kind, then the fields against each other (against the
-    devices: `mesh_shape`)."""
+    """Each field against its kind and rule, then the fields against each
+    other (against the devices: `mesh_shape`)."""
     values.check_fields(self, "mesh.")
     axes, shape = self.axes, self.shape
-    if not axes or not all(isinstance(a, str) and a for a in axes) or len(set(axes)) != len(axes):
-      raise ConfigError(f"mesh.axes={axes!r} must be distinct non-empty names")
+    if problem := _shape_problem(shape):
+      raise MeshError(f"mesh.shape{problem}")
     if len(shape) != len(axes):
       raise MeshError(
           f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
-    for n in shape:
-      if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
-        raise MeshError(f"mesh.shape={shape!r}: entries must be positive integers or -1")
-    if shape.count(-1) > 1:
-      raise MeshError(f"mesh.shape={shape!r} has more than one -1")
     for a in self.data_axes:
       if a not in axes:
         raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in "
                           f"mesh.axes={axes!r}")
     for rule in self.logical_axis_rules:
-      if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
-        raise ConfigError(f"mesh.logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) "
-                          "pair")
       for a in _names(rule[1]):
         if a not in axes:
           raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in "

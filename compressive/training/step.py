@@ -36,6 +36,7 @@ import optax
 from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
+from compressive.model.config import ModelConfig
 from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.scale import sharding
 
@@ -51,9 +52,10 @@ class TrainState:
     def replace(self, **updates: Any) -> Self: ...
 
 
-def build_model(model_config, seed: int):
-  """(graphdef, nnx state, initial params dict) of the model of `model_config`
-  (a ModelConfig), its parameters drawn from `seed`."""
+def build_model(model_config: ModelConfig, seed: int
+                ) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
+  """(graphdef, nnx state, initial params dict) of the model of
+  `model_config`, its parameters drawn from `seed`."""
   model = CompressiveTransformer(model_config, rngs=nnx.Rngs(seed))
   graphdef, state = nnx.split(model)
   return graphdef, state, nnx.to_pure_dict(state)
@@ -146,8 +148,9 @@ def init_train_state(experiment: experiment_lib.Experiment, tx, layout: Layout) 
       out_shardings=layout.state)()
 
 
-def init_sharded_memory(model_config, batch_size: int, layout: Layout):
-  """A fresh memory of `batch_size` rows for `model_config` (a ModelConfig),
+def init_sharded_memory(model_config: ModelConfig, batch_size: int,
+                        layout: Layout) -> memory_lib.Memory:
+  """A fresh memory of `batch_size` rows for the model of `model_config`,
   laid out as `layout` says."""
   dtype = jnp.dtype(model_config.dtype)
   return jax.jit(lambda: memory_lib.init_memory(model_config, batch_size, dtype),

@@ -127,7 +127,8 @@ def evaluate_pg19(prepared, split, eval_split=None, **kwargs):
   config.eval.split = eval_split or split
   if eval_split:
     kwargs['split'] = split
-  model = compressive.CompressiveTransformer(m, rngs=nnx.Rngs(0))
+  model = compressive.CompressiveTransformer(compressive.ModelConfig.from_config(m),
+                                            rngs=nnx.Rngs(0))
   docs = data.get_documents(data_of(config.data), split, data.get_tokenizer(config.data))
   return eval_lib.evaluate(model, docs, to_evaluate(config), **kwargs), docs
 

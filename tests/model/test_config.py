@@ -1,7 +1,10 @@
 """Invalid model configs fail at construction with one error naming the field."""
 
+import dataclasses
+
 from flax import nnx
 import jax.numpy as jnp
+import ml_collections
 import pytest
 
 import compressive
@@ -33,10 +36,20 @@ def test_bad_config_names_the_field(overrides, field):
 
 
 def test_missing_field_is_named():
-  cfg = tiny_model_config()
-  del cfg["d_ff"]
+  section = dataclasses.asdict(tiny_model_config())
+  del section["d_ff"]
   with pytest.raises(compressive.ConfigError, match="model.d_ff is missing"):
-    compressive.ModelConfig.from_config(cfg)
+    compressive.ModelConfig.from_config(section)
+
+
+def test_the_model_takes_a_model_config_only():
+  # A config's model section is read once, checked, by ModelConfig.from_config.
+  section = ml_collections.ConfigDict(dataclasses.asdict(tiny_model_config()))
+  for build in (lambda: compressive.CompressiveTransformer(section, rngs=nnx.Rngs(0)),
+                lambda: compressive.init_memory(section, 2)):
+    with pytest.raises(TypeError, match=r"takes a ModelConfig, not ConfigDict: "
+                                        r"ModelConfig.from_config\(config.model\)"):
+      build()
 
 
 def test_eval_memory_sizes_are_checked():

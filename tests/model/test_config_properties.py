@@ -122,8 +122,9 @@ def assert_rejects_exactly(validate, bad, named):
 def test_accepted_configs_build_and_run(values):
   if expected_problems(values):
     return
-  model = compressive.CompressiveTransformer(values, rngs=nnx.Rngs(0))
-  memory = compressive.init_memory(values, 1)
+  cfg = ModelConfig.from_config(values)
+  model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
+  memory = compressive.init_memory(cfg, 1)
   tokens = jnp.zeros((1, values["segment_length"]), jnp.int32)
   # Run jitted, as training and evaluation run it: one program per example
   # (op-by-op, each example's new shapes compiled some hundred small ones).

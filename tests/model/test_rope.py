@@ -67,9 +67,10 @@ def test_rope_has_no_position_parameters_and_partitions():
                            memory_length=8, compressed_memory_length=4))
   config.batch_size = 4
   config.mesh.shape = (1, 2, 2)
+  model = ModelConfig.from_config(config.model)
   state = nnx.state(nnx.eval_shape(
-      lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))))
-  assert sharding.validate(mesh_of(config), state, batch_size=4, model=config.model,
+      lambda: compressive.CompressiveTransformer(model, rngs=nnx.Rngs(0))))
+  assert sharding.validate(mesh_of(config), state, batch_size=4, model=model,
                            num_devices=4) == (1, 2, 2)
   att = sharding.param_specs(mesh_of(config), state)["blocks"][0]["attention"]
   P = jax.sharding.PartitionSpec

@@ -96,7 +96,7 @@ def abstract_training(config):
 def validate(config, state, num_devices):
   """sharding.validate of a config's mesh, batch and model."""
   return sharding.validate(mesh_of(config), state, batch_size=config.batch_size,
-                           model=config.model, num_devices=num_devices)
+                           model=ModelConfig.from_config(config.model), num_devices=num_devices)
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
@@ -444,7 +444,7 @@ def step20_checkpoint(workdir):
   """(state, memory, data position) of a workdir's step 20, on this device."""
   config = sharding_experiment()
   b = config.batch_size
-  memory = jax.eval_shape(lambda: compressive.init_memory(config.model, b))
+  memory = jax.eval_shape(lambda: compressive.init_memory(ModelConfig.from_config(config.model), b))
   state = abstract_training(config)[2]
   here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   on_one = lambda tree: trees.abstract(tree, jax.tree.map(lambda _: here, tree))
@@ -583,7 +583,8 @@ def compare_specs(config, mesh=None):
   assert (jax.tree.leaves(got_state, is_leaf=is_spec)
           == jax.tree.leaves(want_state, is_leaf=is_spec))
   if mesh is not None:
-    memory = jax.eval_shape(lambda: compressive.init_memory(config.model, config.batch_size))
+    memory = jax.eval_shape(lambda: compressive.init_memory(ModelConfig.from_config(config.model),
+                                                            config.batch_size))
     layout = train_step.make_layout(mesh_of(config), mesh, template, state, memory)
     assert layout.state == sharding.shardings(mesh, want_state)
     assert layout.compute_params == sharding.shardings(

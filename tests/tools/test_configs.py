@@ -52,7 +52,8 @@ def test_config_validates_and_builds(name):
   # A preset's mesh states its devices (8 for gpu8 and tpu_v5e8; -1: any).
   shape = tuple(config.mesh.shape)
   config_lib.check(config, here=False, num_devices=None if -1 in shape else math.prod(shape))
-  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
+      compressive.ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)))
   # What was built is what the file asks for.
   assert built_shape(model) == (config.model.num_layers, config.model.d_model,
                                 config.model.vocab_size)
@@ -180,7 +181,7 @@ def _structure(value, name=""):
 
 @pytest.mark.parametrize("section,library", [
     ("data", "compressive.data:default_data_config"),
-    ("mesh", "compressive.config:default_mesh_config"),
+    ("mesh", "helpers:default_mesh_config"),
 ])
 def test_the_default_config_writes_out_the_library_defaults(section, library):
   # configs/default.py writes these sections out (a config imports only

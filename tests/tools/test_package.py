@@ -298,13 +298,13 @@ def trained(tmp_path_factory):
 
 
 # docs/EVALUATION.md's "From Python" snippet, with a trained workdir.
-README_SNIPPET = """
+EVALUATION_SNIPPET = """
 import jax.numpy as jnp
 from flax import nnx
 import compressive
 from compressive.configs import default
 
-cfg = default.get_config().model
+cfg = compressive.ModelConfig.from_config(default.get_config().model)
 model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
 memory = compressive.init_memory(cfg, batch_size=2)          # all slots empty
 tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
@@ -319,7 +319,7 @@ config, trained = compressive.load(WORKDIR)             # a trained model back
 @pytest.mark.slow
 def test_the_python_snippet_runs_from_an_installed_wheel_elsewhere(installed, trained, tmp_path):
   exe, site = installed
-  code = README_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""
+  code = EVALUATION_SNIPPET.replace("WORKDIR", repr(trained)) + textwrap.dedent(f"""
       import os
       from compressive import cli_config
       site = {site!r}

@@ -297,7 +297,8 @@ def test_word_perplexity_is_asked_of_the_source(plugin):
   from compressive.evaluation import evaluate as eval_lib
   config = tiny_experiment(**{'data.source': f'{plugin}:WORDS'})
   data.validate_data_config(data_of(config.data))
-  model = compressive.CompressiveTransformer(config.model, rngs=nnx.Rngs(0))
+  model = compressive.CompressiveTransformer(ModelConfig.from_config(config.model),
+                                            rngs=nnx.Rngs(0))
   docs = data.get_documents(data_of(config.data), 'validation', data.ByteTokenizer())
   result = eval_lib.evaluate(model, docs, to_evaluate(config), split='validation')
   assert result['words'] == sum(docs.num_words(i) for i in range(3))

@@ -4,6 +4,7 @@ rounding onto the end of its range), an integer in the range its use allows
 (a seed in the PRNG key's 32 bits), for every config field and every numeric
 flag of every tool, by one mechanism (compressive/values.py)."""
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -24,7 +25,22 @@ from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfi
 from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
 
-FLOAT_FIELDS = [name for name, _ in values.float_fields(tiny_experiment())]
+
+def float_fields(config, prefix=""):
+  """(dotted name, value) of every float leaf of a ConfigDict or mapping,
+  inside tuples too (name[i]): found by walking the config as written, not
+  by asking the groups which fields they declare."""
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      yield from float_fields(value, name + ".")
+    elif isinstance(value, (tuple, list)):
+      yield from ((f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, float))
+    elif isinstance(value, float):
+      yield name, value
+
+
+FLOAT_FIELDS = [name for name, _ in float_fields(tiny_experiment())]
 
 
 def refused(config, field):
@@ -38,7 +54,7 @@ def refused(config, field):
 def test_the_float_fields_are_found_in_every_section():
   assert {"optimizer.learning_rate", "optimizer.eps", "optimizer.b2", "model.dropout_rate",
           "data.books.heldout_fraction", "data.text_files.heldout_fraction",
-          "data.spm_character_coverage"} <= set(FLOAT_FIELDS)
+          "data.hf_datasets.heldout_fraction", "data.spm_character_coverage"} <= set(FLOAT_FIELDS)
 
 
 @pytest.mark.parametrize("field", FLOAT_FIELDS)
@@ -48,7 +64,9 @@ def test_the_float_fields_are_found_in_every_section():
                                        (float("nan"), "must be")])
 def test_every_float_field_is_checked_as_float32(field, bad, what):
   # Every float field of the config, found by walking it: a field added
-  # later is checked without being listed anywhere.
+  # later is checked by its group (values.check_fields: its range, or
+  # float32's for a float declared by its annotation alone, as
+  # data.hf_datasets.heldout_fraction is) without being listed anywhere.
   assert what in refused(tiny_experiment(**{field: bad}), field)
 
 
@@ -61,6 +79,21 @@ def test_a_float_field_of_a_section_no_source_reads_is_checked_too():
   assert "must be a number in (0, 0.5)" in refused(config, "data.books.heldout_fraction")
   config.data.books.heldout_fraction = 0.25
   config_lib.check(config)
+
+
+def test_a_float_a_schema_declares_by_its_annotation_alone_is_held_to_float32():
+  # A plugin source's schema may declare a field by its annotation, with no
+  # __post_init__: values.from_dict checks its fields as the groups do theirs.
+  @dataclasses.dataclass(frozen=True)
+  class Schema:
+    scale: float = 1.0
+
+  for bad, what in ((1e39, "overflows to inf in float32"), (1e-300, "underflows to 0"),
+                    (float("nan"), "must be a number that float32 holds")):
+    with pytest.raises(ConfigError) as raised:
+      values.from_dict(Schema, {"scale": bad}, "data.toy.")
+    assert str(raised.value).startswith("data.toy.scale=") and what in str(raised.value)
+  assert values.from_dict(Schema, {"scale": math.inf}, "data.toy.").scale == math.inf
 
 
 def test_a_field_no_group_has_is_refused_by_name():

@@ -57,7 +57,7 @@ def exported(workdir, tmp_path_factory):
 def logits(model, config):
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, config.model.segment_length), 0,
                               config.model.vocab_size)
-  memory = compressive.init_memory(config.model, batch_size=2)
+  memory = compressive.init_memory(compressive.ModelConfig.from_config(config.model), batch_size=2)
   out, _, _ = model(tokens, memory, jnp.array([True, True]))
   return np.asarray(out)
 

@@ -19,6 +19,7 @@ from compressive import experiment as experiment_lib
 from compressive.data import prefetch
 from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
+from compressive.model.config import ModelConfig
 from compressive.scale import sharding
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
@@ -73,10 +74,11 @@ def _one_step(accum, recon, sgd, warmup=2):
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
       "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
   train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
-  graphdef, template, params = train_step.build_model(config.model, config.seed)
+  model = ModelConfig.from_config(config.model)
+  graphdef, template, params = train_step.build_model(model, config.seed)
   tx = optax.sgd(1.0) if sgd else train_step.make_optimizer(train, params)
   state = train_step.create_train_state(train, params, tx)
-  memory = memory_lib.init_memory(config.model, config.batch_size)
+  memory = memory_lib.init_memory(model, config.batch_size)
   batches = _batches(config, warmup + 1)
   batches[-1]["start_of_sequence"][0, 0] = True
   full = train_step.make_train_step(graphdef, template, tx, False)

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from compressive.model.config import ModelConfig
 from compressive.scale import flops
 from compressive.training import loop as train_lib
 from compressive.training.metrics import MetricWriter, read_jsonl
@@ -164,7 +165,7 @@ def test_mfu_is_logged_where_the_peak_is_known(tmp_path, caplog, monkeypatch):
   assert len(steps) == 3 and all("% " in m.split("MFU ")[1] for m in steps)
   assert any("first step compiled and dispatched in" in m for m in messages(caplog))
   rows = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))
-  per_token = flops.flops_per_token(config.model, config.batch_size).train
+  per_token = flops.flops_per_token(ModelConfig.from_config(config.model), config.batch_size).train
   assert len(rows) == 3
   for row in rows:
     assert row["mfu"] == pytest.approx(row["tokens_per_second"] * per_token / 1e9)
