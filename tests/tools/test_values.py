@@ -20,7 +20,7 @@ import pytest
 
 from compressive import cli, cli_config, cli_flags, values
 from compressive import config as config_lib
-from compressive.errors import ConfigError
+from compressive.errors import ConfigError, MeshError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
@@ -307,6 +307,18 @@ def test_evaluation_sizes_are_estimated_for_the_tools_too():
   # (training=False), their memory flags set as the evaluation sizes.
   with pytest.raises(ConfigError, match="evaluating this config needs at least .* memory slots"):
     config_lib.check_saved(tiny_experiment(), sizes={"memory_length": 2**31 - 1})
+
+
+@pytest.mark.parametrize("shape,said", [
+    (("0", "1", "1"), "entries must be positive integers or -1"),
+    (("-1", "-1", "1"), "has more than one -1"),
+])
+def test_a_bad_mesh_shape_for_a_saved_config_points_at_mesh_shape(shape, said):
+  # A mesh.shape entry is refused as a mesh error (MeshError): a tool reading
+  # a saved config (its --mesh_shape) says how to choose this machine's mesh.
+  hint = r".*\(set --mesh_shape for this machine\)$"
+  with pytest.raises(MeshError, match=re.escape(said) + hint):
+    config_lib.check_saved(tiny_experiment(), mesh_shape=shape)
 
 
 def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch):
