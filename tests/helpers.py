@@ -62,7 +62,11 @@ def tiny_model_config(**overrides) -> compressive.ModelConfig:
 
 
 def make_model(cfg, seed: int = 0):
+  """The model of a ModelConfig, or of a config's model section (read once
+  here, as the tools read it)."""
   from flax import nnx
+  if not isinstance(cfg, compressive.ModelConfig):
+    cfg = compressive.ModelConfig.from_config(cfg)
   return compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(seed))
 
 
