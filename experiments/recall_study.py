@@ -157,15 +157,13 @@ RECALL_STUDY["overlap3_max_pool"] = (
 RECALL_STUDY["overlap3_max_pool_1digit"] = (
     "max pooling over overlapping windows of 3c slots (stride c), one-digit values", ONE_DIGIT,
     _OVERLAP3)
-# A second seed (the models' initialisation and the order of the training
-# data: config.seed) where a setting decides a finding.
-for _name in ("max_pool_1digit", "overlap_max_pool_1digit", "overlap_max_pool", "conv_1digit"):
+# More seeds (config.seed: initialisation and data order) where a setting decides a finding.
+for _name, _seed in (("max_pool_1digit", 1), ("max_pool_1digit", 2), ("conv_1digit", 1),
+                     ("overlap_max_pool_1digit", 1), ("overlap_max_pool_1digit", 2),
+                     ("overlap_max_pool", 1)):
   _what, _both, _ct = RECALL_STUDY[_name]
-  RECALL_STUDY[f"{_name}_seed1"] = (f"{_what}; seed 1", _both + ("--config.seed=1",), _ct)
-# A third seed where the first two disagree (one digit: 62.5% and 22.4%).
-for _name in ("overlap_max_pool_1digit", "max_pool_1digit"):
-  _what, _both, _ct = RECALL_STUDY[_name]
-  RECALL_STUDY[f"{_name}_seed2"] = (f"{_what}; seed 2", _both + ("--config.seed=2",), _ct)
+  _both += (f"--config.seed={_seed}",)
+  RECALL_STUDY[f"{_name}_seed{_seed}"] = (f"{_what}; seed {_seed}", _both, _ct)
 
 # The task's gradient where a selective compression can use it: a trained
 # setting's two models go on for 300 windows of 8 segments with the loss of
