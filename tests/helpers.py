@@ -368,3 +368,21 @@ def data_of(section):
   config.check builds and every data function takes."""
   from compressive import data as data_lib
   return data_lib.DataConfig.from_dict(section)
+
+
+def copy_tree(path, tmp_path, name="copy"):
+  """A copy of the folder `path` (a workdir, an export) at tmp_path/name."""
+  import shutil
+  target = tmp_path / name
+  shutil.copytree(path, target)
+  return target
+
+
+def edit_json(path, edit):
+  """Rewrites the JSON file at `path` with `edit` applied to its value."""
+  import json
+  with open(path) as f:
+    value = json.load(f)
+  edit(value)
+  with open(path, "w") as f:
+    json.dump(value, f)

@@ -30,7 +30,9 @@ from compressive.training import exporting, integrity, runconfig
 from compressive.training import loop as train_lib
 from helpers import (
   checked,
+  copy_tree,
   data_of,
+  edit_json,
   generated_texts,
   run_identity_of,
   sentencepiece_run_fields,
@@ -51,19 +53,6 @@ def exported(run, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("exported") / "out")
   exporting.export(run, out)
   return out
-
-
-def copy(path, tmp_path, name="copy"):
-  target = tmp_path / name
-  shutil.copytree(path, target)
-  return target
-
-
-def edit_json(path, edit):
-  value = json.loads(open(path).read())
-  edit(value)
-  with open(path, "w") as f:
-    json.dump(value, f)
 
 
 def reseal(export):
@@ -131,7 +120,7 @@ def test_every_reader_tool_refuses_an_export_after_a_retrained_tokenizer(spm_run
 
 @pytest.mark.parametrize("field", ["data_sha256", "identity", "sums"])
 def test_a_field_removed_from_an_integrity_record_is_damage(run, tmp_path, field):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "checkpoints" / "1" / "integrity" / "metadata",
             lambda record: record.pop(field))
   with pytest.raises(integrity.DamagedCheckpointError, match="integrity record lacks"):
@@ -139,7 +128,7 @@ def test_a_field_removed_from_an_integrity_record_is_damage(run, tmp_path, field
 
 
 def test_an_identity_part_removed_is_damage_and_a_newer_record_is_named(run, tmp_path):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   record = workdir / "checkpoints" / "1" / "integrity" / "metadata"
   edit_json(record, lambda r: r["identity"].pop("data"))
   with pytest.raises(integrity.DamagedCheckpointError, match="lacks identity.data"):
@@ -151,7 +140,7 @@ def test_an_identity_part_removed_is_damage_and_a_newer_record_is_named(run, tmp
 
 @pytest.mark.parametrize("field", ["identity", "sha256", "config_sha256"])
 def test_a_field_removed_from_an_export_is_damage(exported, tmp_path, field):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   edit_json(out / "export.json", lambda m: m.pop(field))
   with pytest.raises(CheckpointError, match=f"export.json is damaged: it lacks {field}"):
     compressive.load(str(out))
@@ -261,8 +250,8 @@ def crafted_module(tmp_path, monkeypatch):
 @pytest.mark.parametrize("section,field", [("model", "compression"), ("data", "source")])
 def test_a_saved_config_never_imports_the_module_it_names(run, exported, tmp_path, crafted_module,
                                                           section, field):
-  workdir = copy(run, tmp_path, "wd")
-  out = copy(exported, tmp_path, "out")
+  workdir = copy_tree(run, tmp_path, "wd")
+  out = copy_tree(exported, tmp_path, "out")
   for path in (workdir, out):
     edit_json(path / "config.json", lambda c: c[section].update({field: "h31_crafted_mod:X"}))
   reseal(str(out))
@@ -345,7 +334,7 @@ def _truncated_params(out):
 ], ids=["no params", "params emptied", "params truncated", "no config.json",
         "config.json truncated", "export.json truncated"])
 def test_a_broken_export_is_one_line(exported, tmp_path, damage, message):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   damage(out)
   with pytest.raises(CheckpointError, match=message) as info:
     compressive.load(str(out))
@@ -410,7 +399,7 @@ def assert_one_line(run, *expected):
 def test_a_config_json_that_cannot_be_parsed_is_one_line_for_every_reader(run, exported,
                                                                           tmp_path, kind):
   for source in (run, exported):
-    target = copy(source, tmp_path, f"copy{source == exported}")
+    target = copy_tree(source, tmp_path, f"copy{source == exported}")
     path = target / "config.json"
     path.write_text(damaged_config_text(json.loads(path.read_text()), kind))
     if source == exported:
@@ -429,7 +418,7 @@ RECORD = os.path.join("checkpoints", "1", "integrity", "metadata")
 def test_an_integrity_record_that_cannot_be_parsed_is_damage(run, tmp_path, monkeypatch,
                                                              text, cause):
   monkeypatch.setattr(ckpt_lib, "READ_RETRY_DELAYS", (0.0,))
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   (workdir / RECORD).write_text(text)
   assert_one_line(lambda: compressive.load(str(workdir)), "checkpoints/1 is damaged", cause)
 
@@ -438,7 +427,7 @@ def test_an_integrity_record_that_cannot_be_parsed_is_damage(run, tmp_path, monk
     (DEEP, "nests brackets"), ('{"format": "compressive-params", "step": ' + BIG_INT + "}",
                                "4300"), ("\ufeff{}", "BOM"), ('["compressive-params"]', "list")])
 def test_an_export_json_that_cannot_be_parsed_is_one_line(exported, tmp_path, text, cause):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   (out / "export.json").write_text(text)
   assert_one_line(lambda: compressive.load(str(out)), "export.json is damaged (", cause)
 
@@ -461,7 +450,7 @@ def restore_as_trainer(workdir, config):
 
 
 def test_a_null_identity_is_damage_not_another_corpus(run, tmp_path):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, lambda r: r.update(identity=None))
   seed_changed(workdir)
   for read in (lambda: compressive.load(str(workdir)),  # the tools compare before any corpus:
@@ -480,7 +469,7 @@ def test_a_null_identity_is_damage_not_another_corpus(run, tmp_path):
     (lambda r: r.update(nonfinite=None), "nonfinite null"),
 ], ids=["identity.data", "identity.tokenizer", "identity.model", "data_sha256", "nonfinite"])
 def test_a_null_in_an_integrity_record_is_damage(run, tmp_path, edit, named):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, edit)
   seed_changed(workdir)
   with pytest.raises(integrity.DamagedCheckpointError, match=re.escape(named)):
@@ -502,7 +491,7 @@ def test_a_null_corpus_digest_differs_from_a_measured_one(tmp_path):
 
 
 def test_an_export_with_its_checks_nulled_is_damage_not_another_corpus(exported, tmp_path):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   seed_changed(out)
 
   def nulls(manifest):
@@ -518,7 +507,7 @@ def test_an_export_with_its_checks_nulled_is_damage_not_another_corpus(exported,
 
 
 def test_an_export_rewritten_as_version_1_is_not_read(exported, tmp_path):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   seed_changed(out)
 
   def downgrade(manifest):
@@ -538,7 +527,7 @@ def test_an_export_rewritten_as_version_1_is_not_read(exported, tmp_path):
     ("integrity.sums", None),
 ])
 def test_a_null_check_value_in_a_resealed_export_is_damage(exported, tmp_path, part, edit):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   if edit is None:
     edit_json(out / "export.json", lambda m: m["integrity"].update(sums=None))
   else:
@@ -576,14 +565,14 @@ def _plant(path, kind, tmp_path):
 ])
 def test_an_export_json_that_is_no_regular_file_within_the_bound_is_one_line(
     exported, tmp_path, kind, cause):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   _plant(out / "export.json", kind, tmp_path)
   assert_one_line(lambda: compressive.load(str(out)), "export.json is damaged (", cause)
 
 
 @pytest.mark.parametrize("kind", ["a link", "a FIFO"])
 def test_an_exports_config_json_that_is_no_regular_file_is_one_line(exported, tmp_path, kind):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   _plant(out / "config.json", kind, tmp_path)
   assert_one_line(lambda: compressive.load(str(out)), "its config.json is missing or not a file")
 
@@ -593,7 +582,7 @@ def test_an_exports_config_json_that_is_no_regular_file_is_one_line(exported, tm
 def test_an_integrity_record_that_is_no_regular_file_is_damage(run, tmp_path, monkeypatch,
                                                                kind, cause):
   monkeypatch.setattr(ckpt_lib, "READ_RETRY_DELAYS", (0.0,))
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   _plant(workdir / RECORD, kind, tmp_path)
   assert_one_line(lambda: compressive.load(str(workdir)), "checkpoints/1 is damaged", cause)
 

@@ -10,10 +10,8 @@ checks, so it is not read).
 The runs here are untrained (helpers.untrained_workdir): a checkpoint as
 training leaves it, in seconds, with nothing compiled."""
 
-import json
 import os
 import re
-import shutil
 import textwrap
 
 import pytest
@@ -23,7 +21,7 @@ from compressive import config as config_lib
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import export as export_lib
 from compressive.training import exporting, integrity, runconfig
-from helpers import tiny_experiment, untrained_workdir, write_config_file
+from helpers import copy_tree, edit_json, tiny_experiment, untrained_workdir, write_config_file
 import inprocess
 
 RECORD = os.path.join("checkpoints", "1", "integrity", "metadata")
@@ -39,20 +37,6 @@ def exported(run, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("exported") / "out")
   exporting.export(run, out)
   return out
-
-
-def copy(path, tmp_path, name="copy"):
-  target = tmp_path / name
-  shutil.copytree(path, target)
-  return target
-
-
-def edit_json(path, edit):
-  with open(path) as f:
-    value = json.load(f)
-  edit(value)
-  with open(path, "w") as f:
-    json.dump(value, f)
 
 
 def reseal(export):
@@ -139,7 +123,7 @@ def test_a_ModelConfig_refuses_what_it_does_not_know_wherever_it_is_built():
         "a data section", "a string for a float", "a bool for an int"])
 def test_a_config_json_holding_what_no_version_writes_is_damage_to_every_reader(
     run, tmp_path, edit, named):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "config.json", edit)
   with pytest.raises(CheckpointError, match=f"config.json is damaged .*{named}"):
     runconfig.load_config(str(workdir))
@@ -152,7 +136,7 @@ def test_a_config_json_holding_what_no_version_writes_is_damage_to_every_reader(
 def test_a_section_of_a_source_not_registered_here_is_left_to_that_sources_check(run, tmp_path):
   # A plugin registered under a plain name, read without its module: not
   # damage, but one line naming the source.
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "config.json", lambda c: c["data"].update(source="mine", mine={"n": 1}))
   config = runconfig.load_config(str(workdir))
   with pytest.raises(ConfigError, match="^data.source='mine' is unknown; choose one of"):
@@ -161,7 +145,7 @@ def test_a_section_of_a_source_not_registered_here_is_left_to_that_sources_check
 
 def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoints(
     run, tmp_path, caplog):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "config.json", lambda c: c["model"].update(num_layerz=2))
   runconfig.check_resume_config(str(workdir), config_lib.check(tiny_experiment()))
   assert (workdir / "config.json.damaged").exists() and not (workdir / "config.json").exists()
@@ -183,7 +167,7 @@ def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoi
 ], ids=["model field", "model kind", "data field", "data section"])
 def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(run, tmp_path, edit,
                                                                          named):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, edit)
   with pytest.raises(integrity.DamagedCheckpointError, match=f"is damaged: its integrity "
                                                              f"record's {named}"):
@@ -200,7 +184,7 @@ def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(run, tm
     (lambda m: m.update(identity_v3={}), "'identity_v3', a field no export of version 2 holds"),
 ], ids=["model field", "data kind", "export field"])
 def test_an_export_holding_what_no_version_records_is_damage(exported, tmp_path, edit, named):
-  out = copy(exported, tmp_path)
+  out = copy_tree(exported, tmp_path)
   edit_json(out / "export.json", edit)
   reseal(str(out))
   with pytest.raises(CheckpointError, match=f"export.json is damaged: its {re.escape(named)}"):
@@ -220,7 +204,7 @@ def strip_to_before_version_2(record):
 def test_a_record_stripped_to_before_version_2_is_not_read(run, tmp_path):
   # With data.synthetic.seed edited in config.json, eval.py evaluated
   # another corpus and train.py resumed on other data (exit 0).
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, strip_to_before_version_2)
   edit_json(workdir / "config.json", lambda c: c["data"]["synthetic"].update(seed=1))
   expected = "integrity record names no version"
@@ -243,7 +227,7 @@ def test_a_record_stripped_to_before_version_2_is_not_read(run, tmp_path):
 ], ids=["none", "newer", "one", "a string", "a bool"])
 def test_a_record_is_read_only_as_a_version_this_code_writes(run, tmp_path, version, error,
                                                               expected):
-  workdir = copy(run, tmp_path)
+  workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, lambda r: r.pop("version") if version is None else r.update(
       version=version))
   with pytest.raises(error, match=expected.replace("(", r"\(")):
