@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PYPROJECT := $(wildcard pyproject.toml)
 INSTALL_SELF = if [ -f pyproject.toml ]; then $(PY) -m pip install --no-deps -e .; fi
 
-.PHONY: test test-fast test-default-level lint experiment venv test-venv aot-venv clean test-jax010 \
+.PHONY: test test-fast test-default-level lint docs experiment venv test-venv aot-venv clean test-jax010 \
 	smoke-newest \
 	$(addprefix test-,$(STACKS)) $(addprefix smoke-,$(STACKS))
 
@@ -61,6 +61,10 @@ $(LINT_STAMP): requirements-lint.txt $(TEST_STAMP)
 lint: $(LINT_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# The docs' tables written from the declarations they list (docs/tables.py).
+docs: $(BASE_STAMP)
+	$(PY) docs/tables.py
 
 # The suite compiles with JAX's jax_disable_most_optimizations (tests/conftest.py),
 # users' runs at XLA's default level, whose code rounds otherwise. This leg

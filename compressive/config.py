@@ -8,7 +8,8 @@ is built, compiled or read. It returns an `Experiment`
 (compressive/experiment.py): the checked config with its typed, frozen
 groups (`ModelConfig`, `TrainConfig`, `EvalConfig`, `MeshConfig`), which the
 training and evaluation layers take as they are, without parsing the config
-again.
+again. `default_config` is the other direction: every group's declared
+defaults as a config file starts from them (configs/default.py).
 
 This module sits above the model, data and scale layers (it asks each of
 them about its own fields: the model's registries, the data sources, the
@@ -17,6 +18,7 @@ mesh rules) and below training and evaluation.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, Mapping, Optional, Sequence, TypeGuard
@@ -37,6 +39,25 @@ from compressive.scale import sharding
 from compressive.scale.sharding import MeshConfig
 
 _log = logging.getLogger("compressive")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every group's every field at its declared default, as a config file
+  holds them (configs/default.py starts from it): the one copy of the
+  defaults, so a field added to a group is in every config at once, and a
+  command-line override of it is checked against this list.
+
+  The model's sizes are left out: ModelConfig declares no default for them
+  (every config chooses its model). The data section is locked, as
+  `data.default_data_config` gives it (a source's mistyped field is an error
+  rather than a new one); the other sections are open to the config file
+  that builds on them, and `config.check` refuses a key no group knows.
+  """
+  model = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+           if f.default is not dataclasses.MISSING}
+  return ml_collections.ConfigDict(dict(
+      values.to_dict(TrainConfig()), model=model, data=data_lib.default_data_config(),
+      eval=values.to_dict(EvalConfig()), mesh=values.to_dict(MeshConfig())))
 
 
 def check_to_read(config: ml_collections.ConfigDict) -> Experiment:

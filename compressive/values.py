@@ -225,6 +225,20 @@ def kind_of(f: dataclasses.Field) -> str:
   return name if name in KINDS else ""
 
 
+def describe(f: dataclasses.Field) -> str:
+  """What a field holds, from its declaration alone: its kind and its range
+  or choices (e.g. "an integer in [1, 2**31)", "one of 'adam', 'adamw'"),
+  as the docs' tables list it."""
+  kind = kind_of(f)
+  if kind in ("int", "float") and "interval" in f.metadata:
+    return f"{_WORDS[kind]} in {f.metadata['interval']}"
+  choices = f.metadata.get("choices")
+  if kind == "str" and choices:
+    choices = choices() if callable(choices) else choices
+    return "one of " + ", ".join(repr(c) for c in choices)
+  return _WORDS.get(kind, "a section")
+
+
 def _is_kind(value: Any, kind: str) -> bool:
   if kind == "int":
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

@@ -14,7 +14,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 import compressive
@@ -116,16 +115,6 @@ def greedy_without_cache(cfg, model, prompt, n):
 
 
 # -- Tiny experiments and their config files. ------------------------------------
-
-
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """MeshConfig's defaults as a config file's mesh section holds them: what
-  configs/default.py writes out (tests/tools/test_configs.py holds the two
-  equal)."""
-  from compressive import values
-  from compressive.scale.sharding import MeshConfig
-  return ml_collections.ConfigDict(values.to_dict(MeshConfig()))
-
 
 
 def tiny_experiment(**overrides):

@@ -6,8 +6,8 @@ every source shares, and one section per registered source, an instance of
 that source's schema (registry.Source.schema: a frozen dataclass whose
 defaults are the one copy of its fields), read as `data_config.<source>`.
 `default_data_config()` is the same defaults as a config file holds them
-(`config.data`, a locked ConfigDict: configs/default.py writes it out, as
-plain data, and tests/tools/test_configs.py holds the two equal), so that
+(`config.data`, a locked ConfigDict: `config.default_config()` gives it to
+every config file that starts from the defaults), so that
 `--config.data.source=enwik8` style overrides are checked against this list
 (a typo is an error, not a new key); e.g.
 `--config.data.enwik8.path=/data/enwik8.zip`. The meaning of each field is

@@ -8,7 +8,6 @@ import importlib
 import inspect
 import io
 import os
-import pathlib
 import pkgutil
 import re
 import shutil
@@ -943,18 +942,6 @@ def test_a_folder_of_too_few_files_points_to_the_one_file_route(tmp_path):
                                       'documents'):
     data.get_documents(data_of(config(source='text_files', text_files__path=str(tmp_path))),
                        'train', data.ByteTokenizer())
-
-
-def test_docs_data_lists_every_data_field_at_its_default():
-  # Each data field is declared once, on its dataclass; docs/DATA.md's table
-  # names every one with its default, and nothing else.
-  rows = [(f'data.{f.name}', f.default) for f in dataclasses.fields(data.DataConfig)
-          if f.name != 'sections']
-  rows += [(f'data.{name}.{f.name}', f.default) for name in registry.names()
-           for f in dataclasses.fields(registry.get(name).schema)]
-  text = (pathlib.Path(__file__).parents[2] / 'docs' / 'DATA.md').read_text()
-  table = [line for line in text.splitlines() if line.startswith('| `data.')]
-  assert table == [f'| `{name}` | `{default!r}` |' for name, default in rows]
 
 
 def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):

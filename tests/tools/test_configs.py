@@ -15,6 +15,8 @@ import compressive
 from compressive import cli_config, data
 from compressive import config as config_lib
 from compressive import values as values_lib
+from compressive.experiment import EvalConfig, OptimizerConfig, TrainConfig
+from compressive.scale.sharding import MeshConfig
 import helpers
 from helpers import data_of
 
@@ -164,7 +166,7 @@ def test_baselines_have_equal_attention_span(paper, baseline):
   assert b.model.num_layers == a.model.num_layers and b.model.d_model == a.model.d_model
 
 
-# -- The configs are plain data. ------------------------------------------------------
+# -- The configs are data on the declared defaults. --------------------------------------
 
 
 def _structure(value, name=""):
@@ -179,19 +181,31 @@ def _structure(value, name=""):
     yield name, (type(value).__name__, repr(value))
 
 
-@pytest.mark.parametrize("section,library", [
-    ("data", "compressive.data:default_data_config"),
-    ("mesh", "helpers:default_mesh_config"),
-])
-def test_the_default_config_writes_out_the_library_defaults(section, library):
-  # configs/default.py writes these sections out (a config imports only
-  # ml_collections): they stay the library's defaults, field for field, type
-  # for type, locked as they are, so the default experiment cannot drift.
+def test_the_default_config_writes_only_its_model():
+  # Every field is declared once, on its group (type, default, range,
+  # meaning); configs/default.py starts from those declarations
+  # (config.default_config) and writes only the model it chooses: the sizes,
+  # which no group gives a default, and its norm. Everything else, lock and
+  # type included, is the declared default: a field added to a group is in
+  # the default config, and overridable, without a line here.
   from compressive.configs import default
-  module, function = library.split(":")
-  expected = getattr(importlib.import_module(module), function)()
-  assert list(_structure(default.get_config()[section])) == list(_structure(expected))
-  assert default.get_config()[section].to_dict() == expected.to_dict()
+  written, declared = default.get_config(), config_lib.default_config()
+  chosen = {"vocab_size", "num_layers", "num_heads", "d_model", "d_ff", "segment_length",
+            "memory_length", "compressed_memory_length", "compression_rate", "norm"}
+  model = written.model.to_dict()
+  assert {k for k in model if model[k] != declared.model.get(k)} == chosen
+  for k in chosen - {"norm"}:  # the sizes: no group declares them
+    del written.model[k]
+  written.model.norm = declared.model.norm
+  assert list(_structure(written)) == list(_structure(declared))
+  assert list(_structure(declared.data)) == list(_structure(data.default_data_config()))
+  assert declared.mesh.to_dict() == values_lib.to_dict(MeshConfig())
+  top = {k: v for k, v in declared.items() if not isinstance(v, ml_collections.ConfigDict)}
+  for section, group in ((top, TrainConfig()), (declared.optimizer.to_dict(), OptimizerConfig()),
+                         (declared.eval.to_dict(), EvalConfig())):
+    expected = values_lib.to_dict(group)
+    expected.pop("optimizer", None)
+    assert section == expected, type(group).__name__
 
 
 def test_the_structure_sees_a_changed_type_order_and_lock():
@@ -207,35 +221,22 @@ def test_the_structure_sees_a_changed_type_order_and_lock():
 def test_config_files_import_only_ml_collections_and_each_other():
   # big_vision's habit: a config file is data. It may build on another
   # shipped config (from the package compressive.configs, or importlib for a
-  # preset's experiment), never on the rest of the library, and never on a
-  # top-level `configs`, which a folder of the user's could shadow.
+  # preset's experiment) or on the declared defaults (compressive.config's
+  # default_config, and nothing else of the library), never on a top-level
+  # `configs`, which a folder of the user's could shadow.
   wrong = []
   for path in sorted(pathlib.Path(helpers.ROOT, "configs").glob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module == "compressive.config":
+        names = [f"compressive.config.{a.name}" for a in node.names]
       elif isinstance(node, ast.ImportFrom):
         names = [node.module or ""] if not node.level else ["(relative)"]
       else:
         continue
       wrong += [f"{path.name} imports {n}" for n in names
-                if n not in ("ml_collections", "importlib", "os", "compressive.configs")
+                if n not in ("ml_collections", "importlib", "os", "compressive.configs",
+                             "compressive.config.default_config")
                 and not n.startswith("compressive.configs.")]
   assert wrong == []
-
-
-def test_the_default_config_writes_out_every_training_and_evaluation_default():
-  # A training, optimizer or evaluation field is declared once, on its group
-  # (compressive/experiment.py: type, default, range); configs/default.py,
-  # plain data, writes it out, held here to the group's default, field for
-  # field: a field added to a group and not to the default config (or the
-  # other way round) fails here.
-  from compressive.configs import default
-  from compressive.experiment import EvalConfig, OptimizerConfig, TrainConfig
-  config = default.get_config()
-  top = {k: v for k, v in config.items() if not isinstance(v, ml_collections.ConfigDict)}
-  for written, group in ((top, TrainConfig()), (config.optimizer.to_dict(), OptimizerConfig()),
-                         (config.eval.to_dict(), EvalConfig())):
-    expected = values_lib.to_dict(group)
-    expected.pop("optimizer", None)
-    assert written == expected, type(group).__name__

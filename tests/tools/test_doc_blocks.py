@@ -278,3 +278,39 @@ def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
   assert "result: gs://runs/try/eval_test_step4.json" in ran[1][1].stderr
   exported = json.loads(ran[2][1].stdout.strip().splitlines()[-1])
   assert exported["output"] == "gs://runs/try_export"
+
+
+# -- The tables written from the declarations. ------------------------------------
+
+
+def _tables():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("doc_tables", os.path.join(ROOT, "docs",
+                                                                          "tables.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_generated_tables_are_what_the_declarations_write():
+  # DATA.md's every data field is written from the fields' declarations
+  # (docs/tables.py, `make docs`): a field declared on a group or a source's
+  # schema is listed, with its default and range, by one run of it.
+  tables = _tables()
+  for doc, names in tables.TABLES.items():
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+      text = f.read()
+    assert all(f"<!-- table: {name} -->" in text for name in names), doc
+    assert tables.render(text, names) == text, f"{doc} is not current: run make docs"
+
+
+def test_a_table_is_rewritten_between_its_markers_only():
+  tables = _tables()
+  text = "intro\n<!-- table: t -->\n| old |\n<!-- end table -->\nafter\n"
+  assert tables.render(text, {"t": lambda: ["| a |", "| b |"]}) == (
+      "intro\n<!-- table: t -->\n| a |\n| b |\n<!-- end table -->\nafter\n")
+  with pytest.raises(KeyError):
+    tables.render(text, {})
+  rows = tables.data_fields()
+  assert "| `data.recall.value_len` | `4` | an integer in [1, 16] |" in rows
+  assert "| `data.tokenizer` | `'bytes'` | one of 'bytes', 'sentencepiece' |" in rows
