@@ -23,7 +23,7 @@ import logging
 import math
 import re
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 import warnings
 
 import numpy as np
@@ -324,7 +324,10 @@ def check_section(cls: Any, section: Any, prefix: str, derived: Any = ()) -> Non
       raise ConfigError(f"{prefix}{name} is missing from the config")
 
 
-def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
+G = TypeVar("G")  # a group's dataclass
+
+
+def from_dict(cls: type[G], section: Any, prefix: str, **derived: Any) -> G:
   """`cls` (a group's dataclass) from its config section (a mapping, or
   what has to_dict), each value as written, checked first (check_section:
   a field it does not know, one it lacks that has no default, a value of
@@ -335,7 +338,7 @@ def from_dict(cls: Any, section: Any, prefix: str, **derived) -> Any:
   __post_init__ of its own."""
   if hasattr(section, "to_dict"):
     section = section.to_dict()
-  check_section(cls, section, prefix, derived)
+  check_section(cls, section, prefix, tuple(derived))
   group = cls(**section, **derived)
   check_fields(group, prefix)  # a schema by annotations has no __post_init__ to do it
   return group

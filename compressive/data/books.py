@@ -333,13 +333,13 @@ class Config:
 
 def validate(data_config: 'DataConfig') -> None:
   # Its other fields check themselves (Config); the archives are pinned.
-  files.check_local(data_config.books.cache_dir, 'data.books.cache_dir (a folder)')
+  files.check_local(data_config.section(Config).cache_dir, 'data.books.cache_dir (a folder)')
 
 
 def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.TextDocuments:
   registry.check_split(split)
-  c = data_config.books
+  c = data_config.section(Config)
   books = load_books(c.cache_dir or default_cache_dir())
   chosen = documents_lib.split_by_hash([b.group for b in books], c.heldout_fraction)[split]
   chosen_books = [books[i] for i in chosen]

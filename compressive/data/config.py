@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, TypeVar
 
 import ml_collections
 import numpy as np
@@ -30,6 +30,8 @@ from compressive.data import registry, tokenizers
 from compressive.errors import ConfigError
 
 _log = logging.getLogger('compressive')
+
+S = TypeVar('S')  # a source's schema
 
 TOKENIZERS = ('bytes', 'sentencepiece')
 SPM_MODEL_TYPES = ('unigram', 'bpe', 'char', 'word')
@@ -67,6 +69,19 @@ class DataConfig:
 
   def __post_init__(self):
     values.check_fields(self, 'data.')
+
+  def section(self, schema: type[S]) -> S:
+    """The section whose schema is `schema` (a source's Config), typed as
+    it: what `data_config.<name>` gives, for the type checker too
+    (registry.section: at its defaults where the config has none)."""
+    names = [n for n in registry.names() if registry.get(n).schema is schema]
+    if not names and ':' in self.source and registry.get(self.source).schema is schema:
+      names = [registry.get(self.source).name]  # a plugin's, named by data.source
+    if not names:
+      raise ConfigError(f'no data source has the schema {schema.__qualname__}')
+    found = registry.section(self, names[0])
+    assert isinstance(found, schema), (schema, type(found))
+    return found
 
   def __getattr__(self, name: str) -> Any:
     sections = self.__dict__.get('sections', {})

@@ -54,7 +54,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.enwik8
+  c = data_config.section(Config)
   files.check_local(c.path, 'data.enwik8.path (a file)')
   if not c.path:
     raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
@@ -73,7 +73,7 @@ def validate(data_config: 'DataConfig') -> None:
 def host_bytes(data_config: 'DataConfig') -> int:
   """The file's bytes as split_bytes gives them (a zip is read into memory)
   and every split's document bounds (int64 pairs)."""
-  c = data_config.enwik8
+  c = data_config.section(Config)
   shards = c.train_shards + 2 * c.eval_shards
   return sum(int(s) for s in c.split_bytes) + 16 * shards
 
@@ -130,7 +130,7 @@ def get_documents(data_config: 'DataConfig', split: str,
   registry.check_split(split)
   if not isinstance(tokenizer, tokenizers.ByteTokenizer):
     raise DataError("enwik8 is read as bytes: set data.tokenizer='bytes'")
-  c = data_config.enwik8
+  c = data_config.section(Config)
   buffer = load_bytes(c.path)
   shards = c.train_shards if split == 'train' else c.eval_shards
   bounds = split_bounds(tuple(c.split_bytes), len(buffer), split, shards)

@@ -57,7 +57,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.hf_datasets
+  c = data_config.section(Config)
   if not isinstance(c.path, str) or not c.path:
     raise ConfigError('data.hf_datasets.path is empty: give a folder save_to_disk wrote, or a '
                       'dataset name for datasets.load_dataset')
@@ -139,7 +139,7 @@ def _column(data: Any, c: Config, where: str) -> Any:
 
 def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.TextDocuments:
-  c = data_config.hf_datasets
+  c = data_config.section(Config)
   data, chosen, label = _rows(c, split)
   column = _column(data, c, f'data.hf_datasets.path={c.path!r} split {label!r}')
 
@@ -171,7 +171,7 @@ def check_documents(data_config: 'DataConfig', split: str,
 def identity(data_config: 'DataConfig') -> str:
   """Each split's fingerprint (datasets' digest of its content) and size:
   what a resume compares."""
-  loaded = _dataset(data_config.hf_datasets)
+  loaded = _dataset(data_config.section(Config))
   parts = [f'{name or "records"} {len(d)} records {getattr(d, "_fingerprint", "?")}'
            for name, d in sorted(loaded.items())]
   return 'hf_datasets: ' + ', '.join(parts)

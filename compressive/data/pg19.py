@@ -76,7 +76,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  if not data_config.pg19.data_dir:
+  if not data_config.section(Config).data_dir:
     raise ConfigError('data.pg19.data_dir is empty: give the TFDS data_dir for pg19')
 
 
@@ -144,7 +144,7 @@ def _local_builder_class(raw_dir: str):
 def get_builder(data_config: 'DataConfig'
                 ) -> 'tfds.core.DatasetBuilder':
   """The pg19 builder over data.pg19.data_dir, preparing it if needed."""
-  c = data_config.pg19
+  c = data_config.section(Config)
   if not c.data_dir:
     raise DataError(
         'data.source=pg19 needs data.pg19.data_dir, the TFDS data_dir where PG-19 '
@@ -186,7 +186,7 @@ def get_documents(data_config: 'DataConfig', split: str,
     source = builder.as_data_source(split)
   except (NotImplementedError, ValueError) as e:
     raise DataError(
-        f'PG-19 under {data_config.pg19.data_dir} cannot be read with random '
+        f'PG-19 under {data_config.section(Config).data_dir} cannot be read with random '
         'access; it must be prepared with file_format=array_record (remove '
         f'{builder.data_dir} to prepare it again): {e}') from e
 

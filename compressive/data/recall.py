@@ -144,7 +144,7 @@ class Config:
 def validate(data_config: 'DataConfig') -> None:
   if data_config.tokenizer != "bytes":
     raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
-  _check(data_config.recall, ConfigError)
+  _check(data_config.section(Config), ConfigError)
 
 
 def _is_int(value) -> bool:
@@ -185,7 +185,7 @@ def _check(c: Config, error: type[Exception]) -> None:
 
 def host_bytes(data_config: 'DataConfig') -> int:
   """Every document's text and its placement mask, a byte each per byte."""
-  c = data_config.recall
+  c = data_config.section(Config)
   return sum(c.num_docs) * 2 * c.doc_length
 
 
@@ -193,7 +193,7 @@ def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDoc
   registry.check_split(split)
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
-  c = data_config.recall
+  c = data_config.section(Config)
   _check(c, DataError)
   # Generated once per config (its split and fields, and this module's code)
   # and read back from the cache after that (data/generated.py).

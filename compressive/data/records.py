@@ -59,7 +59,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.records
+  c = data_config.section(Config)
   if not (os.path.isdir(c.path or '') or (os.path.isfile(c.path or '')
                                           and c.path.endswith(SUFFIXES))):
     raise ConfigError(f'data.records.path={c.path!r} is neither a .jsonl or .parquet file nor '
@@ -245,7 +245,7 @@ def _split(c: Config, split: str) -> tuple[list[str], list[tuple[int, int]]]:
 
 def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer) -> documents_lib.TextDocuments:
-  c = data_config.records
+  c = data_config.section(Config)
   paths, chosen = _split(c, split)
   opened: dict[int, Any] = {}
 
@@ -277,7 +277,7 @@ def check_documents(data_config: 'DataConfig', split: str,
 
 def identity(data_config: 'DataConfig') -> str:
   """The corpus's files, by name and size, as a digest: what a resume compares."""
-  c = data_config.records
+  c = data_config.section(Config)
   listing = [(os.path.basename(p), os.path.getsize(p)) for p in _files(c.path)]
   digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
   return (f'records: {len(listing)} files, {sum(s for _, s in listing)} bytes, '

@@ -46,7 +46,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.synthetic
+  c = data_config.section(Config)
   if len(c.num_docs) != len(registry.SPLITS) or min(c.num_docs) < 0:
     raise ConfigError(f'data.synthetic.num_docs={tuple(c.num_docs)} must be '
                       f'{len(registry.SPLITS)} counts >= 0, one per split')
@@ -58,7 +58,7 @@ def validate(data_config: 'DataConfig') -> None:
 def host_bytes(data_config: 'DataConfig') -> int:
   """The documents' expected bytes: int32 tokens of the mean length, each
   document's drawn length (int64), and the int64 block a 'copy' draws."""
-  c = data_config.synthetic
+  c = data_config.section(Config)
   block = 8 * c.period if c.kind == 'copy' else 0
   return sum(c.num_docs) * (4 * (c.min_length + c.max_length) // 2 + 8 + block)
 
@@ -93,7 +93,7 @@ def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TokenDocuments:
   registry.check_split(split)
-  c = data_config.synthetic
+  c = data_config.section(Config)
   k = registry.SPLITS.index(split)
   docs = make_documents(
       num_docs=int(c.num_docs[k]),

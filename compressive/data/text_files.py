@@ -68,7 +68,7 @@ class Config:
 
 
 def validate(data_config: 'DataConfig') -> None:
-  c = data_config.text_files
+  c = data_config.section(Config)
   files.check_local(c.path, 'data.text_files.path (a folder or a file)')
   if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
     raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
@@ -233,7 +233,7 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
 def _split_paths(data_config: 'DataConfig', split: str) -> tuple[list[str], str]:
   """The split's file paths and text_errors, the latter checked now rather
   than at the first read."""
-  c = data_config.text_files
+  c = data_config.section(Config)
   paths = list_split(c.path, split, c.heldout_fraction)
   if c.text_errors not in TEXT_ERRORS:
     raise DataError(
@@ -348,8 +348,8 @@ def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], st
 
 
 def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocuments:
-  names, spans, errors = _one_file_split(data_config.text_files, split)
-  path = data_config.text_files.path
+  names, spans, errors = _one_file_split(data_config.section(Config), split)
+  path = data_config.section(Config).path
   return documents_lib.TextDocuments(
       names=names, load_text=lambda i: read_text(path, errors, spans[i]),
       tokenizer=tokenizer, description=f'text_files/{split} (pieces of {shown(path)})',
@@ -359,7 +359,7 @@ def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocu
 def get_documents(data_config: 'DataConfig', split: str,
                   tokenizer: tokenizers.Tokenizer
                   ) -> documents_lib.TextDocuments:
-  if os.path.isfile(data_config.text_files.path or ''):
+  if os.path.isfile(data_config.section(Config).path or ''):
     return _one_file_documents(data_config, split, tokenizer)
   paths, errors = _split_paths(data_config, split)
   return documents_lib.TextDocuments(
@@ -377,13 +377,13 @@ def check_documents(data_config: 'DataConfig', split: str,
   is empty, is not UTF-8 (text_errors='strict') or is too short, or whose
   name cannot be printed. Returns the number of files (of documents, for
   one file cut into them)."""
-  if os.path.isfile(data_config.text_files.path or ''):
-    names, spans, errors = _one_file_split(data_config.text_files, split)
+  if os.path.isfile(data_config.section(Config).path or ''):
+    names, spans, errors = _one_file_split(data_config.section(Config), split)
     tokenizer = tokenizers.ByteTokenizer() if tokenizer is None else tokenizer
     for name, span in zip(names, spans):
-      text = read_text(data_config.text_files.path, errors, span)
+      text = read_text(data_config.section(Config).path, errors, span)
       if len(tokenizer.encode(text[:_SHORT_CHARS + 1])) < 2:
-        raise DataError(f'{name} (a piece of {shown(data_config.text_files.path)}) has fewer '
+        raise DataError(f'{name} (a piece of {shown(data_config.section(Config).path)}) has fewer '
                         'than 2 tokens')
     return len(names)
   paths, errors = _split_paths(data_config, split)
@@ -395,12 +395,12 @@ def check_documents(data_config: 'DataConfig', split: str,
 def identity(data_config: 'DataConfig') -> str:
   """The corpus's files, by split folder, name and size, as a digest (and
   their count and bytes, to read): what a resume compares."""
-  path = data_config.text_files.path
+  path = data_config.section(Config).path
   if os.path.isfile(path):
     listing = [(os.path.basename(path), os.path.getsize(path))]
     digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    size = piece_bytes(path, data_config.text_files.document_bytes)
-    cut = '' if size == data_config.text_files.document_bytes else f', pieces of {size} bytes'
+    size = piece_bytes(path, data_config.section(Config).document_bytes)
+    cut = '' if size == data_config.section(Config).document_bytes else f', pieces of {size} bytes'
     return f'text_files: 1 file, {listing[0][1]} bytes{cut}, sha256 {digest[:16]}'
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folders = [os.path.join(path, s) for s in registry.SPLITS

@@ -970,3 +970,20 @@ def test_a_field_of_a_source_the_run_does_not_read_is_refused_or_warned(caplog):
   # The selected source's own fields, and every field at its default, are read.
   assert not data.config.unread_fields(data_of(config(source='text_files',
                                                       text_files__path='input.txt')))
+
+
+def test_a_sources_section_is_read_typed_by_its_schema():
+  # The sources read their own section as its schema's instance
+  # (DataConfig.section), the same object `data_config.<name>` gives.
+  from compressive.data import recall, text_files
+  c = data_of(config(source='text_files', text_files__path='in.txt'))
+  section = c.section(text_files.Config)
+  assert isinstance(section, text_files.Config) and section is c.text_files
+  assert section.path == 'in.txt' and c.section(recall.Config).value_len == 4
+
+  @dataclasses.dataclass(frozen=True)
+  class Unregistered:
+    x: int = 1
+
+  with pytest.raises(ConfigError, match='no data source has the schema .*Unregistered'):
+    c.section(Unregistered)
