@@ -263,7 +263,7 @@ def assert_same_params(a, b):
 
 def tree_digest(path):
   """A digest of every file under `path` but a checkpoints folder's record
-  of its workdir (lock.OWNER_FILE), which a copied workdir's trainer writes
+  of its workdir (layout.OWNER_FILE), which a copied workdir's trainer writes
   again before it reads anything."""
   h = hashlib.sha256()
   for root, dirs, files in sorted(os.walk(path)):

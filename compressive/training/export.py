@@ -52,9 +52,6 @@ FIELDS = {"step": int, "integrity": {"sums": dict}, "identity": integrity_lib.ID
 # them): any other is damage, never read.
 WRITTEN = ("format", "version", "source", *FIELDS)
 # layout.py's names, as the messages and callers know them.
-EXPORT_FILE = layout.EXPORT_FILE
-PARAMS_DIR = layout.PARAMS_DIR
-PARTIAL_PREFIX = layout.PARTIAL_EXPORT_PREFIX
 
 
 def is_export(path: str) -> bool:
@@ -152,7 +149,7 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   leaves = jax.tree_util.tree_leaves_with_path(
       tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
   if not leaves or any(not hasattr(x, "shape") for _, x in leaves):
-    raise ValueError(f"no parameters' shapes in {PARAMS_DIR}/")
+    raise ValueError(f"no parameters' shapes in {layout.PARAMS_DIR}/")
   return {sharding.path_str(p): tuple(int(n) for n in x.shape) for p, x in leaves}
 
 
@@ -218,7 +215,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
   where = layout.Export(path).params
   where = where if remote.is_remote(where) else os.path.abspath(where)
   if not remote.isdir(where):
-    raise CheckpointError(f"export {path} is damaged: its {PARAMS_DIR}/ folder is missing; "
+    raise CheckpointError(f"export {path} is damaged: its {layout.PARAMS_DIR}/ folder is missing; "
                           "export the workdir again")
   with ocp.StandardCheckpointer() as checkpointer:
     try:

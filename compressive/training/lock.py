@@ -60,9 +60,6 @@ from compressive.errors import UserError
 from compressive.training import interrupts, layout, savedjson
 
 # The names this module opens relative to the workdir folder (layout.py's).
-LOCK_FILE = layout.LOCK_FILE
-CHECKPOINT_DIR = layout.CHECKPOINT_DIR
-OWNER_FILE = layout.OWNER_FILE
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 # What flock says where a filesystem cannot lock (EBADF and EINVAL: NFS's
 # emulation, asked to write-lock a folder that is open only for reading).
@@ -121,14 +118,14 @@ class WorkdirLock:
     following anything; whatever else is in its place is set aside first."""
     for _ in range(3):
       try:
-        st = os.stat(LOCK_FILE, dir_fd=folder, follow_symlinks=False)
+        st = os.stat(layout.LOCK_FILE, dir_fd=folder, follow_symlinks=False)
       except FileNotFoundError:
         st = None
       if st is not None and not _own_file(st):
         _set_aside(folder, self.path, st)
         continue
       try:
-        fd = self._open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+        fd = self._open(layout.LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                         dir_fd=folder)
       except OSError as e:
         if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
@@ -142,11 +139,11 @@ class WorkdirLock:
   def _lock_checkpoints(self, folder: int) -> None:
     path = self.layout.checkpoints
     try:
-      os.mkdir(CHECKPOINT_DIR, dir_fd=folder)
+      os.mkdir(layout.CHECKPOINT_DIR, dir_fd=folder)
     except FileExistsError:
       pass
     try:
-      fd = self._open(CHECKPOINT_DIR, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+      fd = self._open(layout.CHECKPOINT_DIR, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
     except (FileNotFoundError, NotADirectoryError) as e:
       what = (f"a link to {os.readlink(path)}, which does not exist"
               if isinstance(e, FileNotFoundError) and os.path.islink(path) else "not a folder")
@@ -166,7 +163,7 @@ class WorkdirLock:
 
   def _claim_checkpoints(self, folder: int, checkpoints: int, name: str) -> None:
     """The checkpoints folder's record of the workdir whose run it holds
-    (OWNER_FILE: the workdir folder's device and inode, and its path then),
+    (layout.OWNER_FILE: the workdir folder's device and inode, and its path then),
     written when missing or out of date. A record of another workdir is
     refused unless the checkpoints folder is a plain subfolder of this one
     (the workdir was copied or moved, checkpoints and all): a link or a
@@ -188,7 +185,7 @@ class WorkdirLock:
   def _busy(self, fd: int, folder: int) -> str:
     return (f"{self.workdir} is in use by another trainer ({self._holder(fd, folder)}); wait "
             f"for it to finish or stop it, or use another --workdir (the lock goes with that "
-            f"process: deleting {LOCK_FILE} does not free it)")
+            f"process: deleting {layout.LOCK_FILE} does not free it)")
 
   def _holder(self, fd: int, folder: Optional[int]) -> str:
     pid = _locking_pid(fd)
@@ -234,7 +231,7 @@ def _subfolder(folder: int, checkpoints: int) -> bool:
   """Whether the workdir's checkpoints entry is a folder (not a link) whose
   parent is the workdir (`folder`): the workdir's own, wherever it came from."""
   try:
-    entry = os.stat(CHECKPOINT_DIR, dir_fd=folder, follow_symlinks=False)
+    entry = os.stat(layout.CHECKPOINT_DIR, dir_fd=folder, follow_symlinks=False)
     parent = os.stat("..", dir_fd=checkpoints)
   except OSError:
     return False
@@ -280,7 +277,7 @@ def _set_aside(folder: int, path: str, st: os.stat_result) -> None:
     try:
       os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
-      os.rename(LOCK_FILE, name, src_dir_fd=folder, dst_dir_fd=folder)
+      os.rename(layout.LOCK_FILE, name, src_dir_fd=folder, dst_dir_fd=folder)
       _log.warning("%s was %s, not a lock file of its own: set aside as %s, unopened, and "
                    "replaced by a new one", path, _kind(st), name)
       return
@@ -316,9 +313,9 @@ def _locking_pid(fd: int) -> Optional[int]:
 def _read_record(folder: int) -> str:
   """train.lock's first line, when it is a file of its own ("" otherwise)."""
   try:
-    if not _own_file(os.stat(LOCK_FILE, dir_fd=folder, follow_symlinks=False)):
+    if not _own_file(os.stat(layout.LOCK_FILE, dir_fd=folder, follow_symlinks=False)):
       return ""
-    fd = os.open(LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+    fd = os.open(layout.LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                  dir_fd=folder)
     try:
       text = os.pread(fd, 200, 0) if _own_file(os.fstat(fd)) else b""

@@ -32,7 +32,6 @@ from compressive.training.metrics import MetricWriter, truncate_jsonl
 _log = logging.getLogger("compressive")
 
 
-LOG_FILE = layout.LOG_FILE
 
 
 class LogFile(logging.FileHandler):

@@ -29,8 +29,6 @@ _log = logging.getLogger("compressive")
 
 # Files a trainer writes in its workdir, and the folders it writes into,
 # relative to it (layout.py names them).
-FILES = layout.SIDE_FILES
-FOLDERS = layout.SIDE_FOLDERS
 
 # The most of a side file ever read: a config is a few KB; a metrics file
 # gains ~300 bytes a logged step (a million steps logged is ~300 MB).

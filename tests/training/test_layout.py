@@ -12,8 +12,7 @@ import re
 import pytest
 
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import export as export_lib
-from compressive.training import layout, lock, loop, runlog, sidefiles
+from compressive.training import layout, loop
 from helpers import ROOT, tiny_experiment, to_train
 
 
@@ -66,16 +65,6 @@ def test_the_names_are_the_ones_on_disk():
           layout.damaged("wd/config.json")] == [
       "train.lock.set-aside-3", "wd/train.log.aside", "wd/train.log.aside.2",
       "wd/config.json.damaged"]
-
-
-def test_the_modules_names_are_the_layouts():
-  # The constants that callers import keep their values, from the one place.
-  assert (lock.LOCK_FILE, lock.CHECKPOINT_DIR, lock.OWNER_FILE) == (
-      layout.LOCK_FILE, layout.CHECKPOINT_DIR, layout.OWNER_FILE)
-  assert runlog.LOG_FILE == layout.LOG_FILE
-  assert (sidefiles.FILES, sidefiles.FOLDERS) == (layout.SIDE_FILES, layout.SIDE_FOLDERS)
-  assert (export_lib.EXPORT_FILE, export_lib.PARAMS_DIR, export_lib.PARTIAL_PREFIX) == (
-      layout.EXPORT_FILE, layout.PARAMS_DIR, layout.PARTIAL_EXPORT_PREFIX)
 
 
 # Every name of the layout, whole: a string constant (or a path component of

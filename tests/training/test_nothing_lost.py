@@ -19,8 +19,7 @@ import compressive
 from compressive import data as data_lib
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import export as export_lib
-from compressive.training import exporting, integrity, runconfig
+from compressive.training import exporting, integrity, layout, runconfig
 from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
 from helpers import ROOT, assert_same_params, tiny_experiment, to_train, write_config_file
@@ -254,7 +253,7 @@ def test_a_second_restore_intact_stops_the_same_way(tmp_path):
 def test_an_export_killed_mid_write_is_cleaned_up_by_the_next(tmp_path, straight):
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()  # a pid that no longer runs
-  abandoned = tmp_path / f"{export_lib.PARTIAL_PREFIX}{dead.pid}"
+  abandoned = tmp_path / f"{layout.PARTIAL_EXPORT_PREFIX}{dead.pid}"
   (abandoned / "params").mkdir(parents=True)
   exporting.export(str(straight), str(tmp_path / "out"))
   assert sorted(os.listdir(tmp_path)) == ["out"]

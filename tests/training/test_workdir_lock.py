@@ -17,9 +17,10 @@ import pytest
 
 from compressive import files
 from compressive.errors import UserError
+from compressive.training import layout, sidefiles
 from compressive.training import loop as train_lib
-from compressive.training import sidefiles
-from compressive.training.lock import LOCK_FILE, OWNER_FILE, WorkdirBusyError, WorkdirLock
+from compressive.training.layout import LOCK_FILE, OWNER_FILE
+from compressive.training.lock import WorkdirBusyError, WorkdirLock
 from helpers import tiny_experiment, to_train
 
 BUSY = r"in use by another trainer \(pid \d+ on host"
@@ -265,7 +266,7 @@ def test_checkpoints_that_are_the_workdir_itself_are_one_line(tmp_path):
   assert f"pid {os.getpid()}" not in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", sidefiles.FILES)
+@pytest.mark.parametrize("name", layout.SIDE_FILES)
 def test_a_side_file_of_a_hard_linked_copy_is_never_written_through(tmp_path, name):
   # cp -al (a cheap fork, rsync --link-dest): the copy's side files are the
   # original's inodes until the copy's trainer makes them its own.
