@@ -131,7 +131,8 @@ class RelativeAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
                positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32,
-               chunk_size: int = 0, implementation: str = "auto", normalize_inputs: bool = True):
+               chunk_size: int = 0, implementation: str = "auto", normalize_inputs: bool = True,
+               own_compressed_keys_values: bool = False):
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
@@ -155,6 +156,11 @@ class RelativeAttention(nnx.Module):
     if positions == "relative":
       self.u = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)
       self.v = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)
+    # model.compressed_keys_values="own": the compressed slots' W_k^c, W_v^c,
+    # drawn last, so that a model without them initialises as it always has.
+    self.own_compressed = own_compressed_keys_values
+    if own_compressed_keys_values:
+      self.wkc, self.wvc = proj(), proj()
     self.dropout = nnx.Dropout(dropout_rate, deterministic=False)
     self.dtype = dtype
     self.scale = hd**-0.5
@@ -181,6 +187,23 @@ class RelativeAttention(nnx.Module):
     """
     n = self._normalize(slots, frozen)
     return dense(n, self._w("wk", frozen)), dense(n, self._w("wv", frozen))
+
+  def compressed_keys_values(self, slots: jax.Array, *,
+                             frozen: bool = False) -> tuple[jax.Array, jax.Array]:
+    """[B, C, d] compressed slots -> keys, values [B, C, H, D]: through W_k^c
+    and W_v^c with model.compressed_keys_values="own", else `keys_values`."""
+    if not self.own_compressed:
+      return self.keys_values(slots, frozen=frozen)
+    n = self._normalize(slots, frozen)
+    return dense(n, self._w("wkc", frozen)), dense(n, self._w("wvc", frozen))
+
+  def past_keys_values(self, cmem: jax.Array, mem: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[compressed memory; memory] slots -> their keys and values
+    [B, C + M, H, D], each part through its own projections."""
+    if not self.own_compressed:  # one projection of the slots together, as always
+      return self.keys_values(jnp.concatenate([cmem, mem], 1))
+    (kc, vc), (km, vm) = self.compressed_keys_values(cmem), self.keys_values(mem)
+    return jnp.concatenate([kc, km], 1), jnp.concatenate([vc, vm], 1)
 
   def position_keys(self, table: jax.Array) -> Optional[jax.Array]:
     """Sinusoids [N, d] -> W_r R [N, H, D]; None in rope mode (no W_r)."""

@@ -291,7 +291,7 @@ class Compressor(nnx.Module):
     comp = comp.astype(ev.slots.dtype)
     new_memory = memory_lib.push_compressed(
         layer_memory, comp if keep_gradient else jax.lax.stop_gradient(comp), comp_mask,
-        attention.keys_values)
+        attention.compressed_keys_values)
     if not with_loss or self.loss == "none":
       return new_memory, jnp.zeros((), jnp.float32)
     if keep_gradient:  # the loss's own f_c of the stop-gradient eviction: it trains f_c only
@@ -300,7 +300,7 @@ class Compressor(nnx.Module):
     if self.loss == "attention":
       q = jax.lax.stop_gradient(queries)
       target = attention.content_attention(q, ev.k, ev.v, ev.mask)
-      k_new, v_new = attention.keys_values(comp, frozen=True)
+      k_new, v_new = attention.compressed_keys_values(comp, frozen=True)
       approx = attention.content_attention(q, k_new, v_new, comp_mask)
       return new_memory, losses.attention_reconstruction_loss(target, approx, ev.mask)
     return new_memory, losses.autoencoding_loss(self.decode, ev.slots, ev.mask, comp)

@@ -33,6 +33,12 @@ NORMS = ("pre", "post")
 # stays stop-gradient); "memories": every stored slot keeps its gradient, so
 # the loss reaches the layers that wrote the memory and f_c's inputs too.
 MEMORY_GRADIENTS = ("none", "compressor", "memories")
+# model.compressed_keys_values: the projections a layer reads its compressed
+# slots through. "shared": the memory's and the segment's W_k and W_v (the
+# paper's); "own": W_k^c and W_v^c of their own (beyond the paper,
+# docs/DESIGN.md §Compressed slots read through their own projections), so
+# that a compression's code need not be read as raw inputs are.
+COMPRESSED_KEYS_VALUES = ("shared", "own")
 
 
 def _positions() -> tuple[str, ...]:
@@ -85,6 +91,8 @@ class ModelConfig:
   # rope's fused attention: auto | xla | cudnn
   attention_implementation: str = values.text("auto", _implementations)
   memory_gradient: str = values.text("none", MEMORY_GRADIENTS)  # "none" is the paper's
+  # "shared" is the paper's (COMPRESSED_KEYS_VALUES above)
+  compressed_keys_values: str = values.text("shared", COMPRESSED_KEYS_VALUES)
 
   @classmethod
   def from_config(cls, config: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -167,6 +175,10 @@ def _check_rules(cfg: ModelConfig) -> None:
 
 
 def _check_memory_gradient(cfg: ModelConfig) -> None:
+  if cfg.compressed_keys_values == "own" and not cfg.compressed_memory_length:
+    raise ConfigError(
+        "model.compressed_keys_values='own' needs a compressed memory "
+        "(model.compressed_memory_length > 0): its projections read only compressed slots")
   if cfg.memory_gradient == "compressor" and not cfg.compressed_memory_length:
     raise ConfigError(
         "model.memory_gradient='compressor' needs a compressed memory "

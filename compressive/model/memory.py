@@ -133,8 +133,9 @@ def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.A
   Args:
     layer_memory: one layer's memory (no layer axis); with `position` it must
       carry its cache.
-    keys_values: slots [B, N, d] -> their keys and values [B, N, H, D] (the
-      layer's projections), for the slots when nothing caches them.
+    keys_values: (compressed slots [B, C, d], slots [B, M, d]) -> the keys
+      and values of both [B, C + M, H, D] (the layer's projections,
+      `RelativeAttention.past_keys_values`), when nothing caches them.
     k_x, v_x: [B, Tq, H, D] keys and values of the layer's inputs.
     position: None for a whole segment (the inputs are the segment); when
       decoding, the index of the inputs' first token in the current segment,
@@ -149,8 +150,7 @@ def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.A
   b, tq = k_x.shape[:2]
   past = layer_memory.compressed_memory_length + layer_memory.memory_length
   if cache is None:
-    slots = jnp.concatenate([layer_memory.cmem, layer_memory.mem], 1)
-    k_past, v_past = keys_values(slots.astype(dtype))
+    k_past, v_past = keys_values(layer_memory.cmem.astype(dtype), layer_memory.mem.astype(dtype))
   else:
     k_past, v_past = cache.k.astype(dtype), cache.v.astype(dtype)
   if position is None:
@@ -229,7 +229,8 @@ def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
 def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array,
                     keys_values=None) -> Memory:
   """Pushes compressed slots [B, T/c, d] into the compressed memory (FIFO);
-  `keys_values(slots)` gives their keys and values when the memory caches them."""
+  `keys_values(slots)` gives their keys and values when the memory caches
+  them (`RelativeAttention.compressed_keys_values`)."""
   cmem, _ = _fifo(layer_memory.cmem, compressed)
   cmask, _ = _fifo(layer_memory.cmem_mask, compressed_mask)
   out = layer_memory.replace(cmem=cmem, cmem_mask=cmask)

@@ -105,7 +105,8 @@ class Block(nnx.Module):
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
         positions=cfg.positions, dtype=dtype, param_dtype=param_dtype,
         chunk_size=cfg.attention_chunk_size, implementation=cfg.attention_implementation,
-        normalize_inputs=not self.post_norm)
+        normalize_inputs=not self.post_norm,
+        own_compressed_keys_values=cfg.compressed_keys_values == "own")
     # Post-norm's LN after the attention's residual (pre-norm's is inside
     # the attention); ffn_norm is the feed-forward's in both.
     self.attention_norm = (LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm
@@ -146,7 +147,8 @@ class Block(nnx.Module):
     att = self.attention
     q = att.query(x)
     k_x, v_x = att.keys_values(x)
-    k, v, valid, q_last, mem = memory_lib.attention_keys(mem, att.keys_values, k_x, v_x, position)
+    k, v, valid, q_last, mem = memory_lib.attention_keys(mem, att.past_keys_values, k_x, v_x,
+                                                         position)
     r = self._position_rows(position_keys, k.shape[1], q_last, x.shape[-1])
     # received [B, K]: attention each key received, mean over heads and
     # queries. It feeds the most-used compression's usage and the diagnostics.
@@ -243,9 +245,10 @@ class CompressiveTransformer(nnx.Module):
     the memory, instead of every segment, and keep the cache up to date. Only
     valid while the weights do not change (evaluation, generation)."""
     t = self.config.segment_length if segment_length is None else segment_length
-    slots = lambda layer: jnp.concatenate([layer.cmem, layer.mem], axis=1).astype(self.dtype)
+    kv = lambda att, layer: att.past_keys_values(layer.cmem.astype(self.dtype),
+                                                 layer.mem.astype(self.dtype))
     _, (k, v) = self._over_layers(
-        lambda block, carry, index, layer: (carry, block.attention.keys_values(slots(layer))),
+        lambda block, carry, index, layer: (carry, kv(block.attention, layer)),
         None, (memory.replace(cache=None),))
     seg = jnp.zeros(k.shape[:2] + (t,) + k.shape[3:], k.dtype)
     return memory.replace(cache=KeysValues(k=k, v=v, seg_k=seg, seg_v=seg))

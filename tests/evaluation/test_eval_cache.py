@@ -10,14 +10,16 @@ from compressive.model.compression import COMPRESSIONS
 from helpers import make_model, tiny_model_config
 
 
-@pytest.mark.parametrize("compression,positions",
-                         [(c, "relative") for c in COMPRESSIONS]
-                         + [("conv", "rope"), ("most_used", "rope")])
-def test_cached_keys_values_give_the_uncached_logits(compression, positions):
+@pytest.mark.parametrize("compression,positions,keys_values",
+                         [(c, "relative", "shared") for c in COMPRESSIONS]
+                         + [("conv", "rope", "shared"), ("most_used", "rope", "shared"),
+                            ("conv", "relative", "own"), ("max_pool", "rope", "own")])
+def test_cached_keys_values_give_the_uncached_logits(compression, positions, keys_values):
   # Rotary keys are cached unrotated (a slot's index shifts every segment)
-  # and rotated at use; the cache must hold exactly the memory's own.
+  # and rotated at use; the cache must hold exactly the memory's own (the
+  # compressed slots' through their own projections, with "own").
   cfg = tiny_model_config(compression=compression, compressed_memory_length=6,
-                          positions=positions)
+                          positions=positions, compressed_keys_values=keys_values)
   model = make_model(cfg, seed=1)
   model.eval()
   rng = np.random.default_rng(0)

@@ -215,10 +215,10 @@ def _model_step(cfg, tokens_per_segment, seed=0):
 
 
 @pytest.mark.slow  # the whole model's gradient step, compiled twice per case
-@pytest.mark.parametrize("positions,compression", [
-    ("relative", "conv"), ("rope", "conv"), ("rope", "most_used"),
-    ("relative", "overlap_max_pool")])
-def test_model_chunked_matches_dense(positions, compression):
+@pytest.mark.parametrize("positions,compression,keys_values", [
+    ("relative", "conv", "shared"), ("rope", "conv", "shared"), ("rope", "most_used", "shared"),
+    ("relative", "overlap_max_pool", "shared"), ("relative", "conv", "own")])
+def test_model_chunked_matches_dense(positions, compression, keys_values):
   """The whole model with attention_chunk_size=2 (4 chunks of a segment of
   8) against 0: the same logits, memory and parameter gradients over 3
   segments. rope + conv takes the fused call (no weights needed); most_used
@@ -226,7 +226,7 @@ def test_model_chunked_matches_dense(positions, compression):
   t, b = 8, 2
   segments = [jax.random.randint(jax.random.PRNGKey(20 + i), (b, t + 1), 0, 32) for i in range(3)]
   config = functools.partial(tiny_model_config, segment_length=t, positions=positions,
-                             compression=compression)
+                             compression=compression, compressed_keys_values=keys_values)
   dense = _model_step(config(attention_chunk_size=0), segments)
   chunked = _model_step(config(attention_chunk_size=2), segments)
   for i, ((logits, mem, grads), (want_logits, want_mem, want_grads)) in enumerate(

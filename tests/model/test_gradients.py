@@ -43,9 +43,14 @@ def loss_grads(cfg, n_before=3):
 @pytest.mark.parametrize("compression,loss,norm", [
     ("conv", "attention", "pre"), ("dilated_conv", "attention", "pre"),
     ("conv", "autoencoding", "pre"), ("dilated_conv", "autoencoding", "pre"),
-    ("conv", "attention", "post")])
+    ("conv", "attention", "post"), ("conv", "attention", "own"), ("conv", "autoencoding", "own")])
 def test_each_loss_reaches_only_its_parameters(compression, loss, norm):
-  cfg = tiny_model_config(compression=compression, reconstruction_loss=loss, norm=norm)
+  # "own": pre-norm with the compressed slots' own projections
+  # (model.compressed_keys_values), read by the reconstruction loss frozen.
+  own = norm == "own"
+  cfg = tiny_model_config(compression=compression, reconstruction_loss=loss,
+                          norm="pre" if own else norm,
+                          compressed_keys_values="own" if own else "shared")
   lm, rec, rec_value = loss_grads(cfg)
   assert rec_value > 0  # an eviction happened
   compressor = [k for k in lm if "compressor" in k]
@@ -56,6 +61,10 @@ def test_each_loss_reaches_only_its_parameters(compression, loss, norm):
     assert np.any(rec[k] != 0.0), f"reconstruction loss does not train {k}"
   for k in others:
     assert np.all(rec[k] == 0.0), f"reconstruction loss reached {k}"
+  own_projections = [k for k in lm if k.rsplit("/", 1)[-1] in ("wkc", "wvc")]
+  assert len(own_projections) == (2 * cfg.num_layers if own else 0), own_projections
+  for k in own_projections:  # the LM loss trains them, through the compressed slots
+    assert np.any(lm[k] != 0.0), f"LM loss does not train {k}"
 
 
 def test_lm_loss_trains_memory_key_value_projections_in_every_layer():

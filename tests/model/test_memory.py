@@ -201,7 +201,8 @@ def test_attention_keys_whole_segment_and_decoding():
       cmem=jnp.asarray(rng.normal(size=layer.cmem.shape), jnp.float32),
       mem_mask=jnp.asarray(rng.random(layer.mem_mask.shape) < 0.5),
       cmem_mask=jnp.asarray(rng.random(layer.cmem_mask.shape) < 0.5))
-  keys_values = lambda slots: (2 * slots[:, :, None], 3 * slots[:, :, None])  # H = 1
+  both = lambda cmem, mem: jnp.concatenate([cmem, mem], 1)[:, :, None]  # H = 1
+  keys_values = lambda cmem, mem: (2 * both(cmem, mem), 3 * both(cmem, mem))
   x = jnp.asarray(rng.normal(size=(2, T, 1, cfg.d_model)), jnp.float32)
   k, v, valid, q_last, same = memory_lib.attention_keys(layer, keys_values, x, -x)
   slots = jnp.concatenate([layer.cmem, layer.mem], 1)[:, :, None]
@@ -211,7 +212,7 @@ def test_attention_keys_whole_segment_and_decoding():
       valid, jnp.concatenate([layer.cmem_mask, layer.mem_mask, jnp.ones((2, T), bool)], 1))
   assert q_last == C + M + T - 1 and same is layer
 
-  k_past, v_past = keys_values(jnp.concatenate([layer.cmem, layer.mem], 1))
+  k_past, v_past = keys_values(layer.cmem, layer.mem)
   seg = jnp.zeros((2, T, 1, cfg.d_model))
   cached = layer.replace(cache=memory_lib.KeysValues(k=k_past, v=v_past, seg_k=seg, seg_v=seg))
   for p in range(T):  # one token at a time, as sampling decodes

@@ -184,3 +184,35 @@ def test_bfloat16_compute_keeps_float32_parameters():
     logits, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
   assert logits.dtype == jnp.float32 and memory.mem.dtype == jnp.bfloat16
   assert np.all(np.isfinite(np.asarray(logits))) and float(aux.reconstruction_loss) > 0
+
+
+def test_own_compressed_projections_read_the_compressed_slots_only():
+  # model.compressed_keys_values="own": W_k^c and W_v^c project the
+  # compressed slots and nothing else. Changing them changes no logit while
+  # the compressed memory is empty, and changes the logits once it holds
+  # slots; the memory's and the segment's keys stay W_k's.
+  cfg = tiny_model_config(compressed_keys_values="own", num_layers=1)
+  model = make_model(cfg, seed=2)
+  state, forward = jitted_forward(model)
+  t = cfg.segment_length
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 8 * t), 0, cfg.vocab_size)
+  other = jax.tree_util.tree_map_with_path(
+      lambda path, a: a + 0.5 if any(getattr(k, "key", None) in ("wkc", "wvc") for k in path)
+      else a, state)
+  memory = model.init_memory(2)
+  for s in range(8):
+    seg = tokens[:, s * t:(s + 1) * t]
+    want, next_memory, _ = forward(state, seg, memory, None)
+    got, _, _ = forward(other, seg, memory, None)
+    if bool(memory.cmem_mask.any()):
+      assert not np.allclose(got, want), f"segment {s}: W_k^c, W_v^c unread"
+    else:
+      np.testing.assert_array_equal(got, want, err_msg=f"segment {s}")
+    memory = next_memory
+  assert bool(memory.cmem_mask.any())
+
+
+def test_own_compressed_projections_need_a_compressed_memory():
+  with pytest.raises(compressive.ConfigError, match="compressed_keys_values='own' needs a "
+                                                     "compressed memory"):
+    tiny_model_config(compressed_keys_values="own", compressed_memory_length=0)

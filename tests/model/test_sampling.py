@@ -10,9 +10,11 @@ from compressive.model.sampling import Sampler, choose
 from helpers import greedy_without_cache, jitted_forward, make_model, tiny_model_config
 
 
-@pytest.mark.parametrize("compression", ["conv", "most_used"])
-def test_greedy_cached_decoding_equals_uncached(compression):
-  cfg = tiny_model_config(vocab_size=32, compression=compression, num_layers=2)
+@pytest.mark.parametrize("compression,keys_values",
+                         [("conv", "shared"), ("most_used", "shared"), ("conv", "own")])
+def test_greedy_cached_decoding_equals_uncached(compression, keys_values):
+  cfg = tiny_model_config(vocab_size=32, compression=compression, num_layers=2,
+                          compressed_keys_values=keys_values)
   model = make_model(cfg, seed=3)
   prompt = [int(x) for x in jax.random.randint(jax.random.PRNGKey(0), (6,), 0, 32)]
   n = 30  # crosses several segment boundaries and compressions (T = 4)

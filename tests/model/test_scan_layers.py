@@ -89,6 +89,7 @@ def test_scanned_layers_initialise_to_the_unrolled_weights():
     dict(positions="rope", compression="most_used"),
     dict(compression="dilated_conv", reconstruction_loss="autoencoding"),
     dict(compression="overlap_max_pool"),
+    dict(compressed_keys_values="own"),
     dict(dropout_rate=0.2),
 ])
 def test_scanned_equals_unrolled_in_values_and_gradients(overrides):

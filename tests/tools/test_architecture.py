@@ -59,7 +59,7 @@ OUTSIDE = {
     # The compressions the recall study tries are plugins: they build on the
     # package's Compression as a user's would.
     "experiments": ("compressive.cli", "compressive.errors", "compressive.files", "experiments",
-                    "children", "recall_study", "compressive.model.compression",
+                    "children", "recall_study", "recall_settings", "compressive.model.compression",
                     "compressive.model.layers"),
     "benchmarks": ("compressive", "configs", "benchmarks"),
 }
