@@ -3,15 +3,16 @@ same model with each `model.compression`, against the paper's convolution.
 
     .venv/bin/python benchmarks/compressions.py
     .venv/bin/python benchmarks/compressions.py --sizes=recall --rounds=5 \
-        --compressions=conv,max_pool,overlap_max_pool
+        --compressions=conv,max_pool,overlap_max_pool,conv+own
 
 For each size (`recall`: configs/recall.py's model and batch, 4 segments per
 step; `default`: configs/default.py's) and each compression it compiles the
 train step (attention-reconstruction loss where the compression has
-parameters, none where it has not, as the model decides) and reports its
-temporaries as XLA's buffer assignment holds them, its compile time, and its
-training tokens/s: the median of --rounds rounds that alternate between the
-compressions so that all see the same machine. Random bytes, one document per
+parameters, none where it has not, as the model decides; NAME+own: with
+`model.compressed_keys_values=own`, the compressed slots' own projections)
+and reports its temporaries as XLA's buffer assignment holds them, its
+compile time, and its training tokens/s: the median of --rounds rounds that
+alternate between the compressions so that all see the same machine. Random bytes, one document per
 row starting at the step's first segment. Prints one JSON object as its last
 line.
 """
@@ -34,7 +35,8 @@ from compressive.configs import recall as recall_config  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["recall", "default"], "recall | default.")
 flags.DEFINE_list("compressions", ["conv", "max_pool", "overlap_max_pool", "mean_pool"],
-                  "model.compression values; the first is the one the others are compared with.")
+                  "model.compression values (NAME+own: with model.compressed_keys_values=own); "
+                  "the first is the one the others are compared with.")
 flags.DEFINE_integer("rounds", 3, "Alternating measurement rounds.")
 flags.DEFINE_integer("train_steps", 3, "Train steps per round.")
 
@@ -45,7 +47,10 @@ def config_for(size: str, compression: str):
   config = SIZES[size].get_config()
   config.data.source = "synthetic"  # the bench feeds its own random bytes
   config.segments_per_step = 4
-  config.model.compression = compression
+  name, _, own = compression.partition("+")
+  config.model.compression = name
+  if own:
+    config.model.compressed_keys_values = own
   return config
 
 
