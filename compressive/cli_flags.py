@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from absl import flags
 
@@ -112,10 +112,11 @@ def define_multihost_flags(*, refer_to_train: bool = False) -> None:
   validate_int_flag("join_timeout", "[1, 86400]", must="seconds in [1, 86400]")
 
 
-def multihost_arguments() -> dict[str, Any]:
+def multihost_arguments() -> Optional[dict[str, Any]]:
   """processes.initialize_distributed's arguments from the multi-host flags
-  (define_multihost_flags): how train.py and the reading tools join the
-  distributed runtime, read in one place."""
+  (define_multihost_flags); None for a tool without them."""
+  if "multihost" not in flags.FLAGS:
+    return None
   return {"auto": flags.FLAGS.multihost, "coordinator_address": flags.FLAGS.coordinator_address,
           "num_processes": flags.FLAGS.num_processes, "process_id": flags.FLAGS.process_id,
           "timeout_s": flags.FLAGS.join_timeout}

@@ -61,9 +61,7 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
     with cli.user_errors(), cli_flags.reading_saved_run():
       if validate is not None:
         validate()
-      # the tool has the multi-host flags (cli_flags.define_multihost_flags)
-      if "multihost" in FLAGS:
-        processes.initialize_distributed(**cli_flags.multihost_arguments())
+      processes.join_as_flagged()
       if progress:
         logging.getLogger("compressive").setLevel(
             logging.INFO if jax.process_index() == 0 else logging.WARNING)

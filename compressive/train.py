@@ -73,11 +73,6 @@ flags.DEFINE_string("profile_steps", "",
 
 
 
-def initialize_distributed() -> None:
-  """Before anything else touches JAX: joins the other processes, if any."""
-  processes.initialize_distributed(**cli_flags.multihost_arguments())
-
-
 def setup_logging() -> None:
   cli.quiet_libraries()
   # One log for the run: process 0's (the others log only warnings).
@@ -108,7 +103,7 @@ def main(argv):
 def train(config, workdir: str) -> None:
   with cli.user_errors():
     profile = config_lib.profile_steps(FLAGS.profile_steps)
-    initialize_distributed()  # before the check: it counts every process's devices
+    processes.join_as_flagged()  # before the check: it counts every process's devices
     setup_logging()
     # A field of a source the run does not read: refused from the command
     # line, a warning from a config file (data.check_unread_sections).

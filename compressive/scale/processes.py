@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax
 
-from compressive import values
+from compressive import cli_flags, values
 from compressive.errors import ConfigError, UserError
 
 
@@ -49,6 +49,15 @@ HEARTBEAT_TIMEOUT_S = 60
 # JAX's own wait to join is this much longer than ours, which ends first,
 # with one line: JAX's ends the process with a fatal log and a stack dump.
 _JAX_LATER_S = 60
+
+
+def join_as_flagged() -> bool:
+  """Joins the run's other processes as the tool's multi-host flags say
+  (cli_flags.define_multihost_flags): the one way train.py and the reading
+  tools join JAX's distributed runtime; a tool without those flags runs
+  alone. Returns whether it joined."""
+  arguments = cli_flags.multihost_arguments()
+  return arguments is not None and initialize_distributed(**arguments)
 
 
 def initialize_distributed(
