@@ -165,8 +165,9 @@ for _start in ("attention_pool_1digit", "max_pool_1digit", "ordered_pool_1digit"
                              "--config.model.memory_gradient=memories") + _CURVE, _start_ct)
 # Longer training: a setting's two models go on to 1,200 steps (the
 # learning rate following a schedule to step 1,200 from the step they resume
-# at), measured every 50 steps.
-for _start in ("overlap_max_pool_1digit", "overlap_max_pool"):
+# at), measured every 50 steps; the one-digit setting at each of its seeds.
+for _start in ("overlap_max_pool_1digit", "overlap_max_pool", "overlap_max_pool_1digit_seed1",
+               "overlap_max_pool_1digit_seed2"):
   _, _both, _start_ct = RECALL_STUDY[_start]
   WARM_START[f"{_start}_longer"] = _start
   RECALL_STUDY[f"{_start}_longer"] = (
