@@ -134,7 +134,8 @@ for _fn in ("conv", "overlap_max_pool"):
 # More seeds (config.seed: initialisation and data order) where a setting decides a finding.
 for _name, _seed in (("max_pool_1digit", 1), ("max_pool_1digit", 2), ("conv_1digit", 1),
                      ("overlap_max_pool_1digit", 1), ("overlap_max_pool_1digit", 2),
-                     ("overlap_max_pool", 1)):
+                     ("overlap_max_pool", 1), ("overlap_max_pool_own_1digit", 1),
+                     ("overlap_max_pool_own_1digit", 2)):
   _what, _both, _ct = RECALL_STUDY[_name]
   _both += (f"--config.seed={_seed}",)
   RECALL_STUDY[f"{_name}_seed{_seed}"] = (f"{_what}; seed {_seed}", _both, _ct)
