@@ -12,9 +12,9 @@ parameters, none where it has not, as the model decides; NAME+own: with
 `model.compressed_keys_values=own`, the compressed slots' own projections)
 and reports its temporaries as XLA's buffer assignment holds them, its
 compile time, and its training tokens/s: the median of --rounds rounds that
-alternate between the compressions so that all see the same machine. Random bytes, one document per
-row starting at the step's first segment. Prints one JSON object as its last
-line.
+alternate between the compressions so that all see the same machine. Random
+bytes, one document per row starting at the step's first segment. Prints one
+JSON object as its last line.
 """
 
 from __future__ import annotations

@@ -225,6 +225,13 @@ def kind_of(f: dataclasses.Field) -> str:
   return name if name in KINDS else ""
 
 
+def _choices(f: dataclasses.Field) -> Any:
+  """A string field's declared choices (a tuple, or a registry's function
+  giving one); () for none."""
+  choices = f.metadata.get("choices", ())
+  return choices() if callable(choices) else choices
+
+
 def describe(f: dataclasses.Field) -> str:
   """What a field holds, from its declaration alone: its kind and its range
   or choices (e.g. "an integer in [1, 2**31)", "one of 'adam', 'adamw'"),
@@ -232,9 +239,8 @@ def describe(f: dataclasses.Field) -> str:
   kind = kind_of(f)
   if kind in ("int", "float") and "interval" in f.metadata:
     return f"{_WORDS[kind]} in {f.metadata['interval']}"
-  choices = f.metadata.get("choices")
+  choices = _choices(f)
   if kind == "str" and choices:
-    choices = choices() if callable(choices) else choices
     return "one of " + ", ".join(repr(c) for c in choices)
   return _WORDS.get(kind, "a section")
 
@@ -266,9 +272,8 @@ def check_kind(f: dataclasses.Field, value: Any, prefix: str) -> None:
     what = f.metadata.get("must") if kind in ("str", "tuple") else ""
     raise ConfigError(f"{prefix}{f.name}={_shown(value)} must be {what or _WORDS[kind]}"
                       + (f", not {type(value).__name__}" if value is not None else ", not null"))
-  choices = f.metadata.get("choices")
+  choices = _choices(f)
   if kind == "str" and choices:
-    choices = choices() if callable(choices) else choices
     if value not in choices:
       must = f.metadata.get("must")
       raise ConfigError(f"{prefix}{f.name}={value!r} " + (

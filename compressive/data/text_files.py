@@ -348,8 +348,9 @@ def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], st
 
 
 def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocuments:
-  names, spans, errors = _one_file_split(data_config.section(Config), split)
-  path = data_config.section(Config).path
+  c = data_config.section(Config)
+  names, spans, errors = _one_file_split(c, split)
+  path = c.path
   return documents_lib.TextDocuments(
       names=names, load_text=lambda i: read_text(path, errors, spans[i]),
       tokenizer=tokenizer, description=f'text_files/{split} (pieces of {shown(path)})',
@@ -377,14 +378,14 @@ def check_documents(data_config: 'DataConfig', split: str,
   is empty, is not UTF-8 (text_errors='strict') or is too short, or whose
   name cannot be printed. Returns the number of files (of documents, for
   one file cut into them)."""
-  if os.path.isfile(data_config.section(Config).path or ''):
-    names, spans, errors = _one_file_split(data_config.section(Config), split)
+  c = data_config.section(Config)
+  if os.path.isfile(c.path or ''):
+    names, spans, errors = _one_file_split(c, split)
     tokenizer = tokenizers.ByteTokenizer() if tokenizer is None else tokenizer
     for name, span in zip(names, spans):
-      text = read_text(data_config.section(Config).path, errors, span)
+      text = read_text(c.path, errors, span)
       if len(tokenizer.encode(text[:_SHORT_CHARS + 1])) < 2:
-        raise DataError(f'{name} (a piece of {shown(data_config.section(Config).path)}) has fewer '
-                        'than 2 tokens')
+        raise DataError(f'{name} (a piece of {shown(c.path)}) has fewer than 2 tokens')
     return len(names)
   paths, errors = _split_paths(data_config, split)
   for path in paths:
@@ -395,12 +396,13 @@ def check_documents(data_config: 'DataConfig', split: str,
 def identity(data_config: 'DataConfig') -> str:
   """The corpus's files, by split folder, name and size, as a digest (and
   their count and bytes, to read): what a resume compares."""
-  path = data_config.section(Config).path
+  c = data_config.section(Config)
+  path = c.path
   if os.path.isfile(path):
     listing = [(os.path.basename(path), os.path.getsize(path))]
     digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    size = piece_bytes(path, data_config.section(Config).document_bytes)
-    cut = '' if size == data_config.section(Config).document_bytes else f', pieces of {size} bytes'
+    size = piece_bytes(path, c.document_bytes)
+    cut = '' if size == c.document_bytes else f', pieces of {size} bytes'
     return f'text_files: 1 file, {listing[0][1]} bytes{cut}, sha256 {digest[:16]}'
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folders = [os.path.join(path, s) for s in registry.SPLITS

@@ -169,12 +169,13 @@ def _check_rules(cfg: ModelConfig) -> None:
     raise ConfigError(
         "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
         "attention is a plain dot product that a fused kernel can compute")
-  _check_memory_gradient(cfg)
+  _check_needs_compressed_memory(cfg)
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
   check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
 
 
-def _check_memory_gradient(cfg: ModelConfig) -> None:
+def _check_needs_compressed_memory(cfg: ModelConfig) -> None:
+  """The choices that act on compressed slots, refused for a model without them."""
   if cfg.compressed_keys_values == "own" and not cfg.compressed_memory_length:
     raise ConfigError(
         "model.compressed_keys_values='own' needs a compressed memory "
