@@ -1,12 +1,19 @@
 """compressive: Compressive Transformers (Rae et al., ICLR 2020) in JAX/Flax."""
 
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from compressive.errors import ConfigError
 from compressive.model import sampling
 from compressive.model.config import ModelConfig
 from compressive.model.memory import Memory, init_memory, reset_rows
 from compressive.model.transformer import CompressiveTransformer
+
+if TYPE_CHECKING:
+  from compressive.experiment import Experiment
+  from compressive.training import runconfig
 
 # `compressive.sampling` stays importable by its public name (docs/EVALUATION.md §From
 # Python); the module lives in the model layer.
@@ -29,7 +36,9 @@ __all__ = [
 ]
 
 
-def load(workdir: str, step=None, *, config=None, plugins=()):
+def load(workdir: str, step: Optional[int] = None, *,
+         config: Optional[runconfig.SavedConfig] = None,
+         plugins: Iterable[str] = ()) -> tuple[Experiment, CompressiveTransformer]:
   """(experiment, model) of a training workdir's latest (or given)
   checkpoint, or of an export (export.py: parameters only) made from one:
   the run's saved config, checked (an Experiment: its typed groups), and
@@ -47,7 +56,9 @@ def load(workdir: str, step=None, *, config=None, plugins=()):
   return experiment, model
 
 
-def load_with_step(workdir: str, step=None, *, config=None, plugins=()):
+def load_with_step(workdir: str, step: Optional[int] = None, *,
+                   config: Optional[runconfig.SavedConfig] = None,
+                   plugins: Iterable[str] = ()) -> tuple[Experiment, CompressiveTransformer, int]:
   """(experiment, model, step): `load`, and the step whose parameters it holds."""
   from compressive import config as config_lib
   from compressive import plugins as plugins_lib

@@ -24,9 +24,12 @@ i/total, tokens per second, ETA) goes to stderr every --progress_seconds.
 The evaluation memory sizes and --mesh_shape work as in eval.py.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import IO, TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from absl import flags
 
@@ -35,6 +38,11 @@ from compressive import data as data_lib
 from compressive.errors import ConfigError
 from compressive.evaluation import analysis, probe
 from compressive.training import curves, layout
+
+if TYPE_CHECKING:
+  from compressive import experiment as experiment_lib
+  from compressive.model.transformer import CompressiveTransformer
+  from compressive.training import runconfig
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
@@ -50,7 +58,7 @@ for _name in ("buckets", "bucket_tokens"):
   cli_flags.validate_int_flag(_name, "[1, 2**31)", must=">= 1, below 2**31")
 
 
-def plot_attention(result, path):
+def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -71,7 +79,7 @@ def plot_attention(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
-def plot_loss(result, path):
+def plot_loss(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -85,14 +93,14 @@ def plot_loss(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
-def bucket_ends(starts, bucket_tokens: int) -> list[int]:
+def bucket_ends(starts: Sequence[int], bucket_tokens: int) -> list[int]:
   """Where each loss-by-position bucket ends (the next one's start): its
   place on the log axis, which the first bucket's start, 0, has none on.
   Buckets are [0, B), [B, 2B), [2B, 4B), ... (analysis.loss_by_position)."""
   return [2 * s if s else bucket_tokens for s in starts]
 
 
-def plot_recall(result, path):
+def plot_recall(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -108,7 +116,7 @@ def plot_recall(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
-def plot_probe(result, path):
+def plot_probe(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -131,7 +139,7 @@ def plot_probe(result, path):
   fig.savefig(path, dpi=120, format="png")
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   if FLAGS.analysis == "curves":
     with reading.tool():
@@ -155,7 +163,7 @@ def main(argv):
   save(result, plot, suffix)
 
 
-def check_recall(config) -> None:
+def check_recall(config: runconfig.SavedConfig) -> None:
   """ConfigError for --analysis=recall or recall_probe of a run not trained
   on recall data, or recall_probe without a compressed memory to probe."""
   if FLAGS.analysis not in ("recall", "recall_probe"):
@@ -171,7 +179,9 @@ def check_recall(config) -> None:
                       f"{FLAGS.workdir} evaluates without one (compressed_memory_length=0)")
 
 
-def run(model, documents, experiment):
+def run(model: CompressiveTransformer, documents: data_lib.Documents,
+        experiment: experiment_lib.Experiment
+        ) -> tuple[dict[str, Any], Callable[[dict[str, Any], IO[bytes]], None]]:
   """(the result of --analysis of the checked `experiment`, the function that plots it)."""
   every = FLAGS.progress_seconds
   if FLAGS.analysis == "attention":
@@ -186,11 +196,13 @@ def run(model, documents, experiment):
           f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
     return result, plot_attention
   if FLAGS.analysis == "recall":
-    return analysis.recall_accuracy(model, documents, experiment, max_segments=FLAGS.max_segments,
+    return analysis.recall_accuracy(model, cast(data_lib.recall.RecallDocuments, documents),
+                                    experiment, max_segments=FLAGS.max_segments,
                                     progress_every_s=every), plot_recall
   if FLAGS.analysis == "recall_probe":
     try:
-      return probe.recall_probe(model, documents, experiment, max_segments=FLAGS.max_segments,
+      return probe.recall_probe(model, cast(data_lib.recall.RecallDocuments, documents),
+                                experiment, max_segments=FLAGS.max_segments,
                                 progress_every_s=every), plot_probe
     except ValueError as e:  # no answer's value in the compressed memory
       raise ConfigError(
@@ -200,7 +212,8 @@ def run(model, documents, experiment):
                                    progress_every_s=every), plot_loss
 
 
-def save(result, plot, suffix: str) -> None:
+def save(result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], None],
+         suffix: str) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = values.finite_or_null(result)

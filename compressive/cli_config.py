@@ -218,7 +218,7 @@ def config_file_parser(base: type, name: str,
 
   class ConfigFileFlagParser(base):  # its name, as tools read it (config_file_flags)
 
-    def parse(self, path):
+    def parse(self, path: str) -> Any:
       config = super().parse(path)
       argv = _expanded(sys.argv if sys_argv is None else sys_argv)
       add_plugin_section(config, command_line_source(argv, name))

@@ -283,11 +283,11 @@ def _check_fits(cfg: ModelConfig, train: TrainConfig, evaluation: EvalConfig, tr
         " a tool's --memory_length ...) or the model's sizes", need, have)
 
 
-def _is_int(value) -> TypeGuard[int]:
+def _is_int(value: object) -> TypeGuard[int]:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def profile_steps(value) -> Optional[tuple[int, int]]:
+def profile_steps(value: Any) -> Optional[tuple[int, int]]:
   """A profiler trace's steps: "START,END" (train.py's --profile_steps) or
   (START, END), as (START, END) with 1 <= START <= END; None for none
   ("" or None); ConfigError otherwise."""

@@ -45,7 +45,7 @@ cli_flags.define_memory_flags()
 cli_flags.define_multihost_flags(refer_to_train=True)
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool(progress=True):
     experiment = reading.flagged_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,

@@ -60,7 +60,7 @@ class OptimizerConfig:
   weight_decay: float = values.real(0.0, "[0, inf)", "a finite number >= 0")  # adamw's
   grad_clip_norm: float = values.real(0.5, "(0, inf]", "> 0 (inf: no clipping)")
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     held = values.check_fields(self, "optimizer.")
     # The products the update computes: the decayed rate, the decay term's rate.
     for other, what in (("final_lr_fraction", "the final learning rate"),
@@ -122,7 +122,7 @@ class TrainConfig:
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   segment_length: int = dataclasses.field(default=0, metadata={"derived": True})
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, "")
     updates = self.num_train_steps * self.segments_per_step
     if updates > 2**31 - 1:
@@ -193,7 +193,7 @@ class EvalConfig:
   max_segments: int = values.whole(40, "[-2**31, 2**31)",
                                    "an integer below 2**31 (<= 0: the whole split)")
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, "eval.")
 
   def resolved(self, model: ModelConfig, batch_size: int) -> "EvalConfig":

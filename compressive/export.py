@@ -25,7 +25,7 @@ flags.mark_flag_as_required("output")
 cli_flags.validate_path_flag("output", "an export", remote_ok=True)
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool():
     # Cheap checks first: a mistaken --output is found before any restore.

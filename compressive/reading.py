@@ -29,7 +29,7 @@ import functools
 import logging
 import signal
 import sys
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from absl import flags
 import jax
@@ -43,6 +43,9 @@ from compressive.model.sampling import Sampler
 from compressive.scale import processes
 from compressive.training import checkpoint, opening, runconfig
 from compressive.training import export as export_lib
+
+if TYPE_CHECKING:  # the sampler's model, named for the type checker only
+  from compressive.model.transformer import CompressiveTransformer
 
 FLAGS = flags.FLAGS
 
@@ -139,16 +142,16 @@ class PiecesSampler(Sampler):
   set to -inf as it arrives, so greedy decoding, top-k and top-p alike
   never pick them."""
 
-  def __init__(self, model, *, pieces: int, **sizes):
+  def __init__(self, model: CompressiveTransformer, *, pieces: int, **sizes: int) -> None:
     self._pieces = pieces
-    self._logits = None
+    self._logits: Optional[jax.Array] = None
     super().__init__(model, **sizes)
 
   @property
-  def logits(self):
+  def logits(self) -> Any:  # [B, V] or None; Any: Sampler's attribute is typed None
     return self._logits
 
   @logits.setter
-  def logits(self, value) -> None:
+  def logits(self, value: Optional[jax.Array]) -> None:
     held = value is not None and value.shape[-1] > self._pieces
     self._logits = _held_to(value, self._pieces) if held else value

@@ -56,10 +56,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Mapping, Optional
+from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from compressive import reach, storage
 from compressive.errors import ConfigError, StorageError, UserError
+
+if TYPE_CHECKING:  # imported only where a URL is used (_epath)
+  from etils import epath
 
 # What the package reads and writes runs in; other URLs are refused
 # (files.check_local).
@@ -109,7 +112,7 @@ def check_url(url: str, what: str) -> None:
                       "resolves them: the run's files would land in two places)")
 
 
-def _epath(url: str):
+def _epath(url: str) -> epath.Path:
   from etils import epath  # imported only where a URL is used
   return epath.Path(url)
 
@@ -205,7 +208,7 @@ def _local_disk(what: str) -> Iterator[None]:
                        "set TMPDIR to another folder)") from e
 
 
-def _copy(read, write, limit: Optional[int] = None) -> int:
+def _copy(read: IO[bytes], write: IO[bytes], limit: Optional[int] = None) -> int:
   """Copies the stream `read` into `write` in chunks, at most `limit` + 1
   bytes (all without a limit); the bytes copied."""
   copied = 0
@@ -218,7 +221,7 @@ def _copy(read, write, limit: Optional[int] = None) -> int:
   return copied
 
 
-def _objects(folder) -> list:
+def _objects(folder: epath.Path) -> list[epath.Path]:
   """Every file under the epath `folder`, listed folder by folder (epath
   refuses a recursive glob on Cloud Storage)."""
   found = []
@@ -343,7 +346,8 @@ class Mirror:
       _upload(self.local, self.url, relative)
       self._copied[relative] = seen
 
-  def __exit__(self, kind, error, traceback) -> None:
+  def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
+               traceback: Any) -> None:
     try:
       # A new run that failed before its first checkpoint leaves nothing.
       if kind is None or self._held or self._pushed:
@@ -411,7 +415,8 @@ class Upload:
     for relative in sorted(_files_under(self.local), key=lambda r: (os.sep not in r, r)):
       _upload(self.local, self.url, relative)
 
-  def __exit__(self, kind, error, traceback) -> None:
+  def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
+               traceback: Any) -> None:
     try:
       if kind is None and os.path.isdir(self.local):
         with _reaching(f"cannot write {self.url}"):

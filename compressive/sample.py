@@ -81,7 +81,7 @@ def read_prompt() -> str:
   return prompt
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool(validate_flags):
     prompt = read_prompt()

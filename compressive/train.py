@@ -23,7 +23,7 @@ import json
 import logging
 import signal
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from compressive.training import interrupts
 
@@ -80,7 +80,7 @@ def setup_logging() -> None:
   logging.getLogger("compressive").setLevel(level)
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   if FLAGS.workdir is None and not FLAGS.print_config:
     cli.fail("--workdir is required (only --print_config runs without one)")
@@ -100,7 +100,7 @@ def main(argv):
       storage.exit_now(error.code if isinstance(error, SystemExit) else 1)
 
 
-def train(config, workdir: str) -> None:
+def train(config: Any, workdir: str) -> None:
   with cli.user_errors():
     profile = config_lib.profile_steps(FLAGS.profile_steps)
     processes.join_as_flagged()  # before the check: it counts every process's devices

@@ -37,7 +37,7 @@ def validate(data_config: data.DataConfig) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(data_config.spm_model)), exist_ok=True)
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
   logging.getLogger('compressive').setLevel(logging.INFO)  # a download's progress

@@ -36,7 +36,7 @@ _INTERVAL = re.compile(r"^\s*([\[(])\s*([^,]+?)\s*,\s*([^\]\)]+?)\s*([\])])\s*$"
 _POWER = re.compile(r"^(-?)2\*\*(\d+)(?:-(\d+))?$")
 
 
-def _exact_bound(text: str):
+def _exact_bound(text: str) -> int | float:
   """A bound of an interval, exactly: an int for an integer or (-)2**N (- K),
   else a float (+-inf too)."""
   text = text.replace(" ", "")
@@ -142,7 +142,7 @@ def integer(name: str, value: Any, interval: str, *, must: str = "") -> int:
   return int(value)
 
 
-def _int_bound(interval: str, which: int):
+def _int_bound(interval: str, which: int) -> int | float:
   """The low (0) or high (1) bound of `interval` exactly (an int when it is one).
   Only for an interval that parse_interval has accepted."""
   match = _INTERVAL.match(interval)

@@ -35,13 +35,14 @@ STEPS = ("train", "eval")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-def _abstract(tree, shardings):
+def _abstract(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs of `tree`'s leaves, laid out by `shardings`."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
 
 
-def lower_train_step(experiment: experiment_lib.Experiment, mesh) -> jax.stages.Lowered:
+def lower_train_step(experiment: experiment_lib.Experiment,
+                     mesh: jax.sharding.Mesh) -> jax.stages.Lowered:
   """The checked experiment's train step on `mesh` (training's own), lowered
   from shapes."""
   train, cfg = experiment.train, experiment.model
@@ -58,7 +59,8 @@ def lower_train_step(experiment: experiment_lib.Experiment, mesh) -> jax.stages.
                     _abstract(setup.abstract_memory, layout.memory), batch)
 
 
-def lower_eval_step(experiment: experiment_lib.Experiment, mesh) -> jax.stages.Lowered:
+def lower_eval_step(experiment: experiment_lib.Experiment,
+                    mesh: jax.sharding.Mesh) -> jax.stages.Lowered:
   """One segment of streaming evaluation at the config's evaluation sizes
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
@@ -161,7 +163,7 @@ class Report:
     return dataclasses.asdict(self)
 
 
-def per_device_bytes(memory_analysis) -> dict[str, int]:
+def per_device_bytes(memory_analysis: Any) -> dict[str, int]:
   m = memory_analysis
   out = {
       "arguments": int(m.argument_size_in_bytes),
@@ -175,7 +177,7 @@ def per_device_bytes(memory_analysis) -> dict[str, int]:
   return out
 
 
-def xla_flops(compiled) -> Optional[float]:
+def xla_flops(compiled: jax.stages.Compiled) -> Optional[float]:
   """XLA's FLOP count of one device's program, or None if not reported."""
   try:
     cost = compiled.cost_analysis()
@@ -187,13 +189,16 @@ def xla_flops(compiled) -> Optional[float]:
   return None if value is None or value < 0 else float(value)
 
 
-def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
+def report(compiled: jax.stages.Compiled, *, target: str, step: str, devices: Sequence[Any],
+           mesh: jax.sharding.Mesh,
            compile_seconds: float, device_memory_bytes: Optional[int],
            peak_flops_per_device: Optional[float], experiment: experiment_lib.Experiment) -> Report:
   memory = per_device_bytes(compiled.memory_analysis())
   per_device_flops = xla_flops(compiled)
   n = len(devices)
   model = model_flops(experiment, step)
+  hlo_text = compiled.as_text()
+  assert hlo_text is not None, "the compiled step has no text view on this backend"
   return Report(
       target=target, step=step, devices=n,
       processes=len({getattr(d, "process_index", 0) for d in devices}),
@@ -205,7 +210,7 @@ def report(compiled, *, target: str, step: str, devices: Sequence[Any], mesh,
       model_flops_per_step=model,
       step_seconds_at_40pct_mfu=(None if not peak_flops_per_device
                                  else model / (0.4 * n * peak_flops_per_device)),
-      collectives=collectives(compiled.as_text()))
+      collectives=collectives(hlo_text))
 
 
 GIB = 1024**3

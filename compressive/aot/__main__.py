@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from absl import flags
 from absl import logging as absl_logging
@@ -39,6 +39,7 @@ from compressive.errors import DoesNotFitError
 
 if TYPE_CHECKING:
   from compressive.aot import Report
+  from compressive.scale import targets
 
 # Before JAX starts a backend: compile on this host's CPU client; the TPU and
 # GPU compilers are reached through their topologies
@@ -59,12 +60,13 @@ def _say(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def _compile_with_progress(lowered, what: str):
+def _compile_with_progress(lowered: jax.stages.Lowered,
+                           what: str) -> tuple[jax.stages.Compiled, float]:
   """lowered.compile(), printing a line to stderr every 30 s meanwhile."""
   done = threading.Event()
   start = time.perf_counter()
 
-  def tick():
+  def tick() -> None:
     while not done.wait(30.0):
       _say(f"  still compiling {what} ({time.perf_counter() - start:.0f} s)")
 
@@ -75,14 +77,15 @@ def _compile_with_progress(lowered, what: str):
     done.set()
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   absl_logging.set_verbosity(absl_logging.WARNING)  # not JAX's INFO lines about absent backends
   with cli.user_errors():
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))
 
 
-def _check(config, step: str, target, num_devices: int) -> experiment_lib.Experiment:
+def _check(config: Any, step: str, target: "targets.Target",
+           num_devices: int) -> experiment_lib.Experiment:
   """The config for `target`, its size estimated against the target's memory
   before the model is built: a config whose shapes alone exceed it does not
   fit, said at once (exit 1, as for a compiled step that does not fit)."""
@@ -95,7 +98,7 @@ def _check(config, step: str, target, num_devices: int) -> experiment_lib.Experi
              f"({(e.need - e.have) / 2**30:.2f} GiB over, estimated before compiling)", code=1)
 
 
-def run(config, target_name: str, step: str) -> int:
+def run(config: Any, target_name: str, step: str) -> int:
   from compressive.scale import targets
   if target_name == "list":
     print("\n".join(targets.TARGETS))

@@ -327,7 +327,7 @@ class Config:
   # Held-out share of works for each of validation and test.
   heldout_fraction: float = values.real(0.05, '(0, 0.5)')
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.books.')
 
 

@@ -67,7 +67,7 @@ class DataConfig:
   # plugin's, typed when it is asked for: registry.section).
   sections: dict[str, Any] = dataclasses.field(default_factory=lambda: _registered_sections())
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.')
 
   def section(self, schema: type[S]) -> S:
@@ -215,7 +215,7 @@ def _host_memory() -> int:
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
-def _is_byte_count(value) -> bool:
+def _is_byte_count(value: object) -> bool:
   return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
               and value >= 0)
 

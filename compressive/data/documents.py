@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import collections
 import hashlib
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class Documents(abc.ABC):
           'one prediction. Remove or merge it.')
     return ids
 
-  def _check_ids(self, i: int, ids) -> None:
+  def _check_ids(self, i: int, ids: Any) -> None:  # what _load_tokens gave: anything
     """DataError unless `ids` is a 1-D integer array of token ids in [0, 2**31)."""
     ok = (isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer))
     if ok and ids.size:

@@ -49,7 +49,7 @@ class Config:
   train_shards: int = values.whole(128, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
   eval_shards: int = values.whole(1, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.enwik8.')
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from compressive import values
@@ -73,7 +74,7 @@ def validate(data_config: 'DataConfig') -> None:
   values.number('data.hf_datasets.heldout_fraction', c.heldout_fraction, '(0, 0.5)')
 
 
-def _datasets():
+def _datasets() -> ModuleType:
   try:
     import datasets
   except ImportError:

@@ -43,6 +43,7 @@ import dataclasses
 import io
 import logging
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from compressive import values
@@ -71,7 +72,7 @@ class Config:
   data_dir: str = values.text('')  # The TFDS data_dir holding (or to hold) the prepared dataset.
   raw_dir: str = values.text('')  # A local copy of the raw bucket; '' = the bucket itself.
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.pg19.')
 
 
@@ -80,7 +81,7 @@ def validate(data_config: 'DataConfig') -> None:
     raise ConfigError('data.pg19.data_dir is empty: give the TFDS data_dir for pg19')
 
 
-def _import(name: str):
+def _import(name: str) -> ModuleType:
   """TensorFlow and TFDS are only PG-19's: a missing one is a DataError that
   says how to install them, not a ModuleNotFoundError."""
   import importlib
@@ -107,7 +108,7 @@ def read_metadata(path: str) -> dict[int, list[str]]:
   return out
 
 
-def _local_builder_class(raw_dir: str):
+def _local_builder_class(raw_dir: str) -> type[tfds.core.DatasetBuilder]:
   """The stock pg19 builder, reading its raw files from `raw_dir`."""
   tfds = _import('tensorflow_datasets')
 
@@ -120,7 +121,8 @@ def _local_builder_class(raw_dir: str):
     pkg_dir_path = base._get_pkg_dir_path()
     code_path = None  # See the module docstring.
 
-    def _split_generators(self, dl_manager):
+    # tfds' DownloadManager and SplitGenerators (`tfds` here is the module found at run time)
+    def _split_generators(self, dl_manager: Any) -> list[Any]:
       del dl_manager  # Nothing to download.
       metadata_path = os.path.join(raw_dir, 'metadata.csv')
       if not tfds.core.Path(metadata_path).exists():
@@ -169,7 +171,7 @@ def get_builder(data_config: 'DataConfig'
   return builder
 
 
-def _as_str(value) -> str:
+def _as_str(value: object) -> str:
   if isinstance(value, bytes):
     return value.decode('utf-8')
   if hasattr(value, 'item'):  # A numpy scalar / 0-d array.

@@ -25,9 +25,12 @@ Nothing here reads flags or imports JAX: `put` is the caller's.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:  # the segments StepIterator stacks, named for the type checker only
+  from compressive.data.iterator import SegmentIterator
 
 
 def stack_segments(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -39,8 +42,8 @@ class StepIterator:
   """One training step's batch per `next()`: S consecutive segments of every
   row of `segments` (a SegmentIterator), stacked and passed through `put`."""
 
-  def __init__(self, segments, segments_per_step: int,
-               put: Optional[Callable[[dict[str, np.ndarray]], Any]] = None):
+  def __init__(self, segments: SegmentIterator, segments_per_step: int,
+               put: Optional[Callable[[dict[str, np.ndarray]], Any]] = None) -> None:
     self.segments = segments
     self.segments_per_step = segments_per_step
     self.put = put
@@ -68,13 +71,13 @@ class Prefetcher:
   the block and nothing is left for the interpreter's shutdown to close.
   """
 
-  def __init__(self, iterator, depth: int):
+  def __init__(self, iterator: StepIterator, depth: int) -> None:
     if depth < 0:
       raise ValueError(f"prefetch depth {depth} must be >= 0")
     self.depth = depth
     self._source = iterator
-    self._iterator = None
-    self._closed_state = None  # get_state() once closed
+    self._iterator: Any = None  # the source, or Grain's iterator running it ahead
+    self._closed_state: Optional[dict[str, Any]] = None  # get_state() once closed
 
   def __enter__(self) -> 'Prefetcher':
     if self.depth == 0:
@@ -109,5 +112,5 @@ class Prefetcher:
       if iterator is not self._source:
         iterator.close()
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     self.close()

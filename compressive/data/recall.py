@@ -35,6 +35,7 @@ from compressive.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig
+  from compressive.data.tokenizers import Tokenizer
 
 KEY_LEN = 4
 VALUE_LEN = 4  # the default of data.recall.value_len
@@ -111,7 +112,8 @@ def _filler(rng: np.random.Generator, length: int) -> str:
 class RecallDocuments(documents_lib.TextDocuments):
   """TextDocuments that also know where each document's answers are."""
 
-  def __init__(self, texts: list[str], queries: list[list[Query]], tokenizer, description: str):
+  def __init__(self, texts: list[str], queries: list[list[Query]], tokenizer: Tokenizer,
+               description: str) -> None:
     super().__init__(names=[f"recall/{i}" for i in range(len(texts))],
                      load_text=lambda i: texts[i], tokenizer=tokenizer,
                      description=description)
@@ -137,7 +139,7 @@ class Config:
   num_docs: tuple = values.sequence((64, 8, 8))  # (train, validation, test)
   seed: int = values.whole(0, '[0, 2**63)')  # NumPy's SeedSequence's range
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.recall.')
 
 
@@ -147,7 +149,7 @@ def validate(data_config: 'DataConfig') -> None:
   _check(data_config.section(Config), ConfigError)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -189,7 +191,7 @@ def host_bytes(data_config: 'DataConfig') -> int:
   return sum(c.num_docs) * 2 * c.doc_length
 
 
-def get_documents(data_config: 'DataConfig', split: str, tokenizer) -> RecallDocuments:
+def get_documents(data_config: 'DataConfig', split: str, tokenizer: Tokenizer) -> RecallDocuments:
   registry.check_split(split)
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")

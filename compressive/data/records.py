@@ -34,6 +34,7 @@ import functools
 import hashlib
 import json
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from compressive import values
@@ -146,7 +147,7 @@ class _Parquet:
                   f'{self.path} (row {i})')
 
 
-def _pyarrow_parquet():
+def _pyarrow_parquet() -> ModuleType:
   try:
     import pyarrow.parquet as pq
   except ImportError:
@@ -177,7 +178,7 @@ def _one_line(e: BaseException) -> str:
   return ' '.join(str(e).split())[:200] or type(e).__name__
 
 
-def _open(path: str, field: str):
+def _open(path: str, field: str) -> _Jsonl | _Parquet:
   return _Parquet(path, field) if path.endswith('.parquet') else _Jsonl(path)
 
 

@@ -153,8 +153,8 @@ def is_plugin(source: Source) -> bool:
   return not str(getattr(source.get_documents, '__module__', '') or '').startswith('compressive.')
 
 
-def call_hook(name: str, source: Source, hook: str, *args,
-              returns: Optional[tuple[Callable[[Any], bool], str]] = None):
+def call_hook(name: str, source: Source, hook: str, *args: Any,
+              returns: Optional[tuple[Callable[[Any], bool], str]] = None) -> Any:
   """A source's hook (data.source=`name`), held to its contract: a plugin's
   own error, anything but a UserError or OSError, which are already
   reported in one line, is a DataError naming the source and the hook; a

@@ -41,7 +41,7 @@ class Config:
   # NumPy's SeedSequence takes integers >= 0.
   seed: int = values.whole(0, '[0, 2**63)')
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.synthetic.')
 
 

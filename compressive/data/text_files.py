@@ -63,7 +63,7 @@ class Config:
   # bytes, at line ends (a 1 MB file gives about 64 documents).
   document_bytes: int = values.whole(16384, '[64, 2**31)', 'an integer >= 64 (bytes)')
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, 'data.text_files.')
 
 
@@ -334,7 +334,7 @@ def _file_pieces(path: str, document_bytes: int
   return [f'{name}:{i:0{width}d}' for i in range(len(ranges))], ranges
 
 
-def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], str]:
+def _one_file_split(c: Config, split: str) -> tuple[list[str], list[tuple[int, int]], str]:
   """(names, byte ranges, text_errors) of one split of a one-file corpus
   (`c`: the section data.text_files)."""
   registry.check_split(split)
@@ -347,7 +347,8 @@ def _one_file_split(c, split: str) -> tuple[list[str], list[tuple[int, int]], st
   return [names[i] for i in chosen], [ranges[i] for i in chosen], c.text_errors
 
 
-def _one_file_documents(data_config, split, tokenizer) -> documents_lib.TextDocuments:
+def _one_file_documents(data_config: 'DataConfig', split: str, tokenizer: tokenizers.Tokenizer
+                        ) -> documents_lib.TextDocuments:
   c = data_config.section(Config)
   names, spans, errors = _one_file_split(c, split)
   path = c.path

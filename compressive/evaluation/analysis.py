@@ -24,7 +24,7 @@ import numpy as np
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
 from compressive.evaluation import evaluate as eval_lib
-from compressive.model.transformer import BANKS
+from compressive.model.transformer import BANKS, CompressiveTransformer
 
 
 def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
@@ -35,7 +35,8 @@ def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def attention_by_bucket(
-    model, documents: data_lib.Documents, experiment: experiment_lib.Experiment, *,
+    model: CompressiveTransformer, documents: data_lib.Documents,
+    experiment: experiment_lib.Experiment, *,
     buckets: int = 6, max_segments: Optional[int] = None, progress_every_s: float = 10.0,
 ) -> dict:
   """Average attention weight per position bucket, per layer (§5.5 figure).
@@ -67,7 +68,8 @@ def attention_by_bucket(
 
 
 def loss_by_position(
-    model, documents: data_lib.Documents, experiment: experiment_lib.Experiment, *,
+    model: CompressiveTransformer, documents: data_lib.Documents,
+    experiment: experiment_lib.Experiment, *,
     bucket_tokens: int = 1024, max_segments: Optional[int] = None,
     progress_every_s: float = 10.0,
 ) -> dict:
@@ -103,7 +105,8 @@ def loss_by_position(
           "tokens": [counts[k] for k in keys]}
 
 
-def recall_accuracy(model, documents, experiment: experiment_lib.Experiment, *,
+def recall_accuracy(model: CompressiveTransformer, documents: data_lib.recall.RecallDocuments,
+                    experiment: experiment_lib.Experiment, *,
                     max_segments: Optional[int] = None, progress_every_s: float = 10.0) -> dict:
   """Accuracy on the answers of `recall` documents, by fact-to-query distance.
 
@@ -145,7 +148,8 @@ def recall_accuracy(model, documents, experiment: experiment_lib.Experiment, *,
   return _accuracy_by_distance(hits, distance_of, length_of)
 
 
-def _answer_positions(documents) -> tuple[list[dict[int, tuple[int, int, int]]], int]:
+def _answer_positions(documents: data_lib.recall.RecallDocuments
+                      ) -> tuple[list[dict[int, tuple[int, int, int]]], int]:
   """Per document, the position of each answer byte -> (query id, distance,
   answer bytes);
   and the number of queries, whose ids are 0, 1, ... in document order."""

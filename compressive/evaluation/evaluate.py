@@ -46,7 +46,7 @@ from compressive import data as data_lib
 from compressive import experiment as experiment_lib
 from compressive.model import losses
 from compressive.model import memory as memory_lib
-from compressive.model.transformer import merge_params
+from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.scale import sharding
 from compressive.values import hms
 
@@ -62,7 +62,7 @@ class Progress:
   before a second segment."""
 
   def __init__(self, what: str, total: Optional[int], tokens_per_segment: int,
-               every_s: float = 10.0):
+               every_s: float = 10.0) -> None:
     self.what, self.total, self.tokens, self.every_s = what, total, tokens_per_segment, every_s
     self._start: Optional[tuple[float, int]] = None  # (time, segments) after the first
     self._last = 0.0
@@ -100,7 +100,8 @@ class Carry:
     def replace(self, **updates: Any) -> Self: ...
 
 
-def _init_carry(model, memory, cached: bool, segment_length: int) -> Carry:
+def _init_carry(model: CompressiveTransformer, memory: memory_lib.Memory, cached: bool,
+                segment_length: int) -> Carry:
   """The carry a stream starts from: with `cached`, the memory carries
   every slot's keys and values, computed once when the slot enters the
   memory instead of every segment; W_r R is computed here once instead of in
@@ -109,7 +110,9 @@ def _init_carry(model, memory, cached: bool, segment_length: int) -> Carry:
   return Carry(memory, model.position_keys(memory, segment_length))
 
 
-def _run_model(model, carry: Carry, batch, collect_attention: bool, probe: bool = False):
+def _run_model(model: CompressiveTransformer, carry: Carry, batch: dict[str, jax.Array],
+               collect_attention: bool, probe: bool = False
+               ) -> tuple[Carry, jax.Array, Optional[dict[str, jax.Array]]]:
   """(carry, logits, attention) of one segment: evaluation's one call of the
   model and its one reader of the model's aux. `attention` is None, or a
   dict of `Segment` fields: with `collect_attention` attention_by_key and
@@ -129,8 +132,10 @@ def _run_model(model, carry: Carry, batch, collect_attention: bool, probe: bool 
     attention = dict(memory_valid=jnp.concatenate(
         [attended.cmem_mask[0], attended.mem_mask[0]], axis=-1))
     if collect_attention:
+      assert aux.attention_by_key is not None  # collect_attention fills it
       attention["attention_by_key"] = aux.attention_by_key
     if probe:
+      assert aux.attention_weights is not None  # attention_weights=probe fills it
       c = attended.compressed_memory_length
       attention.update(compressed_slots=attended.cmem,
                        compressed_weights=aux.attention_weights[..., :c])
@@ -175,11 +180,15 @@ class Segment:
   compressed_weights: Optional[jax.Array] = None
 
 
-def make_stream_step(model, mesh: Optional[Mesh] = None,
-                     mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
+def make_stream_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
+                     mesh_config: Optional[sharding.MeshConfig] = None,
+                     abstract_memory: Optional[memory_lib.Memory] = None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
                      per_token: bool = False, segment_length: Optional[int] = None,
-                     probe: bool = False):
+                     probe: bool = False
+                     ) -> tuple[Callable[[memory_lib.Memory], Carry],
+                                Callable[[Carry, dict[str, jax.Array]],
+                                         tuple[Carry, dict[str, jax.Array]]]]:
   """(init, step): init(memory) -> carry (`Carry`), what a stream starts
   from; step(carry, batch) -> (carry, outputs), outputs the `Segment` fields
   but the batch. Both jitted; segments have `segment_length` tokens (default
@@ -201,11 +210,12 @@ def make_stream_step(model, mesh: Optional[Mesh] = None,
   return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
 
 
-def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
-                     mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
+def stream_functions(graphdef: nnx.GraphDef[CompressiveTransformer], template: nnx.State,
+                     mesh: Optional[Mesh] = None, mesh_config: Optional[sharding.MeshConfig] = None,
+                     abstract_memory: Optional[memory_lib.Memory] = None,
                      *, cache_keys_values: bool = True, collect_attention: bool = False,
                      per_token: bool = False, segment_length: Optional[int] = None,
-                     probe: bool = False):
+                     probe: bool = False) -> tuple[Any, jax.stages.Wrapped, Any]:
   """`make_stream_step`'s jitted functions with the parameters (a pure dict)
   as their first argument, and where the parameters are stored (None without
   a mesh): (init(params, memory), step(params, carry, batch), shardings).
@@ -226,17 +236,18 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
     carries = carry_shardings(mesh, mesh_config, abstract_carry)
     out_shardings = (carries, sharding.replicated(mesh))
 
-  def merged(params):
+  def merged(params: dict[str, Any]) -> CompressiveTransformer:
     if gathered is not None:
       params = jax.lax.with_sharding_constraint(params, gathered)
     return merge_params(graphdef, template, params)
 
   @functools.partial(jax.jit, out_shardings=carries)
-  def init(params, memory):
+  def init(params: dict[str, Any], memory: memory_lib.Memory) -> Carry:
     return _init_carry(merged(params), memory, cache_keys_values, t)
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
-  def step(params, carry, batch):
+  def step(params: dict[str, Any], carry: Carry,
+           batch: dict[str, jax.Array]) -> tuple[Carry, dict[str, jax.Array]]:
     carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention, probe)
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     outputs = dict(nats=nats, count=count, **(attention or {}))
@@ -249,15 +260,19 @@ def stream_functions(graphdef, template, mesh: Optional[Mesh] = None,
   return init, step, param_shardings
 
 
-def make_eval_step(model, mesh: Optional[Mesh] = None,
-                   mesh_config: Optional[sharding.MeshConfig] = None, abstract_memory=None,
-                   *, cache_keys_values: bool = True):
+def make_eval_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
+                   mesh_config: Optional[sharding.MeshConfig] = None,
+                   abstract_memory: Optional[memory_lib.Memory] = None,
+                   *, cache_keys_values: bool = True
+                   ) -> tuple[Callable[[memory_lib.Memory], Carry],
+                              Callable[[Carry, dict[str, jax.Array]],
+                                       tuple[Carry, jax.Array, jax.Array]]]:
   """(init, step): `make_stream_step`'s, but step(carry, batch) -> (carry,
   nats, count): the loss alone, as the benchmarks time it."""
   init, step = make_stream_step(model, mesh, mesh_config, abstract_memory,
                                 cache_keys_values=cache_keys_values)
 
-  def loss_step(carry, batch):
+  def loss_step(carry: Carry, batch: dict[str, jax.Array]) -> tuple[Carry, jax.Array, jax.Array]:
     carry, outputs = step(carry, batch)
     return carry, outputs["nats"], outputs["count"]
 
@@ -265,7 +280,8 @@ def make_eval_step(model, mesh: Optional[Mesh] = None,
 
 
 def stream_shapes(experiment: experiment_lib.Experiment, mesh: Mesh,
-                  num_documents: Optional[int] = None):
+                  num_documents: Optional[int] = None
+                  ) -> tuple[int, int, Callable[[], memory_lib.Memory]]:
   """(B, T, init): a stream's rows and segment length at the evaluation
   sizes (`experiment.eval`), and init() -> its fresh memory. B is the eval
   batch size, at most `num_documents`, rounded up to a multiple of the
@@ -289,7 +305,7 @@ def segment_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig) -> dict[str,
 
 
 def stream(
-    model,
+    model: CompressiveTransformer,
     documents: data_lib.Documents,
     experiment: experiment_lib.Experiment,
     *,
@@ -357,7 +373,7 @@ def stream(
 
 
 def evaluate(
-    model,
+    model: CompressiveTransformer,
     documents: data_lib.Documents,
     experiment: experiment_lib.Experiment,
     *,

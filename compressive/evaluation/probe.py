@@ -32,7 +32,7 @@ oldest T slots, T a multiple of c, so groups never straddle an eviction).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -40,11 +40,15 @@ from compressive import experiment as experiment_lib
 from compressive.data import recall as recall_data
 from compressive.evaluation import evaluate as eval_lib
 
+if TYPE_CHECKING:
+  from compressive.model.transformer import CompressiveTransformer
+
 _QUERY_PREFIX = 1 + recall_data.KEY_LEN + 1  # "<KEY?" before a query's answer
 _LAMBDAS = (1.0, 10.0, 100.0, 1000.0)  # ridge penalties tried, on standardised features
 
 
-def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
+def recall_probe(model: CompressiveTransformer, documents: recall_data.RecallDocuments,
+                 experiment: experiment_lib.Experiment, *,
                  max_segments: Optional[int] = None, progress_every_s: float = 10.0,
                  seed: int = 0) -> dict:
   """The probe and attention measurements by distance (module docstring).
@@ -86,7 +90,9 @@ def recall_probe(model, documents, experiment: experiment_lib.Experiment, *,
   return _summarise(rows, c, cfg.num_layers)
 
 
-def _segment_samples(segment, answers, docs_seen: np.ndarray, row_pos: np.ndarray,
+def _segment_samples(segment: eval_lib.Segment,
+                     answers: list[dict[int, tuple[int, int, int, tuple[int, int]]]],
+                     docs_seen: np.ndarray, row_pos: np.ndarray,
                      sizes: tuple[int, int, int], rng: np.random.Generator) -> list[dict]:
   """One sample per answer byte of the segment whose value byte is in the
   compressed memory: its slot and a control slot of every layer, the
@@ -129,7 +135,8 @@ def _segment_samples(segment, answers, docs_seen: np.ndarray, row_pos: np.ndarra
   return rows
 
 
-def _answers(documents) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
+def _answers(documents: recall_data.RecallDocuments
+             ) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
   """Per document: the position of each answer byte -> (distance, digit, the
   position of the same value byte in the latest earlier occurrence, that
   occurrence's span [start, end))."""
@@ -158,7 +165,7 @@ def _ridge_probe(x: np.ndarray, y: np.ndarray, train: np.ndarray,
   z = np.concatenate([z, np.ones((len(z), 1), z.dtype)], 1)
   target = np.eye(10, dtype=np.float64)[y]
 
-  def fit(rows, lam):
+  def fit(rows: np.ndarray, lam: float) -> np.ndarray:
     a = z[rows].astype(np.float64)
     gram = a.T @ a + lam * np.eye(a.shape[1])
     return np.linalg.solve(gram, a.T @ target[rows])

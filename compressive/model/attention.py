@@ -44,7 +44,7 @@ of the same kernel, run as it is: no loop, nothing recomputed.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 from flax import nnx
 import jax
@@ -61,7 +61,8 @@ IMPLEMENTATIONS: dict[str, Optional[Literal["xla", "cudnn"]]] = {
     "auto": None, "xla": "xla", "cudnn": "cudnn"}
 
 
-def sinusoids(distances: np.ndarray, d: int, dtype=jnp.float32) -> jax.Array:
+def sinusoids(distances: np.ndarray, d: int,
+              dtype: jax.typing.DTypeLike = jnp.float32) -> jax.Array:
   """R for the given distances: [N, d]; `sinusoids(np.arange(K - 1, -1, -1), d)`
   is R for a segment's K keys. Computed here, not traced: the table depends
   on static sizes only, and as a constant it costs the step nothing."""
@@ -106,8 +107,8 @@ def heads(a: jax.Array) -> jax.Array:
   return jnp.swapaxes(a, 1, 2)
 
 
-def causal_mask(key_valid: jax.Array, t: int, q_last=None, first=0,
-                count: Optional[int] = None) -> jax.Array:
+def causal_mask(key_valid: jax.Array, t: int, q_last: int | jax.Array | None = None,
+                first: int | jax.Array = 0, count: Optional[int] = None) -> jax.Array:
   """[B, K] key validity -> [B, 1, T, K]: valid and not after the query
   (queries at q_last - T + 1 .. q_last; q_last defaults to K - 1).
 
@@ -130,9 +131,10 @@ class RelativeAttention(nnx.Module):
   """
 
   def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
-               positions: str = "relative", dtype=jnp.float32, param_dtype=jnp.float32,
-               chunk_size: int = 0, implementation: str = "auto", normalize_inputs: bool = True,
-               own_compressed_keys_values: bool = False):
+               positions: str = "relative", dtype: jax.typing.DTypeLike = jnp.float32,
+               param_dtype: jax.typing.DTypeLike = jnp.float32, chunk_size: int = 0,
+               implementation: str = "auto", normalize_inputs: bool = True,
+               own_compressed_keys_values: bool = False) -> None:
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
@@ -212,7 +214,7 @@ class RelativeAttention(nnx.Module):
     return dense(table.astype(self.dtype), self._w("wr"))
 
   def __call__(
-      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last,
+      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last: int | jax.Array,
       r: Optional[jax.Array], *, dropout_rng: Optional[jax.Array] = None,
       need_weights: bool = True, per_query: bool = False,
   ) -> tuple[jax.Array, Optional[jax.Array]]:
@@ -252,15 +254,18 @@ class RelativeAttention(nnx.Module):
     if self.positions == "rope":
       queries, k, score = self._rope(q, k, q_last)
     else:
+      assert r is not None, "relative positions score with r (position_keys)"
       queries, score = self._relative(q, k, r, n)
     fused = self.positions == "rope" and not (need_weights or per_query) and dropout_rng is None
     v_heads = None if fused else heads(v)
 
-    def chunk(c, qs, rng):
+    def chunk(c: int | jax.Array, qs: tuple[jax.Array, ...],
+              rng: Optional[jax.Array]) -> tuple[jax.Array, Optional[jax.Array]]:
       mask = causal_mask(valid, t, q_last, c * n, n)  # [B, 1, n, K]
       if fused:
         return jax.nn.dot_product_attention(qs[0], k, v, mask=mask, scale=self.scale,
                                             implementation=self.implementation), None
+      assert v_heads is not None  # made whenever the output is not fused
       return self._attend(score(c, *qs), mask, v_heads, rng, per_query)
 
     if n == t:  # one chunk: no loop, nothing recomputed
@@ -284,7 +289,8 @@ class RelativeAttention(nnx.Module):
       received = received / (h * t)
     return dense(out, self._w("wo"), 2), received
 
-  def _attend(self, logits, mask, v_heads, rng, per_query: bool = False):
+  def _attend(self, logits: jax.Array, mask: jax.Array, v_heads: jax.Array,
+              rng: Optional[jax.Array], per_query: bool = False) -> tuple[jax.Array, jax.Array]:
     """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D] and
     the weights' sum over heads and queries [B, K] (stop-gradient), or with
     `per_query` the weights [B, H, n, K] themselves."""
@@ -294,7 +300,8 @@ class RelativeAttention(nnx.Module):
     weights = jax.lax.stop_gradient(probs.astype(jnp.float32))
     return heads(out), weights if per_query else weights.sum(axis=(1, 2))
 
-  def _rope(self, q, k, q_last):
+  def _rope(self, q: jax.Array, k: jax.Array, q_last: int | jax.Array
+            ) -> tuple[tuple[jax.Array, ...], jax.Array, Callable[..., jax.Array]]:
     """Rotary scorer: (queries (q rotated,), keys rotated, score(c, qc)),
     score giving chunk c's float32 scores [B, H, n, K]: plain dot products
     of rotated queries and keys."""
@@ -303,13 +310,14 @@ class RelativeAttention(nnx.Module):
     k_rot = rotate(k, jnp.arange(k.shape[1]))
     k_heads = heads(k_rot)
 
-    def score(c, qc):
+    def score(c: int | jax.Array, qc: jax.Array) -> jax.Array:
       del c  # rotation already placed every query
       return jnp.einsum("bhte,bhke->bhtk", heads(qc) * self.scale, k_heads).astype(jnp.float32)
 
     return (q_rot,), k_rot, score
 
-  def _relative(self, q, k, r, n):
+  def _relative(self, q: jax.Array, k: jax.Array, r: jax.Array,
+                n: int) -> tuple[tuple[jax.Array, ...], Callable[..., jax.Array]]:
     """Transformer-XL scorer for chunks of n of the Tq queries: (queries
     (q + u, q + v, both scaled), score(c, qu, qv)), score giving chunk c's
     float32 scores [B, H, n, K].
@@ -332,7 +340,7 @@ class RelativeAttention(nnx.Module):
     # need no transpose, and only whole [n, K] blocks move to [B, H, n, K].
     r = jnp.swapaxes(r if n == t else jnp.pad(r, ((0, t - n), (0, 0), (0, 0))), 0, 1)
 
-    def score(c, qu, qv):
+    def score(c: int | jax.Array, qu: jax.Array, qv: jax.Array) -> jax.Array:
       content = jnp.einsum("bhte,bhke->bhtk", heads(qu), k_heads)
       window = r if n == t else jax.lax.dynamic_slice_in_dim(r, t - (c + 1) * n, kk, 1)
       qv = jnp.transpose(qv, (2, 0, 1, 3)).reshape(h, b * n, hd)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from flax import nnx
 import jax
@@ -30,6 +30,9 @@ from compressive.errors import ConfigError
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.layers import dense, param
+
+if TYPE_CHECKING:  # the layer's attention, read here; compression never imports it to run
+  from compressive.model.attention import RelativeAttention
 
 COMPRESSIONS: dict[str, type["Compression"]] = {}  # model.compression -> class
 
@@ -86,7 +89,8 @@ class Compression(nnx.Module):
   # range is n_m + c * (n_cm + window - 1) tokens (paper §3: window 1).
   window: ClassVar[int] = 1
 
-  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
+               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
     del d_model, rngs, param_dtype  # parameter-free functions need neither
     self.rate = rate
 
@@ -114,7 +118,8 @@ class Compression(nnx.Module):
 class MaxPool(Compression):
   name = "max_pool"
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)
     out_mask = gmask.any(-1)
     out = jnp.where(gmask[..., None], self.groups(slots), jnp.finfo(slots.dtype).min).max(2)
@@ -137,7 +142,8 @@ class OverlapMaxPool(Compression):
   name = "overlap_max_pool"
   window = 2
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)  # [B, G, c]
     low = jnp.finfo(slots.dtype).min
     own = jnp.where(gmask[..., None], self.groups(slots), low).max(2)  # [B, G, d]
@@ -152,7 +158,8 @@ class OverlapMaxPool(Compression):
 class MeanPool(Compression):
   name = "mean_pool"
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)
     count = jnp.maximum(gmask.sum(-1, keepdims=True), 1).astype(slots.dtype)
     return self.groups(jnp.where(mask[..., None], slots, 0)).sum(2) / count, gmask.any(-1)
@@ -169,7 +176,8 @@ class Conv(Compression):
   name = "conv"
   NOISE = 0.02  # the initial noise relative to the mean-pooling signal
 
-  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
+               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     # Drawn as the (c*d, d) matrix of the c stacked taps (see `param`).
     eye = jnp.tile(jnp.eye(d_model, dtype=param_dtype) / rate, (rate, 1))
@@ -180,12 +188,13 @@ class Conv(Compression):
     self.bias = param(nnx.initializers.zeros, None, (d_model,), ("norm",), param_dtype)
 
   @classmethod
-  def flops_per_slot(cls, rate, d_model):
+  def flops_per_slot(cls, rate: int, d_model: int) -> float:
     """N / c compressed slots, each a c*d -> d product: 2*d*d per slot."""
     del rate
     return 2 * d_model * d_model
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     x = jnp.where(mask[..., None], slots, 0)
     out = dense(self.groups(x), self.kernel[...].astype(slots.dtype), 2)
     return out + self.bias[...].astype(slots.dtype), self.groups(mask).any(-1)
@@ -207,7 +216,8 @@ class DilatedConv(Compression):
 
   name = "dilated_conv"
 
-  def __init__(self, rate, d_model, *, rngs, param_dtype=jnp.float32):
+  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
+               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     n = dilated_layers(rate)
     self.kernel = param(nnx.initializers.normal(0.02), rngs, (n, 2, d_model, d_model),
@@ -216,12 +226,13 @@ class DilatedConv(Compression):
                       param_dtype)
 
   @classmethod
-  def flops_per_slot(cls, rate, d_model):
+  def flops_per_slot(cls, rate: int, d_model: int) -> float:
     """Each layer applies its two d -> d taps at every slot (the taps that
     read the zeros before a group's first slot are multiplied too)."""
     return dilated_layers(rate) * 2 * 2 * d_model * d_model
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     c = self.rate
     h = self.groups(jnp.where(mask[..., None], slots, 0))  # [B, N/c, c, d]
     kernel, bias = self.kernel[...].astype(slots.dtype), self.bias[...].astype(slots.dtype)
@@ -242,7 +253,8 @@ class MostUsed(Compression):
   name = "most_used"
   needs_usage = True
 
-  def __call__(self, slots, mask, usage):
+  def __call__(self, slots: jax.Array, mask: jax.Array,
+               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
     _, idx = jax.lax.top_k(jnp.where(mask, usage, -jnp.inf), slots.shape[1] // self.rate)
     idx = jnp.sort(idx, axis=-1)  # [B, N/c]
     out_mask = jnp.take_along_axis(mask, idx, axis=1)
@@ -257,7 +269,7 @@ class Compressor(nnx.Module):
   that optimisers and tests can find its parameters."""
 
   def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
-               rngs: nnx.Rngs, param_dtype=jnp.float32):
+               rngs: nnx.Rngs, param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
     self.fn = resolve(kind)(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     self.kind, self.rate = kind, rate
     # A parameter-free f_c (pooling, most-used) has nothing for a loss to train.
@@ -270,7 +282,7 @@ class Compressor(nnx.Module):
                                 param_dtype)
 
   def __call__(self, layer_memory: memory_lib.Memory, ev: memory_lib.Eviction,
-               queries: jax.Array, attention, *, with_loss: bool = True,
+               queries: jax.Array, attention: RelativeAttention, *, with_loss: bool = True,
                keep_gradient: bool = False) -> tuple[memory_lib.Memory, jax.Array]:
     """Compresses the eviction `ev` into the compressed memory.
 

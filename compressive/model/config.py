@@ -104,7 +104,7 @@ class ModelConfig:
       return config
     return values.from_dict(cls, config, "model.")
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     values.check_fields(self, "model.")
     _check_rules(self)
 

@@ -20,7 +20,8 @@ _MASKED = -1e30
 
 
 def param(init: Callable, rngs: nnx.Rngs | None, shape: Sequence[int],
-          axes: Sequence[str], dtype=jnp.float32, *, rows: int | None = None) -> nnx.Param:
+          axes: Sequence[str], dtype: jax.typing.DTypeLike = jnp.float32, *,
+          rows: int | None = None) -> nnx.Param:
   """A parameter of `shape` drawn by `init(key, shape, dtype)` (rngs None: a
   constant init such as zeros, which draws nothing), with one logical axis
   name per dimension.
@@ -74,7 +75,8 @@ class LayerNorm(nnx.Module):
   `frozen`.
   """
 
-  def __init__(self, d: int, *, param_dtype=jnp.float32, eps: float = 1e-6):
+  def __init__(self, d: int, *, param_dtype: jax.typing.DTypeLike = jnp.float32,
+               eps: float = 1e-6) -> None:
     self.scale = param(nnx.initializers.ones, None, (d,), ("norm",), param_dtype)
     self.bias = param(nnx.initializers.zeros, None, (d,), ("norm",), param_dtype)
     self.eps = eps
@@ -87,11 +89,12 @@ class LayerNorm(nnx.Module):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x, scale, bias, eps):
+def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
   return _layer_norm_fwd(x, scale, bias, eps)[0]
 
 
-def _layer_norm_fwd(x, scale, bias, eps):
+def _layer_norm_fwd(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                    eps: float) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
   xf = x.astype(jnp.float32)
   centred = xf - xf.mean(-1, keepdims=True)
   rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
@@ -99,7 +102,8 @@ def _layer_norm_fwd(x, scale, bias, eps):
   return (xhat * scale + bias).astype(x.dtype), (xhat, rstd, scale)
 
 
-def _layer_norm_bwd(eps, res, dy):
+def _layer_norm_bwd(eps: float, res: tuple[jax.Array, jax.Array, jax.Array],
+                    dy: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The normalisation's gradient in one pass over x's shape:
   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale."""
   del eps
@@ -123,14 +127,14 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
   return _masked_softmax_fwd(logits, mask)[0]
 
 
-def _masked_softmax_fwd(logits, mask):
+def _masked_softmax_fwd(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   logits = jnp.where(mask, logits, _MASKED)
   e = jnp.exp(logits - logits.max(-1, keepdims=True))
   p = e / e.sum(-1, keepdims=True)
   return p, p
 
 
-def _masked_softmax_bwd(p, dp):
+def _masked_softmax_bwd(p: jax.Array, dp: jax.Array) -> tuple[jax.Array, None]:
   """d logits = p * (dp - sum(p * dp)): one pass over the weights' shape, no
   recomputation of the normalisation (masked entries have p = 0)."""
   return p * (dp - (p * dp).sum(-1, keepdims=True)), None
@@ -142,7 +146,8 @@ masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 class FeedForward(nnx.Module):
   """Position-wise GELU MLP, d -> d_ff -> d."""
 
-  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype: jax.typing.DTypeLike,
+               param_dtype: jax.typing.DTypeLike) -> None:
     init, zeros = nnx.initializers.lecun_normal(), nnx.initializers.zeros
     self.w1 = param(init, rngs, (d_model, d_ff), ("embed", "mlp"), param_dtype)
     self.b1 = param(zeros, None, (d_ff,), ("mlp",), param_dtype)

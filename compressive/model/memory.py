@@ -14,7 +14,7 @@ mid-batch without zero-filling tricks. docs/DESIGN.md §The memory's life cycle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Self
+from typing import TYPE_CHECKING, Any, Callable, Optional, Self
 
 import flax.struct
 import jax
@@ -87,7 +87,8 @@ class Memory:
     return jax.tree.map(lambda *a: jnp.stack(a), *layers)
 
 
-def init_memory(cfg: config_lib.ModelConfig, batch_size: int, dtype=jnp.float32, *,
+def init_memory(cfg: config_lib.ModelConfig, batch_size: int,
+                dtype: jax.typing.DTypeLike = jnp.float32, *,
                 memory_length: Optional[int] = None,
                 compressed_memory_length: Optional[int] = None) -> Memory:
   """A memory whose slots are all empty (masked), for the model of `cfg`;
@@ -119,15 +120,17 @@ def reset_rows(memory: Memory, start_of_sequence: jax.Array) -> Memory:
   """
   sos = jnp.asarray(start_of_sequence, bool)
 
-  def reset(a):
+  def reset(a: jax.Array) -> jax.Array:
     flag = sos.reshape((1, -1) + (1,) * (a.ndim - 2))
     return jnp.where(flag, jnp.zeros_like(a), a)
 
   return jax.tree.map(reset, memory.replace(cache=None)).replace(cache=memory.cache)
 
 
-def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.Array,
-                   position=None):
+def attention_keys(layer_memory: Memory,
+                   keys_values: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+                   k_x: jax.Array, v_x: jax.Array, position: int | jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array, jax.Array, int | jax.Array, Memory]:
   """The keys of [compressed memory; memory; segment so far] a layer attends.
 
   Args:
@@ -149,6 +152,7 @@ def attention_keys(layer_memory: Memory, keys_values, k_x: jax.Array, v_x: jax.A
   dtype, cache = k_x.dtype, layer_memory.cache
   b, tq = k_x.shape[:2]
   past = layer_memory.compressed_memory_length + layer_memory.memory_length
+  q_last: int | jax.Array
   if cache is None:
     k_past, v_past = keys_values(layer_memory.cmem.astype(dtype), layer_memory.mem.astype(dtype))
   else:
@@ -227,7 +231,8 @@ def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
 
 
 def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array,
-                    keys_values=None) -> Memory:
+                    keys_values: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None
+                    ) -> Memory:
   """Pushes compressed slots [B, T/c, d] into the compressed memory (FIFO);
   `keys_values(slots)` gives their keys and values when the memory caches
   them (`RelativeAttention.compressed_keys_values`)."""
@@ -236,6 +241,7 @@ def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask
   out = layer_memory.replace(cmem=cmem, cmem_mask=cmask)
   if layer_memory.cache is not None:
     cache = layer_memory.cache
+    assert keys_values is not None  # a cached memory's new slots need their keys and values
     k, v = keys_values(compressed.astype(cache.k.dtype))
     c = layer_memory.compressed_memory_length
     out = out.replace(cache=cache.replace(

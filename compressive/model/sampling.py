@@ -16,7 +16,7 @@ use is fixed by (S, T).
 from __future__ import annotations
 
 import math
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from flax import nnx
 import jax
@@ -26,6 +26,9 @@ import numpy as np
 from compressive.model import config as config_lib
 from compressive.model import memory as memory_lib
 from compressive.model.transformer import CompressiveTransformer
+
+if TYPE_CHECKING:  # the protocol the sampler's text needs, named for the type checker only
+  from compressive.data.tokenizers import Tokenizer
 
 
 def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
@@ -72,7 +75,7 @@ class Sampler:
 
   def __init__(self, model: CompressiveTransformer, batch_size: int = 1, *,
                segment_length: Optional[int] = None, memory_length: Optional[int] = None,
-               compressed_memory_length: Optional[int] = None):
+               compressed_memory_length: Optional[int] = None) -> None:
     model.eval()
     cfg = model.config
     self.segment_length = segment_length or cfg.segment_length
@@ -90,12 +93,16 @@ class Sampler:
     merged = lambda state: nnx.merge(graphdef, state)
 
     @jax.jit
-    def advance(state, memory, tokens):  # a whole segment, pushed into the memory
+    def advance(state: nnx.State, memory: memory_lib.Memory,
+                tokens: jax.Array) -> tuple[jax.Array, memory_lib.Memory]:
+      # a whole segment, pushed into the memory
       logits, memory, _ = merged(state)(tokens, memory)
       return logits[:, -1], memory
 
     @jax.jit
-    def step(state, memory, table, token, position):  # one token, into the cache
+    def step(state: nnx.State, memory: memory_lib.Memory, table: Optional[jax.Array],
+             token: jax.Array, position: jax.Array) -> tuple[jax.Array, memory_lib.Memory]:
+      # one token, into the cache
       logits, memory, _ = merged(state)(token[:, None], memory, position=position,
                                         position_keys=table)
       return logits[:, 0], memory
@@ -148,7 +155,8 @@ class Sampler:
     check_sampling_args(num_tokens, temperature, top_k, top_p)
     return self._generate(prompt, num_tokens, temperature, top_k, top_p, seed)
 
-  def _generate(self, prompt, num_tokens, temperature, top_k, top_p, seed):
+  def _generate(self, prompt: np.ndarray, num_tokens: int, temperature: float, top_k: int,
+                top_p: float, seed: int) -> Iterator[np.ndarray]:
     self.feed(prompt)
     rng = jax.random.PRNGKey(seed)
     pick = jax.jit(choose, static_argnums=(2, 3, 4))
@@ -166,7 +174,7 @@ class TextStream:
   recent tokens with and without the new ones. Work per token is constant.
   """
 
-  def __init__(self, tokenizer, context: int = 16):
+  def __init__(self, tokenizer: Tokenizer, context: int = 16) -> None:
     self._tokenizer = tokenizer
     self._tail: list[int] = []  # recent tokens already shown
     self._pending: list[int] = []  # tokens of an incomplete character

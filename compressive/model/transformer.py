@@ -23,7 +23,7 @@ its slots' keys and values, `cache_keys_values`) and one-token decoding
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Self
 
 from flax import nnx
 import flax.struct
@@ -63,6 +63,9 @@ class Aux:
   attention_by_key: Optional[jax.Array] = None
   attention_weights: Optional[jax.Array] = None
 
+  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+    def replace(self, **updates: Any) -> Self: ...
+
   def scalars(self) -> dict[str, jax.Array]:
     """The loggable scalars: reconstruction_loss, attention_mass/<bank>."""
     out = {"reconstruction_loss": self.reconstruction_loss}
@@ -70,7 +73,8 @@ class Aux:
     return out
 
 
-def _compressor(cfg: ModelConfig, rngs: nnx.Rngs, param_dtype) -> Compressor:
+def _compressor(cfg: ModelConfig, rngs: nnx.Rngs,
+                param_dtype: jax.typing.DTypeLike) -> Compressor:
   """The layer's Compressor, its compression's constructor held to the
   contract like its __call__: one defined outside the package that raises
   is one ConfigError naming it; a built-in one's error is a bug and keeps
@@ -99,7 +103,8 @@ class Block(nnx.Module):
   previous layer's LN output (the embeddings for the first layer).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype=jnp.float32):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype: jax.typing.DTypeLike,
+               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
     self.post_norm = cfg.norm == "post"
     self.attention = RelativeAttention(
         cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
@@ -120,7 +125,7 @@ class Block(nnx.Module):
     if cfg.compressed_memory_length:
       self.compressor = nnx.data(_compressor(cfg, rngs, param_dtype))
 
-  def _drop(self, x, rng, index):
+  def _drop(self, x: jax.Array, rng: Optional[jax.Array], index: int) -> jax.Array:
     return x if rng is None else self.dropout(x, rngs=jax.random.fold_in(rng, index))
 
   def __call__(
@@ -187,7 +192,8 @@ class Block(nnx.Module):
                                      keep_gradient=self.memory_gradient != "none")
     return out, mem, Aux(recon, mass, received if collect_attention else None, weights)
 
-  def _position_rows(self, position_keys, kk: int, q_last, d: int) -> Optional[jax.Array]:
+  def _position_rows(self, position_keys: Optional[jax.Array], kk: int, q_last: int | jax.Array,
+                     d: int) -> Optional[jax.Array]:
     """W_r R [K, H, D] for distances q_last .. q_last - K + 1: a slice of the
     precomputed `position_keys` (rows for distances K-1 .. -(T-1), so the
     slice starts at K-1-q_last), or computed for the K keys; None in rope
@@ -198,7 +204,7 @@ class Block(nnx.Module):
 
 
 def _attention_mass(received: Optional[jax.Array], mem: Memory,
-                    shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+                    shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
   """(received [B, K], stop-gradient, zeros where fused rope attention made
   no weights; the attention mass [3] on BANKS, NaN without weights)."""
   if received is None:  # fused rope attention: usage is read by most_used only
@@ -216,7 +222,7 @@ class CompressiveTransformer(nnx.Module):
   Transformer-XL; `memory_length=compressed_memory_length=0` a segment-local
   Transformer."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
     require(cfg, "CompressiveTransformer")
     self.config = cfg
     dtype = jnp.dtype(cfg.dtype)
@@ -234,7 +240,7 @@ class CompressiveTransformer(nnx.Module):
     self.head = param(nnx.initializers.lecun_normal(), rngs, (cfg.d_model, cfg.vocab_size),
                       ("embed", "vocab"))
 
-  def init_memory(self, batch_size: int, **sizes) -> Memory:
+  def init_memory(self, batch_size: int, **sizes: Optional[int]) -> Memory:
     """An empty memory for this model (sizes may be overridden for eval)."""
     return memory_lib.init_memory(self.config, batch_size, self.dtype, **sizes)
 
@@ -264,7 +270,7 @@ class CompressiveTransformer(nnx.Module):
     return self._over_layers(
         lambda block, carry, index: (carry, block.attention.position_keys(table)), None)[1]
 
-  def _layer_states(self):
+  def _layer_states(self) -> tuple[nnx.GraphDef, nnx.State | list[nnx.State]]:
     """(graphdef of one layer, the layers' states: a list, or one state
     whose leaves carry the layer axis when scan_layers)."""
     if self.config.scan_layers:
@@ -273,7 +279,9 @@ class CompressiveTransformer(nnx.Module):
     splits = [nnx.split(block) for block in self.blocks]
     return splits[0][0], [state for _, state in splits]
 
-  def _over_layers(self, fn, carry, per_layer=(), shared=(), remat: bool = False):
+  def _over_layers(self, fn: Callable[..., tuple[Any, Any]], carry: Any,
+                   per_layer: tuple[Any, ...] = (), shared: tuple[Any, ...] = (),
+                   remat: bool = False) -> tuple[Any, Any]:
     """Runs the layers in order: carry, out = fn(block, carry, index, *xs,
     *shared) for every layer, xs the layer's slices of the tuple `per_layer`
     (pytrees with a leading layer axis; None is an empty one), `shared` the
@@ -284,7 +292,7 @@ class CompressiveTransformer(nnx.Module):
     cfg = self.config
     graphdef, states = self._layer_states()
 
-    def layer(carry, state, index, *xs):
+    def layer(carry: Any, state: nnx.State, index: int | jax.Array, *xs: Any) -> tuple[Any, Any]:
       return fn(nnx.merge(graphdef, state), carry, index, *xs)
 
     if remat and cfg.remat != "none":
@@ -366,7 +374,8 @@ class CompressiveTransformer(nnx.Module):
       new_memory = jax.lax.stop_gradient(new_memory)
     return logits, new_memory, aux
 
-  def _check_call(self, tokens: jax.Array, memory: Memory, position) -> None:
+  def _check_call(self, tokens: jax.Array, memory: Memory,
+                  position: Optional[jax.Array]) -> None:
     """ValueError when the tokens and the memory do not fit this model."""
     cfg = self.config
     if tokens.ndim != 2:
@@ -384,12 +393,16 @@ class CompressiveTransformer(nnx.Module):
     if memory.mem.shape[-1] != cfg.d_model:
       raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
 
-  def _layers(self, x, memory, dropout_rng, collect_attention, position, position_keys,
-              training, attention_weights=False):
+  def _layers(self, x: jax.Array, memory: Memory, dropout_rng: Optional[jax.Array],
+              collect_attention: bool, position: Optional[jax.Array],
+              position_keys: Optional[jax.Array], training: bool,
+              attention_weights: bool = False) -> tuple[jax.Array, Memory, Aux]:
     """Runs the blocks in order: (output, memory, aux), the last two with a
     leading layer axis."""
 
-    def layer(block, x, index, mem, pk, rng, pos):
+    def layer(block: Block, x: jax.Array, index: int | jax.Array, mem: Memory,
+              pk: Optional[jax.Array], rng: Optional[jax.Array],
+              pos: Optional[jax.Array]) -> tuple[jax.Array, tuple[Memory, Aux]]:
       rng = None if rng is None else jax.random.fold_in(rng, index)
       x, mem, aux = block(x, mem, rng=rng, collect_attention=collect_attention, position=pos,
                           position_keys=pk, training=training,
@@ -411,7 +424,8 @@ def _stack(blocks: list[Block]) -> Block:
   return nnx.merge(graphdef, stacked)
 
 
-def merge_params(graphdef, state_template, params) -> CompressiveTransformer:
+def merge_params(graphdef: nnx.GraphDef[CompressiveTransformer], state_template: nnx.State,
+                 params: dict[str, Any]) -> CompressiveTransformer:
   """The model with `params` (a pure dict, nnx.to_pure_dict's form) filled
   into a copy of `state_template` — how the functional train and eval steps
   rebuild the module inside jit."""

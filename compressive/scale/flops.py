@@ -101,7 +101,7 @@ PEAK_TFLOPS: tuple[tuple[str, Optional[tuple[float, float]]], ...] = (
 )
 
 
-def peak_flops(device_kind: str, dtype) -> Optional[float]:
+def peak_flops(device_kind: str, dtype: jax.typing.DTypeLike) -> Optional[float]:
   """Peak FLOP/s of one device of `device_kind` computing in `dtype`
   (bfloat16 or float32; float16 counts as bfloat16); None when unknown."""
   kind = device_kind.lower()
@@ -112,7 +112,8 @@ def peak_flops(device_kind: str, dtype) -> Optional[float]:
   return None
 
 
-def device_peak_flops(dtype, device=None) -> Optional[float]:
+def device_peak_flops(dtype: jax.typing.DTypeLike,
+                      device: Optional[jax.Device] = None) -> Optional[float]:
   """Peak FLOP/s of `device` (default: the first of `jax.devices()`)."""
   device = jax.devices()[0] if device is None else device
   return peak_flops(getattr(device, "device_kind", ""), dtype)

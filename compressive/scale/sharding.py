@@ -110,7 +110,7 @@ class MeshConfig:
   # Each parameter's logical axis -> mesh axes (None: replicated).
   logical_axis_rules: tuple = values.sequence(DEFAULT_LOGICAL_AXIS_RULES, rule=_rules_problem)
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     """Each field against its kind and rule, then the fields against each
     other (against the devices: `mesh_shape`)."""
     values.check_fields(self, "mesh.")
@@ -178,13 +178,13 @@ def make_mesh(mesh: MeshConfig, devices: Optional[Sequence[Any]] = None) -> Mesh
                        devices=devices)
 
 
-def _names(entry) -> tuple[str, ...]:
+def _names(entry: str | Sequence[str] | None) -> tuple[str, ...]:
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _axis_sizes(mc: MeshConfig, shape) -> dict[str, int]:
+def _axis_sizes(mc: MeshConfig, shape: Sequence[int]) -> dict[str, int]:
   return dict(zip(mc.axes, shape))
 
 
@@ -199,7 +199,7 @@ def data_parallel_size(mc: MeshConfig, mesh: Mesh | Sequence[int]) -> int:
 # -- Partition specs. -----------------------------------------------------------
 
 
-def path_str(path) -> str:
+def path_str(path: jax.tree_util.KeyPath) -> str:
   """'blocks/0/attention/wq' for a pytree key path."""
   return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
@@ -265,7 +265,7 @@ def state_specs(mc: MeshConfig, state: nnx.State, tree: Any) -> Any:
   # jaxlib ships no types for PyTreeDef, whose == mypy then refuses.
   like_params = lambda x: jax.tree.structure(x, is_leaf=masked) == treedef  # type: ignore[operator]
 
-  def follow(subtree):
+  def follow(subtree: Any) -> Any:
     if not like_params(subtree):
       return P()  # a leaf outside every params-shaped subtree
     return jax.tree.map(
@@ -286,7 +286,7 @@ def gathered_specs(mc: MeshConfig, specs: Any) -> Any:
   """
   data = set(mc.data_axes)
 
-  def drop(entry):
+  def drop(entry: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
     kept = tuple(a for a in _names(entry) if a not in data)
     return None if not kept else kept[0] if len(kept) == 1 else kept
 
@@ -294,7 +294,8 @@ def gathered_specs(mc: MeshConfig, specs: Any) -> Any:
                       is_leaf=lambda x: isinstance(x, P))
 
 
-def gather_for_compute(params: Any, compute: Any, stored: Any, dtype=None) -> Any:
+def gather_for_compute(params: Any, compute: Any, stored: Any,
+                       dtype: jax.typing.DTypeLike | None = None) -> Any:
   """`params` laid out as `compute` (gathered along the data axes) for the
   forward pass, with their gradient laid out as `stored`; matrices (2 or
   more dimensions) are first cast to `dtype`, the activations' (bfloat16
@@ -310,13 +311,13 @@ def gather_for_compute(params: Any, compute: Any, stored: Any, dtype=None) -> An
   cast = lambda p: p.astype(dtype) if dtype is not None and p.ndim >= 2 else p
 
   @jax.custom_vjp
-  def gather(p):
+  def gather(p: Any) -> Any:
     return jax.lax.with_sharding_constraint(jax.tree.map(cast, p), compute)
 
-  def forward(p):
+  def forward(p: Any) -> tuple[Any, Any]:
     return gather(p), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), p)
 
-  def backward(primals, cotangent):
+  def backward(primals: Any, cotangent: Any) -> tuple[Any]:
     cotangent = jax.lax.with_sharding_constraint(cotangent, stored)
     return (jax.tree.map(lambda c, p: c.astype(p.dtype), cotangent, primals),)
 

@@ -172,7 +172,7 @@ class Target:
 
 
 @functools.lru_cache(maxsize=None)
-def _topology_devices(name: str, topology) -> tuple:
+def _topology_devices(name: str, topology: Union[TpuTopology, GpuTopology]) -> tuple:
   """Compile-only devices of a TPU or GPU topology (cached: libtpu and the
   CUDA plugin build the same devices each time, and holding on to one set
   keeps meshes over them comparable)."""

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -26,6 +26,8 @@ from compressive.training import integrity, interrupts, layout, orbax_errors, sa
 from compressive.training.integrity import DamagedCheckpointError
 from compressive.training.orbax_errors import write_errno
 
+_T = TypeVar("_T")
+
 
 class _NoReadOnlyNotice(logging.Filter):
   """Drops Orbax's warning that a read-only manager's folder is read only:
@@ -35,7 +37,8 @@ class _NoReadOnlyNotice(logging.Filter):
     return not str(record.msg).startswith("Given directory is read only")
 
 
-def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool):
+def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool
+             ) -> ocp.CheckpointManager:
   if read_only:
     # Evaluation, sampling and analysis never write, delete or clean up
     # anything, even while a training run is saving into the same workdir.
@@ -58,7 +61,7 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
     absl_log.removeFilter(notice)
 
 
-def _listing(read, attempts: int = 10):
+def _listing(read: Callable[[], _T], attempts: int = 10) -> _T:
   """read(), again when a step folder vanished under it: Orbax lists the
   steps and then reads each one's metadata, and a trainer's rotation may
   delete a step in between (FileNotFoundError naming the step)."""
@@ -120,7 +123,7 @@ class Checkpointer:
   """
 
   def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
-               read_only: bool = False):
+               read_only: bool = False) -> None:
     run = layout.Workdir(os.path.abspath(workdir))
     self.directory = run.checkpoints
     self.skipped = run.skipped  # the damaged steps moved aside
@@ -175,7 +178,8 @@ class Checkpointer:
                      lambda: self._manager.save(step, args=ocp.args.Composite(**items)))
 
   def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None,
-              identity: Optional[dict[str, Any]] = None, accept: tuple[str, ...] = ()):
+              identity: Optional[dict[str, Any]] = None, accept: tuple[str, ...] = ()
+              ) -> tuple[Any, Any, dict[str, np.ndarray]]:
     """Returns (state, memory or None, data_state) of `step`, verified.
 
     `abstract_*` give the structure, shapes, dtypes (and shardings) to restore
@@ -225,7 +229,8 @@ class Checkpointer:
     cannot be parsed, an OSError when it cannot be opened."""
     return savedjson.read(os.path.join(self.step_dir(step), INTEGRITY, INTEGRITY_FILE))
 
-  def _read(self, step: int, abstract_state: Any, abstract_memory: Any):
+  def _read(self, step: int, abstract_state: Any, abstract_memory: Any
+            ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     """(integrity record, restored items, items asked for) of `step`, as
     stored: nothing verified yet."""
     items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
@@ -349,7 +354,7 @@ class Checkpointer:
       raise error
 
   @contextlib.contextmanager
-  def _write_errors(self):
+  def _write_errors(self) -> Iterator[None]:
     """A save that the disk refused (full, read-only, no permission) as one
     CheckpointWriteError; Orbax reports it from its background threads as
     a ValueError carrying the OS error code."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
@@ -40,6 +40,9 @@ from compressive.scale import sharding
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import integrity as integrity_lib
 from compressive.training import layout, savedjson, sidefiles, trees
+
+if TYPE_CHECKING:  # open_export's argument, named for the type checker only
+  from compressive import experiment as experiment_lib
 
 FORMAT = "compressive-params"
 VERSION = 2
@@ -181,7 +184,8 @@ def manifest_of_step(path: str, step: Optional[int] = None) -> dict[str, Any]:
   return manifest
 
 
-def open_export(path: str, experiment, step: Optional[int] = None) -> tuple[Any, int]:
+def open_export(path: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
+                ) -> tuple[Any, int]:
   """(model, step) of the export at `path`, its parameters restored onto
   the run's setup (setup.build_setup: the experiment's shapes on its mesh)
   and verified: the step (`step`, if given, must be the exported one), the

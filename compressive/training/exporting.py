@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from flax import nnx
 import orbax.checkpoint as ocp
@@ -150,7 +150,7 @@ def _remove_abandoned_partials(parent: str) -> None:
 
 
 @contextlib.contextmanager
-def _write_errors(output: str):
+def _write_errors(output: str) -> Iterator[None]:
   """A write the disk refused (full, read-only, not ours), also when Orbax
   reports it from its threads, as one OSError naming the export."""
   try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 
@@ -55,7 +55,7 @@ def open_workdir(workdir: str, experiment: experiment_lib.Experiment, step: Opti
   return model_of(setup, state.params), step
 
 
-def model_of(setup: setup_lib.Setup, params) -> CompressiveTransformer:
+def model_of(setup: setup_lib.Setup, params: Any) -> CompressiveTransformer:
   """The model of a run's setup with `params`, in evaluation mode."""
   model = merge_params(setup.graphdef, setup.state_template, params)
   model.eval()
@@ -94,7 +94,7 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
   return f"checkpoint {checkpointer.step_dir(step)}", saved["identity"]
 
 
-def _tokenizer_identity(data_config) -> Optional[str]:
+def _tokenizer_identity(data_config: data_lib.DataConfig) -> Optional[str]:
   """The identity of the tokenizer of `data_config` (the data section), to
   compare with the one its checkpoints recorded; None when the tokenizer
   cannot be built here (a SentencePiece model not on this machine: the
@@ -105,8 +105,8 @@ def _tokenizer_identity(data_config) -> Optional[str]:
     return None
 
 
-def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state,
-                    identity, attempts: int = 20):
+def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state: Any,
+                    identity: dict[str, Any], attempts: int = 20) -> tuple[int, Any]:
   """(step, train state) of `step`, or of the newest checkpoint: a reader takes
   no lock, so a running trainer may rotate the step away while it is read;
   then the steps are listed again and the newest is read instead."""

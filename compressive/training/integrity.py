@@ -336,7 +336,7 @@ def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,
   compare_identity(f"checkpoint {where}", saved.get("identity"), identity, accept)
 
 
-def path_name(path) -> str:
+def path_name(path: jax.tree_util.KeyPath) -> str:
   """A pytree path as "a/b/c"."""
   parts = []
   for k in path:
@@ -362,7 +362,7 @@ def _bits(x: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _fingerprints(leaves: list[jax.Array]):
+def _fingerprints(leaves: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
   sums, finite = [], []
   for x in leaves:
     words = _bits(x).reshape(-1)

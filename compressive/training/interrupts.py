@@ -128,7 +128,7 @@ def hold_early_signals() -> None:
     signal.signal(signum, _hold)
 
 
-def _raise_interrupt(signum, frame) -> None:
+def _raise_interrupt(signum: int, frame: Optional[FrameType]) -> None:
   del frame
   _received.append(signum)
   interrupt(KeyboardInterrupt())
@@ -213,7 +213,7 @@ class SignalStop:
         signal.signal(signum, self._handler)
     sys.unraisablehook = self._quiet_dropped_interrupt
 
-  def _handler(self, signum, frame):
+  def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
     del frame
     _received.append(signum)
     if self._requested.is_set():  # a second signal: give up at once
@@ -226,7 +226,7 @@ class SignalStop:
     if self._forward:  # to JAX's preemption service, which tells the other processes
       signal.raise_signal(signal.SIGTERM)
 
-  def _quiet_dropped_interrupt(self, unraisable):
+  def _quiet_dropped_interrupt(self, unraisable: sys.UnraisableHookArgs) -> None:
     if self._interrupt is None or unraisable.exc_value is not self._interrupt:
       self._unraisablehook(unraisable)
 

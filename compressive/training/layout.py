@@ -100,7 +100,7 @@ class Workdir:
   an absolute root)."""
   root: str
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     files.check_local(self.root, "a workdir")
 
   def _path(self, *names: str) -> str:
@@ -182,7 +182,7 @@ class Export:
   """The paths of an export's files, under `root`."""
   root: str
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     files.check_local(self.root, "an export")
 
   @property

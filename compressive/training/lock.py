@@ -206,7 +206,7 @@ class WorkdirLock:
   def __enter__(self) -> "WorkdirLock":
     return self.acquire()
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     self.release()
 
 
@@ -327,7 +327,7 @@ def _read_record(folder: int) -> str:
   return lines[0].strip() if lines else ""
 
 
-def lock_workdir(workdir: str, is_main: bool):
+def lock_workdir(workdir: str, is_main: bool) -> Optional[WorkdirLock]:
   """Process 0 takes the workdir's lock; every process learns whether it
   could. A workdir on Cloud Storage (the local mirror of one, remote.py)
   has no lock: that is said in the log, and None returned."""

@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import jax
 
@@ -50,6 +50,9 @@ from compressive.training import restore as restore_lib
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter
+
+if TYPE_CHECKING:  # the training memory, named for the type checker only
+  from compressive.model import memory as memory_lib
 
 _log = logging.getLogger("compressive")
 
@@ -204,8 +207,8 @@ class _Run:
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main,
-           options: _Options) -> dict[str, float]:
+def _train(experiment: experiment_lib.Experiment, workdir: str, checkpointer: ckpt_lib.Checkpointer,
+           is_main: bool, options: _Options) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
   data = experiment.data
@@ -251,7 +254,8 @@ def _train(experiment: experiment_lib.Experiment, workdir, checkpointer, is_main
 
 
 @contextlib.contextmanager
-def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main: bool):
+def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main: bool
+                    ) -> Iterator[tuple[MetricWriter, MetricWriter]]:
   """(train, eval) MetricWriters, handing their records to the metric
   writers of experiment.train.metric_writers (writers.py), opened once for
   both on process 0 (given the config as hyperparameters) and closed after."""
@@ -269,7 +273,7 @@ def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main
       sink.close()
 
 
-def _steps(run: _Run, start: int, restored, is_main: bool,
+def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool,
            should_stop: Optional[Callable[[], bool]]) -> dict[str, float]:
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
@@ -318,7 +322,8 @@ def _steps(run: _Run, start: int, restored, is_main: bool,
   return run.last_eval
 
 
-def _begin(run: _Run, start: int, restored, is_main: bool):
+def _begin(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool
+           ) -> tuple[train_step.TrainState, memory_lib.Memory, jax.stages.Wrapped]:
   """(state, memory, the jitted step) a run's steps begin with, its clock,
   metric window and log made."""
   state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
@@ -332,7 +337,7 @@ def _begin(run: _Run, start: int, restored, is_main: bool):
 
 
 def _step_fn(experiment: experiment_lib.Experiment, setup: setup_lib.Setup,
-             train_iter: data_lib.SegmentIterator):
+             train_iter: data_lib.SegmentIterator) -> jax.stages.Wrapped:
   """The jitted train step on the run's layout (its mesh and, if any, its
   gradient accumulation logged)."""
   layout = setup.layout
@@ -365,7 +370,8 @@ def _save_due(train: experiment_lib.TrainConfig, step: int, end: int, stopping: 
   return stopping or step == end or bool(every and step % every == 0)
 
 
-def _save(run: _Run, step: int, state, memory, data_state) -> Optional[list[str]]:
+def _save(run: _Run, step: int, state: train_step.TrainState, memory: memory_lib.Memory,
+          data_state: dict[str, Any]) -> Optional[list[str]]:
   """Checkpoints the step with `data_state`, the position after the batches
   consumed (not those prefetched), and the run's identity; training waits
   only until the save is under way. The names of the non-finite arrays
@@ -390,7 +396,7 @@ def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
   return bool(every and step % every == 0) or step == train.num_train_steps
 
 
-def _estimate(run: _Run, state, step: int,
+def _estimate(run: _Run, state: train_step.TrainState, step: int,
               stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
   """A quick estimate of the evaluation metrics, written to the eval metrics
   (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from compressive import files
 from compressive.errors import naming as _naming
@@ -86,7 +86,7 @@ def append_line(path: str, line: str) -> None:
       os.close(fd)
 
 
-def _record(path: str, line: str):
+def _record(path: str, line: str) -> Optional[dict[str, Any]]:
   """The record a metrics line holds, or None (a line a write cut short, or
   any other that is not one: savedjson.parse). A number beyond a float, and
   NaN or Infinity (which files of older versions held), read as null."""
@@ -127,7 +127,7 @@ def read_jsonl(path: str) -> list[dict]:
   return records
 
 
-def _replace_lines(path: str, lines) -> None:
+def _replace_lines(path: str, lines: Iterable[str]) -> None:
   """Replaces the file's lines at once (a temporary file renamed over it),
   so that a crash leaves the old file or the new one, never half of each."""
   with files.replacing(path) as f:
@@ -145,7 +145,7 @@ def truncate_jsonl(path: str, step: int) -> None:
     with sidefiles.lines(path, sidefiles.METRICS_BYTES) as f:
       torn = []
 
-      def kept():
+      def kept() -> Iterator[str]:
         for number, line in enumerate(f, start=1):
           if line.strip():
             record = _record(path, line)

@@ -47,7 +47,7 @@ def quiet_orbax_leftovers() -> None:
   sys.unraisablehook = _LeftoverDropper(previous)
 
 
-def _leftover(unraisable) -> bool:
+def _leftover(unraisable: sys.UnraisableHookArgs) -> bool:
   e, obj = unraisable.exc_value, unraisable.object
   if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
     return True
@@ -64,7 +64,7 @@ class _LeftoverDropper:
   def __init__(self, previous: Callable[[Any], object]) -> None:
     self._previous = previous
 
-  def __call__(self, unraisable) -> None:
+  def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
     if not _leftover(unraisable):
       self._previous(unraisable)
 

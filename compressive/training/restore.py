@@ -28,11 +28,12 @@ from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter
 
 _log = logging.getLogger("compressive")
+Restored = tuple[Any, Any, dict[str, np.ndarray]]  # a checkpoint's (state, memory, data state)
 
 
 def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any], *,
                    restore_intact: bool, accept_changed_corpus: bool, is_main: bool,
-                   identity: dict[str, Any]):
+                   identity: dict[str, Any]) -> tuple[int, Optional[Restored]]:
   """(step, (state, memory, data_state)) of the newest checkpoint that
   restores onto `targets` (abstract state and memory), or (0, None) when
   there is none.
@@ -72,7 +73,7 @@ def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
   raise CheckpointError(_nothing_restores(checkpointer, skipped))
 
 
-def _nothing_restores(checkpointer, skipped: list) -> str:
+def _nothing_restores(checkpointer: ckpt_lib.Checkpointer, skipped: list) -> str:
   return (f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged "
           f"and were moved to {checkpointer.skipped}; "
           "nothing was trained. Move them back to retry, or use another --workdir to start "
@@ -117,9 +118,10 @@ def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, An
   return None
 
 
-def start_state(experiment: experiment_lib.Experiment, setup: setup_lib.Setup, start: int, restored,
-                train_iter: data_lib.SegmentIterator, writer: MetricWriter, is_main: bool,
-                workdir: str, accept_changed_corpus: bool = False):
+def start_state(experiment: experiment_lib.Experiment, setup: setup_lib.Setup, start: int,
+                restored: Optional[Restored], train_iter: data_lib.SegmentIterator,
+                writer: MetricWriter, is_main: bool, workdir: str,
+                accept_changed_corpus: bool = False) -> train_step.Carry:
   """(state, memory) to train from: the restored ones, with the data iterator
   put back where they were saved (with `accept_changed_corpus`, at the next
   epoch when the corpus has another number of documents) and the metrics

@@ -68,7 +68,7 @@ def load_config(workdir: str) -> SavedConfig:
                         "again with the run's config")
 
 
-def _tuples(value):
+def _tuples(value: Any) -> Any:
   """JSON turns tuples into lists; configs use tuples for fixed-size fields."""
   if isinstance(value, dict):
     dotted = [k for k in value if "." in k]

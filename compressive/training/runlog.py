@@ -10,11 +10,12 @@ and TensorBoard); this module decides what goes into them and when.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -41,14 +42,14 @@ class LogFile(logging.FileHandler):
   naming it instead of printing logging's traceback for every line; the
   console keeps the log, and closing the file never raises."""
 
-  def _open(self):
+  def _open(self) -> io.TextIOWrapper:
     fd = files.open_regular(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
-  def handleError(self, record):
+  def handleError(self, record: logging.LogRecord) -> None:
     self._failed_with(sys.exc_info()[1])
 
-  def _failed_with(self, e) -> None:
+  def _failed_with(self, e: Optional[BaseException]) -> None:
     if getattr(self, "_failed", False):
       return
     self._failed = True
@@ -56,11 +57,11 @@ class LogFile(logging.FileHandler):
     print(f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
           file=sys.stderr)
 
-  def emit(self, record):
+  def emit(self, record: logging.LogRecord) -> None:
     if not getattr(self, "_failed", False):
       super().emit(record)
 
-  def close(self):
+  def close(self) -> None:
     # The stream's buffer may still hold lines the disk refused: its flush
     # on close fails again, an OSError that names no file.
     try:
@@ -87,7 +88,7 @@ class Profiler:
   the first of them this run makes, stopped once END's results are ready;
   stopped too if the run ends inside the range (an error, a stop request)."""
 
-  def __init__(self, steps: Optional[tuple[int, int]], logdir: str):
+  def __init__(self, steps: Optional[tuple[int, int]], logdir: str) -> None:
     self.steps, self.logdir, self.tracing, self.done = steps, logdir, False, False
 
   def __enter__(self) -> "Profiler":
@@ -99,7 +100,7 @@ class Profiler:
       self.tracing = True
       _log.info("profiling steps %d-%d into %s", step, self.steps[1], self.logdir)
 
-  def after(self, step: int, outputs) -> None:
+  def after(self, step: int, outputs: Any) -> None:
     if self.tracing and self.steps and step >= self.steps[1]:
       jax.block_until_ready(outputs)
       self._stop()
@@ -109,7 +110,7 @@ class Profiler:
     self.tracing, self.done = False, True
     jax.profiler.stop_trace()
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     if self.tracing:
       try:
         self._stop()
@@ -124,7 +125,7 @@ class Clock:
   compilation, checkpoint waits and evaluations are left out of it, and
   totalled for the run's closing line."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.start = time.time()
     self.since, self.steps = self.start, 0  # the window since the last log line
     self.spent = {"eval": 0.0, "save": 0.0}

@@ -68,7 +68,9 @@ def build_setup(experiment: experiment_lib.Experiment,
       num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
 
 
-def train_data(experiment: experiment_lib.Experiment, layout: train_step.Layout, tokenizer):
+def train_data(experiment: experiment_lib.Experiment, layout: train_step.Layout,
+               tokenizer: data_lib.Tokenizer
+               ) -> tuple[data_lib.SegmentIterator, data_lib.Documents]:
   """(train iterator over this process's batch rows, evaluation documents)."""
   train, data, split = experiment.train, experiment.data, experiment.eval.split
   s, b, t = train.segments_per_step, train.batch_size, train.segment_length

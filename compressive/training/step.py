@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Optional, Self
+from typing import TYPE_CHECKING, Any, Callable, Optional, Self
 
 from flax import nnx
 import flax.struct
@@ -39,6 +39,14 @@ from compressive.model import memory as memory_lib
 from compressive.model.config import ModelConfig
 from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.scale import sharding
+
+Batch = dict[str, jax.Array]  # inputs, targets, mask [..., B, T]; start_of_sequence [..., B]
+Scalars = dict[str, jax.Array]  # by name: the model's scalars, a step's metrics
+Output = tuple[jax.Array, jax.Array, memory_lib.Memory, Scalars]  # (nats, count, memory, scalars)
+Forward = Callable[[Any, Batch, memory_lib.Memory, jax.Array], Output]  # (params, seg, memory, rng)
+Aux = tuple[memory_lib.Memory, Scalars, jax.Array, jax.Array]  # (memory, scalars, nats, count)
+Gradients = tuple[Any, memory_lib.Memory, Scalars, jax.Array, jax.Array]  # (grads, memory, ...)
+Carry = tuple["TrainState", memory_lib.Memory]
 
 
 @flax.struct.dataclass
@@ -61,7 +69,8 @@ def build_model(model_config: ModelConfig, seed: int
   return graphdef, state, nnx.to_pure_dict(state)
 
 
-def abstract_model(experiment: experiment_lib.Experiment):
+def abstract_model(experiment: experiment_lib.Experiment
+                   ) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
   """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays;
   the checked Experiment's own, built when it was checked."""
   graphdef, state = experiment.graphdef, experiment.abstract_state
@@ -79,7 +88,7 @@ def learning_rate_schedule(train: experiment_lib.TrainConfig) -> optax.Schedule:
       decay_steps=max(total, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
 
 
-def make_optimizer(train: experiment_lib.TrainConfig, params) -> optax.GradientTransformation:
+def make_optimizer(train: experiment_lib.TrainConfig, params: Any) -> optax.GradientTransformation:
   """Adam(W) with global-norm clipping; the compressor is clipped on its own.
 
   The compression network learns only from the reconstruction loss (§3.2);
@@ -89,7 +98,7 @@ def make_optimizer(train: experiment_lib.TrainConfig, params) -> optax.GradientT
   opt = train.optimizer
   schedule = learning_rate_schedule(train)
 
-  def base():
+  def base() -> optax.GradientTransformation:
     if opt.name == "adamw":
       adam = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
     else:
@@ -102,7 +111,8 @@ def make_optimizer(train: experiment_lib.TrainConfig, params) -> optax.GradientT
   return optax.multi_transform({"model": base(), "compressor": base()}, labels)
 
 
-def create_train_state(train: experiment_lib.TrainConfig, params, tx) -> TrainState:
+def create_train_state(train: experiment_lib.TrainConfig, params: Any,
+                       tx: optax.GradientTransformation) -> TrainState:
   return TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       rng=jax.random.PRNGKey(train.seed + 1))
@@ -123,7 +133,7 @@ class Layout:
 
 
 def make_layout(config: sharding.MeshConfig, mesh: Mesh, state_template: nnx.State,
-                abstract_state: TrainState, abstract_memory) -> Layout:
+                abstract_state: TrainState, abstract_memory: memory_lib.Memory) -> Layout:
   """Shardings of the train state, memory and batch (shapes suffice) on
   `mesh`, built from `config` (the MeshConfig), from the parameters' logical axes in the model's
   (abstract) `state_template`."""
@@ -136,11 +146,13 @@ def make_layout(config: sharding.MeshConfig, mesh: Mesh, state_template: nnx.Sta
                 memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
 
 
-def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params, tx) -> TrainState:
+def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params: Any,
+                         tx: optax.GradientTransformation) -> TrainState:
   return jax.eval_shape(lambda p: create_train_state(train, p, tx), abstract_params)
 
 
-def init_train_state(experiment: experiment_lib.Experiment, tx, layout: Layout) -> TrainState:
+def init_train_state(experiment: experiment_lib.Experiment, tx: optax.GradientTransformation,
+                     layout: Layout) -> TrainState:
   """A fresh train state, each parameter initialised straight into its shards."""
   train = experiment.train
   return jax.jit(
@@ -157,7 +169,8 @@ def init_sharded_memory(model_config: ModelConfig, batch_size: int,
                  out_shardings=layout.memory)()
 
 
-def make_train_step(graphdef, state_template, tx, dropout: bool,
+def make_train_step(graphdef: nnx.GraphDef, state_template: nnx.State,
+                    tx: optax.GradientTransformation, dropout: bool,
                     layout: Optional[Layout] = None, *, grad_accum_steps: int = 1,
                     gradient_window: int = 1) -> jax.stages.Wrapped:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
@@ -191,29 +204,31 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   dp = _data_split(layout)
   model_config = nnx.merge(graphdef, state_template).config  # static: read once, not per trace
 
-  def forward(params, seg, memory, rng):
+  def forward(params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array) -> Output:
     if layout is not None:  # FSDP: gather the stored shards to compute
       params = sharding.gather_for_compute(params, layout.compute_params, layout.state.params,
                                            jnp.dtype(model_config.dtype))
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
-  def accumulated_gradients(forward, params, seg, memory, rng):
+  def accumulated_gradients(forward: Forward, params: Any, seg: Batch,
+                            memory: memory_lib.Memory, rng: jax.Array) -> Gradients:
     return _accumulated_gradients(
         forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
         model_config.reconstruction_loss)
 
-  def segment(carry, seg):
+  def segment(carry: Carry, seg: Batch) -> tuple[Carry, Scalars]:
     state, memory = carry
     gradients = _full_batch_gradients if grad_accum_steps == 1 else accumulated_gradients
     return _update(tx, layout, state, memory, seg, functools.partial(gradients, forward))
 
-  def window(carry, segs):
+  def window(carry: Carry, segs: Batch) -> tuple[Carry, Scalars]:
     state, memory = carry
     return _update(tx, layout, state, memory, segs,
                    functools.partial(_window_gradients, forward))
 
-  def train_step(state, memory, batch):
+  def train_step(state: TrainState, memory: memory_lib.Memory, batch: Batch
+                 ) -> tuple[TrainState, memory_lib.Memory, Scalars]:
     if gradient_window == 1:  # the paper's: one update per segment
       (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
       return state, memory, metrics
@@ -230,9 +245,10 @@ def make_train_step(graphdef, state_template, tx, dropout: bool,
   return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
 
 
-def _full_batch_gradients(forward, params, seg, memory, rng):
+def _full_batch_gradients(forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory,
+                          rng: jax.Array) -> Gradients:
   """(grads, new memory, scalars, nats, count) of one segment, the paper's."""
-  def loss_fn(params):
+  def loss_fn(params: Any) -> tuple[jax.Array, Aux]:
     nats, count, new_memory, scalars = forward(params, seg, memory, rng)
     lm = nats / jnp.maximum(count, 1.0)
     # No mixing coefficient (§3.2): the two losses reach disjoint parameters.
@@ -242,14 +258,18 @@ def _full_batch_gradients(forward, params, seg, memory, rng):
   return grads, new_memory, scalars, nats, count
 
 
-def _window_gradients(forward, params, segs, memory, rng):
+def _window_gradients(forward: Forward, params: Any, segs: Batch, memory: memory_lib.Memory,
+                      rng: jax.Array) -> Gradients:
   """(grads, new memory, scalars, nats, count) of a window's loss (`window_loss`)."""
   grads, (new_memory, scalars, nats, count) = jax.grad(window_loss, has_aux=True)(
       params, forward, segs, memory, rng)
   return grads, new_memory, scalars, nats, count
 
 
-def _update(tx, layout: Optional[Layout], state: TrainState, memory, seg, gradients):
+def _update(tx: optax.GradientTransformation, layout: Optional[Layout], state: TrainState,
+            memory: memory_lib.Memory, seg: Batch,
+            gradients: Callable[[Any, Batch, memory_lib.Memory, jax.Array], Gradients]
+            ) -> tuple[Carry, Scalars]:
   """One optimizer update from `gradients(params, seg, memory, rng)` of
   `seg` (a segment, or a window's segments): ((state, memory), metrics)."""
   rng = jax.random.fold_in(state.rng, state.step)
@@ -267,7 +287,8 @@ def _update(tx, layout: Optional[Layout], state: TrainState, memory, seg, gradie
   return (new_state, new_memory), metrics
 
 
-def window_loss(params, forward, segs, memory, rng):
+def window_loss(params: Any, forward: Forward, segs: Batch, memory: memory_lib.Memory,
+                rng: jax.Array) -> tuple[jax.Array, Aux]:
   """The loss of a window of W segments, differentiable in `params` through
   the memory it threads (what model.memory_gradient leaves differentiable),
   and (the memory after it, stop-gradient; per-segment scalars, nats and
@@ -283,7 +304,8 @@ def window_loss(params, forward, segs, memory, rng):
   """
   w = jax.tree.leaves(segs)[0].shape[0]
 
-  def one(memory, xs):
+  def one(memory: memory_lib.Memory, xs: tuple[jax.Array, Batch]
+          ) -> tuple[memory_lib.Memory, tuple[Scalars, jax.Array, jax.Array]]:
     k, seg = xs
     nats, count, new_memory, scalars = forward(params, seg, memory, jax.random.fold_in(rng, k))
     return new_memory, (scalars, nats, count)
@@ -294,7 +316,8 @@ def window_loss(params, forward, segs, memory, rng):
   return loss, (jax.lax.stop_gradient(new_memory), scalars, nats, count)
 
 
-def _forward(model: CompressiveTransformer, seg, memory, dropout_rng):
+def _forward(model: CompressiveTransformer, seg: Batch, memory: memory_lib.Memory,
+             dropout_rng: Optional[jax.Array]) -> Output:
   """(nats, count, new memory, scalars) of one segment: the train step's one
   call of the model, and the one place that reads the model's aux.
 
@@ -340,7 +363,8 @@ def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
   return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1:])
 
 
-def _reconstruction_row_weights(kind: str, memory, start_of_sequence, t: int) -> jax.Array:
+def _reconstruction_row_weights(kind: str, memory: memory_lib.Memory,
+                                start_of_sequence: jax.Array, t: int) -> jax.Array:
   """[B] each row's share of the reconstruction loss's denominator.
 
   Each layer's reconstruction loss is a masked mean over the batch
@@ -361,8 +385,9 @@ def _reconstruction_row_weights(kind: str, memory, start_of_sequence, t: int) ->
   return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
 
 
-def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: int,
-                           layout: Optional[Layout], reconstruction: str):
+def _accumulated_gradients(forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory,
+                           rng: jax.Array, parts: int, dp: int, layout: Optional[Layout],
+                           reconstruction: str) -> Gradients:
   """(grads, new memory, scalars, nats, count) of one segment, as the full
   batch gives them, computed in `parts` micro-batches by a `lax.scan`.
 
@@ -391,10 +416,11 @@ def _accumulated_gradients(forward, params, seg, memory, rng, parts: int, dp: in
         lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)),
         layout.memory))
 
-  def micro(grads, xs):
+  def micro(grads: Any, xs: tuple[jax.Array, Batch, memory_lib.Memory, jax.Array]
+            ) -> tuple[Any, Aux]:
     k, seg_k, memory_k, coefficient = xs
 
-    def loss_fn(params):
+    def loss_fn(params: Any) -> tuple[jax.Array, Aux]:
       nats, count, new_memory, scalars = forward(params, seg_k, memory_k,
                                                  jax.random.fold_in(rng, k))
       return (nats / total + coefficient * scalars["reconstruction_loss"],

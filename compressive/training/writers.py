@@ -142,7 +142,7 @@ class TensorBoard:
     self.run = layout.Workdir(run.workdir)
     self._events: dict[str, Any] = {}
 
-  def _writer(self, stream: str):
+  def _writer(self, stream: str) -> Any:  # tensorboardX's EventsWriter
     if stream not in self._events:
       # Created on first use, so that a stream that writes nothing leaves no
       # empty event file behind. Synchronous (tensorboardX's EventsWriter, not
@@ -158,7 +158,7 @@ class TensorBoard:
           self.run.events(stream), filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
     return self._events[stream]
 
-  def _summary(self, stream: str, summary, step: int = 0) -> None:
+  def _summary(self, stream: str, summary: Any, step: int = 0) -> None:
     from tensorboardX.proto import event_pb2
     writer = self._writer(stream)
     with _naming(self.run.tensorboard(stream)):
