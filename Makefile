@@ -49,9 +49,10 @@ test: $(TEST_STAMP)
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
-# Code checked by machine (pyproject.toml configures both): ruff's linter over
-# the whole tree, mypy over the package. Installed into the test venv, where
-# mypy sees the libraries the package imports.
+# Code checked by machine (pyproject.toml configures both): ruff's formatter
+# and linter over the whole tree, mypy over the package. Installed into the
+# test venv, where mypy sees the libraries the package imports. `ruff format
+# .` lays the code out as the check wants it.
 LINT_STAMP := $(VENV)/.installed-lint
 
 $(LINT_STAMP): requirements-lint.txt $(TEST_STAMP)
@@ -59,6 +60,7 @@ $(LINT_STAMP): requirements-lint.txt $(TEST_STAMP)
 	touch $@
 
 lint: $(LINT_STAMP)
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
