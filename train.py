@@ -19,7 +19,13 @@ _held.signals = []
 
 if __name__ == "__main__":
   # errors.STOP_SIGNALS, spelled here: nothing of the package is imported yet.
-  for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-                  signal.SIGXCPU):
+  for _signum in (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGXCPU,
+  ):
     signal.signal(_signum, _held)
   runpy.run_module("compressive.train", run_name="__main__")

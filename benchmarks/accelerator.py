@@ -32,18 +32,31 @@ flags.DEFINE_integer("rounds", 3, "Timed rounds per case.")
 flags.DEFINE_integer("steps", 5, "Train steps per round.")
 
 CASES = {
-    "reference": dict(batch_size=4, model={}),
-    "enwik8_slice": dict(batch_size=8, model=dict(
-        vocab_size=256, num_layers=6, num_heads=8, d_model=1024, d_ff=3072,
-        segment_length=768, memory_length=768, compressed_memory_length=1152,
-        compression_rate=3, scan_layers=True, remat="matmuls")),
+  "reference": dict(batch_size=4, model={}),
+  "enwik8_slice": dict(
+    batch_size=8,
+    model=dict(
+      vocab_size=256,
+      num_layers=6,
+      num_heads=8,
+      d_model=1024,
+      d_ff=3072,
+      segment_length=768,
+      memory_length=768,
+      compressed_memory_length=1152,
+      compression_rate=3,
+      scan_layers=True,
+      remat="matmuls",
+    ),
+  ),
 }
 
 
 def run_case(name: str) -> dict:
   case = CASES[name]
-  config = common.reference_config("ct", batch_size=case["batch_size"], dtype="bfloat16",
-                                   **case["model"])
+  config = common.reference_config(
+    "ct", batch_size=case["batch_size"], dtype="bfloat16", **case["model"]
+  )
   bench = common.TrainBench(config)
   compiled = bench.step_fn.lower(bench.state, bench.memory, bench.batch).compile()
   predicted = aot_lib.per_device_bytes(compiled.memory_analysis())
@@ -55,21 +68,27 @@ def run_case(name: str) -> dict:
   per_token = common.flops_per_token(model, config.batch_size).train
   rate = statistics.median(rates)
   return {
-      "model": config.model.to_dict(), "batch_size": config.batch_size,
-      "segments_per_step": config.segments_per_step, "parameters": bench.num_params,
-      "train_tokens_per_s": rates, "train_tokens_per_s_median": rate,
-      "train_flops_per_token": per_token,
-      "mfu_vs_bf16_peak": None if peak is None else rate * per_token / peak,
-      "predicted_per_device_bytes": predicted,
-      "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-      "bytes_limit": stats.get("bytes_limit"),
+    "model": config.model.to_dict(),
+    "batch_size": config.batch_size,
+    "segments_per_step": config.segments_per_step,
+    "parameters": bench.num_params,
+    "train_tokens_per_s": rates,
+    "train_tokens_per_s_median": rate,
+    "train_flops_per_token": per_token,
+    "mfu_vs_bf16_peak": None if peak is None else rate * per_token / peak,
+    "predicted_per_device_bytes": predicted,
+    "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+    "bytes_limit": stats.get("bytes_limit"),
   }
 
 
 def main(argv):
   del argv
-  result = {"device": jax.devices()[0].device_kind, "environment": common.environment(),
-            "cases": {}}
+  result = {
+    "device": jax.devices()[0].device_kind,
+    "environment": common.environment(),
+    "cases": {},
+  }
   for name in FLAGS.cases:
     result["cases"][name] = run_case(name)
     print(f"{name}: {json.dumps(result['cases'][name])}", file=sys.stderr, flush=True)

@@ -23,34 +23,51 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 flags.DEFINE_list("rows", [], "Row names to run (default all).")
-flags.DEFINE_string("out", os.path.join(ROOT, "docs", "results", "aot_table.json"),
-                    "Where to write the rows' JSON ('' = nowhere).")
+flags.DEFINE_string(
+  "out",
+  os.path.join(ROOT, "docs", "results", "aot_table.json"),
+  "Where to write the rows' JSON ('' = nowhere).",
+)
 
 # name: (config, target, extra aot.py flags). gpu1 and gpu8 are costed on
 # H100 80 GB; the multi-node rows override the presets' 8-device mesh.
 ROWS = {
-    "gpu1:enwik8": ("configs/gpu1.py:enwik8", "gpu:h100-1", []),
-    "gpu1:pg19": ("configs/gpu1.py:pg19", "gpu:h100-1", []),
-    "gpu8:enwik8": ("configs/gpu8.py:enwik8", "gpu:h100-8", []),
-    "gpu8:pg19": ("configs/gpu8.py:pg19", "gpu:h100-8", []),
-    "tpu_v5e8:enwik8": ("configs/tpu_v5e8.py:enwik8", "tpu:v5e-8", []),
-    "tpu_v5e8:pg19": ("configs/tpu_v5e8.py:pg19", "tpu:v5e-8", []),
-    "tpu_v5e8:pg19 on v5e-32": ("configs/tpu_v5e8.py:pg19", "tpu:v5e-32",
-                                ["--config.mesh.shape=(1,-1,1)"]),
-    "gpu8:pg19 on 2 x 8 H200": ("configs/gpu8.py:pg19", "gpu:h200-8x2",
-                                ["--config.mesh.shape=(-1,1,1)"]),
+  "gpu1:enwik8": ("configs/gpu1.py:enwik8", "gpu:h100-1", []),
+  "gpu1:pg19": ("configs/gpu1.py:pg19", "gpu:h100-1", []),
+  "gpu8:enwik8": ("configs/gpu8.py:enwik8", "gpu:h100-8", []),
+  "gpu8:pg19": ("configs/gpu8.py:pg19", "gpu:h100-8", []),
+  "tpu_v5e8:enwik8": ("configs/tpu_v5e8.py:enwik8", "tpu:v5e-8", []),
+  "tpu_v5e8:pg19": ("configs/tpu_v5e8.py:pg19", "tpu:v5e-8", []),
+  "tpu_v5e8:pg19 on v5e-32": (
+    "configs/tpu_v5e8.py:pg19",
+    "tpu:v5e-32",
+    ["--config.mesh.shape=(1,-1,1)"],
+  ),
+  "gpu8:pg19 on 2 x 8 H200": (
+    "configs/gpu8.py:pg19",
+    "gpu:h200-8x2",
+    ["--config.mesh.shape=(-1,1,1)"],
+  ),
 }
 
 
 def run_row(name: str) -> dict:
   config, target, extra = ROWS[name]
-  cmd = [sys.executable, os.path.join(ROOT, "aot.py"), f"--config={config}",
-         f"--target={target}", *extra]
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, "aot.py"),
+    f"--config={config}",
+    f"--target={target}",
+    *extra,
+  ]
   print(f"{name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
   lines = proc.stdout.strip().splitlines()
-  row = {"row": name, "command": " ".join(["python", *cmd[1:]]).replace(ROOT + "/", ""),
-         "exit_code": proc.returncode}
+  row = {
+    "row": name,
+    "command": " ".join(["python", *cmd[1:]]).replace(ROOT + "/", ""),
+    "exit_code": proc.returncode,
+  }
   if lines and lines[-1].startswith("{"):
     row.update(json.loads(lines[-1]))
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -67,20 +84,23 @@ def _gib(n) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-  out = ["| preset : experiment | target | GiB per device / device | fits | compile s | "
-         "model TFLOP per step | step s at 40% MFU |",
-         "|---|---|---|---|---|---|---|"]
+  out = [
+    "| preset : experiment | target | GiB per device / device | fits | compile s | "
+    "model TFLOP per step | step s at 40% MFU |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
     per = r.get("per_device", {}).get("total")
     fits = {True: "yes", False: "**no**", None: "-"}[r.get("fits")] if "fits" in r else "**no**"
     mfu = r.get("step_seconds_at_40pct_mfu")
     out.append(
-        f"| {r['row']} | {r.get('target', '-')} "
-        f"| {_gib(per)} / {_gib(r.get('device_memory_bytes'))} "
-        f"| {fits} | {r.get('compile_seconds', '-')} "
-        f"| {r['model_flops_per_step'] / 1e12:.0f} | {'-' if mfu is None else f'{mfu:.2f}'} |"
-        if "model_flops_per_step" in r else
-        f"| {r['row']} | - | - | **no** | - | - | - |")
+      f"| {r['row']} | {r.get('target', '-')} "
+      f"| {_gib(per)} / {_gib(r.get('device_memory_bytes'))} "
+      f"| {fits} | {r.get('compile_seconds', '-')} "
+      f"| {r['model_flops_per_step'] / 1e12:.0f} | {'-' if mfu is None else f'{mfu:.2f}'} |"
+      if "model_flops_per_step" in r
+      else f"| {r['row']} | - | - | **no** | - | - | - |"
+    )
   return "\n".join(out)
 
 

@@ -32,16 +32,33 @@ from compressive.scale.flops import Flops, flops_per_token  # noqa: E402,F401  (
 from compressive.training import step as train_step  # noqa: E402
 
 REFERENCE_MODEL = dict(
-    vocab_size=256, d_model=512, num_layers=8, num_heads=8, d_ff=2048,
-    segment_length=256, memory_length=256, compressed_memory_length=256,
-    compression_rate=4, compression="conv", reconstruction_loss="attention",
-    # pre-norm, as the PyTorch peer and every figure measured before the
-    # default experiment moved to post-norm (post saves one LN per layer).
-    norm="pre", dropout_rate=0.0, dtype="float32")
+  vocab_size=256,
+  d_model=512,
+  num_layers=8,
+  num_heads=8,
+  d_ff=2048,
+  segment_length=256,
+  memory_length=256,
+  compressed_memory_length=256,
+  compression_rate=4,
+  compression="conv",
+  reconstruction_loss="attention",
+  # pre-norm, as the PyTorch peer and every figure measured before the
+  # default experiment moved to post-norm (post saves one LN per layer).
+  norm="pre",
+  dropout_rate=0.0,
+  dtype="float32",
+)
 
 
-def reference_config(kind: str = "ct", *, batch_size: int = 4, segments_per_step: int = 4,
-                     dtype: str = "float32", **model_overrides) -> ml_collections.ConfigDict:
+def reference_config(
+  kind: str = "ct",
+  *,
+  batch_size: int = 4,
+  segments_per_step: int = 4,
+  dtype: str = "float32",
+  **model_overrides,
+) -> ml_collections.ConfigDict:
   """The benchmark config: 'ct' (Compressive Transformer) or 'txl'
   (Transformer-XL with memory = memory + compressed memory, same span)."""
   config = default_config.get_config()
@@ -80,15 +97,20 @@ class TrainBench:
     b, s, t = config.batch_size, config.segments_per_step, config.model.segment_length
     self.memory = memory_lib.init_memory(experiment.model, b, jnp.dtype(config.model.dtype))
     self.step_fn = train_step.make_train_step(
-        graphdef, template, self.tx, dropout=False,
-        gradient_window=experiment.train.gradient_window)
+      graphdef, template, self.tx, dropout=False, gradient_window=experiment.train.gradient_window
+    )
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, config.model.vocab_size, (s, b, t + 1), dtype=np.int32)
     sos = np.zeros((s, b), bool)
     sos[0] = True
-    self.batch = jax.device_put(dict(
-        inputs=tokens[..., :-1], targets=tokens[..., 1:], mask=np.ones((s, b, t), bool),
-        start_of_sequence=sos))
+    self.batch = jax.device_put(
+      dict(
+        inputs=tokens[..., :-1],
+        targets=tokens[..., 1:],
+        mask=np.ones((s, b, t), bool),
+        start_of_sequence=sos,
+      )
+    )
     self.tokens_per_step = s * b * t
 
   def compile(self) -> float:
@@ -102,8 +124,12 @@ class TrainBench:
     temporaries (the working set: activations kept for the backward pass),
     arguments and outputs (state, memory, batch; donated ones aliased)."""
     m = self.compiled.memory_analysis()
-    return {"temp": int(m.temp_size_in_bytes), "arguments": int(m.argument_size_in_bytes),
-            "outputs": int(m.output_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+    return {
+      "temp": int(m.temp_size_in_bytes),
+      "arguments": int(m.argument_size_in_bytes),
+      "outputs": int(m.output_size_in_bytes),
+      "aliased": int(m.alias_size_in_bytes),
+    }
 
   def run(self, steps: int) -> float:
     """Tokens per second over `steps` steps (after one warm-up step)."""
@@ -121,13 +147,19 @@ class TrainBench:
 class EvalBench:
   """Streaming evaluation: one jitted step per segment, memory threaded."""
 
-  def __init__(self, config: ml_collections.ConfigDict, seed: int = 0, model=None,
-               cache_keys_values: bool = True):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    seed: int = 0,
+    model=None,
+    cache_keys_values: bool = True,
+  ):
     self.config = config
     cfg = ModelConfig.from_config(config.model)
     if model is None:
       graphdef, template, params = train_step.build_model(cfg, config.seed)
       from compressive.model.transformer import merge_params
+
       model = merge_params(graphdef, template, params)
     self.model = model
     init, self.step = eval_lib.make_eval_step(model, cache_keys_values=cache_keys_values)
@@ -139,11 +171,17 @@ class EvalBench:
     self._batches = [self._random_batch(i == 0) for i in range(8)]
 
   def _random_batch(self, first: bool):
-    tokens = self.rng.integers(0, self.config.model.vocab_size, (self.b, self.t + 1),
-                               dtype=np.int32)
-    return jax.device_put(dict(
-        inputs=tokens[:, :-1], targets=tokens[:, 1:], mask=np.ones((self.b, self.t), bool),
-        start_of_sequence=np.full((self.b,), first)))
+    tokens = self.rng.integers(
+      0, self.config.model.vocab_size, (self.b, self.t + 1), dtype=np.int32
+    )
+    return jax.device_put(
+      dict(
+        inputs=tokens[:, :-1],
+        targets=tokens[:, 1:],
+        mask=np.ones((self.b, self.t), bool),
+        start_of_sequence=np.full((self.b,), first),
+      )
+    )
 
   def run(self, segments: int) -> float:
     """Tokens per second over `segments` segments (after one warm-up)."""
@@ -185,6 +223,10 @@ def rss_mib() -> float:
 
 
 def environment() -> dict:
-  return dict(jax=jax.__version__, backend=jax.default_backend(),
-              devices=[str(d) for d in jax.devices()], cpu_count=os.cpu_count(),
-              xla_flags=os.environ.get("XLA_FLAGS", ""))
+  return dict(
+    jax=jax.__version__,
+    backend=jax.default_backend(),
+    devices=[str(d) for d in jax.devices()],
+    cpu_count=os.cpu_count(),
+    xla_flags=os.environ.get("XLA_FLAGS", ""),
+  )

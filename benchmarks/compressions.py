@@ -34,9 +34,12 @@ from compressive.configs import recall as recall_config  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["recall", "default"], "recall | default.")
-flags.DEFINE_list("compressions", ["conv", "max_pool", "overlap_max_pool", "mean_pool"],
-                  "model.compression values (NAME+own: with model.compressed_keys_values=own); "
-                  "the first is the one the others are compared with.")
+flags.DEFINE_list(
+  "compressions",
+  ["conv", "max_pool", "overlap_max_pool", "mean_pool"],
+  "model.compression values (NAME+own: with model.compressed_keys_values=own); "
+  "the first is the one the others are compared with.",
+)
 flags.DEFINE_integer("rounds", 3, "Alternating measurement rounds.")
 flags.DEFINE_integer("train_steps", 3, "Train steps per round.")
 
@@ -58,8 +61,12 @@ def measure(size: str) -> dict:
   benches = {c: common.TrainBench(config_for(size, c)) for c in FLAGS.compressions}
   out = {}
   for name, bench in benches.items():
-    out[name] = {"compile_seconds": bench.compile(), "memory_bytes": bench.memory_bytes(),
-                 "tokens_per_step": bench.tokens_per_step, "tokens_per_second": []}
+    out[name] = {
+      "compile_seconds": bench.compile(),
+      "memory_bytes": bench.memory_bytes(),
+      "tokens_per_step": bench.tokens_per_step,
+      "tokens_per_second": [],
+    }
   for _ in range(FLAGS.rounds):
     for name, bench in benches.items():
       out[name]["tokens_per_second"].append(bench.run(FLAGS.train_steps))
@@ -76,14 +83,20 @@ def main(argv):
   unknown = sorted(set(FLAGS.sizes) - set(SIZES))
   if unknown:
     raise app.UsageError(f"--sizes: unknown {unknown}; known: {', '.join(SIZES)}")
-  result = {"environment": common.environment(), "compared_with": FLAGS.compressions[0],
-            "sizes": {size: measure(size) for size in FLAGS.sizes}}
+  result = {
+    "environment": common.environment(),
+    "compared_with": FLAGS.compressions[0],
+    "sizes": {size: measure(size) for size in FLAGS.sizes},
+  }
   for size, rows in result["sizes"].items():
     for name, r in rows.items():
-      print(f"{size:8s} {name:18s} {r['median_tokens_per_second']:9,.0f} tok/s "
-            f"({r['step_time_vs_first']:.2f}x {FLAGS.compressions[0]}'s step time), "
-            f"temporaries {r['memory_bytes']['temp'] / 2**20:8.1f} MiB "
-            f"({r['temp_bytes_vs_first']:.2f}x)", file=sys.stderr)
+      print(
+        f"{size:8s} {name:18s} {r['median_tokens_per_second']:9,.0f} tok/s "
+        f"({r['step_time_vs_first']:.2f}x {FLAGS.compressions[0]}'s step time), "
+        f"temporaries {r['memory_bytes']['temp'] / 2**20:8.1f} MiB "
+        f"({r['temp_bytes_vs_first']:.2f}x)",
+        file=sys.stderr,
+      )
   print(json.dumps(result))
 
 

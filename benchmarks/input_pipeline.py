@@ -82,14 +82,22 @@ from compressive.data import prefetch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 200, "Measured steps per row and phase (after the first); a "
-                     "PG-19-sized book lasts a row 27-80 steps, so at least ~100 to see rows "
-                     "reach new books.")
+flags.DEFINE_integer(
+  "steps",
+  200,
+  "Measured steps per row and phase (after the first); a "
+  "PG-19-sized book lasts a row 27-80 steps, so at least ~100 to see rows "
+  "reach new books.",
+)
 flags.DEFINE_list("rows", [], "Rows of the AOT table to run (default all), e.g. gpu8:pg19.")
-flags.DEFINE_string("cache_dir", "", "Folder of the stand-in corpora "
-                    "('' = ~/.cache/compressive/bench).")
-flags.DEFINE_string("aot_table", os.path.join(ROOT, "docs", "results", "aot_table.json"),
-                    "The rows: preset command, host processes, step time at 40% MFU.")
+flags.DEFINE_string(
+  "cache_dir", "", "Folder of the stand-in corpora ('' = ~/.cache/compressive/bench)."
+)
+flags.DEFINE_string(
+  "aot_table",
+  os.path.join(ROOT, "docs", "results", "aot_table.json"),
+  "The rows: preset command, host processes, step time at 40% MFU.",
+)
 
 ENWIK8_BYTES = 100_000_000
 TARGET_WAIT_FRACTION = 0.01  # of the 40%-MFU step, on average
@@ -114,8 +122,10 @@ def enwik8_standin(cache_dir: str) -> str:
   corpus = "\n".join(texts).encode("utf-8")
   raw = (corpus * (ENWIK8_BYTES // len(corpus) + 1))[:ENWIK8_BYTES]
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with files.replacing(path, binary=True) as f, zipfile.ZipFile(
-      f, "w", compression=zipfile.ZIP_STORED) as z:
+  with (
+    files.replacing(path, binary=True) as f,
+    zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as z,
+  ):
     z.writestr("enwik8", raw)
   return path
 
@@ -186,8 +196,9 @@ class TimedDocuments(documents_lib.Documents):
     return self._docs.num_bytes(i)
 
 
-def data_config_for(config: ml_collections.ConfigDict, cache_dir: str
-                    ) -> tuple[ml_collections.ConfigDict, str]:
+def data_config_for(
+  config: ml_collections.ConfigDict, cache_dir: str
+) -> tuple[ml_collections.ConfigDict, str]:
   """The preset's data config pointed at the stand-in corpus (built on
   first use), and a line saying what it reads."""
   c = config.data
@@ -198,9 +209,11 @@ def data_config_for(config: ml_collections.ConfigDict, cache_dir: str
     c.tokenizer = "sentencepiece"
     c.spm_model = stand_in.spm_model
     c.cache_tokens = 0  # every book reached is tokenized, as on PG-19 (module docstring)
-    return c, (f"text_files over {stand_in.num_books} PG-19-sized books (stand-in for TFDS's "
-               f"PG-19 reader; same tokenization), SentencePiece {stand_in.vocab_size} pieces, "
-               "data.cache_tokens=0")
+    return c, (
+      f"text_files over {stand_in.num_books} PG-19-sized books (stand-in for TFDS's "
+      f"PG-19 reader; same tokenization), SentencePiece {stand_in.vocab_size} pieces, "
+      "data.cache_tokens=0"
+    )
   if c.source == "enwik8":
     c.enwik8.path = enwik8_standin(cache_dir)
     return c, "enwik8 source over a 10^8-byte stand-in (bytes are tokens; slicing only)"
@@ -212,8 +225,12 @@ def data_config_for(config: ml_collections.ConfigDict, cache_dir: str
 
 def _ms(values) -> dict:
   v = np.asarray(values, np.float64) * 1e3
-  return dict(mean=float(v.mean()), p50=float(np.percentile(v, 50)),
-              p99=float(np.percentile(v, 99)), max=float(v.max()))
+  return dict(
+    mean=float(v.mean()),
+    p50=float(np.percentile(v, 50)),
+    p99=float(np.percentile(v, 99)),
+    max=float(v.max()),
+  )
 
 
 def _loads(docs: TimedDocuments, first: int) -> dict:
@@ -225,9 +242,12 @@ def _loads(docs: TimedDocuments, first: int) -> dict:
     seconds = np.array([s for s, _, _ in later])
     tokens = np.array([t for _, t, _ in later])
     nbytes = np.array([b for _, _, b in later])
-    out.update(ms_per_document=_ms(seconds), tokens_per_document=float(tokens.mean()),
-               bytes_per_token=float(nbytes.sum() / tokens.sum()),
-               mb_per_s=float(nbytes.sum() / seconds.sum() / 1e6))
+    out.update(
+      ms_per_document=_ms(seconds),
+      tokens_per_document=float(tokens.mean()),
+      bytes_per_token=float(nbytes.sum() / tokens.sum()),
+      mb_per_s=float(nbytes.sum() / seconds.sum() / 1e6),
+    )
   return out
 
 
@@ -250,13 +270,23 @@ def measure_row(row: dict, steps: int, cache_dir: str) -> dict:
   start = time.perf_counter()
   inner = data.get_documents(data_config, "train", tokenizer)
   open_s = time.perf_counter() - start
-  print(f"{row['row']}: {rows} of {bsz} rows, {s} x {t} tokens, step {step_s:.3f} s at 40% MFU",
-        file=sys.stderr, flush=True)
+  print(
+    f"{row['row']}: {rows} of {bsz} rows, {s} x {t} tokens, step {step_s:.3f} s at 40% MFU",
+    file=sys.stderr,
+    flush=True,
+  )
 
   def step_iterator() -> tuple[prefetch.StepIterator, TimedDocuments]:
     docs = TimedDocuments(inner)
-    segments = data.SegmentIterator(docs, batch_size=bsz, segment_length=t, seed=config.seed,
-                                    repeat=True, row_start=0, num_rows=rows)
+    segments = data.SegmentIterator(
+      docs,
+      batch_size=bsz,
+      segment_length=t,
+      seed=config.seed,
+      repeat=True,
+      row_start=0,
+      num_rows=rows,
+    )
     return prefetch.StepIterator(segments, s), docs
 
   # 1. Making each step's batch in the calling thread.
@@ -293,35 +323,51 @@ def measure_row(row: dict, steps: int, cache_dir: str) -> dict:
   made, waited = _ms(make[1:]), _ms(wait[1:])
   fraction = {k: v / 1e3 / step_s for k, v in waited.items()}
   return dict(
-      row=row["row"], config=spec,
-      hosts=hosts, global_batch=bsz, rows_per_host=rows, segments_per_step=s,
-      segment_length=t, tokens_per_step_per_host=s * rows * t,
-      tokenizer=data_config.tokenizer, vocab_size=tokenizer.vocab_size, source=source,
-      open_documents_s=open_s, prefetch_depth=depth,
-      step_seconds_at_40pct_mfu=step_s,
-      make_ms=dict(first=make[0] * 1e3, **made),
-      make_fraction_of_step=dict(mean=made["mean"] / 1e3 / step_s,
-                                 max=made["max"] / 1e3 / step_s),
-      make_documents_loaded=make_loads,
-      wait_ms=dict(first=wait[0] * 1e3, **waited),
-      wait_fraction_of_step=fraction,
-      waits_over_limit=int(sum(w > TARGET_WAIT_FRACTION * step_s for w in wait[1:])),
-      sleep_overrun_ms=_ms(overrun[1:]),
-      sleep_overrun_fraction_of_step={k: v / 1e3 / step_s for k, v in _ms(overrun[1:]).items()},
-      wait_documents_loaded=wait_loads,
-      target=dict(statistic="mean wait / step_seconds_at_40pct_mfu",
-                  limit=TARGET_WAIT_FRACTION, value=fraction["mean"],
-                  met=bool(fraction["mean"] <= TARGET_WAIT_FRACTION),
-                  max_wait_within_limit=bool(fraction["max"] <= TARGET_WAIT_FRACTION)),
-      load_average_after=list(os.getloadavg()))
+    row=row["row"],
+    config=spec,
+    hosts=hosts,
+    global_batch=bsz,
+    rows_per_host=rows,
+    segments_per_step=s,
+    segment_length=t,
+    tokens_per_step_per_host=s * rows * t,
+    tokenizer=data_config.tokenizer,
+    vocab_size=tokenizer.vocab_size,
+    source=source,
+    open_documents_s=open_s,
+    prefetch_depth=depth,
+    step_seconds_at_40pct_mfu=step_s,
+    make_ms=dict(first=make[0] * 1e3, **made),
+    make_fraction_of_step=dict(mean=made["mean"] / 1e3 / step_s, max=made["max"] / 1e3 / step_s),
+    make_documents_loaded=make_loads,
+    wait_ms=dict(first=wait[0] * 1e3, **waited),
+    wait_fraction_of_step=fraction,
+    waits_over_limit=int(sum(w > TARGET_WAIT_FRACTION * step_s for w in wait[1:])),
+    sleep_overrun_ms=_ms(overrun[1:]),
+    sleep_overrun_fraction_of_step={k: v / 1e3 / step_s for k, v in _ms(overrun[1:]).items()},
+    wait_documents_loaded=wait_loads,
+    target=dict(
+      statistic="mean wait / step_seconds_at_40pct_mfu",
+      limit=TARGET_WAIT_FRACTION,
+      value=fraction["mean"],
+      met=bool(fraction["mean"] <= TARGET_WAIT_FRACTION),
+      max_wait_within_limit=bool(fraction["max"] <= TARGET_WAIT_FRACTION),
+    ),
+    load_average_after=list(os.getloadavg()),
+  )
 
 
 def _versions() -> dict:
   import grain
   import sentencepiece
-  return dict(python=platform.python_version(), numpy=np.__version__,
-              sentencepiece=sentencepiece.__version__,
-              grain=getattr(grain, "__version__", "?"), cpu_count=os.cpu_count())
+
+  return dict(
+    python=platform.python_version(),
+    numpy=np.__version__,
+    sentencepiece=sentencepiece.__version__,
+    grain=getattr(grain, "__version__", "?"),
+    cpu_count=os.cpu_count(),
+  )
 
 
 def main(argv) -> None:
@@ -339,15 +385,21 @@ def main(argv) -> None:
   start = time.perf_counter()
   results = [measure_row(r, FLAGS.steps, cache_dir) for r in rows]
   result = dict(
-      benchmark="input_pipeline",
-      command=shlex.join([".venv/bin/python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-      steps=FLAGS.steps, first_step="excluded from every statistic; reported as 'first'",
-      target=(f"main thread's mean wait for input <= {TARGET_WAIT_FRACTION:.0%} of the step at "
-              "40% MFU (step_seconds_at_40pct_mfu of docs/results/aot_table.json)"),
-      device="simulated by sleeping the step time; put=None (no host-to-device transfer)",
-      load_average=dict(before=load_before, after=list(os.getloadavg())),
-      seconds=time.perf_counter() - start, environment=_versions(),
-      all_met=all(r["target"]["met"] for r in results), rows=results)
+    benchmark="input_pipeline",
+    command=shlex.join([".venv/bin/python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+    steps=FLAGS.steps,
+    first_step="excluded from every statistic; reported as 'first'",
+    target=(
+      f"main thread's mean wait for input <= {TARGET_WAIT_FRACTION:.0%} of the step at "
+      "40% MFU (step_seconds_at_40pct_mfu of docs/results/aot_table.json)"
+    ),
+    device="simulated by sleeping the step time; put=None (no host-to-device transfer)",
+    load_average=dict(before=load_before, after=list(os.getloadavg())),
+    seconds=time.perf_counter() - start,
+    environment=_versions(),
+    all_met=all(r["target"]["met"] for r in results),
+    rows=results,
+  )
   print(json.dumps(result))
 
 

@@ -43,8 +43,11 @@ flags.DEFINE_integer("rounds", 3, "Alternating measurement rounds.")
 flags.DEFINE_integer("train_steps", 3, "Train steps per round.")
 
 SIZES = {"recall": (recall_config, 8), "default": (default_config, 4)}  # config, segments per step
-MODES = {"paper": ("none", False), "compressor": ("compressor", True),
-         "memories": ("memories", True)}
+MODES = {
+  "paper": ("none", False),
+  "compressor": ("compressor", True),
+  "memories": ("memories", True),
+}
 
 
 def config_for(size: str, mode: str):
@@ -62,17 +65,22 @@ def measure(size: str) -> dict:
   benches = {mode: common.TrainBench(config_for(size, mode)) for mode in MODES}
   out = {}
   for mode, bench in benches.items():
-    out[mode] = {"compile_seconds": bench.compile(), "memory_bytes": bench.memory_bytes(),
-                 "gradient_window": bench.config.gradient_window,
-                 "segments_per_step": bench.config.segments_per_step,
-                 "tokens_per_step": bench.tokens_per_step, "tokens_per_second": []}
+    out[mode] = {
+      "compile_seconds": bench.compile(),
+      "memory_bytes": bench.memory_bytes(),
+      "gradient_window": bench.config.gradient_window,
+      "segments_per_step": bench.config.segments_per_step,
+      "tokens_per_step": bench.tokens_per_step,
+      "tokens_per_second": [],
+    }
   for _ in range(FLAGS.rounds):
     for mode, bench in benches.items():
       out[mode]["tokens_per_second"].append(bench.run(FLAGS.train_steps))
   for r in out.values():
     r["median_tokens_per_second"] = statistics.median(r["tokens_per_second"])
-    r["step_time_vs_paper"] = (out["paper"]["median_tokens_per_second"]
-                               / r["median_tokens_per_second"])
+    r["step_time_vs_paper"] = (
+      out["paper"]["median_tokens_per_second"] / r["median_tokens_per_second"]
+    )
     r["temp_bytes_vs_paper"] = r["memory_bytes"]["temp"] / out["paper"]["memory_bytes"]["temp"]
   return out
 
@@ -82,14 +90,19 @@ def main(argv):
   unknown = sorted(set(FLAGS.sizes) - set(SIZES))
   if unknown:
     raise app.UsageError(f"--sizes: unknown {unknown}; known: {', '.join(SIZES)}")
-  result = {"environment": common.environment(),
-            "sizes": {size: measure(size) for size in FLAGS.sizes}}
+  result = {
+    "environment": common.environment(),
+    "sizes": {size: measure(size) for size in FLAGS.sizes},
+  }
   for size, modes in result["sizes"].items():
     for mode, r in modes.items():
-      print(f"{size:8s} {mode:10s} window {r['gradient_window']}: "
-            f"{r['median_tokens_per_second']:9,.0f} tok/s ({r['step_time_vs_paper']:.2f}x the "
-            f"paper's step time), temporaries {r['memory_bytes']['temp'] / 2**20:8.1f} MiB "
-            f"({r['temp_bytes_vs_paper']:.2f}x)", file=sys.stderr)
+      print(
+        f"{size:8s} {mode:10s} window {r['gradient_window']}: "
+        f"{r['median_tokens_per_second']:9,.0f} tok/s ({r['step_time_vs_paper']:.2f}x the "
+        f"paper's step time), temporaries {r['memory_bytes']['temp'] / 2**20:8.1f} MiB "
+        f"({r['temp_bytes_vs_paper']:.2f}x)",
+        file=sys.stderr,
+      )
   print(json.dumps(result))
 
 

@@ -44,8 +44,17 @@ from compressive_transformer_pytorch import CompressiveTransformer
 import torch
 import torch.nn.functional as F
 
-REFERENCE = dict(num_tokens=256, dim=512, depth=8, heads=8, seq_len=256, mem_len=256,
-                 cmem_len=256, cmem_ratio=4, gru_gated_residual=False)
+REFERENCE = dict(
+  num_tokens=256,
+  dim=512,
+  depth=8,
+  heads=8,
+  seq_len=256,
+  mem_len=256,
+  cmem_len=256,
+  cmem_ratio=4,
+  gru_gated_residual=False,
+)
 # d_ff = dim * 4 is hard-coded in the library's FeedForward (mult=4).
 
 
@@ -54,9 +63,9 @@ def peak_rss_mib() -> float:
 
 
 class Peer:
-
-  def __init__(self, batch_size: int, model_kwargs: dict, lr: float, clip: float,
-               kv_grad: bool, seed: int = 0):
+  def __init__(
+    self, batch_size: int, model_kwargs: dict, lr: float, clip: float, kv_grad: bool, seed: int = 0
+  ):
     torch.manual_seed(seed)
     self.model = CompressiveTransformer(**model_kwargs)
     self.model_kwargs = model_kwargs
@@ -71,7 +80,7 @@ class Peer:
       # to_kv trains as in ours (its aux-loss gradient then reaches to_kv too).
       for layer in self.model.attn_layers:
         w = layer.fn.fn.to_kv.weight
-        w.detach_ = (lambda w: (lambda: w))(w)  # noqa: B023  (w bound by the outer call)
+        w.detach_ = (lambda w: lambda: w)(w)  # noqa: B023  (w bound by the outer call)
     self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     self.batches = [torch.randint(0, self.v, (self.b, self.t + 1), generator=gen) for _ in range(8)]
@@ -129,8 +138,7 @@ class Peer:
         self.first_step_s = time.perf_counter() - start
       seconds = self.timed(self.train_step if cmd == "train" else self.eval_step, n)
       tokens = n * self.b * self.t
-      out = dict(cmd=cmd, n=n, seconds=seconds, tokens=tokens,
-                 tokens_per_second=tokens / seconds)
+      out = dict(cmd=cmd, n=n, seconds=seconds, tokens=tokens, tokens_per_second=tokens / seconds)
       if cmd == "train" and self.last_losses:
         out["lm_loss"], out["aux_loss"] = self.last_losses
         to_kv = self.model.attn_layers[0].fn.fn.to_kv
@@ -146,18 +154,27 @@ class Peer:
 
   def info(self) -> dict:
     from importlib.metadata import version
+
     params = sum(p.numel() for p in self.model.parameters())
     kv = self.model.attn_layers[0].fn.fn.to_kv.weight
-    return dict(cmd="info", torch=torch.__version__,
-                compressive_transformer_pytorch=version("compressive-transformer-pytorch"),
-                threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
-                model=self.model_kwargs, batch_size=self.b, num_params=params,
-                optimizer=dict(name="Adam", lr=self.opt.param_groups[0]["lr"], clip=self.clip),
-                reconstruction_loss_weight=self.model.reconstruction_loss_weight,
-                enhanced_recurrence=self.model.enhanced_recurrence,
-                kv_grad_patch=self.kv_grad, to_kv_requires_grad=bool(kv.requires_grad),
-                mkldnn=torch.backends.mkldnn.is_available(),
-                cpu_affinity=sorted(os.sched_getaffinity(0)), peak_rss_mib=peak_rss_mib())
+    return dict(
+      cmd="info",
+      torch=torch.__version__,
+      compressive_transformer_pytorch=version("compressive-transformer-pytorch"),
+      threads=torch.get_num_threads(),
+      interop_threads=torch.get_num_interop_threads(),
+      model=self.model_kwargs,
+      batch_size=self.b,
+      num_params=params,
+      optimizer=dict(name="Adam", lr=self.opt.param_groups[0]["lr"], clip=self.clip),
+      reconstruction_loss_weight=self.model.reconstruction_loss_weight,
+      enhanced_recurrence=self.model.enhanced_recurrence,
+      kv_grad_patch=self.kv_grad,
+      to_kv_requires_grad=bool(kv.requires_grad),
+      mkldnn=torch.backends.mkldnn.is_available(),
+      cpu_affinity=sorted(os.sched_getaffinity(0)),
+      peak_rss_mib=peak_rss_mib(),
+    )
 
 
 def main(argv=None) -> int:
@@ -166,8 +183,11 @@ def main(argv=None) -> int:
   p.add_argument("--batch-size", type=int, default=4)
   p.add_argument("--lr", type=float, default=1e-4)
   p.add_argument("--clip", type=float, default=0.5, help="global-norm clip; 0 = none")
-  p.add_argument("--kv-grad", action="store_true",
-                 help="ablation: undo the library's to_kv.weight.detach_() (see Peer)")
+  p.add_argument(
+    "--kv-grad",
+    action="store_true",
+    help="ablation: undo the library's to_kv.weight.detach_() (see Peer)",
+  )
   p.add_argument("--selftest", action="store_true", help="tiny config, a few steps, exit")
   args = p.parse_args(argv)
 

@@ -72,6 +72,7 @@ def default_cache_dir() -> str:
 @dataclasses.dataclass(frozen=True)
 class StandIn:
   """Where the built stand-in lies, and what it holds."""
+
   folder: str  # data.text_files.path
   spm_model: str  # data.spm_model
   num_books: int
@@ -125,12 +126,22 @@ def _books_complete(folder: str, manifest: Optional[dict], params: dict) -> bool
   return True
 
 
-def build_books(folder: str, num_books: int = NUM_BOOKS, mean_bytes: int = MEAN_BOOK_BYTES,
-                seed: int = 0, books_cache_dir: str = "") -> dict:
+def build_books(
+  folder: str,
+  num_books: int = NUM_BOOKS,
+  mean_bytes: int = MEAN_BOOK_BYTES,
+  seed: int = 0,
+  books_cache_dir: str = "",
+) -> dict:
   """Writes `num_books` books into `<folder>/train/` (reused when complete);
   returns the manifest (params, sizes, digest)."""
-  params = dict(num_books=num_books, mean_bytes=mean_bytes, seed=seed,
-                source="books/train paragraphs", size_spread=[0.5, 1.5])
+  params = dict(
+    num_books=num_books,
+    mean_bytes=mean_bytes,
+    seed=seed,
+    source="books/train paragraphs",
+    size_spread=[0.5, 1.5],
+  )
   manifest_path = os.path.join(folder, "books.json")
   manifest = _read_json(manifest_path)
   if _books_complete(folder, manifest, params):
@@ -154,9 +165,13 @@ def build_books(folder: str, num_books: int = NUM_BOOKS, mean_bytes: int = MEAN_
       f.write(raw)
     sizes[name] = len(raw)
     digest.update(hashlib.sha256(raw).digest())
-  manifest = dict(params=params, sizes=sizes, total_bytes=sum(sizes.values()),
-                  sha256_of_sha256s=digest.hexdigest(),
-                  build_seconds=round(time.perf_counter() - start, 1))
+  manifest = dict(
+    params=params,
+    sizes=sizes,
+    total_bytes=sum(sizes.values()),
+    sha256_of_sha256s=digest.hexdigest(),
+    build_seconds=round(time.perf_counter() - start, 1),
+  )
   _write_json(manifest_path, manifest)
   return manifest
 
@@ -172,15 +187,21 @@ def text_files_config(folder: str, spm_model: str = ""):
   return config
 
 
-def build_tokenizer(folder: str, books_manifest: dict, vocab_size: int = VOCAB_SIZE,
-                    max_bytes: int = SPM_TRAIN_MAX_BYTES, seed: int = 0) -> tuple[str, int]:
+def build_tokenizer(
+  folder: str,
+  books_manifest: dict,
+  vocab_size: int = VOCAB_SIZE,
+  max_bytes: int = SPM_TRAIN_MAX_BYTES,
+  seed: int = 0,
+) -> tuple[str, int]:
   """Trains the SentencePiece model on the books (train_tokenizer.py's way:
   at most `max_bytes` of the train split in seeded document order), or
   reuses it; returns (model path, its vocabulary size)."""
   model = os.path.join(folder, f"{MODEL_NAME}.model")
   sidecar = os.path.join(folder, f"{MODEL_NAME}.json")
-  params = dict(vocab_size=vocab_size, max_bytes=max_bytes, seed=seed,
-                books=books_manifest["sha256_of_sha256s"])
+  params = dict(
+    vocab_size=vocab_size, max_bytes=max_bytes, seed=seed, books=books_manifest["sha256_of_sha256s"]
+  )
   known = _read_json(sidecar)
   if os.path.isfile(model) and known and known.get("params") == params:
     return model, known["vocab_size"]
@@ -188,9 +209,16 @@ def build_tokenizer(folder: str, books_manifest: dict, vocab_size: int = VOCAB_S
   config = text_files_config(folder)
   texts = data.iter_texts(config, "train", max_bytes=max_bytes, seed=seed)
   tokenizer = data.train_sentencepiece(
-      texts, vocab_size=vocab_size, model_path=model, num_threads=os.cpu_count() or 1, seed=seed)
-  _write_json(sidecar, dict(params=params, vocab_size=tokenizer.vocab_size,
-                            train_seconds=round(time.perf_counter() - start, 1)))
+    texts, vocab_size=vocab_size, model_path=model, num_threads=os.cpu_count() or 1, seed=seed
+  )
+  _write_json(
+    sidecar,
+    dict(
+      params=params,
+      vocab_size=tokenizer.vocab_size,
+      train_seconds=round(time.perf_counter() - start, 1),
+    ),
+  )
   return model, tokenizer.vocab_size
 
 
@@ -199,18 +227,25 @@ def ensure(cache_dir: str = "", books_cache_dir: str = "") -> StandIn:
   folder = os.path.join(cache_dir or default_cache_dir(), "pg19_books")
   manifest = build_books(folder, books_cache_dir=books_cache_dir)
   model, vocab = build_tokenizer(folder, manifest)
-  return StandIn(folder=folder, spm_model=model, num_books=len(manifest["sizes"]),
-                 total_bytes=manifest["total_bytes"], vocab_size=vocab)
+  return StandIn(
+    folder=folder,
+    spm_model=model,
+    num_books=len(manifest["sizes"]),
+    total_bytes=manifest["total_bytes"],
+    vocab_size=vocab,
+  )
 
 
 def main(argv) -> None:
   del argv
   from absl import flags
+
   stand_in = ensure(flags.FLAGS.cache_dir)
   # What one book costs to tokenize: the work a row does when it reaches one.
   tokenizer = data.SentencePieceTokenizer(stand_in.spm_model)
-  docs = data.get_documents(text_files_config(stand_in.folder, stand_in.spm_model), "train",
-                            tokenizer)
+  docs = data.get_documents(
+    text_files_config(stand_in.folder, stand_in.spm_model), "train", tokenizer
+  )
   seconds, tokens, nbytes = [], [], []
   for i in range(min(3, len(docs))):
     start = time.perf_counter()
@@ -220,15 +255,22 @@ def main(argv) -> None:
     nbytes.append(docs.num_bytes(i))
   result = dataclasses.asdict(stand_in)
   result.update(
-      books_json=_read_json(os.path.join(stand_in.folder, "books.json"))["params"],
-      spm_json=_read_json(os.path.join(stand_in.folder, f"{MODEL_NAME}.json")),
-      first_books=dict(bytes=nbytes, tokens=tokens, read_and_tokenize_seconds=seconds,
-                       bytes_per_token=sum(nbytes) / sum(tokens)))
+    books_json=_read_json(os.path.join(stand_in.folder, "books.json"))["params"],
+    spm_json=_read_json(os.path.join(stand_in.folder, f"{MODEL_NAME}.json")),
+    first_books=dict(
+      bytes=nbytes,
+      tokens=tokens,
+      read_and_tokenize_seconds=seconds,
+      bytes_per_token=sum(nbytes) / sum(tokens),
+    ),
+  )
   print(json.dumps(result))
 
 
 if __name__ == "__main__":
   from absl import app, flags
-  flags.DEFINE_string("cache_dir", "", "Folder of the stand-in's pg19_books/ "
-                      "('' = ~/.cache/compressive/bench).")
+
+  flags.DEFINE_string(
+    "cache_dir", "", "Folder of the stand-in's pg19_books/ ('' = ~/.cache/compressive/bench)."
+  )
   app.run(main)

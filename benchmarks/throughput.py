@@ -37,8 +37,12 @@ flags.DEFINE_integer("segments_per_step", 4, "Segments (updates) per jitted trai
 flags.DEFINE_integer("batch_size", 4, "Rows.")
 flags.DEFINE_string("dtype", "float32", "Activation dtype: float32 | bfloat16.")
 flags.DEFINE_list("model", [], "Model overrides FIELD=VALUE (ints), e.g. d_model=256.")
-flags.DEFINE_list("stream_tokens", [], "Instead: stream one document through evaluation and "
-                  "report peak RSS after each of these token counts (ascending).")
+flags.DEFINE_list(
+  "stream_tokens",
+  [],
+  "Instead: stream one document through evaluation and "
+  "report peak RSS after each of these token counts (ascending).",
+)
 
 
 def _overrides():
@@ -50,9 +54,16 @@ def _overrides():
 
 
 def measure_throughput() -> dict:
-  configs = {k: common.reference_config(k, batch_size=FLAGS.batch_size, dtype=FLAGS.dtype,
-                                        segments_per_step=FLAGS.segments_per_step, **_overrides())
-             for k in FLAGS.kinds}
+  configs = {
+    k: common.reference_config(
+      k,
+      batch_size=FLAGS.batch_size,
+      dtype=FLAGS.dtype,
+      segments_per_step=FLAGS.segments_per_step,
+      **_overrides(),
+    )
+    for k in FLAGS.kinds
+  }
   peak = common.matmul_gflops()
   result = {"environment": common.environment(), "matmul_gflops": {"before": peak}, "models": {}}
   benches = {}
@@ -66,12 +77,17 @@ def measure_throughput() -> dict:
     flops = common.flops_per_token(common.ModelConfig.from_config(config.model), config.batch_size)
     benches[kind] = (tb, eb, eb_plain)
     result["models"][kind] = {
-        "model": config.model.to_dict(), "batch_size": config.batch_size,
-        "segments_per_step": config.segments_per_step, "parameters": tb.num_params,
-        "compile_train_step_s": compile_s,
-        "train_flops_per_token": flops.train, "forward_flops_per_token": flops.forward,
-        "eval_flops_per_token": flops.evaluate,
-        "train_tokens_per_s": [], "eval_tokens_per_s": [], "eval_uncached_tokens_per_s": [],
+      "model": config.model.to_dict(),
+      "batch_size": config.batch_size,
+      "segments_per_step": config.segments_per_step,
+      "parameters": tb.num_params,
+      "compile_train_step_s": compile_s,
+      "train_flops_per_token": flops.train,
+      "forward_flops_per_token": flops.forward,
+      "eval_flops_per_token": flops.evaluate,
+      "train_tokens_per_s": [],
+      "eval_tokens_per_s": [],
+      "eval_uncached_tokens_per_s": [],
     }
     print(f"{kind}: compiled the train step in {compile_s:.1f} s", file=sys.stderr)
   for r in range(FLAGS.rounds):
@@ -83,8 +99,11 @@ def measure_throughput() -> dict:
       entry["train_tokens_per_s"].append(tr)
       entry["eval_tokens_per_s"].append(ev)
       entry["eval_uncached_tokens_per_s"].append(ev_plain)
-      print(f"round {r} {kind}: train {tr:.0f} tok/s, eval {ev:.0f} tok/s "
-            f"({ev_plain:.0f} without the key/value cache)", file=sys.stderr)
+      print(
+        f"round {r} {kind}: train {tr:.0f} tok/s, eval {ev:.0f} tok/s "
+        f"({ev_plain:.0f} without the key/value cache)",
+        file=sys.stderr,
+      )
   after = common.matmul_gflops()
   result["matmul_gflops"]["after"] = after
   peak = max(peak, after)
@@ -95,17 +114,19 @@ def measure_throughput() -> dict:
     entry["train_tokens_per_s_median"] = tr
     entry["eval_tokens_per_s_median"] = ev
     entry["eval_uncached_tokens_per_s_median"] = statistics.median(
-        entry["eval_uncached_tokens_per_s"])
+      entry["eval_uncached_tokens_per_s"]
+    )
     entry["train_mfu"] = tr * entry["train_flops_per_token"] / (peak * 1e9)
     entry["eval_mfu"] = ev * entry["eval_flops_per_token"] / (peak * 1e9)
-    entry["eval_uncached_mfu"] = (entry["eval_uncached_tokens_per_s_median"]
-                                  * entry["forward_flops_per_token"] / (peak * 1e9))
+    entry["eval_uncached_mfu"] = (
+      entry["eval_uncached_tokens_per_s_median"] * entry["forward_flops_per_token"] / (peak * 1e9)
+    )
   result["peak_rss_mib"] = common.peak_rss_mib()
   if "ct" in benches and "txl" in benches:
     m = result["models"]
     result["ct_cost_over_txl"] = {
-        "train": m["txl"]["train_tokens_per_s_median"] / m["ct"]["train_tokens_per_s_median"] - 1,
-        "eval": m["txl"]["eval_tokens_per_s_median"] / m["ct"]["eval_tokens_per_s_median"] - 1,
+      "train": m["txl"]["train_tokens_per_s_median"] / m["ct"]["train_tokens_per_s_median"] - 1,
+      "eval": m["txl"]["eval_tokens_per_s_median"] / m["ct"]["eval_tokens_per_s_median"] - 1,
     }
   return result
 
@@ -117,6 +138,7 @@ def measure_stream() -> dict:
   from compressive.evaluation import evaluate as eval_lib
   from compressive.model.transformer import merge_params
   from compressive.training import step as train_step
+
   counts = sorted(int(x) for x in FLAGS.stream_tokens)
   kind = FLAGS.kinds[0]
   config = common.reference_config(kind, batch_size=1, dtype=FLAGS.dtype, **_overrides())
@@ -127,7 +149,8 @@ def measure_stream() -> dict:
   d.synthetic.min_length = d.synthetic.max_length = counts[-1] + config.model.segment_length + 1
   documents = data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
   graphdef, template, params = train_step.build_model(
-      common.ModelConfig.from_config(config.model), config.seed)
+    common.ModelConfig.from_config(config.model), config.seed
+  )
   model = merge_params(graphdef, template, params)
   t = config.model.segment_length
   experiment = config_lib.check(config, training=False)
@@ -136,13 +159,26 @@ def measure_stream() -> dict:
     start = time.perf_counter()
     out = eval_lib.evaluate(model, documents, experiment, max_segments=n // t)
     seconds = time.perf_counter() - start
-    points.append({"tokens": out["tokens"], "peak_rss_mib": common.peak_rss_mib(),
-                   "rss_mib": common.rss_mib(), "tokens_per_s": out["tokens"] / seconds})
-    print(f"{out['tokens']:.0f} tokens: peak RSS {points[-1]['peak_rss_mib']:.0f} MiB, "
-          f"{points[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-  return {"environment": common.environment(), "kind": kind, "model": config.model.to_dict(),
-          "stream": points,
-          "peak_rss_growth": points[-1]["peak_rss_mib"] / points[0]["peak_rss_mib"] - 1}
+    points.append(
+      {
+        "tokens": out["tokens"],
+        "peak_rss_mib": common.peak_rss_mib(),
+        "rss_mib": common.rss_mib(),
+        "tokens_per_s": out["tokens"] / seconds,
+      }
+    )
+    print(
+      f"{out['tokens']:.0f} tokens: peak RSS {points[-1]['peak_rss_mib']:.0f} MiB, "
+      f"{points[-1]['tokens_per_s']:.0f} tok/s",
+      file=sys.stderr,
+    )
+  return {
+    "environment": common.environment(),
+    "kind": kind,
+    "model": config.model.to_dict(),
+    "stream": points,
+    "peak_rss_growth": points[-1]["peak_rss_mib"] / points[0]["peak_rss_mib"] - 1,
+  }
 
 
 def main(argv):

@@ -23,22 +23,26 @@ sys.modules.setdefault(__name__ + ".sampling", sampling)
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__",
-    "CompressiveTransformer",
-    "ConfigError",
-    "Memory",
-    "ModelConfig",
-    "init_memory",
-    "load",
-    "load_with_step",
-    "reset_rows",
-    "sampling",
+  "__version__",
+  "CompressiveTransformer",
+  "ConfigError",
+  "Memory",
+  "ModelConfig",
+  "init_memory",
+  "load",
+  "load_with_step",
+  "reset_rows",
+  "sampling",
 ]
 
 
-def load(workdir: str, step: Optional[int] = None, *,
-         config: Optional[runconfig.SavedConfig] = None,
-         plugins: Iterable[str] = ()) -> tuple[Experiment, CompressiveTransformer]:
+def load(
+  workdir: str,
+  step: Optional[int] = None,
+  *,
+  config: Optional[runconfig.SavedConfig] = None,
+  plugins: Iterable[str] = (),
+) -> tuple[Experiment, CompressiveTransformer]:
   """(experiment, model) of a training workdir's latest (or given)
   checkpoint, or of an export (export.py: parameters only) made from one:
   the run's saved config, checked (an Experiment: its typed groups), and
@@ -56,13 +60,18 @@ def load(workdir: str, step: Optional[int] = None, *,
   return experiment, model
 
 
-def load_with_step(workdir: str, step: Optional[int] = None, *,
-                   config: Optional[runconfig.SavedConfig] = None,
-                   plugins: Iterable[str] = ()) -> tuple[Experiment, CompressiveTransformer, int]:
+def load_with_step(
+  workdir: str,
+  step: Optional[int] = None,
+  *,
+  config: Optional[runconfig.SavedConfig] = None,
+  plugins: Iterable[str] = (),
+) -> tuple[Experiment, CompressiveTransformer, int]:
   """(experiment, model, step): `load`, and the step whose parameters it holds."""
   from compressive import config as config_lib
   from compressive import plugins as plugins_lib
   from compressive.training import opening
+
   plugins_lib.trust(plugins)
   with plugins_lib.saved_config():
     experiment = None if config is None else config_lib.check_to_read(config)

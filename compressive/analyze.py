@@ -46,9 +46,12 @@ if TYPE_CHECKING:
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
-flags.DEFINE_enum("analysis", "attention",
-                  ["attention", "loss_by_position", "recall", "recall_probe", "curves"],
-                  "What to measure.")
+flags.DEFINE_enum(
+  "analysis",
+  "attention",
+  ["attention", "loss_by_position", "recall", "recall_probe", "curves"],
+  "What to measure.",
+)
 # The same default split as eval.py's (validation; see cli_flags.define_split_flags).
 cli_flags.define_split_flags("Split.", "Stop after this many segments per row.")
 cli_flags.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
@@ -60,8 +63,10 @@ for _name in ("buckets", "bucket_tokens"):
 
 def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(9, 4))
   x = range(len(result["mean"]))
   for i, layer in enumerate(result["layers"]):
@@ -70,8 +75,9 @@ def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
   b = len(result["mean"]) // 3
   for edge in (b - 0.5, 2 * b - 0.5):
     ax.axvline(edge, color="grey", linestyle=":")
-  ax.set_xticks([b / 2 - 0.5, 1.5 * b - 0.5, 2.5 * b - 0.5],
-                ["compressed memory", "memory", "segment"])
+  ax.set_xticks(
+    [b / 2 - 0.5, 1.5 * b - 0.5, 2.5 * b - 0.5], ["compressed memory", "memory", "segment"]
+  )
   ax.set_ylabel("average attention weight")
   ax.set_title("Attention by position (oldest left), §5.5")
   ax.legend(fontsize=7, ncol=2)
@@ -81,8 +87,10 @@ def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
 
 def plot_loss(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(bucket_ends(result["start"], FLAGS.bucket_tokens), result["bits"], marker="o")
   ax.set_xscale("log")
@@ -102,8 +110,10 @@ def bucket_ends(starts: Sequence[int], bucket_tokens: int) -> list[int]:
 
 def plot_recall(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(result["distance"], result["byte_accuracy"], marker="o", label="answer bytes")
   ax.plot(result["distance"], result["exact_match"], marker="s", label="whole answers")
@@ -118,11 +128,12 @@ def plot_recall(result: dict[str, Any], path: IO[bytes]) -> None:
 
 def plot_probe(result: dict[str, Any], path: IO[bytes]) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   layers = result["layers"]
-  fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), sharey=True,
-                           squeeze=False)
+  fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), sharey=True, squeeze=False)
   for i, (ax, layer) in enumerate(zip(axes[0], layers)):
     d = result["distance"]
     ax.plot(d, layer["probe"], marker="o", label="probe: value byte from its slot")
@@ -145,8 +156,10 @@ def main(argv: list[str]) -> None:
     with reading.tool():
       metrics = layout.Workdir(FLAGS.workdir).metrics("train")
       if not os.path.isfile(metrics):
-        raise ConfigError(f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
-                          f"{os.path.basename(metrics)} (an export keeps none)")
+        raise ConfigError(
+          f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
+          f"{os.path.basename(metrics)} (an export keeps none)"
+        )
       result = curves.draw(FLAGS.workdir)
     print(remote.public(json.dumps(result)))  # a workdir on gs:// by its URL
     return
@@ -169,51 +182,81 @@ def check_recall(config: runconfig.SavedConfig) -> None:
   if FLAGS.analysis not in ("recall", "recall_probe"):
     return
   if config.data.source != "recall":
-    raise ConfigError(f"--analysis={FLAGS.analysis} needs a model trained with "
-                      f"data.source=recall; {FLAGS.workdir} was trained on "
-                      f"data.source={config.data.source}")
-  compressed = (FLAGS.compressed_memory_length if FLAGS.compressed_memory_length is not None
-                else config.model.compressed_memory_length)
+    raise ConfigError(
+      f"--analysis={FLAGS.analysis} needs a model trained with "
+      f"data.source=recall; {FLAGS.workdir} was trained on "
+      f"data.source={config.data.source}"
+    )
+  compressed = (
+    FLAGS.compressed_memory_length
+    if FLAGS.compressed_memory_length is not None
+    else config.model.compressed_memory_length
+  )
   if FLAGS.analysis == "recall_probe" and not compressed:
-    raise ConfigError("--analysis=recall_probe reads the compressed memory: "
-                      f"{FLAGS.workdir} evaluates without one (compressed_memory_length=0)")
+    raise ConfigError(
+      "--analysis=recall_probe reads the compressed memory: "
+      f"{FLAGS.workdir} evaluates without one (compressed_memory_length=0)"
+    )
 
 
-def run(model: CompressiveTransformer, documents: data_lib.Documents,
-        experiment: experiment_lib.Experiment
-        ) -> tuple[dict[str, Any], Callable[[dict[str, Any], IO[bytes]], None]]:
+def run(
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+) -> tuple[dict[str, Any], Callable[[dict[str, Any], IO[bytes]], None]]:
   """(the result of --analysis of the checked `experiment`, the function that plots it)."""
   every = FLAGS.progress_seconds
   if FLAGS.analysis == "attention":
     try:
-      result = analysis.attention_by_bucket(model, documents, experiment, buckets=FLAGS.buckets,
-                                            max_segments=FLAGS.max_segments,
-                                            progress_every_s=every)
+      result = analysis.attention_by_bucket(
+        model,
+        documents,
+        experiment,
+        buckets=FLAGS.buckets,
+        max_segments=FLAGS.max_segments,
+        progress_every_s=every,
+      )
     except ValueError as e:  # the split's documents are too short to fill the memories
       if not str(e).startswith("no segment had full memories"):
         raise
       raise ConfigError(
-          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+        f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})"
+      ) from None
     return result, plot_attention
   if FLAGS.analysis == "recall":
-    return analysis.recall_accuracy(model, cast(data_lib.recall.RecallDocuments, documents),
-                                    experiment, max_segments=FLAGS.max_segments,
-                                    progress_every_s=every), plot_recall
+    return analysis.recall_accuracy(
+      model,
+      cast(data_lib.recall.RecallDocuments, documents),
+      experiment,
+      max_segments=FLAGS.max_segments,
+      progress_every_s=every,
+    ), plot_recall
   if FLAGS.analysis == "recall_probe":
     try:
-      return probe.recall_probe(model, cast(data_lib.recall.RecallDocuments, documents),
-                                experiment, max_segments=FLAGS.max_segments,
-                                progress_every_s=every), plot_probe
+      return probe.recall_probe(
+        model,
+        cast(data_lib.recall.RecallDocuments, documents),
+        experiment,
+        max_segments=FLAGS.max_segments,
+        progress_every_s=every,
+      ), plot_probe
     except ValueError as e:  # no answer's value in the compressed memory
       raise ConfigError(
-          f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
-  return analysis.loss_by_position(model, documents, experiment, bucket_tokens=FLAGS.bucket_tokens,
-                                   max_segments=FLAGS.max_segments,
-                                   progress_every_s=every), plot_loss
+        f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})"
+      ) from None
+  return analysis.loss_by_position(
+    model,
+    documents,
+    experiment,
+    bucket_tokens=FLAGS.bucket_tokens,
+    max_segments=FLAGS.max_segments,
+    progress_every_s=every,
+  ), plot_loss
 
 
-def save(result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], None],
-         suffix: str) -> None:
+def save(
+  result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], None], suffix: str
+) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = values.finite_or_null(result)
@@ -226,8 +269,7 @@ def save(result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], Non
     with files.replacing(figure, binary=True) as f:  # whole or not at all
       plot(result, f)
   except OSError as e:
-    cli.warn(f"the result is saved but not its figure: cannot write {figure}: "
-             f"{e.strerror or e}")
+    cli.warn(f"the result is saved but not its figure: cannot write {figure}: {e.strerror or e}")
     return
   print(f"figure: {remote.public(figure)}", file=sys.stderr)
 

@@ -38,11 +38,13 @@ from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError, stopp
 # OSErrors that are the environment's, not a bug: each is reported as one
 # line naming the path. ENOENT (FileNotFoundError) is reported the same way.
 _WRITE_ERRNOS = frozenset(
-    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, name))
+  getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, name)
+)
 ENVIRONMENT_ERRNOS = _WRITE_ERRNOS | frozenset(
-    getattr(errno, name) for name in (
-        "EACCES", "EPERM", "ENOTDIR", "EISDIR", "EEXIST", "ENAMETOOLONG", "ELOOP", "ENOENT")
-    if hasattr(errno, name))
+  getattr(errno, name)
+  for name in ("EACCES", "EPERM", "ENOTDIR", "EISDIR", "EEXIST", "ENAMETOOLONG", "ELOOP", "ENOENT")
+  if hasattr(errno, name)
+)
 
 
 def one_line(message: str) -> str:
@@ -76,8 +78,9 @@ class ConsoleFormatter(logging.Formatter):
 
 
 def debug_verbosity() -> bool:  # -v 1 or more asks for absl's debug output
-  return bool("verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
-              and flags.FLAGS.verbosity >= 1)
+  return bool(
+    "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present and flags.FLAGS.verbosity >= 1
+  )
 
 
 def quiet_libraries() -> None:
@@ -88,6 +91,7 @@ def quiet_libraries() -> None:
   prefix (ConsoleFormatter), unless --verbosity asks for debug output:
   then everything, as absl writes it."""
   from absl import logging as absl_logging
+
   if debug_verbosity():
     return
   absl_logging.set_verbosity(absl_logging.FATAL)
@@ -141,8 +145,9 @@ def environment_error(e: Optional[BaseException]) -> Optional[OSError]:
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
-    if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS
-                                   or isinstance(e, FileNotFoundError)):
+    if isinstance(e, OSError) and (
+      e.errno in ENVIRONMENT_ERRNOS or isinstance(e, FileNotFoundError)
+    ):
       return e
     e = e.__cause__
   return None
@@ -159,8 +164,10 @@ def describe_os_error(error: BaseException) -> Optional[str]:
     # without a path: the message is all there is.
     text = str(e) or type(e).__name__
     if e.errno is None and remote.is_remote(text) and " " not in text:  # a storage client's
-      return (f"{text}: not found on Cloud Storage (a workdir there has no lock: another "
-              "process may have removed it)")
+      return (
+        f"{text}: not found on Cloud Storage (a workdir there has no lock: another "
+        "process may have removed it)"
+      )
     if e.errno is None:
       return text
     cause = e.strerror or os.strerror(e.errno)
@@ -208,24 +215,34 @@ def describe_backend_error(error: BaseException) -> Optional[str]:
   (JAX_PLATFORMS=cuda without the CUDA plugin: JAX's own error is a bare
   AssertionError deep in xla_bridge); None for any other error."""
   import traceback
+
   frames = traceback.extract_tb(error.__traceback__)
-  if not any(f.filename.endswith("xla_bridge.py") and f.name in ("backends", "_init_backend")
-             for f in frames):
+  if not any(
+    f.filename.endswith("xla_bridge.py") and f.name in ("backends", "_init_backend") for f in frames
+  ):
     return None
   asked = os.environ.get("JAX_PLATFORMS", "")
   detail = " ".join(str(error).split())[:200] or type(error).__name__
-  return (f"JAX cannot start the platform{'s' if ',' in asked else ''} "
-          f"{asked or 'it chose'} ({detail}): install its JAX plugin (the README's "
-          f"`pip install \"jax[cuda13]\"`, `jax[tpu]` lines), or unset JAX_PLATFORMS to run on "
-          "this machine's devices")
+  return (
+    f"JAX cannot start the platform{'s' if ',' in asked else ''} "
+    f"{asked or 'it chose'} ({detail}): install its JAX plugin (the README's "
+    f'`pip install "jax[cuda13]"`, `jax[tpu]` lines), or unset JAX_PLATFORMS to run on '
+    "this machine's devices"
+  )
 
 
 # -- Flags. --------------------------------------------------------------------
 
-def define_config_flag(name: str = "config", default: Optional[str] = None,
-                       help_string: str = "Experiment config file.", *,
-                       required: bool = False, flag_values: Optional[flags.FlagValues] = None,
-                       sys_argv: Optional[list[str]] = None) -> flags.FlagHolder:
+
+def define_config_flag(
+  name: str = "config",
+  default: Optional[str] = None,
+  help_string: str = "Experiment config file.",
+  *,
+  required: bool = False,
+  flag_values: Optional[flags.FlagValues] = None,
+  sys_argv: Optional[list[str]] = None,
+) -> flags.FlagHolder:
   """--config=FILE with --config.a.b=value overrides (ml_collections), whose
   default file is loaded only while `parse_flags` runs (a mistyped override
   of the default config is then one line, not a traceback at import), and
@@ -240,15 +257,19 @@ def define_config_flag(name: str = "config", default: Optional[str] = None,
   `--config.data.source=module:Name` has its section for its own fields'
   overrides (cli_overrides.install_override_rules, cli_config.config_file_parser)."""
   from ml_collections import config_flags
+
   if default is not None:
     cli_config.DEFAULT_CONFIGS[name] = (
-        default if os.path.isabs(default) else os.path.join(cli_config.CONFIG_DIR, default))
+      default if os.path.isabs(default) else os.path.join(cli_config.CONFIG_DIR, default)
+    )
   flag_values = flags.FLAGS if flag_values is None else flag_values
   install_override_rules()
-  holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
-                                           lock_config=True, sys_argv=sys_argv)
-  flag_values[name].parser = cli_config.config_file_parser(type(flag_values[name].parser), name,
-                                                            sys_argv)
+  holder = config_flags.DEFINE_config_file(
+    name, None, help_string, flag_values=flag_values, lock_config=True, sys_argv=sys_argv
+  )
+  flag_values[name].parser = cli_config.config_file_parser(
+    type(flag_values[name].parser), name, sys_argv
+  )
   if default is not None:
     flag_values[name].default_as_str = repr(default)  # for --help
   if required:
@@ -264,8 +285,10 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
   flags belong to the command's script, as absl names it, and its --help
   starts with `doc`, the tool's docstring (absl prints __main__'s)."""
   sys.modules["__main__"].__doc__ = doc
-  app.run(_quiet_on_a_closed_pipe(stopping_on_signals(_on_cloud_storage(main), fail)),
-          flags_parser=parse_flags)
+  app.run(
+    _quiet_on_a_closed_pipe(stopping_on_signals(_on_cloud_storage(main), fail)),
+    flags_parser=parse_flags,
+  )
 
 
 def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
@@ -276,24 +299,31 @@ def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]],
   back at the end is one line too; once Cloud Storage has stopped
   answering (storage.stalled), the tool ends at once with its status,
   without waiting at exit for the threads still waiting on it."""
+
   def run_main(argv: list[str]) -> Any:
     urls: dict[str, str] = {
-        name: str(flags.FLAGS[name].value) for name in ("workdir", "output")
-        if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)}
+      name: str(flags.FLAGS[name].value)
+      for name in ("workdir", "output")
+      if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)
+    }
     try:
       with user_errors(), contextlib.ExitStack() as stack:
         if urls:
           quiet_libraries()  # the storage clients' INFO lines while the mirror is made
         deadline = flags.FLAGS.storage_deadline or None
         for name, url in urls.items():
-          place = (remote.Mirror(url, deadline) if name == "workdir" else
-                   remote.Upload(url, f"--output={url}", deadline))
+          place = (
+            remote.Mirror(url, deadline)
+            if name == "workdir"
+            else remote.Upload(url, f"--output={url}", deadline)
+          )
           flags.FLAGS[name].value = stack.enter_context(place)  # one line if it cannot be had
         return main(argv)
     except SystemExit as e:
       if storage.stalled():
         storage.exit_now(e.code)
       raise
+
   return run_main
 
 
@@ -303,6 +333,7 @@ def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[
   stopped, and only its last lines had nowhere to go): stdout and stderr
   are pointed at /dev/null so that nothing, not the interpreter's own
   flush at exit, raises BrokenPipeError again."""
+
   def guarded(argv: list[str]) -> Any:
     try:
       return main(argv)
@@ -314,6 +345,7 @@ def _quiet_on_a_closed_pipe(main: Callable[[list[str]], Any]) -> Callable[[list[
         except (OSError, ValueError):
           pass
       sys.exit(0)
+
   return guarded
 
 
@@ -324,11 +356,15 @@ def tool_help() -> str:
   doc = (sys.modules["__main__"].__doc__ or "").strip()
   parts = [doc, flags.FLAGS.main_module_help().strip() or "(no flags)"]
   if cli_config.config_file_flags():
-    parts.append(textwrap.fill(
-                 f"Shipped configs (--config=NAME, or --config=path/to/file.py): "
-                 f"{', '.join(cli_config.config_names())}; a hardware preset takes the "
-                 "experiment after ':' (--config=gpu8:enwik8). Any field is --config.FIELD=VALUE; "
-                 "--print_config shows them all (train). --helpfull lists every flag.", 80))
+    parts.append(
+      textwrap.fill(
+        f"Shipped configs (--config=NAME, or --config=path/to/file.py): "
+        f"{', '.join(cli_config.config_names())}; a hardware preset takes the "
+        "experiment after ':' (--config=gpu8:enwik8). Any field is --config.FIELD=VALUE; "
+        "--print_config shows them all (train). --helpfull lists every flag.",
+        80,
+      )
+    )
   return "\n\n".join(parts)
 
 
@@ -344,8 +380,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     print(tool_help())
     sys.exit(0)
   xla = os.environ.get("XLA_FLAGS", "")
-  repeated = (cli_config.repeated_config(argv) or cli_xla.xla_flags_problem(xla)
-              or cli_xla.xla_flags_unknown(xla))
+  repeated = (
+    cli_config.repeated_config(argv)
+    or cli_xla.xla_flags_problem(xla)
+    or cli_xla.xla_flags_unknown(xla)
+  )
   if repeated is not None:
     fail(repeated)
   argv = cli_config.resolve_config_names(cli_config.with_default_configs(argv))
@@ -361,8 +400,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(unloaded)
   if len(rest) > 1:  # no entry point takes positional arguments
     fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
-  use_compilation_cache(flags.FLAGS.compilation_cache if flags.FLAGS["compilation_cache"].present
-                        else None)
+  use_compilation_cache(
+    flags.FLAGS.compilation_cache if flags.FLAGS["compilation_cache"].present else None
+  )
   return rest
 
 
@@ -372,29 +412,39 @@ COMPILATION_CACHE_ENV = "COMPRESSIVE_COMPILATION_CACHE"
 JAX_COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 flags.DEFINE_string(
-    "compilation_cache", None,
-    "Folder of JAX's persistent compilation cache: a run loads the programs an "
-    "earlier run compiled (the same model on the same devices) instead of "
-    "compiling them again; '' turns it off. Default: JAX's own $" + JAX_COMPILATION_CACHE_ENV +
-    " if set, else $" + COMPILATION_CACHE_ENV + " if set, else ~/.cache/compressive/jax.")
+  "compilation_cache",
+  None,
+  "Folder of JAX's persistent compilation cache: a run loads the programs an "
+  "earlier run compiled (the same model on the same devices) instead of "
+  "compiling them again; '' turns it off. Default: JAX's own $"
+  + JAX_COMPILATION_CACHE_ENV
+  + " if set, else $"
+  + COMPILATION_CACHE_ENV
+  + " if set, else ~/.cache/compressive/jax.",
+)
 
 
 flags.DEFINE_float(
-    "storage_deadline", storage.DEFAULT_DEADLINE_S,
-    "Seconds a call to Cloud Storage may go unanswered (copying a gs:// workdir's files, "
-    "saving a checkpoint there, or waiting for a save) before the tool stops with one line; "
-    "0: no deadline.")
+  "storage_deadline",
+  storage.DEFAULT_DEADLINE_S,
+  "Seconds a call to Cloud Storage may go unanswered (copying a gs:// workdir's files, "
+  "saving a checkpoint there, or waiting for a save) before the tool stops with one line; "
+  "0: no deadline.",
+)
 flags.register_validator(
-    "storage_deadline", lambda v: v is not None and math.isfinite(v) and v >= 0,
-    "--storage_deadline must be a finite number of seconds >= 0 (0: no deadline)")
+  "storage_deadline",
+  lambda v: v is not None and math.isfinite(v) and v >= 0,
+  "--storage_deadline must be a finite number of seconds >= 0 (0: no deadline)",
+)
 
 
 def default_compilation_cache() -> str:
   return os.path.join(os.path.expanduser("~"), ".cache", "compressive", "jax")
 
 
-def compilation_cache_dir(flag: Optional[str],
-                          environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def compilation_cache_dir(
+  flag: Optional[str], environ: Optional[Mapping[str, str]] = None
+) -> Optional[str]:
   """Where JAX's persistent compilation cache goes: `flag` (--compilation_cache
   as given on the command line, None if not given), else None if JAX's own
   $JAX_COMPILATION_CACHE_DIR is set (JAX's setting is then left as it is),
@@ -421,13 +471,16 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
   eval steps) to compile, of any size; JAX's own JAX_PERSISTENT_CACHE_*
   variables still set them. The folder may be deleted at any time."""
   import jax
+
   path = compilation_cache_dir(flag)
   if path is None:
     return None
   if files.is_url(path):  # os.path would make a local folder `gs:` of gs://b/x
     where = "--compilation_cache" if flag is not None else f"${COMPILATION_CACHE_ENV}"
-    fail(f"{where}={path}: JAX's compilation cache is a folder on this machine, not a URL; "
-         "give a local folder, or none with --compilation_cache=")
+    fail(
+      f"{where}={path}: JAX's compilation cache is a folder on this machine, not a URL; "
+      "give a local folder, or none with --compilation_cache="
+    )
   if path:
     path = os.path.abspath(os.path.expanduser(path))
     try:
@@ -435,9 +488,11 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
       if not os.access(path, os.W_OK | os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
     except OSError as e:
-      warn(f"compiling without the compilation cache: "
-           f"{describe_os_error(e) or f'cannot use {path}: {e}'}; choose another folder "
-           f"with --compilation_cache=DIR, or none with --compilation_cache=")
+      warn(
+        f"compiling without the compilation cache: "
+        f"{describe_os_error(e) or f'cannot use {path}: {e}'}; choose another folder "
+        f"with --compilation_cache=DIR, or none with --compilation_cache="
+      )
       path = ""
   if not path:
     jax.config.update("jax_enable_compilation_cache", False)

@@ -51,8 +51,13 @@ def config_names() -> list[str]:
     files = os.listdir(CONFIG_DIR)
   except OSError:
     return []
-  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_")
-                and _defines_get_config(os.path.join(CONFIG_DIR, f)))
+  return sorted(
+    f[:-3]
+    for f in files
+    if f.endswith(".py")
+    and not f.startswith("_")
+    and _defines_get_config(os.path.join(CONFIG_DIR, f))
+  )
 
 
 def _defines_get_config(path: str) -> bool:
@@ -80,11 +85,16 @@ def shown_config(path: str) -> str:
   """A --config value as messages name it: a bare name that a file of the
   current folder answered instead of the shipped config (resolve_config)."""
   name = path.partition(":")[0]
-  if not (_CONFIG_NAME.fullmatch(name) and os.path.isfile(name)
-          and os.path.isfile(os.path.join(CONFIG_DIR, f"{name}.py"))):
+  if not (
+    _CONFIG_NAME.fullmatch(name)
+    and os.path.isfile(name)
+    and os.path.isfile(os.path.join(CONFIG_DIR, f"{name}.py"))
+  ):
     return path
-  return (f"{path} (the file {os.path.abspath(name)} in the current folder, read instead of the "
-          f"shipped config {name})")
+  return (
+    f"{path} (the file {os.path.abspath(name)} in the current folder, read instead of the "
+    f"shipped config {name})"
+  )
 
 
 def resolve_config_names(argv: list[str]) -> list[str]:
@@ -123,8 +133,7 @@ def _config_values(argv: list[str], name: str) -> list[str]:
       break
     m = re.match(rf"^-{{1,2}}{re.escape(name)}(=(.*))?$", arg)
     if m:
-      given.append(m.group(2) if m.group(1) else
-                   (expanded[i + 1] if i + 1 < len(expanded) else ""))
+      given.append(m.group(2) if m.group(1) else (expanded[i + 1] if i + 1 < len(expanded) else ""))
   return given
 
 
@@ -135,8 +144,11 @@ def _config_given(argv: list[str], name: str) -> bool:
 def with_default_configs(argv: list[str]) -> list[str]:
   """argv with --config=<default> first where no --config is given (in place
   when argv is sys.argv: ml_collections reads its overrides from sys.argv)."""
-  missing = [f"--{name}={path}" for name, path in DEFAULT_CONFIGS.items()
-             if name in flags.FLAGS and not _config_given(argv, name)]
+  missing = [
+    f"--{name}={path}"
+    for name, path in DEFAULT_CONFIGS.items()
+    if name in flags.FLAGS and not _config_given(argv, name)
+  ]
   if not missing:
     return argv
   if argv is sys.argv:
@@ -147,10 +159,11 @@ def with_default_configs(argv: list[str]) -> list[str]:
 
 def config_file_flags() -> list[str]:
   """Names of the --config style flags (ml_collections config files)."""
-  return [name for name in flags.FLAGS
-          if any(k.__name__ == "ConfigFileFlagParser"
-                 for k in type(flags.FLAGS[name].parser).__mro__)]
-
+  return [
+    name
+    for name in flags.FLAGS
+    if any(k.__name__ == "ConfigFileFlagParser" for k in type(flags.FLAGS[name].parser).__mro__)
+  ]
 
 
 def _expanded(argv: list[str]) -> list[str]:
@@ -195,29 +208,34 @@ def add_plugin_section(config: Any, source: Optional[str]) -> None:
   if not source or ":" not in source or not hasattr(data, "unlocked"):
     return
   found = plugins.lookup(
-      "data.source", source, {},
-      lambda s: isinstance(getattr(s, "name", None), str) and callable(getattr(s, "schema", None)),
-      "a compressive.data.registry.Source")
+    "data.source",
+    source,
+    {},
+    lambda s: isinstance(getattr(s, "name", None), str) and callable(getattr(s, "schema", None)),
+    "a compressive.data.registry.Source",
+  )
   if found.name in data:
     return
   try:
     section = dataclasses.asdict(found.schema())
   except Exception as e:  # the plugin's
-    raise ConfigError(f"data.source={source!r}: its schema's defaults raised "
-                      f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    raise ConfigError(
+      f"data.source={source!r}: its schema's defaults raised "
+      f"{type(e).__name__}: {' '.join(str(e).split())}"
+    ) from None
   with data.unlocked():
     data[found.name] = section
 
 
-def config_file_parser(base: type, name: str,
-                       sys_argv: Optional[list[str]] = None) -> flags.ArgumentParser:
+def config_file_parser(
+  base: type, name: str, sys_argv: Optional[list[str]] = None
+) -> flags.ArgumentParser:
   """`base`, ml_collections' parser of a --NAME config file (its
   ConfigFileFlagParser), that also adds the section of a data source the
   command line (sys_argv, default sys.argv) names as `module:Name`
   (add_plugin_section), before the overrides are applied."""
 
   class ConfigFileFlagParser(base):  # its name, as tools read it (config_file_flags)
-
     def parse(self, path: str) -> Any:
       config = super().parse(path)
       argv = _expanded(sys.argv if sys_argv is None else sys_argv)
@@ -247,11 +265,13 @@ def load_failure(name: str, path: str, error: BaseException) -> str:
   reason = re.sub(r"^\[Errno \d+\] ", "", reason)
   if "No such file or directory" in reason:
     if _CONFIG_NAME.fullmatch(path):
-      return (f"--{name}={path}: no such config name ({', '.join(config_names())}) "
-              f"or config file (relative to {os.getcwd()})")
+      return (
+        f"--{name}={path}: no such config name ({', '.join(config_names())}) "
+        f"or config file (relative to {os.getcwd()})"
+      )
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
     shipped = _shipped_name(path)
-    hint = (f"; the shipped config of that name is --{name}={shipped}" if shipped else "")
+    hint = f"; the shipped config of that name is --{name}={shipped}" if shipped else ""
     return f"--{name}={path}: no such config file{where}{hint}"
   return f"--{name}={shown_config(path)}: cannot load the config file: {reason}"
 
@@ -270,10 +290,14 @@ def _shipped_name(path: str) -> Optional[str]:
 def config_file_line(argv: list[str], e: BaseException) -> Optional[str]:
   """'--config=FILE (line N)' if e was raised by the code of a config file."""
   import traceback
+
   for name in config_file_flags():
     path = config_argument(argv, name)
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if path and os.path.abspath(f.filename) == os.path.abspath(path)]
+    frames = [
+      f
+      for f in traceback.extract_tb(e.__traceback__)
+      if path and os.path.abspath(f.filename) == os.path.abspath(path)
+    ]
     if frames:
       return f"--{name}={shown_config(path)} (line {frames[-1].lineno})"
   return None
@@ -290,13 +314,16 @@ def unloaded_config(argv: list[str]) -> Optional[str]:
     if value is None and path:
       return f"--{name}={shown_config(path)}: get_config() returned None"
     if value is not None and not _is_config_dict(value):
-      return (f"--{name}={shown_config(path)}: get_config() returned a {type(value).__name__}; "
-              "a config file's get_config returns an ml_collections config")
+      return (
+        f"--{name}={shown_config(path)}: get_config() returned a {type(value).__name__}; "
+        "a config file's get_config returns an ml_collections config"
+      )
   return None
 
 
 def _is_config_dict(value: Any) -> bool:
   import ml_collections
+
   return isinstance(value, ml_collections.ConfigDict)  # frozen ones are too
 
 
@@ -306,8 +333,10 @@ def repeated_config(argv: list[str]) -> Optional[str]:
   for name in config_file_flags():
     given = _config_values(argv, name)
     if len(given) > 1:
-      return (f"--{name} is given {len(given)} times ({', '.join(given)}); give one config "
-              f"file, and change its fields with --{name}.FIELD=VALUE")
+      return (
+        f"--{name} is given {len(given)} times ({', '.join(given)}); give one config "
+        f"file, and change its fields with --{name}.FIELD=VALUE"
+      )
   return None
 
 
@@ -336,8 +365,10 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     field = _config_field_named(unknown.group(1)) if unknown else None
     if field is not None:  # absl would suggest a flag of a similar spelling instead
       assert unknown is not None  # field was looked up by its name
-      return (f"Unknown command line flag '{unknown.group(1)}': a config field is set with "
-              f"--{field}=VALUE")
+      return (
+        f"Unknown command line flag '{unknown.group(1)}': a config field is set with "
+        f"--{field}=VALUE"
+      )
     return text
   if isinstance(e, SyntaxError):  # a config file that is not Python
     name = next(iter(config_file_flags()), "config")
@@ -347,8 +378,11 @@ def parse_failure(argv: list[str], e: BaseException) -> Optional[str]:
     return load_failure(name, config_argument(argv, name), e.__cause__ or e)
   where = config_file_line(argv, e)  # raised by a config file's own code: named there
   lookup = isinstance(e, (AttributeError, KeyError, TypeError, ValueError))
-  text = " ".join(str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split()
-                  if lookup else str(e).split())
+  text = " ".join(
+    str(e).replace("\\'", "").replace("\\n", " ").replace("'", "").split()
+    if lookup
+    else str(e).split()
+  )
   if lookup and where is None:
     missing = _no_such_field(argv, text) if isinstance(e, (AttributeError, KeyError)) else None
     if missing is not None:
@@ -387,7 +421,7 @@ def _culprit(argv: list[str], text: str) -> str:
   """The override whose field the error message names, if one does."""
   for arg in argv[1:]:
     if arg.startswith("--config."):
-      name = arg[len("--config."):].split("=", 1)[0]
+      name = arg[len("--config.") :].split("=", 1)[0]
       if name.split(".")[-1] in text:
         return arg.split("=", 1)[0]
   return ""
@@ -396,6 +430,7 @@ def _culprit(argv: list[str], text: str) -> str:
 def _user_error(e: Optional[BaseException]) -> Optional[BaseException]:
   """e or the exception it was raised from or during, if a UserError."""
   from compressive.errors import UserError
+
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
@@ -418,12 +453,16 @@ def _no_such_field(argv: list[str], text: str) -> Optional[str]:
       continue
     assert m is not None  # parts, which hold the key, came from it
     at = parts.index(key.group(1))
-    line = f"cannot apply --config.{m.group(1)}: the config has no field {'.'.join(parts[:at + 1])}"
+    line = (
+      f"cannot apply --config.{m.group(1)}: the config has no field {'.'.join(parts[: at + 1])}"
+    )
     guess = re.search(r'Did you mean "(\w+)"', text)
     if guess:
       line += f" (did you mean {'.'.join(parts[:at] + [guess.group(1)])}?)"
     if parts[0] == "data" and at == 1 and len(parts) > 2:
-      line += ("; a data source defined outside the package has its section data.<name> once "
-               "the command line names it: --config.data.source=module:Name")
+      line += (
+        "; a data source defined outside the package has its section data.<name> once "
+        "the command line names it: --config.data.source=module:Name"
+      )
     return line
   return None

@@ -32,8 +32,9 @@ def _caller() -> str:
   return sys.argv[0] if name == "__main__" else name
 
 
-def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool = True,
-                         required: bool = True) -> None:
+def define_workdir_flags(
+  help_string: str = "A training workdir.", *, step: bool = True, required: bool = True
+) -> None:
   """--workdir (required, unless the tool checks that itself: `required`)
   and, with `step` (the tools that read a run), --step (the checkpoint to
   read: >= 0, checked as it is parsed) and --plugin (see
@@ -44,9 +45,13 @@ def define_workdir_flags(help_string: str = "A training workdir.", *, step: bool
     flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.", module_name=module)
     validate_int_flag("step", "[0, 2**31)", must=">= 0, below 2**31")
     flags.DEFINE_multi_string(
-        "plugin", [], "A module to import before the run is read, whose compression or data "
-        "source the saved config names as module:Name (a saved config never imports code "
-        "itself); repeat for several.", module_name=module)
+      "plugin",
+      [],
+      "A module to import before the run is read, whose compression or data "
+      "source the saved config names as module:Name (a saved config never imports code "
+      "itself); repeat for several.",
+      module_name=module,
+    )
   if required:
     flags.mark_flag_as_required("workdir")
   validate_path_flag("workdir", "a workdir", remote_ok=True)
@@ -73,6 +78,7 @@ def reading_saved_run() -> Iterator[None]:
   --plugin imported (the user's say-so), and no other import on the saved
   config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
   from compressive import plugins
+
   plugins.trust(flags.FLAGS.plugin or ())
   with plugins.saved_config():
     yield
@@ -80,19 +86,29 @@ def reading_saved_run() -> Iterator[None]:
 
 # (train.py's help, the other tools' help) of each multi-host flag.
 _MULTIHOST_HELP = {
-    "multihost": ("Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
-                  "SLURM, Open MPI); run the same command on every host.",
-                  "Join JAX's distributed runtime, detecting the cluster (as train.py)."),
-    "coordinator_address": ("HOST:PORT of process 0, for clusters JAX does not detect (or "
-                            "localhost); with --num_processes and --process_id.",
-                            "HOST:PORT of process 0 (as train.py)."),
-    "num_processes": ("Processes in the run (with --coordinator_address).",
-                      "Processes in the run (as train.py)."),
-    "process_id": ("This process, 0 .. num_processes - 1 (with --coordinator_address).",
-                   "This process (as train.py)."),
-    "join_timeout": ("Seconds the processes wait for every one of them to join the run (and "
-                     "a stopping one for the others to leave) before each ends with one line.",
-                     "Seconds the processes wait for each other (as train.py)."),
+  "multihost": (
+    "Join JAX's distributed runtime, detecting the cluster (Cloud TPU slice, "
+    "SLURM, Open MPI); run the same command on every host.",
+    "Join JAX's distributed runtime, detecting the cluster (as train.py).",
+  ),
+  "coordinator_address": (
+    "HOST:PORT of process 0, for clusters JAX does not detect (or "
+    "localhost); with --num_processes and --process_id.",
+    "HOST:PORT of process 0 (as train.py).",
+  ),
+  "num_processes": (
+    "Processes in the run (with --coordinator_address).",
+    "Processes in the run (as train.py).",
+  ),
+  "process_id": (
+    "This process, 0 .. num_processes - 1 (with --coordinator_address).",
+    "This process (as train.py).",
+  ),
+  "join_timeout": (
+    "Seconds the processes wait for every one of them to join the run (and "
+    "a stopping one for the others to leave) before each ends with one line.",
+    "Seconds the processes wait for each other (as train.py).",
+  ),
 }
 
 
@@ -104,8 +120,7 @@ def define_multihost_flags(*, refer_to_train: bool = False) -> None:
   module = _caller()
   helps = {name: pair[refer_to_train] for name, pair in _MULTIHOST_HELP.items()}
   flags.DEFINE_bool("multihost", False, helps["multihost"], module_name=module)
-  flags.DEFINE_string("coordinator_address", None, helps["coordinator_address"],
-                      module_name=module)
+  flags.DEFINE_string("coordinator_address", None, helps["coordinator_address"], module_name=module)
   flags.DEFINE_integer("num_processes", None, helps["num_processes"], module_name=module)
   flags.DEFINE_integer("process_id", None, helps["process_id"], module_name=module)
   flags.DEFINE_integer("join_timeout", 120, helps["join_timeout"], module_name=module)
@@ -117,9 +132,13 @@ def multihost_arguments() -> Optional[dict[str, Any]]:
   (define_multihost_flags); None for a tool without them."""
   if "multihost" not in flags.FLAGS:
     return None
-  return {"auto": flags.FLAGS.multihost, "coordinator_address": flags.FLAGS.coordinator_address,
-          "num_processes": flags.FLAGS.num_processes, "process_id": flags.FLAGS.process_id,
-          "timeout_s": flags.FLAGS.join_timeout}
+  return {
+    "auto": flags.FLAGS.multihost,
+    "coordinator_address": flags.FLAGS.coordinator_address,
+    "num_processes": flags.FLAGS.num_processes,
+    "process_id": flags.FLAGS.process_id,
+    "timeout_s": flags.FLAGS.join_timeout,
+  }
 
 
 # The memory flags' range: evaluation sizes (-1: the training run's), checked
@@ -134,15 +153,22 @@ def define_memory_flags(compressed_help: str = "") -> None:
   --mesh_shape; `compressed_help` ends --compressed_memory_length's help
   (default '.')."""
   module = _caller()
-  flags.DEFINE_integer("memory_length", None, "Memory slots (eval.memory_length).",
-                       module_name=module)
-  flags.DEFINE_integer("compressed_memory_length", None,
-                       "Compressed memory slots (eval.compressed_memory_length)" +
-                       (compressed_help or "."), module_name=module)
+  flags.DEFINE_integer(
+    "memory_length", None, "Memory slots (eval.memory_length).", module_name=module
+  )
+  flags.DEFINE_integer(
+    "compressed_memory_length",
+    None,
+    "Compressed memory slots (eval.compressed_memory_length)" + (compressed_help or "."),
+    module_name=module,
+  )
   flags.DEFINE_list(
-      "mesh_shape", None, "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the "
-      "rest); default the saved config's mesh.shape if it fits this machine, else -1,1,...",
-      module_name=module)
+    "mesh_shape",
+    None,
+    "Devices along each of the config's mesh.axes, e.g. 1,8,1 (-1: the "
+    "rest); default the saved config's mesh.shape if it fits this machine, else -1,1,...",
+    module_name=module,
+  )
   for name in ("memory_length", "compressed_memory_length"):
     validate_int_flag(name, "[0, 2**31)", also=(-1,), must=SIZE_FLAG_MUST)
 
@@ -156,27 +182,31 @@ def define_split_flags(split_help: str, max_segments_help: str) -> None:
   # is for the final numbers a run reports, asked for by name (README's `make
   # experiment` runs eval.py --split=test); a default that reads it invites
   # choosing runs by their test score.
-  flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], split_help,
-                    module_name=module)
+  flags.DEFINE_enum(
+    "split", "validation", ["train", "validation", "test"], split_help, module_name=module
+  )
   flags.DEFINE_integer("max_segments", None, max_segments_help, module_name=module)
-  flags.DEFINE_float("progress_seconds", 10.0,
-                     "Seconds between progress lines on stderr (0: every segment).",
-                     module_name=module)
+  flags.DEFINE_float(
+    "progress_seconds",
+    10.0,
+    "Seconds between progress lines on stderr (0: every segment).",
+    module_name=module,
+  )
   validate_int_flag("max_segments", "[1, 2**31)", must=">= 1, below 2**31")
-  validate_number_flag("progress_seconds", "[0, inf)", dtype="float64",
-                       must="a finite number >= 0")
+  validate_number_flag("progress_seconds", "[0, inf)", dtype="float64", must="a finite number >= 0")
 
 
 def _flag_value_error(name: str, e: ConfigError, value: Any) -> ConfigError:
   """A values.* error about `name` said of the flag: `--name=VALUE ...`."""
   text = str(e)
   prefix = f"{name}={value!r}"
-  rest = text[len(prefix):] if text.startswith(prefix) else f": {text}"
+  rest = text[len(prefix) :] if text.startswith(prefix) else f": {text}"
   return ConfigError(f"--{name}={value}{rest}")
 
 
-def validate_number_flag(name: str, interval: str, *, dtype: str = "float32",
-                         must: str = "") -> None:
+def validate_number_flag(
+  name: str, interval: str, *, dtype: str = "float32", must: str = ""
+) -> None:
   """The float flag's own check (an absl validator): ConfigError
   `--name=VALUE ...` unless the flag is unset or, as `dtype` holds it
   (float32: what the device computes with; float64 for a value only the
@@ -188,8 +218,9 @@ def validate_number_flag(name: str, interval: str, *, dtype: str = "float32",
   _register(name, lambda value: _check_number(name, value, interval, dtype, must))
 
 
-def validate_int_flag(name: str, interval: str, *, also: tuple[int, ...] = (),
-                      must: str = "") -> None:
+def validate_int_flag(
+  name: str, interval: str, *, also: tuple[int, ...] = (), must: str = ""
+) -> None:
   """The integer flag's own check, as validate_number_flag's: unset, one of
   `also` (e.g. -1: the training run's), or in `interval` (values.integer)."""
   _register(name, lambda value: _check_int(name, value, interval, also, must))

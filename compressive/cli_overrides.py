@@ -27,6 +27,7 @@ class _WholeSequence(flags.ArgumentParser):
 
   def parse(self, argument: Any) -> Any:
     from ml_collections.config_flags import tuple_parser
+
     if isinstance(argument, (tuple, list)):
       return self.kind(argument)
     words = _bare_words(argument)
@@ -42,8 +43,9 @@ def _bare_words(argument: Any) -> Optional[tuple]:
   """`(tensorboard,wandb)` (or `[...]`) as the tuple of its elements, each a
   Python literal or else the word itself, when the whole is no literal
   (bare words); None otherwise (ml_collections' parser reads it)."""
-  if not (isinstance(argument, str) and len(argument) >= 2
-          and argument[0] + argument[-1] in ("()", "[]")):
+  if not (
+    isinstance(argument, str) and len(argument) >= 2 and argument[0] + argument[-1] in ("()", "[]")
+  ):
     return None
   try:
     ast.literal_eval(argument)
@@ -78,6 +80,7 @@ def install_override_rules() -> None:
   ml_collections reads tuples (and lists, and None fields, which it cannot
   override at all) with the parsers above. Process-wide; idempotent."""
   from ml_collections import config_flags
+
   config_flags.register_flag_parser_for_type(tuple, _WholeSequence(tuple))
   config_flags.register_flag_parser_for_type(list, _WholeSequence(list))
   config_flags.register_flag_parser_for_type(type(None), _Literal())

@@ -16,8 +16,10 @@ def xla_flags_problem(value: str) -> Optional[str]:
   A flag XLA does not know is XLA's to report."""
   words = value.split()
   if words and not words[0].startswith("--") and not os.path.isfile(words[0]):
-    return (f"XLA_FLAGS={value!r}: each flag starts with -- (XLA reads a first word without "
-            f"it, {words[0]!r}, as a file of flags, and there is none)")
+    return (
+      f"XLA_FLAGS={value!r}: each flag starts with -- (XLA reads a first word without "
+      f"it, {words[0]!r}, as a file of flags, and there is none)"
+    )
   return None
 
 
@@ -34,8 +36,12 @@ def xla_flags_unknown(value: str) -> Optional[str]:
   so a flag the CPU backend refuses stops every run; where JAX_PLATFORMS
   leaves the CPU out, or there is no fork (not Linux), XLA reports it."""
   platforms = os.environ.get("JAX_PLATFORMS", "").split(",")
-  if (not value.strip() or not sys.platform.startswith("linux")
-      or platforms != [""] and "cpu" not in platforms):
+  if (
+    not value.strip()
+    or not sys.platform.startswith("linux")
+    or platforms != [""]
+    and "cpu" not in platforms
+  ):
     return None
   read, write = os.pipe()
   pid = os.fork()
@@ -45,6 +51,7 @@ def xla_flags_unknown(value: str) -> Optional[str]:
       os.dup2(write, 2)
       os.environ["XLA_FLAGS"] = value  # what XLA reads as its backend starts
       import jax
+
       jax.config.update("jax_platforms", "cpu")
       jax.devices()
     finally:  # XLA itself exits 1 on a name it does not know; anything else is the run's

@@ -53,11 +53,20 @@ def default_config() -> ml_collections.ConfigDict:
   rather than a new one); the other sections are open to the config file
   that builds on them, and `config.check` refuses a key no group knows.
   """
-  model = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-           if f.default is not dataclasses.MISSING}
-  return ml_collections.ConfigDict(dict(
-      values.to_dict(TrainConfig()), model=model, data=data_lib.default_data_config(),
-      eval=values.to_dict(EvalConfig()), mesh=values.to_dict(MeshConfig())))
+  model = {
+    f.name: f.default
+    for f in dataclasses.fields(ModelConfig)
+    if f.default is not dataclasses.MISSING
+  }
+  return ml_collections.ConfigDict(
+    dict(
+      values.to_dict(TrainConfig()),
+      model=model,
+      data=data_lib.default_data_config(),
+      eval=values.to_dict(EvalConfig()),
+      mesh=values.to_dict(MeshConfig()),
+    )
+  )
 
 
 def check_to_read(config: ml_collections.ConfigDict) -> Experiment:
@@ -84,9 +93,14 @@ def groups(config: Any) -> tuple[ModelConfig, TrainConfig, EvalConfig, MeshConfi
   return model, train, evaluation, MeshConfig.from_config(top.get("mesh") or {})
 
 
-def check(config: ml_collections.ConfigDict, *, training: bool = True,
-          num_devices: Optional[int] = None, here: Optional[bool] = None,
-          capacity: Optional[tuple[int, str]] = None) -> Experiment:
+def check(
+  config: ml_collections.ConfigDict,
+  *,
+  training: bool = True,
+  num_devices: Optional[int] = None,
+  here: Optional[bool] = None,
+  capacity: Optional[tuple[int, str]] = None,
+) -> Experiment:
   """Checks the experiment config before anything is built; ConfigError.
 
   `training=False` (evaluating, analysing or sampling a trained config on
@@ -114,21 +128,40 @@ def check(config: ml_collections.ConfigDict, *, training: bool = True,
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
-  if num_devices is None and cfg.attention_implementation == "cudnn" and (
-      jax.default_backend() != "gpu"):
+  if (
+    num_devices is None
+    and cfg.attention_implementation == "cudnn"
+    and (jax.default_backend() != "gpu")
+  ):
     raise ConfigError(
-        "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
-        f"{jax.default_backend()} (aot.py can compile it for a GPU target)")
+      "model.attention_implementation='cudnn' needs a GPU; this machine computes on "
+      f"{jax.default_backend()} (aot.py can compile it for a GPU target)"
+    )
   if here or capacity is not None:
-    _check_fits(cfg, train, evaluation, training, capacity or _capacity_per_device(),
-                num_devices or jax.device_count())
+    _check_fits(
+      cfg,
+      train,
+      evaluation,
+      training,
+      capacity or _capacity_per_device(),
+      num_devices or jax.device_count(),
+    )
   graphdef, abstract_state = abstract_model(cfg, train.seed)
-  shape = sharding.validate(mesh, abstract_state, batch_size=train.batch_size, model=cfg,
-                            num_devices=num_devices)
+  shape = sharding.validate(
+    mesh, abstract_state, batch_size=train.batch_size, model=cfg, num_devices=num_devices
+  )
   if training:
     _check_micro_batches(train, mesh, sharding.data_parallel_size(mesh, shape))
-  return Experiment(model=cfg, train=train, eval=evaluation, mesh=mesh, data=data,
-                    mesh_shape=tuple(shape), graphdef=graphdef, abstract_state=abstract_state)
+  return Experiment(
+    model=cfg,
+    train=train,
+    eval=evaluation,
+    mesh=mesh,
+    data=data,
+    mesh_shape=tuple(shape),
+    graphdef=graphdef,
+    abstract_state=abstract_state,
+  )
 
 
 def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:
@@ -137,14 +170,16 @@ def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:
   accum = train.grad_accum_steps
   if accum > 1 and train.micro_batch_rows % dp:
     raise ConfigError(
-        f"batch_size / grad_accum_steps = {train.batch_size} / {accum} = "
-        f"{train.micro_batch_rows} rows per micro-batch is not divisible by {dp}, the "
-        f"devices along mesh.data_axes={mesh.data_axes}; "
-        "lower grad_accum_steps or raise batch_size")
+      f"batch_size / grad_accum_steps = {train.batch_size} / {accum} = "
+      f"{train.micro_batch_rows} rows per micro-batch is not divisible by {dp}, the "
+      f"devices along mesh.data_axes={mesh.data_axes}; "
+      "lower grad_accum_steps or raise batch_size"
+    )
 
 
-def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: bool,
-                      training: bool) -> None:
+def _check_vocabulary(
+  data_config: data_lib.DataConfig, cfg: ModelConfig, here: bool, training: bool
+) -> None:
   """The tokenizer's vocabulary fits model.vocab_size: bytes' 256 anywhere;
   another tokenizer's (a SentencePiece model's file) where it is read,
   `here`. A model.vocab_size above the tokenizer's pieces trains (a
@@ -152,24 +187,37 @@ def _check_vocabulary(data_config: data_lib.DataConfig, cfg: ModelConfig, here: 
   with a warning when `training`: the ids past the pieces never occur in
   the data, and the sampler never emits them (sample.py)."""
   if data_config.tokenizer == "bytes" and cfg.vocab_size < 256:
-    raise ConfigError(f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's "
-                      "vocabulary")
+    raise ConfigError(
+      f"model.vocab_size={cfg.vocab_size} is below 256, the bytes tokenizer's vocabulary"
+    )
   if here:
     vocab = data_lib.get_tokenizer(data_config).vocab_size
     if vocab > cfg.vocab_size:
-      raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
-                        f"vocabulary ({vocab})")
+      raise ConfigError(
+        f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's vocabulary ({vocab})"
+      )
     if training and vocab < cfg.vocab_size:
-      which = (f"data.spm_model={data_config.spm_model}" if data_config.tokenizer == "sentencepiece"
-               else f"data.tokenizer={data_config.tokenizer}")
+      which = (
+        f"data.spm_model={data_config.spm_model}"
+        if data_config.tokenizer == "sentencepiece"
+        else f"data.tokenizer={data_config.tokenizer}"
+      )
       _log.warning(
-          "model.vocab_size=%d is larger than the tokenizer's %d pieces (%s): ids %d-%d never "
-          "occur in the data and are never sampled; --config.model.vocab_size=%d trains the "
-          "vocabulary there is", cfg.vocab_size, vocab, which, vocab, cfg.vocab_size - 1, vocab)
+        "model.vocab_size=%d is larger than the tokenizer's %d pieces (%s): ids %d-%d never "
+        "occur in the data and are never sampled; --config.model.vocab_size=%d trains the "
+        "vocabulary there is",
+        cfg.vocab_size,
+        vocab,
+        which,
+        vocab,
+        cfg.vocab_size - 1,
+        vocab,
+      )
 
 
-def fit_mesh_to_devices(config: ml_collections.ConfigDict,
-                        num_devices: Optional[int] = None) -> bool:
+def fit_mesh_to_devices(
+  config: ml_collections.ConfigDict, num_devices: Optional[int] = None
+) -> bool:
   """For a saved config read on another machine: if its `mesh.shape` does
   not fit this machine's devices, replace it by every device on the first
   axis (data parallel; parameters whole on each device). Returns whether it
@@ -214,11 +262,13 @@ def _capacity_per_device() -> tuple[int, str]:
 
 def _parameter_count(cfg: ModelConfig) -> int:
   return cfg.vocab_size * cfg.d_model + cfg.num_layers * (
-      4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
+    4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff
+  )
 
 
-def training_bytes_lower_bound(cfg: ModelConfig, train: TrainConfig,
-                               num_devices: Optional[int] = None) -> int:
+def training_bytes_lower_bound(
+  cfg: ModelConfig, train: TrainConfig, num_devices: Optional[int] = None
+) -> int:
   """Bytes training needs at the least, per device, from shapes alone: the
   parameters with their gradients and Adam's two moments (float32), the
   memory, one step's batch, the residual stream every layer keeps for the
@@ -231,16 +281,19 @@ def training_bytes_lower_bound(cfg: ModelConfig, train: TrainConfig,
   window = train.gradient_window  # a window keeps its segments' activations
   keys = cfg.compressed_memory_length + cfg.memory_length + t
   queries = cfg.attention_chunk_size or t
-  total = (16 * params
-           + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
-           + 3 * s * b * t * 4
-           + layers * rows * t * d * itemsize * window
-           + rows * cfg.num_heads * queries * keys * 4)
+  total = (
+    16 * params
+    + layers * b * (cfg.memory_length + cfg.compressed_memory_length) * d * itemsize
+    + 3 * s * b * t * 4
+    + layers * rows * t * d * itemsize * window
+    + rows * cfg.num_heads * queries * keys * 4
+  )
   return total // (num_devices or jax.device_count())
 
 
-def evaluation_bytes_lower_bound(cfg: ModelConfig, evaluation: EvalConfig,
-                                 num_devices: Optional[int] = None) -> int:
+def evaluation_bytes_lower_bound(
+  cfg: ModelConfig, evaluation: EvalConfig, num_devices: Optional[int] = None
+) -> int:
   """Bytes evaluation at `evaluation`'s (resolved) sizes (eval.*, or eval.py's
   --memory_length ...) needs at the least, per device: the float32
   parameters, every layer's memory and compressed memory, one segment's
@@ -249,15 +302,23 @@ def evaluation_bytes_lower_bound(cfg: ModelConfig, evaluation: EvalConfig,
   slots = evaluation.memory_length + evaluation.compressed_memory_length
   itemsize = jnp.dtype(cfg.dtype).itemsize
   queries = min(cfg.attention_chunk_size or t, t)
-  total = (4 * _parameter_count(cfg)
-           + cfg.num_layers * b * slots * cfg.d_model * itemsize
-           + 2 * b * t * cfg.d_model * itemsize
-           + b * cfg.num_heads * queries * (slots + t) * 4)
+  total = (
+    4 * _parameter_count(cfg)
+    + cfg.num_layers * b * slots * cfg.d_model * itemsize
+    + 2 * b * t * cfg.d_model * itemsize
+    + b * cfg.num_heads * queries * (slots + t) * 4
+  )
   return total // (num_devices or jax.device_count())
 
 
-def _check_fits(cfg: ModelConfig, train: TrainConfig, evaluation: EvalConfig, training: bool,
-                capacity: tuple[int, str], num_devices: int) -> None:
+def _check_fits(
+  cfg: ModelConfig,
+  train: TrainConfig,
+  evaluation: EvalConfig,
+  training: bool,
+  capacity: tuple[int, str],
+  num_devices: int,
+) -> None:
   """ConfigError, before anything is built or allocated, when training (with
   `training`) or evaluation at the evaluation sizes cannot fit `capacity`
   (bytes per device, what) by the lower bounds above."""
@@ -265,22 +326,28 @@ def _check_fits(cfg: ModelConfig, train: TrainConfig, evaluation: EvalConfig, tr
   need = training_bytes_lower_bound(cfg, train, num_devices) if training else 0
   if need > have:
     raise DoesNotFitError(
-        f"training this config needs at least {need / 2**30:,.1f} GiB per device "
-        f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
-        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
-        f"(now {train.batch_size}) or the model's sizes, raise grad_accum_steps (now "
-        f"{train.grad_accum_steps}), or use more devices", need, have)
+      f"training this config needs at least {need / 2**30:,.1f} GiB per device "
+      f"(parameters, optimizer state, memory, batch and activations, from their shapes), "
+      f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower batch_size "
+      f"(now {train.batch_size}) or the model's sizes, raise grad_accum_steps (now "
+      f"{train.grad_accum_steps}), or use more devices",
+      need,
+      have,
+    )
   need = evaluation_bytes_lower_bound(cfg, evaluation, num_devices)
   if training:  # the in-loop estimate runs beside the optimizer state
     need += 12 * _parameter_count(cfg) // num_devices
   if need > have:
     raise DoesNotFitError(
-        f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
-        f"(parameters, {evaluation.memory_length} + {evaluation.compressed_memory_length} "
-        f"memory slots x {cfg.num_layers} layers x {evaluation.batch_size} rows, activations), "
-        f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
-        "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
-        " a tool's --memory_length ...) or the model's sizes", need, have)
+      f"evaluating this config needs at least {need / 2**30:,.1f} GiB per device "
+      f"(parameters, {evaluation.memory_length} + {evaluation.compressed_memory_length} "
+      f"memory slots x {cfg.num_layers} layers x {evaluation.batch_size} rows, activations), "
+      f"{need / have:,.1f} times the {have / 2**30:,.1f} GiB of {what}: lower the "
+      "evaluation sizes (eval.memory_length, eval.compressed_memory_length, eval.batch_size;"
+      " a tool's --memory_length ...) or the model's sizes",
+      need,
+      have,
+    )
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -300,8 +367,9 @@ def profile_steps(value: Any) -> Optional[tuple[int, int]]:
     start = end = None
   if not (_is_int(start) and _is_int(end) and 1 <= start <= end):
     if isinstance(value, str):
-      raise ConfigError(f"--profile_steps={value} must be START,END: two step numbers with "
-                        "1 <= START <= END")
+      raise ConfigError(
+        f"--profile_steps={value} must be START,END: two step numbers with 1 <= START <= END"
+      )
     raise ConfigError(f"profile_steps={value!r} must be (START, END) with 1 <= START <= END")
   return start, end
 
@@ -311,15 +379,24 @@ SIZE_FIELDS = ("batch_size", "segment_length", "memory_length", "compressed_memo
 
 def _check_eval_sizes(evaluation: EvalConfig, cfg: ModelConfig) -> None:
   """Evaluation's resolved sizes against the model's rules for them."""
-  check_memory_sizes(cfg, evaluation.memory_length, evaluation.compressed_memory_length,
-                     evaluation.batch_size, prefix="eval")
-  check_segment_length(cfg, evaluation.segment_length, evaluation.compressed_memory_length,
-                       "eval.segment_length")
+  check_memory_sizes(
+    cfg,
+    evaluation.memory_length,
+    evaluation.compressed_memory_length,
+    evaluation.batch_size,
+    prefix="eval",
+  )
+  check_segment_length(
+    cfg, evaluation.segment_length, evaluation.compressed_memory_length, "eval.segment_length"
+  )
 
 
-def check_saved(config: ml_collections.ConfigDict, *,
-                sizes: Optional[Mapping[str, Optional[int]]] = None,
-                mesh_shape: Optional[Sequence[str]] = None) -> tuple[Experiment, Optional[str]]:
+def check_saved(
+  config: ml_collections.ConfigDict,
+  *,
+  sizes: Optional[Mapping[str, Optional[int]]] = None,
+  mesh_shape: Optional[Sequence[str]] = None,
+) -> tuple[Experiment, Optional[str]]:
   """A saved training config made ready for the tools that read a workdir
   (eval.py, analyze.py, sample.py), in place, and checked (ConfigError).
 
@@ -345,8 +422,10 @@ def check_saved(config: ml_collections.ConfigDict, *,
     except ValueError:
       raise ConfigError(f"--mesh_shape={','.join(map(str, mesh_shape))} must be integers") from None
   elif fit_mesh_to_devices(config):
-    note = (f"note: the training mesh does not fit the {jax.device_count()} devices here; "
-            f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)")
+    note = (
+      f"note: the training mesh does not fit the {jax.device_count()} devices here; "
+      f"running on mesh.shape={config.mesh.shape} (choose with --mesh_shape)"
+    )
   try:
     experiment = check(config, training=False)
   except MeshError as e:

@@ -59,8 +59,14 @@ EXIT_USER_ERROR = 2
 # --signal, Grid Engine's warnings), SIGXCPU (a CPU-time limit). Each is a
 # stop: a trainer checkpoints and exits with exit_status; another tool
 # stops with one line and the same status.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-                signal.SIGXCPU)
+STOP_SIGNALS = (
+  signal.SIGTERM,
+  signal.SIGINT,
+  signal.SIGHUP,
+  signal.SIGUSR1,
+  signal.SIGUSR2,
+  signal.SIGXCPU,
+)
 
 
 def exit_status(signum: Optional[int]) -> int:
@@ -93,13 +99,15 @@ class Stopped(KeyboardInterrupt):
     self.signum = signum
 
 
-def stopping_on_signals(main: Callable[[Any], Any], fail: Callable[..., Any]
-                        ) -> Callable[[Any], Any]:
+def stopping_on_signals(
+  main: Callable[[Any], Any], fail: Callable[..., Any]
+) -> Callable[[Any], Any]:
   """main, with each stop signal a stop: where the tool installed no handler
   of its own (train.py holds them, then checkpoints), the signal raises
   Stopped wherever main is, its `with` blocks end (a mirror's folder is
   removed), and fail(line, code=exit_status) reports it in one line. The
   handlers main found are put back when it ends."""
+
   def run(argv: Any) -> Any:
     installed = {}
     for signum in STOP_SIGNALS:
@@ -112,6 +120,7 @@ def stopping_on_signals(main: Callable[[Any], Any], fail: Callable[..., Any]
     finally:
       for signum, handler in installed.items():
         signal.signal(signum, handler)
+
   return run
 
 

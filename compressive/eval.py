@@ -34,13 +34,15 @@ from compressive.training import layout
 
 FLAGS = flags.FLAGS
 cli_flags.define_workdir_flags()
-cli_flags.define_split_flags("Split to evaluate.",
-                       "Stop after this many segments per row (a quick estimate).")
+cli_flags.define_split_flags(
+  "Split to evaluate.", "Stop after this many segments per row (a quick estimate)."
+)
 flags.DEFINE_integer("batch_size", None, "Rows streamed in parallel (eval.batch_size).")
 flags.DEFINE_integer("segment_length", None, "Tokens per segment (eval.segment_length).")
 for _name in ("batch_size", "segment_length"):
-  cli_flags.validate_int_flag(_name, "[1, 2**31)", also=(-1,),
-                        must=">= 1 (or -1: the training run's), below 2**31")
+  cli_flags.validate_int_flag(
+    _name, "[1, 2**31)", also=(-1,), must=">= 1 (or -1: the training run's), below 2**31"
+  )
 cli_flags.define_memory_flags()
 cli_flags.define_multihost_flags(refer_to_train=True)
 
@@ -48,8 +50,9 @@ cli_flags.define_multihost_flags(refer_to_train=True)
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   with reading.tool(progress=True):
-    experiment = reading.flagged_experiment(split=FLAGS.split, sizes=config_lib.SIZE_FIELDS,
-                                          step_must_exist=True)
+    experiment = reading.flagged_experiment(
+      split=FLAGS.split, sizes=config_lib.SIZE_FIELDS, step_must_exist=True
+    )
     data = experiment.data
     tokenizer = data_lib.get_tokenizer(data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
@@ -57,8 +60,14 @@ def main(argv: list[str]) -> None:
     documents = data_lib.get_documents(data, FLAGS.split, tokenizer)
     run = reading.open_flagged_run(experiment)
     step = run.step
-    result = eval_lib.evaluate(run.model, documents, experiment, max_segments=FLAGS.max_segments,
-                               progress_every_s=FLAGS.progress_seconds, split=FLAGS.split)
+    result = eval_lib.evaluate(
+      run.model,
+      documents,
+      experiment,
+      max_segments=FLAGS.max_segments,
+      progress_every_s=FLAGS.progress_seconds,
+      split=FLAGS.split,
+    )
     assert result is not None  # no `stop`: the pass runs to its end
     check_finite(result, step)
   result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
@@ -72,9 +81,10 @@ def check_finite(result: dict, step: int) -> None:
   bad = values.non_finite(result)
   if bad:
     raise NonFiniteError(
-        f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "
-        "are finite but too large to evaluate (a run diverging); nothing is written. "
-        "Evaluate an earlier step with --step")
+      f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "
+      "are finite but too large to evaluate (a run diverging); nothing is written. "
+      "Evaluate an earlier step with --step"
+    )
 
 
 def report(result: dict, step: int) -> None:

@@ -49,6 +49,7 @@ _INT32 = "[1, 2**31)"
 class OptimizerConfig:
   """`config.optimizer`: Adam(W) with warmup and cosine decay (training/step.py).
   Each number is checked as the optimizer's float32 holds it."""
+
   name: str = values.text("adamw", ("adam", "adamw"))
   learning_rate: float = values.real(2e-3, "(0, inf)", "a finite number > 0")  # the peak
   warmup_steps: int = values.whole(30, "[0, 2**31)", "an integer >= 0, below 2**31")  # train steps
@@ -63,20 +64,28 @@ class OptimizerConfig:
   def __post_init__(self) -> None:
     held = values.check_fields(self, "optimizer.")
     # The products the update computes: the decayed rate, the decay term's rate.
-    for other, what in (("final_lr_fraction", "the final learning rate"),
-                        ("weight_decay", "the weight decay's rate")):
+    for other, what in (
+      ("final_lr_fraction", "the final learning rate"),
+      ("weight_decay", "the weight decay's rate"),
+    ):
       if held[other]:
         product = float(f"{held['learning_rate'] * held[other]:.6g}")
-        values.number(f"optimizer.learning_rate x optimizer.{other}", product, "(0, inf)",
-                      must=f"a finite number > 0 ({what})")
+        values.number(
+          f"optimizer.learning_rate x optimizer.{other}",
+          product,
+          "(0, inf)",
+          must=f"a finite number > 0 ({what})",
+        )
 
 
 def _writer_names_problem(names: tuple) -> str:
   """What is wrong with metric_writers' names (values.sequence's rule)."""
   if all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names):
     return ""
-  return (f"={names!r} must be a tuple of distinct writer names, e.g. ('tensorboard', 'wandb'), "
-          "or () for none")
+  return (
+    f"={names!r} must be a tuple of distinct writer names, e.g. ('tensorboard', 'wandb'), "
+    "or () for none"
+  )
 
 
 _POSITIVE = "a positive integer below 2**31"
@@ -91,6 +100,7 @@ class TrainConfig:
   derived sizes (`TrainConfig.from_dict(top, segment_length)`; not a field of the
   config's top level).
   """
+
   # The model's PRNG key holds 32 bits (2**32 would be seed 0 again), and
   # dropout's key is seed + 1.
   seed: int = values.whole(0, "[0, 2**32 - 1)")
@@ -104,8 +114,9 @@ class TrainConfig:
   # Segments per update, the loss reaching back through the memory within
   # the window as model.memory_gradient allows (docs/DESIGN.md
   # §Task-taught compression); 1: one update per segment, the paper's.
-  gradient_window: int = values.whole(1, _INT32, "a positive integer (segments per update; 1: one "
-                                          "update per segment, the paper's)")
+  gradient_window: int = values.whole(
+    1, _INT32, "a positive integer (segments per update; 1: one update per segment, the paper's)"
+  )
   log_every_steps: int = values.whole(25, _INT32, _POSITIVE)
   # A quick estimate on eval.max_segments rows; 0: never (but at the end).
   eval_every_steps: int = values.whole(100, "[0, 2**31)", _NEVER)
@@ -114,8 +125,11 @@ class TrainConfig:
   keep_checkpoints: int = values.whole(3, _INT32, _POSITIVE)
   # Steps' batches made ahead in a background thread (tokenized, stacked and
   # transferred to the devices) while the device computes; 0: none.
-  prefetch_steps: int = values.whole(2, "[0, 64]", "an integer in [0, 64] (steps' batches made "
-                                     "ahead in a background thread; 0: none)")
+  prefetch_steps: int = values.whole(
+    2,
+    "[0, 64]",
+    "an integer in [0, 64] (steps' batches made ahead in a background thread; 0: none)",
+  )
   # Where the metrics go besides metrics_*.jsonl: writers by name
   # (training/writers.py: tensorboard, wandb) or module:Name, a user's own.
   metric_writers: tuple = values.sequence(("tensorboard",), rule=_writer_names_problem)
@@ -127,20 +141,27 @@ class TrainConfig:
     updates = self.num_train_steps * self.segments_per_step
     if updates > 2**31 - 1:
       raise ConfigError(
-          f"num_train_steps x segments_per_step = {self.num_train_steps} x "
-          f"{self.segments_per_step} = {updates} optimizer updates; the update counter is a "
-          "32-bit integer: make it below 2**31")
+        f"num_train_steps x segments_per_step = {self.num_train_steps} x "
+        f"{self.segments_per_step} = {updates} optimizer updates; the update counter is a "
+        "32-bit integer: make it below 2**31"
+      )
     window, accum = self.gradient_window, self.grad_accum_steps
     if self.segments_per_step % window:
-      raise ConfigError(f"segments_per_step={self.segments_per_step} is not a multiple of "
-                        f"gradient_window={window}: a step makes one update per whole window")
+      raise ConfigError(
+        f"segments_per_step={self.segments_per_step} is not a multiple of "
+        f"gradient_window={window}: a step makes one update per whole window"
+      )
     if window > 1 and accum > 1:
-      raise ConfigError(f"gradient_window={window} with grad_accum_steps={accum}: a window's "
-                        "gradient is not accumulated over micro-batches; set one of them to 1")
+      raise ConfigError(
+        f"gradient_window={window} with grad_accum_steps={accum}: a window's "
+        "gradient is not accumulated over micro-batches; set one of them to 1"
+      )
     if self.batch_size % accum:
-      raise ConfigError(f"batch_size={self.batch_size} is not divisible by "
-                        f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
-                        "grad_accum_steps rows")
+      raise ConfigError(
+        f"batch_size={self.batch_size} is not divisible by "
+        f"grad_accum_steps={accum}: each micro-batch takes batch_size / "
+        "grad_accum_steps rows"
+      )
 
   @classmethod
   def from_dict(cls, top: Mapping[str, Any], segment_length: int) -> "TrainConfig":
@@ -184,14 +205,16 @@ class EvalConfig:
   """Evaluation's fields (`config.eval`). As written, a size of -1 takes
   training's (0 too for the batch and the segment; 0 memory slots is a
   size: no memory); the Experiment holds them resolved (`resolved`)."""
+
   split: str = values.text("validation", registry.SPLITS, "train, validation or test")
   batch_size: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   segment_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   compressed_memory_length: int = values.whole(-1, "[-1, 2**31)", _SIZE)
   # Per row, for training's periodic estimate; <= 0: the whole split.
-  max_segments: int = values.whole(40, "[-2**31, 2**31)",
-                                   "an integer below 2**31 (<= 0: the whole split)")
+  max_segments: int = values.whole(
+    40, "[-2**31, 2**31)", "an integer below 2**31 (<= 0: the whole split)"
+  )
 
   def __post_init__(self) -> None:
     values.check_fields(self, "eval.")
@@ -201,18 +224,22 @@ class EvalConfig:
     training `batch_size`)."""
     pick = lambda v, default: default if v < 0 else v
     return dataclasses.replace(
-        self, batch_size=pick(self.batch_size, batch_size) or batch_size,
-        segment_length=pick(self.segment_length, model.segment_length) or model.segment_length,
-        memory_length=pick(self.memory_length, model.memory_length),
-        compressed_memory_length=pick(self.compressed_memory_length,
-                                      model.compressed_memory_length))
+      self,
+      batch_size=pick(self.batch_size, batch_size) or batch_size,
+      segment_length=pick(self.segment_length, model.segment_length) or model.segment_length,
+      memory_length=pick(self.memory_length, model.memory_length),
+      compressed_memory_length=pick(self.compressed_memory_length, model.compressed_memory_length),
+    )
 
   @property
   def sizes(self) -> dict[str, int]:
     """The four sizes by name (config.SIZE_FIELDS), as a result reports them."""
-    return dict(batch_size=self.batch_size, segment_length=self.segment_length,
-                memory_length=self.memory_length,
-                compressed_memory_length=self.compressed_memory_length)
+    return dict(
+      batch_size=self.batch_size,
+      segment_length=self.segment_length,
+      memory_length=self.memory_length,
+      compressed_memory_length=self.compressed_memory_length,
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -230,6 +257,7 @@ class Experiment:
       shapes and logical axes (`config.abstract_model`), built once by
       `check`; the shardings are read from them.
   """
+
   model: ModelConfig
   train: TrainConfig
   eval: EvalConfig
@@ -244,9 +272,13 @@ class Experiment:
     (evaluation's sizes resolved): what config.json, a checkpoint's
     identity and the logged hyperparameters record; `config.check` reads it
     back to the same Experiment."""
-    return dict(values.to_dict(self.train), model=dataclasses.asdict(self.model),
-                data=self.data.to_dict(), eval=values.to_dict(self.eval),
-                mesh=values.to_dict(self.mesh))
+    return dict(
+      values.to_dict(self.train),
+      model=dataclasses.asdict(self.model),
+      data=self.data.to_dict(),
+      eval=values.to_dict(self.eval),
+      mesh=values.to_dict(self.mesh),
+    )
 
 
 def check_written(top: Any) -> None:
@@ -269,7 +301,10 @@ def check_written(top: Any) -> None:
   for name, group in (("eval", EvalConfig), ("mesh", MeshConfig)):
     if name in top:  # a field written as null takes its default (-1: the run's size)
       section = top[name]
-      written = {k: v for k, v in section.items() if v is not None} if isinstance(
-          section, Mapping) and name == "eval" else section
+      written = (
+        {k: v for k, v in section.items() if v is not None}
+        if isinstance(section, Mapping) and name == "eval"
+        else section
+      )
       values.check_section(group, written, f"{name}.")
   data_config.check_written(top["data"])

@@ -31,10 +31,20 @@ def main(argv: list[str]) -> None:
     # Cheap checks first: a mistaken --output is found before any restore.
     exporting.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
     step = exporting.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
-  size = sum(os.path.getsize(os.path.join(d, f))
-             for d, _, files in os.walk(FLAGS.output) for f in files)
-  print(json.dumps({"workdir": remote.public(FLAGS.workdir), "step": step,
-                    "output": remote.public(FLAGS.output), "bytes": size}), flush=True)
+  size = sum(
+    os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(FLAGS.output) for f in files
+  )
+  print(
+    json.dumps(
+      {
+        "workdir": remote.public(FLAGS.workdir),
+        "step": step,
+        "output": remote.public(FLAGS.output),
+        "bytes": size,
+      }
+    ),
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

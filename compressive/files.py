@@ -60,13 +60,17 @@ def check_local(path: Any, what: str, *, remote_ok: bool = False) -> None:
     if remote_ok and scheme in remote.SCHEMES:
       remote.check_url(path, what)
       return
-    where = ("give a path on this machine's file system or a gs:// URL" if remote_ok else
-             "give a path on this machine's file system")
-    raise ConfigError(f"{path}: {what} on {scheme}:// is not supported; {where} "
-                      "(docs/SCALING.md)")
+    where = (
+      "give a path on this machine's file system or a gs:// URL"
+      if remote_ok
+      else "give a path on this machine's file system"
+    )
+    raise ConfigError(f"{path}: {what} on {scheme}:// is not supported; {where} (docs/SCALING.md)")
 
-_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-          | getattr(os, "O_CLOEXEC", 0))
+
+_FLAGS = (
+  os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 _ATTEMPTS = 100
 
 
@@ -78,8 +82,9 @@ def _create_beside(path: str, mode: int) -> tuple[str, int]:
       return tmp, os.open(tmp, _FLAGS, mode)
     except FileExistsError:  # something holds the name: never opened, try another
       continue
-  raise FileExistsError(errno.EEXIST, f"no free temporary name beside it after {_ATTEMPTS} tries",
-                        path)
+  raise FileExistsError(
+    errno.EEXIST, f"no free temporary name beside it after {_ATTEMPTS} tries", path
+  )
 
 
 @contextlib.contextmanager
@@ -169,12 +174,17 @@ def kind(path: str, follow: bool = False) -> Optional[str]:
 
 
 def describe(mode: int) -> str:
-  """"file" for a regular file's st_mode, else what it is ("a FIFO")."""
+  """ "file" for a regular file's st_mode, else what it is ("a FIFO")."""
   if stat.S_ISREG(mode):
     return "file"
-  for test, what in ((stat.S_ISLNK, "a link"), (stat.S_ISDIR, "a folder"),
-                     (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                     (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+  for test, what in (
+    (stat.S_ISLNK, "a link"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+  ):
     if test(mode):
       return what
   return "not a regular file"

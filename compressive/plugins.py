@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from compressive.errors import ConfigError
 
 
-def lookup(field: str, name: Any, registered: Mapping[str, Any],
-           is_kind: Callable[[Any], bool], kind: str) -> Any:
+def lookup(
+  field: str, name: Any, registered: Mapping[str, Any], is_kind: Callable[[Any], bool], kind: str
+) -> Any:
   """`registered[name]`, or for `module:Name` that object of the module,
   imported now (so a config that names it, config.json included, imports it
   again wherever it is read). `field` ("model.compression") names the
@@ -30,21 +31,26 @@ def lookup(field: str, name: Any, registered: Mapping[str, Any],
   where = f"{field}={name!r}"
   if not isinstance(name, str) or ":" not in name:
     if name not in registered:
-      raise ConfigError(f"{where} is unknown; choose one of {', '.join(registered)}, "
-                        "or module:Name for one defined elsewhere")
+      raise ConfigError(
+        f"{where} is unknown; choose one of {', '.join(registered)}, "
+        "or module:Name for one defined elsewhere"
+      )
     return registered[name]
   module_name, _, attr = name.partition(":")
   if _reading_saved[0] and module_name not in sys.modules:
     raise ConfigError(
-        f"{where}: module {module_name!r} is not imported, and a saved config (config.json, "
-        f"an export) never imports code itself: if you trust it, name it with "
-        f"--plugin={module_name} (compressive.load(..., plugins=[{module_name!r}]))")
+      f"{where}: module {module_name!r} is not imported, and a saved config (config.json, "
+      f"an export) never imports code itself: if you trust it, name it with "
+      f"--plugin={module_name} (compressive.load(..., plugins=[{module_name!r}]))"
+    )
   try:
     module = importlib.import_module(module_name)
   except Exception as e:  # any failure to import is the config's
-    raise ConfigError(f"{where}: cannot import module {module_name!r} "
-                      f"({type(e).__name__}: {' '.join(str(e).split())}); "
-                      "is it on PYTHONPATH?") from None
+    raise ConfigError(
+      f"{where}: cannot import module {module_name!r} "
+      f"({type(e).__name__}: {' '.join(str(e).split())}); "
+      "is it on PYTHONPATH?"
+    ) from None
   found = getattr(module, attr, None) if attr else None
   if found is None:
     raise ConfigError(f"{where}: module {module_name!r} has no {attr!r}")
@@ -81,5 +87,7 @@ def trust(modules: Iterable[str]) -> None:
     try:
       importlib.import_module(module_name)
     except Exception as e:  # the user's module
-      raise ConfigError(f"--plugin={module_name}: cannot import it ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())}); is it on PYTHONPATH?") from None
+      raise ConfigError(
+        f"--plugin={module_name}: cannot import it ({type(e).__name__}: "
+        f"{' '.join(str(e).split())}); is it on PYTHONPATH?"
+      ) from None

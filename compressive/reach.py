@@ -21,16 +21,23 @@ from compressive.errors import StorageError
 _LOG = logging.getLogger("compressive")
 
 
-
-def bounded(work: Callable[[], Any], url: str, seconds: Optional[float],
-             say: Optional[Callable[[str], None]] = None) -> Any:
+def bounded(
+  work: Callable[[], Any],
+  url: str,
+  seconds: Optional[float],
+  say: Optional[Callable[[str], None]] = None,
+) -> Any:
   """work()'s result, waited for at most `seconds` (storage.within: None, no
   deadline), saying every storage.PROGRESS_S that it still waits (`say`,
   default a warning line); storage.StorageTimeout when no answer came."""
   say = say or (lambda text: _LOG.warning("%s", text))
   bound = "" if seconds is None else f" of at most {seconds:g}"
-  return storage.within(seconds, f"reading {url}", work, progress=lambda waited: say(
-      f"still waiting for Cloud Storage ({url}): {waited:.0f} s{bound}"))
+  return storage.within(
+    seconds,
+    f"reading {url}",
+    work,
+    progress=lambda waited: say(f"still waiting for Cloud Storage ({url}): {waited:.0f} s{bound}"),
+  )
 
 
 def tensorstore_reaches(url: str, seconds: Optional[float]) -> None:
@@ -41,6 +48,7 @@ def tensorstore_reaches(url: str, seconds: Optional[float]) -> None:
   the first save. Its log lines (the credentials it chose, once per
   process) are kept off the console; a failure's reason is its own."""
   import tensorstore as ts  # Orbax's; only for a URL
+
   bucket, _, path = url.split("://", 1)[1].partition("/")
   key = f"{path.rstrip('/')}/.compressive-probe".lstrip("/")
 
@@ -58,14 +66,22 @@ def tensorstore_reaches(url: str, seconds: Optional[float]) -> None:
       why = f"no answer within {seconds:g} s"
     except Exception as e:  # TensorStore's own (a refusal, no credentials)
       why = " ".join(str(e).split())[:300] or type(e).__name__
-  told = [" ".join(line.split("] ", 1)[-1].split()) for line in said
-          if _ABSL_LINE.match(line) and line[0] in "EW"]
+  told = [
+    " ".join(line.split("] ", 1)[-1].split())
+    for line in said
+    if _ABSL_LINE.match(line) and line[0] in "EW"
+  ]
   hint = ""
   if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
-    hint = ("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL to the same URL "
-            "(and GOOGLE_AUTH_TOKEN_FOR_TESTING for an emulator)")
-  raise StorageError(f"cannot read {url}: TensorStore, which writes the checkpoints: {why}"
-                     + (f" ({told[-1][:300]})" if told else "") + hint)
+    hint = (
+      "; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL to the same URL "
+      "(and GOOGLE_AUTH_TOKEN_FOR_TESTING for an emulator)"
+    )
+  raise StorageError(
+    f"cannot read {url}: TensorStore, which writes the checkpoints: {why}"
+    + (f" ({told[-1][:300]})" if told else "")
+    + hint
+  )
 
 
 @contextlib.contextmanager

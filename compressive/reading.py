@@ -53,8 +53,9 @@ MEMORY_FLAGS = ("memory_length", "compressed_memory_length")
 
 
 @contextlib.contextmanager
-def tool(validate: Optional[Callable[[], None]] = None, *,
-         progress: bool = False) -> Iterator[None]:
+def tool(
+  validate: Optional[Callable[[], None]] = None, *, progress: bool = False
+) -> Iterator[None]:
   """Runs a reading tool's work (the body): see the module's docstring.
   `validate`: the tool's own checks of its flags beyond their ranges (run
   first); `progress`: progress lines (logging INFO) on stderr, from process
@@ -67,21 +68,30 @@ def tool(validate: Optional[Callable[[], None]] = None, *,
       processes.join_as_flagged()
       if progress:
         logging.getLogger("compressive").setLevel(
-            logging.INFO if jax.process_index() == 0 else logging.WARNING)
+          logging.INFO if jax.process_index() == 0 else logging.WARNING
+        )
       yield
   finally:  # stopped or failed while joining the others: no wait for them at exit
     if processes.join_unfinished():
       error = sys.exc_info()[1]
       if isinstance(error, errors.Stopped):  # reported here: nothing after this runs
         print(f"error: stopped by {signal.Signals(error.signum).name}", file=sys.stderr)
-      storage.exit_now(error.code if isinstance(error, SystemExit) else
-                       errors.exit_status(error.signum) if isinstance(error, errors.Stopped) else 1)
+      storage.exit_now(
+        error.code
+        if isinstance(error, SystemExit)
+        else errors.exit_status(error.signum)
+        if isinstance(error, errors.Stopped)
+        else 1
+      )
 
 
-def flagged_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = MEMORY_FLAGS,
-                     step_must_exist: bool = False,
-                     check: Optional[Callable[[runconfig.SavedConfig], None]] = None
-                     ) -> experiment_lib.Experiment:
+def flagged_experiment(
+  *,
+  split: Optional[str] = None,
+  sizes: Sequence[str] = MEMORY_FLAGS,
+  step_must_exist: bool = False,
+  check: Optional[Callable[[runconfig.SavedConfig], None]] = None,
+) -> experiment_lib.Experiment:
   """The saved config of --workdir (a workdir or an export) made ready and
   checked (config.check_saved): the evaluation sizes of the flags `sizes`
   (config.SIZE_FIELDS) and --mesh_shape applied, `split` set as eval.split;
@@ -97,7 +107,8 @@ def flagged_experiment(*, split: Optional[str] = None, sizes: Sequence[str] = ME
   if split is not None:
     config.eval.split = split
   experiment, note = config_lib.check_saved(
-      config, sizes={name: FLAGS[name].value for name in sizes}, mesh_shape=FLAGS.mesh_shape)
+    config, sizes={name: FLAGS[name].value for name in sizes}, mesh_shape=FLAGS.mesh_shape
+  )
   if note:
     print(note, file=sys.stderr)
   if step_must_exist:
@@ -125,8 +136,10 @@ def _check_step() -> None:
   if step is None:
     raise CheckpointError(f"no checkpoint in {FLAGS.workdir}: nothing to evaluate")
   if step not in saved:
-    raise CheckpointError(f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
-                          f"saved steps are {', '.join(map(str, saved))}")
+    raise CheckpointError(
+      f"--step={step}: no checkpoint of step {step} in {FLAGS.workdir}; "
+      f"saved steps are {', '.join(map(str, saved))}"
+    )
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -105,15 +105,21 @@ def check_url(url: str, what: str) -> None:
   segments = path.rstrip("/").split("/") if path.rstrip("/") else []
   odd = next((s for s in segments if s in ("", ".", "..")), None)
   if not bucket or odd is not None:
-    which = "no bucket" if not bucket else (
-        "an empty segment (//)" if odd == "" else f"a {odd!r} segment")
-    raise ConfigError(f"{url}: {what} URL with {which}; give gs://BUCKET/PATH with each "
-                      "folder named once (Cloud Storage keeps names as written, TensorStore "
-                      "resolves them: the run's files would land in two places)")
+    which = (
+      "no bucket"
+      if not bucket
+      else ("an empty segment (//)" if odd == "" else f"a {odd!r} segment")
+    )
+    raise ConfigError(
+      f"{url}: {what} URL with {which}; give gs://BUCKET/PATH with each "
+      "folder named once (Cloud Storage keeps names as written, TensorStore "
+      "resolves them: the run's files would land in two places)"
+    )
 
 
 def _epath(url: str) -> epath.Path:
   from etils import epath  # imported only where a URL is used
+
   return epath.Path(url)
 
 
@@ -203,9 +209,11 @@ def _local_disk(what: str) -> Iterator[None]:
   except OSError as e:
     if e.errno is None or isinstance(e, FileNotFoundError):
       raise
-    raise StorageError(f"cannot copy {what} to this machine's temporary folder "
-                       f"{storage.temporary_folder()}: {e.strerror or e} (free space there, or "
-                       "set TMPDIR to another folder)") from e
+    raise StorageError(
+      f"cannot copy {what} to this machine's temporary folder "
+      f"{storage.temporary_folder()}: {e.strerror or e} (free space there, or "
+      "set TMPDIR to another folder)"
+    ) from e
 
 
 def _copy(read: IO[bytes], write: IO[bytes], limit: Optional[int] = None) -> int:
@@ -240,8 +248,10 @@ def move(path: str, target: str) -> None:
 
 
 def _upload(local: str, url: str, relative: str) -> None:
-  with open(os.path.join(local, relative), "rb") as f, \
-      _epath(f"{url}/{relative.replace(os.sep, '/')}").open("wb") as out:
+  with (
+    open(os.path.join(local, relative), "rb") as f,
+    _epath(f"{url}/{relative.replace(os.sep, '/')}").open("wb") as out,
+  ):
     _copy(f, out)
 
 
@@ -322,9 +332,11 @@ class Mirror:
     scheme, rest = self.url.split("://", 1)
     bucket = rest.split("/", 1)[0]
     if not _epath(f"{scheme}://{bucket}").exists():
-      raise StorageError(f"{self.url}: the bucket {bucket} does not exist, or these credentials "
-                         f"cannot see it; create it first (gcloud storage buckets create "
-                         f"{scheme}://{bucket})")
+      raise StorageError(
+        f"{self.url}: the bucket {bucket} does not exist, or these credentials "
+        f"cannot see it; create it first (gcloud storage buckets create "
+        f"{scheme}://{bucket})"
+      )
 
   def push(self) -> None:
     """Copies each file made or changed here since the last copy to the
@@ -335,8 +347,9 @@ class Mirror:
     storage.within(self.deadline, f"copying the run's files to {self.url}", self._push)
 
   def _push(self) -> None:
-    changed = {r: seen for r, seen in sorted(_files_under(self.local).items())
-               if self._copied.get(r) != seen}
+    changed = {
+      r: seen for r, seen in sorted(_files_under(self.local).items()) if self._copied.get(r) != seen
+    }
     for relative in list(changed):
       name = self._partial.get(_identity(os.lstat(os.path.join(self.local, relative))))
       if name is not None:  # a part-copy, set aside: the whole object, before it is replaced
@@ -346,8 +359,9 @@ class Mirror:
       _upload(self.local, self.url, relative)
       self._copied[relative] = seen
 
-  def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
-               traceback: Any) -> None:
+  def __exit__(
+    self, kind: Optional[type[BaseException]], error: Optional[BaseException], traceback: Any
+  ) -> None:
     try:
       # A new run that failed before its first checkpoint leaves nothing.
       if kind is None or self._held or self._pushed:
@@ -390,8 +404,7 @@ class Upload:
   --output), which must hold nothing; copied there, file by file, when the
   tool ends without an error. `with Upload(url, label) as local:`."""
 
-  def __init__(self, url: str, label: str,
-               deadline: Optional[float] = storage.DEFAULT_DEADLINE_S):
+  def __init__(self, url: str, label: str, deadline: Optional[float] = storage.DEFAULT_DEADLINE_S):
     check_url(url, "an output")
     self.url, self.label, self.deadline = url.rstrip("/"), label, deadline
     self.local = ""
@@ -400,8 +413,11 @@ class Upload:
   def __enter__(self) -> str:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
-      taken = reach.bounded(lambda: target.exists() and (target.is_file() or any(target.iterdir())),
-                       self.url, self.deadline)
+      taken = reach.bounded(
+        lambda: target.exists() and (target.is_file() or any(target.iterdir())),
+        self.url,
+        self.deadline,
+      )
     reach.tensorstore_reaches(self.url, min(self.deadline or PROBE_S, PROBE_S))
     if taken:
       raise ConfigError(f"{self.label} exists and is not empty: give a new or empty place")
@@ -415,8 +431,9 @@ class Upload:
     for relative in sorted(_files_under(self.local), key=lambda r: (os.sep not in r, r)):
       _upload(self.local, self.url, relative)
 
-  def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
-               traceback: Any) -> None:
+  def __exit__(
+    self, kind: Optional[type[BaseException]], error: Optional[BaseException], traceback: Any
+  ) -> None:
     try:
       if kind is None and os.path.isdir(self.local):
         with _reaching(f"cannot write {self.url}"):

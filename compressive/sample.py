@@ -42,8 +42,9 @@ cli_flags.validate_int_flag("top_k", "[0, 2**31)", must=">= 0 (0: all tokens), b
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1: off).")
 cli_flags.validate_number_flag("top_p", "(0, 1]", must="in (0, 1] (1: off)")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-cli_flags.validate_int_flag("seed", "[0, 2**32)",
-                      must="an integer in [0, 2**32) (the PRNG key's 32 bits)")
+cli_flags.validate_int_flag(
+  "seed", "[0, 2**32)", must="an integer in [0, 2**32) (the PRNG key's 32 bits)"
+)
 cli_flags.define_memory_flags()
 
 
@@ -67,8 +68,9 @@ def read_prompt() -> str:
     try:
       prompt = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-      raise ConfigError(f"--prompt_file={name} is not UTF-8 text: invalid byte at offset "
-                        f"{e.start} ({e.reason})") from None
+      raise ConfigError(
+        f"--prompt_file={name} is not UTF-8 text: invalid byte at offset {e.start} ({e.reason})"
+      ) from None
     flag = f"--prompt_file={name}"
   else:
     prompt, flag = FLAGS.prompt, "--prompt"
@@ -92,14 +94,24 @@ def main(argv: list[str]) -> None:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
     model = reading.open_flagged_run(experiment).model
     sizes = experiment.eval
-    sampler = reading.PiecesSampler(model, pieces=tokenizer.vocab_size, batch_size=1,
-                            memory_length=sizes.memory_length,
-                            compressed_memory_length=sizes.compressed_memory_length)
+    sampler = reading.PiecesSampler(
+      model,
+      pieces=tokenizer.vocab_size,
+      batch_size=1,
+      memory_length=sizes.memory_length,
+      compressed_memory_length=sizes.compressed_memory_length,
+    )
     stream = TextStream(tokenizer)
     try:
       sys.stdout.write(prompt)
-      for token in sampler.generate(ids, FLAGS.num_tokens, temperature=FLAGS.temperature,
-                                    top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed):
+      for token in sampler.generate(
+        ids,
+        FLAGS.num_tokens,
+        temperature=FLAGS.temperature,
+        top_k=FLAGS.top_k,
+        top_p=FLAGS.top_p,
+        seed=FLAGS.seed,
+      ):
         sys.stdout.write(stream.push(int(token[0])))
         sys.stdout.flush()
       sys.stdout.write(stream.flush() + "\n")  # a character cut short by the end, as U+FFFD

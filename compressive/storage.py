@@ -57,8 +57,12 @@ def stalled() -> Optional[str]:
   return _stalled[0] if _stalled else None
 
 
-def within(seconds: Optional[float], what: str, call: Callable[[], T],
-           progress: Optional[Callable[[float], None]] = None) -> T:
+def within(
+  seconds: Optional[float],
+  what: str,
+  call: Callable[[], T],
+  progress: Optional[Callable[[float], None]] = None,
+) -> T:
   """call(), waited for at most `seconds` (None: no deadline, called here);
   StorageTimeout naming `what` when it has not answered by then, or when a
   call of this process went unanswered before (`stalled`). Its own
@@ -89,8 +93,10 @@ def within(seconds: Optional[float], what: str, call: Callable[[], T],
       progress(now - start)
     if thread.is_alive() and now >= end:
       _stalled.append(f"{what}: no answer within {seconds:g} s")
-      raise StorageTimeout(f"{what}: Cloud Storage did not answer within {seconds:g} s "
-                           "(--storage_deadline); what was saved before is intact")
+      raise StorageTimeout(
+        f"{what}: Cloud Storage did not answer within {seconds:g} s "
+        "(--storage_deadline); what was saved before is intact"
+      )
   if "error" in outcome:
     raise outcome["error"]  # type: ignore[misc]
   return outcome["value"]  # type: ignore[return-value]
@@ -121,8 +127,9 @@ class LocalFolder:
   def __init__(self, prefix: str, name: str):
     clear_left_behind(prefix)
     self.parent = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
-    self._fd: Optional[int] = os.open(os.path.join(self.parent, _LOCK),
-                                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    self._fd: Optional[int] = os.open(
+      os.path.join(self.parent, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     self.path = os.path.join(self.parent, name)
     os.mkdir(self.path)

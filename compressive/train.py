@@ -46,31 +46,46 @@ from compressive.training import loop as train_lib
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
 # Required, but for --print_config, which writes nothing (main checks it).
-cli_flags.define_workdir_flags("Checkpoints, metrics and TensorBoard logs go here.", step=False,
-                               required=False)
+cli_flags.define_workdir_flags(
+  "Checkpoints, metrics and TensorBoard logs go here.", step=False, required=False
+)
 cli_flags.define_multihost_flags()
-flags.DEFINE_bool("restore_intact", False,
-                  "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
-                  "from the newest one that can instead of stopping with an error.")
-flags.DEFINE_bool("accept_changed_corpus", False,
-                  "Resume even though the training corpus (a text_files folder's files, or "
-                  "the data section's generating fields, e.g. data.synthetic.seed) changed "
-                  "since the checkpoint was saved; without it, that stops the run with one "
-                  "line.")
-flags.DEFINE_bool("print_config", False,
-                  "Print the config the command line gives, after its checks (not of its "
-                  "data, whose paths may be yet to fill in), as JSON: what the run's "
-                  "config.json would record (every field, evaluation's sizes resolved); "
-                  "then exit, training nothing and writing nothing.")
-flags.DEFINE_bool("dry_run", False,
-                  "Check everything a start checks (the config, the data, every document "
-                  "read once, the model's size on this machine's devices, whether the workdir "
-                  "would resume), say so in one line and exit 0, training nothing and "
-                  "writing nothing.")
-flags.DEFINE_string("profile_steps", "",
-                    "START,END: a JAX profiler trace of steps START to END (inclusive) into "
-                    "WORKDIR/profile, for TensorBoard's profile tab (default: none).")
-
+flags.DEFINE_bool(
+  "restore_intact",
+  False,
+  "If the newest checkpoint cannot be restored (truncated, corrupt), resume "
+  "from the newest one that can instead of stopping with an error.",
+)
+flags.DEFINE_bool(
+  "accept_changed_corpus",
+  False,
+  "Resume even though the training corpus (a text_files folder's files, or "
+  "the data section's generating fields, e.g. data.synthetic.seed) changed "
+  "since the checkpoint was saved; without it, that stops the run with one "
+  "line.",
+)
+flags.DEFINE_bool(
+  "print_config",
+  False,
+  "Print the config the command line gives, after its checks (not of its "
+  "data, whose paths may be yet to fill in), as JSON: what the run's "
+  "config.json would record (every field, evaluation's sizes resolved); "
+  "then exit, training nothing and writing nothing.",
+)
+flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Check everything a start checks (the config, the data, every document "
+  "read once, the model's size on this machine's devices, whether the workdir "
+  "would resume), say so in one line and exit 0, training nothing and "
+  "writing nothing.",
+)
+flags.DEFINE_string(
+  "profile_steps",
+  "",
+  "START,END: a JAX profiler trace of steps START to END (inclusive) into "
+  "WORKDIR/profile, for TensorBoard's profile tab (default: none).",
+)
 
 
 def setup_logging() -> None:
@@ -91,9 +106,11 @@ def main(argv: list[str]) -> None:
     # Ctrl-C before training started, or a second signal during it: stopped
     # where it was, once the save in flight (if any) was finished.
     signum = interrupts.received() or signal.SIGINT
-    cli.fail(f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
-             f"from the newest checkpoint in {FLAGS.workdir}",
-             code=errors.exit_status(signum))
+    cli.fail(
+      f"stopped at once by {signal.Signals(signum).name}; the same command resumes "
+      f"from the newest checkpoint in {FLAGS.workdir}",
+      code=errors.exit_status(signum),
+    )
   finally:  # a stop or a failure while joining the other processes: no wait for them at exit
     if processes.join_unfinished():
       error = sys.exc_info()[1]
@@ -108,8 +125,9 @@ def train(config: Any, workdir: str) -> None:
     # A field of a source the run does not read: refused from the command
     # line, a warning from a config file (data.check_unread_sections).
     if "data" in config:
-      data_lib.check_unread_sections(data_lib.DataConfig.from_dict(config.data),
-                                     cli_config.overridden_fields(sys.argv))
+      data_lib.check_unread_sections(
+        data_lib.DataConfig.from_dict(config.data), cli_config.overridden_fields(sys.argv)
+      )
     if FLAGS.print_config:  # what config.json would record: every field, as the run reads it
       # The config's own checks and its mesh against this machine's devices;
       # not its data (a path to fill in) nor its size here.
@@ -119,28 +137,40 @@ def train(config: Any, workdir: str) -> None:
     experiment = config_lib.check(config)
     last = experiment.train.num_train_steps
     if profile is not None and profile[0] > last:
-      raise ConfigError(f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
-                        f"(num_train_steps={last}): no trace would be taken")
+      raise ConfigError(
+        f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
+        f"(num_train_steps={last}): no trace would be taken"
+      )
     if FLAGS.dry_run:
       print(dryrun.dry_run(experiment, workdir))
       return
     stop = interrupts.SignalStop()
     result = train_lib.train_and_evaluate(
-        experiment, workdir, should_stop=stop.should_stop, restore_intact=FLAGS.restore_intact,
-        profile_steps=profile, accept_changed_corpus=FLAGS.accept_changed_corpus,
-        config_name=cli_config.config_argument(sys.argv, "config"))
+      experiment,
+      workdir,
+      should_stop=stop.should_stop,
+      restore_intact=FLAGS.restore_intact,
+      profile_steps=profile,
+      accept_changed_corpus=FLAGS.accept_changed_corpus,
+      config_name=cli_config.config_argument(sys.argv, "config"),
+    )
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     if writers.TENSORBOARD in experiment.train.metric_writers:
-      print("TensorBoard logs: tensorboard --logdir "
-            + remote.public(layout.Workdir(workdir).tensorboard()))
+      print(
+        "TensorBoard logs: tensorboard --logdir "
+        + remote.public(layout.Workdir(workdir).tensorboard())
+      )
     if result and stopped is None:
       print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again
     signum = interrupts.received() or signal.SIGTERM
-    cli.fail(f"stopped by {signal.Signals(signum).name} after step {stopped} of "
-             f"{experiment.train.num_train_steps} (checkpointed); the same command resumes "
-             "from there", code=errors.exit_status(signum))
+    cli.fail(
+      f"stopped by {signal.Signals(signum).name} after step {stopped} of "
+      f"{experiment.train.num_train_steps} (checkpointed); the same command resumes "
+      "from there",
+      code=errors.exit_status(signum),
+    )
 
 
 def _stopped_before(workdir: str, last: int) -> Optional[int]:

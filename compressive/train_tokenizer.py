@@ -27,11 +27,13 @@ def validate(data_config: data.DataConfig) -> None:
   made), and the output path, before any reading."""
   data.validate_data_config(data_config, need_tokenizer_model=False)
   if not data_config.spm_model:
-    raise ConfigError('data.spm_model (the output path) is empty')
-  files.check_local(data_config.spm_model, 'data.spm_model (the .model file to write)')
+    raise ConfigError("data.spm_model (the output path) is empty")
+  files.check_local(data_config.spm_model, "data.spm_model (the .model file to write)")
   if os.path.isdir(data_config.spm_model):
-    raise ConfigError(f'data.spm_model={data_config.spm_model!r} is a folder: give the path of '
-                      'the .model file to write')
+    raise ConfigError(
+      f"data.spm_model={data_config.spm_model!r} is a folder: give the path of "
+      "the .model file to write"
+    )
   # The output folder now, not after training: an unwritable one is an error
   # that names it (cli.user_errors).
   os.makedirs(os.path.dirname(os.path.abspath(data_config.spm_model)), exist_ok=True)
@@ -40,30 +42,40 @@ def validate(data_config: data.DataConfig) -> None:
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   cli.quiet_libraries()
-  logging.getLogger('compressive').setLevel(logging.INFO)  # a download's progress
+  logging.getLogger("compressive").setLevel(logging.INFO)  # a download's progress
   with cli.user_errors():
-    if 'data' not in _CONFIG.value:
-      raise ConfigError('the config has no data section (config.data)')
+    if "data" not in _CONFIG.value:
+      raise ConfigError("the config has no data section (config.data)")
     data_config = data.DataConfig.from_dict(_CONFIG.value.data)
     data.check_unread_sections(data_config, cli_config.overridden_fields(sys.argv))
     validate(data_config)
-    texts = data.iter_texts(data_config, 'train',
-                            max_bytes=data_config.spm_train_max_bytes,
-                            seed=data_config.spm_train_seed)
+    texts = data.iter_texts(
+      data_config,
+      "train",
+      max_bytes=data_config.spm_train_max_bytes,
+      seed=data_config.spm_train_seed,
+    )
     tokenizer = data.train_sentencepiece(
-        texts,
-        vocab_size=data_config.spm_vocab_size,
-        model_path=data_config.spm_model,
-        model_type=data_config.spm_model_type,
-        character_coverage=data_config.spm_character_coverage,
-        num_threads=os.cpu_count() or 1,
-        seed=data_config.spm_train_seed)
+      texts,
+      vocab_size=data_config.spm_vocab_size,
+      model_path=data_config.spm_model,
+      model_type=data_config.spm_model_type,
+      character_coverage=data_config.spm_character_coverage,
+      num_threads=os.cpu_count() or 1,
+      seed=data_config.spm_train_seed,
+    )
   pieces = tokenizer.vocab_size
-  fewer = (f' (fewer than data.spm_vocab_size={data_config.spm_vocab_size}: the corpus has no '
-           'more)' if pieces < data_config.spm_vocab_size else '')
-  print(f'wrote {data_config.spm_model}: {pieces} pieces{fewer}; train with '
-        f'--config.data.tokenizer=sentencepiece --config.data.spm_model={data_config.spm_model} '
-        f'--config.model.vocab_size={pieces}', flush=True)
+  fewer = (
+    f" (fewer than data.spm_vocab_size={data_config.spm_vocab_size}: the corpus has no more)"
+    if pieces < data_config.spm_vocab_size
+    else ""
+  )
+  print(
+    f"wrote {data_config.spm_model}: {pieces} pieces{fewer}; train with "
+    f"--config.data.tokenizer=sentencepiece --config.data.spm_model={data_config.spm_model} "
+    f"--config.model.vocab_size={pieces}",
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

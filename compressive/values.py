@@ -52,7 +52,7 @@ def _bound(text: str) -> float:
 
 
 def parse_interval(interval: str) -> tuple[float, bool, float, bool]:
-  """"[0, 1)" -> (0.0, True, 1.0, False): (low, low included, high, high
+  """ "[0, 1)" -> (0.0, True, 1.0, False): (low, low included, high, high
   included); "inf" and "-inf" as bounds, "2**31" or "2**32 - 2" as powers
   of two (less an integer)."""
   match = _INTERVAL.match(interval)
@@ -74,6 +74,7 @@ def as_dtype(value: float, dtype: str) -> float:
   if dtype == "float64":
     return float(value)
   import ml_dtypes  # JAX's own dependency
+
   np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
   with warnings.catch_warnings(), np.errstate(over="ignore", under="ignore"):
     warnings.simplefilter("ignore")
@@ -84,16 +85,19 @@ def _smallest_normal(dtype: str) -> float:
   if dtype == "float64":
     return float(np.finfo(np.float64).tiny)
   import ml_dtypes
+
   return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).tiny)
 
 
 def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-      value, (bool, np.bool_))
+    value, (bool, np.bool_)
+  )
 
 
-def number(name: str, value: Any, interval: str = "(-inf, inf)", *, dtype: str = "float32",
-           must: str = "") -> float:
+def number(
+  name: str, value: Any, interval: str = "(-inf, inf)", *, dtype: str = "float32", must: str = ""
+) -> float:
   """`value` as `dtype` holds it, checked: a number (not NaN), which the
   dtype neither overflows to inf nor underflows to 0 (or a subnormal, which
   accelerators flush to 0), and whose dtype value lies in `interval`.
@@ -105,16 +109,19 @@ def number(name: str, value: Any, interval: str = "(-inf, inf)", *, dtype: str =
   held = as_dtype(value, dtype)
   if math.isinf(held) and not math.isinf(value):
     raise ConfigError(
-        f"{name}={value!r} overflows to {held} in {dtype} (the dtype it has on the device; "
-        f"its largest is {_largest(dtype):.4g}): it must be {must}")
+      f"{name}={value!r} overflows to {held} in {dtype} (the dtype it has on the device; "
+      f"its largest is {_largest(dtype):.4g}): it must be {must}"
+    )
   if value != 0 and abs(held) < _smallest_normal(dtype):
     what = "0" if held == 0 else f"the subnormal {held:.3g}, which accelerators flush to 0,"
     raise ConfigError(
-        f"{name}={value!r} underflows to {what} in {dtype} (the dtype it has on the device; "
-        f"its smallest normal number is {_smallest_normal(dtype):.4g}): it must be {must}")
+      f"{name}={value!r} underflows to {what} in {dtype} (the dtype it has on the device; "
+      f"its smallest normal number is {_smallest_normal(dtype):.4g}): it must be {must}"
+    )
   if not in_interval(held, interval):
-    rounded = f" (it is {held!r} in {dtype}, the dtype it has on the device)" if (
-        held != value) else ""
+    rounded = (
+      f" (it is {held!r} in {dtype}, the dtype it has on the device)" if (held != value) else ""
+    )
     raise ConfigError(f"{name}={value!r}{rounded} must be {must}")
   return held
 
@@ -123,6 +130,7 @@ def _largest(dtype: str) -> float:
   if dtype == "float64":
     return float(np.finfo(np.float64).max)
   import ml_dtypes
+
   return float(ml_dtypes.finfo(np.float32 if dtype == "float32" else ml_dtypes.bfloat16).max)
 
 
@@ -133,10 +141,12 @@ def integer(name: str, value: Any, interval: str, *, must: str = "") -> int:
     raise ConfigError(f"{name}={value!r} must be {must}")
   low, low_in, high, high_in = parse_interval(interval)
   # Compared as integers (a float bound of 2**63 would round a neighbour onto it).
-  low_ok = math.isinf(low) or (value >= _int_bound(interval, 0) if low_in
-                               else value > _int_bound(interval, 0))
-  high_ok = math.isinf(high) or (value <= _int_bound(interval, 1) if high_in
-                                 else value < _int_bound(interval, 1))
+  low_ok = math.isinf(low) or (
+    value >= _int_bound(interval, 0) if low_in else value > _int_bound(interval, 0)
+  )
+  high_ok = math.isinf(high) or (
+    value <= _int_bound(interval, 1) if high_in else value < _int_bound(interval, 1)
+  )
   if not (low_ok and high_ok):
     raise ConfigError(f"{name}={value!r} must be {must}")
   return int(value)
@@ -164,12 +174,18 @@ def _int_bound(interval: str, which: int) -> int | float:
 
 # The kinds a field may have, as an annotation names them.
 KINDS = ("int", "float", "str", "bool", "tuple")
-_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "True or False",
-          "tuple": "a tuple"}
+_WORDS = {
+  "int": "an integer",
+  "float": "a number",
+  "str": "a string",
+  "bool": "True or False",
+  "tuple": "a tuple",
+}
 
 
-def _declared(kind: str, default: Any, interval: str = "", must: str = "",
-              choices: Any = (), rule: Any = None) -> Any:
+def _declared(
+  kind: str, default: Any, interval: str = "", must: str = "", choices: Any = (), rule: Any = None
+) -> Any:
   metadata = {"kind": kind, "must": must}
   if interval:
     metadata["interval"] = interval
@@ -270,14 +286,18 @@ def check_kind(f: dataclasses.Field, value: Any, prefix: str) -> None:
     return
   if not _is_kind(value, kind):
     what = f.metadata.get("must") if kind in ("str", "tuple") else ""
-    raise ConfigError(f"{prefix}{f.name}={_shown(value)} must be {what or _WORDS[kind]}"
-                      + (f", not {type(value).__name__}" if value is not None else ", not null"))
+    raise ConfigError(
+      f"{prefix}{f.name}={_shown(value)} must be {what or _WORDS[kind]}"
+      + (f", not {type(value).__name__}" if value is not None else ", not null")
+    )
   choices = _choices(f)
   if kind == "str" and choices:
     if value not in choices:
       must = f.metadata.get("must")
-      raise ConfigError(f"{prefix}{f.name}={value!r} " + (
-          f"must be {must}" if must else f"is unknown; choose one of {', '.join(choices)}"))
+      raise ConfigError(
+        f"{prefix}{f.name}={value!r} "
+        + (f"must be {must}" if must else f"is unknown; choose one of {', '.join(choices)}")
+      )
 
 
 def check_fields(group: Any, prefix: str) -> dict[str, Any]:
@@ -297,11 +317,11 @@ def check_fields(group: Any, prefix: str) -> dict[str, Any]:
       raise ConfigError(f"{prefix}{f.name}{problem}")
     if "interval" in f.metadata:
       check = integer if f.metadata["kind"] == "int" else number
-      held[f.name] = check(prefix + f.name, value, f.metadata["interval"],
-                           must=f.metadata["must"])
+      held[f.name] = check(prefix + f.name, value, f.metadata["interval"], must=f.metadata["must"])
     elif kind_of(f) == "float":  # no range of its own: as float32 holds it (an inf typed as inf)
-      held[f.name] = number(prefix + f.name, value, "[-inf, inf]",
-                            must="a number that float32 holds")
+      held[f.name] = number(
+        prefix + f.name, value, "[-inf, inf]", must="a number that float32 holds"
+      )
   return held
 
 
@@ -313,15 +333,19 @@ def check_section(cls: Any, section: Any, prefix: str, derived: Any = ()) -> Non
   file's reader checks of each section it holds (`derived`: fields that
   come from other groups, never from the section)."""
   if not isinstance(section, Mapping):
-    raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a section of fields, "
-                      f"not {'null' if section is None else type(section).__name__}")
+    raise ConfigError(
+      f"{prefix.rstrip('.') or 'the config'} must be a section of fields, "
+      f"not {'null' if section is None else type(section).__name__}"
+    )
   fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in derived}
   unknown = sorted(str(k) for k in section if k not in fields)
   if unknown:
     key = unknown[0][:80] if unknown[0][:80].isprintable() else repr(unknown[0][:80])
-    raise ConfigError(f"{prefix}{key} is not a field of this "
-                      f"version's config ({prefix.rstrip('.') or 'top level'}: "
-                      f"{', '.join(sorted(fields))})")
+    raise ConfigError(
+      f"{prefix}{key} is not a field of this "
+      f"version's config ({prefix.rstrip('.') or 'top level'}: "
+      f"{', '.join(sorted(fields))})"
+    )
   for name, f in fields.items():
     if name in section:
       check_kind(f, section[name], prefix)
@@ -393,16 +417,23 @@ class Progress:
     self.next = now + self.every
     left = (now - self.start) * (self.total - self.done) / max(self.done, 1)
     logging.getLogger("compressive").info(
-        "%s: %s of %s (%d%%), about %s left", self.what, f"{self.done:,}", f"{self.total:,}",
-        100 * self.done // self.total, hms(left))
+      "%s: %s of %s (%d%%), about %s left",
+      self.what,
+      f"{self.done:,}",
+      f"{self.total:,}",
+      100 * self.done // self.total,
+      hms(left),
+    )
 
 
 def metrics_text(metrics: dict[str, Any], sep: str = " ") -> str:
   """Metrics for a log line: `name value` pairs (or `name=value`, sep "="),
   counts as integers (`tokens 20480`), the rest to four decimals."""
+
   def text(v: Any) -> str:
     v = float(v)
     return f"{v:.0f}" if v.is_integer() else f"{v:.4f}"
+
   return "  ".join(f"{k}{sep}{text(v)}" for k, v in metrics.items())
 
 

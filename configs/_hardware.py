@@ -31,6 +31,8 @@ def experiment(name: str) -> ml_collections.ConfigDict:
   name = name or "default"
   names = experiment_names()
   if name not in names:
-    raise ValueError(f"no experiment config {name!r} for a hardware preset "
-                     f"(the part after ':' is one of: {', '.join(names)})")
+    raise ValueError(
+      f"no experiment config {name!r} for a hardware preset "
+      f"(the part after ':' is one of: {', '.join(names)})"
+    )
   return importlib.import_module(f"compressive.configs.{name}").get_config()

@@ -28,12 +28,17 @@ def data_fields() -> list[str]:
   """docs/DATA.md's every data field: the shared ones (DataConfig), then
   each registered source's section, each with its default and what it
   holds."""
-  rows = [(f"data.{f.name}", f) for f in dataclasses.fields(data.DataConfig)
-          if f.name != "sections"]
-  rows += [(f"data.{name}.{f.name}", f) for name in registry.names()
-           for f in dataclasses.fields(registry.get(name).schema)]
+  rows = [
+    (f"data.{f.name}", f) for f in dataclasses.fields(data.DataConfig) if f.name != "sections"
+  ]
+  rows += [
+    (f"data.{name}.{f.name}", f)
+    for name in registry.names()
+    for f in dataclasses.fields(registry.get(name).schema)
+  ]
   return ["| field | default | holds |", "|---|---|---|"] + [
-      f"| `{name}` | `{f.default!r}` | {values.describe(f)} |" for name, f in rows]
+    f"| `{name}` | `{f.default!r}` | {values.describe(f)} |" for name, f in rows
+  ]
 
 
 # doc (relative to the repository) -> {table name: its rows}
@@ -44,8 +49,9 @@ _TABLE = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
 def render(text: str, tables: dict) -> str:
   """`text` with each marked table's rows replaced by what its function
   writes; KeyError for a marker naming no table."""
-  return _TABLE.sub(lambda m: m.group(1) + "\n".join(tables[m.group(2)]()) + "\n" + m.group(4),
-                    text)
+  return _TABLE.sub(
+    lambda m: m.group(1) + "\n".join(tables[m.group(2)]()) + "\n" + m.group(4), text
+  )
 
 
 def main() -> None:

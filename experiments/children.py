@@ -23,6 +23,7 @@ class Child:
   runner stops once it has, instead of leaving it to train on alone. A
   signal that comes while no child runs, or while one is being started,
   is kept and acted on at once after."""
+
   process: subprocess.Popen | None = None
   signalled: int | None = None
 
@@ -37,8 +38,11 @@ class Child:
   def stop_if_signalled(cls, code: Optional[int] = None, what: str = "") -> None:
     if cls.signalled is not None:
       ran = f" while {what} ran (it exited with {code})" if what else " between runs"
-      cli.fail(f"stopped by {signal.Signals(cls.signalled).name}{ran}; the same command goes "
-               "on from where the runs stopped", code=errors.exit_status(cls.signalled))
+      cli.fail(
+        f"stopped by {signal.Signals(cls.signalled).name}{ran}; the same command goes "
+        "on from where the runs stopped",
+        code=errors.exit_status(cls.signalled),
+      )
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -70,8 +74,9 @@ def run_tool(args: list[str]) -> str:
   Child.stop_if_signalled()
   cmd = [sys.executable] + args
   print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-  Child.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                    preexec_fn=_dies_with_this_process())
+  Child.process = subprocess.Popen(
+    cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_dies_with_this_process()
+  )
   if Child.signalled is not None:  # it came while the child was being started
     Child.process.send_signal(Child.signalled)
   try:
@@ -89,8 +94,9 @@ def run_tool(args: list[str]) -> str:
 def train(workdir: str, config: str, *overrides: str) -> dict:
   """Trains (or finishes) a run; returns its training summary."""
   saved = os.path.join(workdir, "config.json")
-  done = os.path.exists(saved) and os.path.isdir(os.path.join(
-      workdir, "checkpoints", str(json.load(open(saved))["num_train_steps"])))
+  done = os.path.exists(saved) and os.path.isdir(
+    os.path.join(workdir, "checkpoints", str(json.load(open(saved))["num_train_steps"]))
+  )
   if not done:  # (train.py would resume and stop, after building the data: minutes here)
     run_tool(["train.py", f"--config={config}", f"--workdir={workdir}", *overrides])
   return train_summary(workdir)
@@ -100,8 +106,11 @@ def train_summary(workdir: str, since_step: int = 0) -> dict:
   """Steps, seconds and tokens of a run's training from its metrics; with
   since_step, of the steps after it only (a run resumed from another's
   checkpoint with another number of segments per step)."""
-  rows = [r for r in map(json.loads, open(os.path.join(workdir, "metrics_train.jsonl")))
-          if r["step"] > since_step]
+  rows = [
+    r
+    for r in map(json.loads, open(os.path.join(workdir, "metrics_train.jsonl")))
+    if r["step"] > since_step
+  ]
   seconds, tokens = 0.0, 0
   with open(os.path.join(workdir, "config.json")) as f:
     config = json.load(f)
@@ -114,8 +123,13 @@ def train_summary(workdir: str, since_step: int = 0) -> dict:
     tokens += n
     prev = r["step"]
     curve.append((r["step"], seconds, r["bits_per_byte"]))
-  return {"steps": prev, "train_seconds": seconds, "train_tokens": tokens,
-          "tokens_per_second": tokens / seconds, "curve": curve}
+  return {
+    "steps": prev,
+    "train_seconds": seconds,
+    "train_tokens": tokens,
+    "tokens_per_second": tokens / seconds,
+    "curve": curve,
+  }
 
 
 def evaluate(workdir: str, split: str = "test", max_segments: int | None = None) -> dict:

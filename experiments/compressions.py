@@ -42,10 +42,12 @@ class AttentionPool(compression.Compression):
     if d_model % h:
       raise ValueError(f"{type(self).__name__} pools {h} blocks of d_model={d_model} coordinates")
     # Small and replicated: the heads on the taps' logical axis, d on the norms'.
-    self.query = layers.param(nnx.initializers.zeros, None, (h, d_model), ("window", "norm"),
-                       param_dtype)
-    self.position_bias = layers.param(self.bias_init, None, (h, rate), ("window", "window"),
-                               param_dtype)
+    self.query = layers.param(
+      nnx.initializers.zeros, None, (h, d_model), ("window", "norm"), param_dtype
+    )
+    self.position_bias = layers.param(
+      self.bias_init, None, (h, rate), ("window", "window"), param_dtype
+    )
 
   @classmethod
   def pool_heads(cls, rate: int) -> int:
@@ -76,7 +78,8 @@ class AttentionPool(compression.Compression):
     h = self.query.shape[0]
     w = self.weights(slots, mask).astype(slots.dtype)  # [B, G, h, c]
     blocks = self.groups(jnp.where(mask[..., None], slots, 0)).reshape(
-        b, n // self.rate, self.rate, h, d // h)
+      b, n // self.rate, self.rate, h, d // h
+    )
     out = jnp.einsum("bghc,bgchk->bghk", w, blocks).reshape(b, n // self.rate, d)
     out_mask = self.groups(mask).any(-1)
     return jnp.where(out_mask[..., None], out, 0), out_mask

@@ -65,41 +65,56 @@ else:  # run as a script: its own folder is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("experiment", None,
-                  ["ct_vs_txl", "recall_study", "books_reach", "ablation", "positions"],
-                  "Which experiment.")
+flags.DEFINE_enum(
+  "experiment",
+  None,
+  ["ct_vs_txl", "recall_study", "books_reach", "ablation", "positions"],
+  "Which experiment.",
+)
 flags.DEFINE_string("root", "runs/experiments", "Where runs and results go.")
-flags.DEFINE_integer("equal_time_steps", None,
-                     "Steps of the equal-wall-time Transformer-XL run; default from the "
-                     "two equal-step runs' measured training throughput.")
+flags.DEFINE_integer(
+  "equal_time_steps",
+  None,
+  "Steps of the equal-wall-time Transformer-XL run; default from the "
+  "two equal-step runs' measured training throughput.",
+)
 flags.DEFINE_integer("ablation_steps", 100, "Train steps per ablation run.")
 flags.DEFINE_integer("ablation_eval_segments", 100, "Test segments per row in the ablation.")
 flags.DEFINE_list("settings", None, "recall_study: the settings to run (default all).")
-flags.DEFINE_bool("taught", False,
-                  "books_reach: with the task-taught compression (one update per step's "
-                  "4 segments, model.memory_gradient=compressor; the Transformer-XL with the "
-                  "same window). Writes books_reach_taught.json.")
-flags.DEFINE_string("compression", None,
-                    "books_reach: the CT's model.compression (default the config's, conv). "
-                    "Writes books_reach_<compression>.json.")
-flags.DEFINE_string("results_dir", "docs/results",
-                    "recall_study, books_reach: where their results JSON goes.")
+flags.DEFINE_bool(
+  "taught",
+  False,
+  "books_reach: with the task-taught compression (one update per step's "
+  "4 segments, model.memory_gradient=compressor; the Transformer-XL with the "
+  "same window). Writes books_reach_taught.json.",
+)
+flags.DEFINE_string(
+  "compression",
+  None,
+  "books_reach: the CT's model.compression (default the config's, conv). "
+  "Writes books_reach_<compression>.json.",
+)
+flags.DEFINE_string(
+  "results_dir", "docs/results", "recall_study, books_reach: where their results JSON goes."
+)
 flags.mark_flag_as_required("experiment")
 
 ABLATION = [  # (name, compression, reconstruction loss)
-    ("max_pool", "max_pool", "attention"),
-    ("mean_pool", "mean_pool", "attention"),
-    ("conv", "conv", "attention"),
-    ("dilated_conv", "dilated_conv", "attention"),
-    ("most_used", "most_used", "attention"),
-    ("conv_autoencoding", "conv", "autoencoding"),
+  ("max_pool", "max_pool", "attention"),
+  ("mean_pool", "mean_pool", "attention"),
+  ("conv", "conv", "attention"),
+  ("dilated_conv", "dilated_conv", "attention"),
+  ("most_used", "most_used", "attention"),
+  ("conv_autoencoding", "conv", "autoencoding"),
 ]
 
 
 def _plot_curves(runs: dict, path: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for name, s in runs.items():
     steps, seconds, bpb = zip(*s["curve"])
@@ -117,12 +132,16 @@ def _plot_curves(runs: dict, path: str) -> None:
 
 
 def ct_vs_txl(out: str) -> dict:
-  runs = {"ct": train(f"{out}/ct", "configs/default.py"),
-          "txl": train(f"{out}/txl", "configs/default_txl.py")}
+  runs = {
+    "ct": train(f"{out}/ct", "configs/default.py"),
+    "txl": train(f"{out}/txl", "configs/default_txl.py"),
+  }
   steps = FLAGS.equal_time_steps or round(
-      runs["ct"]["train_seconds"] / runs["txl"]["train_seconds"] * runs["txl"]["steps"])
-  runs["txl_equal_time"] = train(f"{out}/txl_equal_time", "configs/default_txl.py",
-                                 f"--config.num_train_steps={steps}")
+    runs["ct"]["train_seconds"] / runs["txl"]["train_seconds"] * runs["txl"]["steps"]
+  )
+  runs["txl_equal_time"] = train(
+    f"{out}/txl_equal_time", "configs/default_txl.py", f"--config.num_train_steps={steps}"
+  )
   result = {}
   for name, s in runs.items():
     ev = evaluate(f"{out}/{name}")
@@ -134,8 +153,11 @@ def ct_vs_txl(out: str) -> dict:
 
 # Books: a compressed reach several times the Transformer-XL's at equal
 # attention cost (memory 64 + compressed 128 = the TXL's 192 slots).
-BOOKS_CT = ("--config.model.memory_length=64", "--config.model.compressed_memory_length=128",
-            "--config.model.compression_rate=4")
+BOOKS_CT = (
+  "--config.model.memory_length=64",
+  "--config.model.compressed_memory_length=128",
+  "--config.model.compression_rate=4",
+)
 
 
 def loss_past(workdir: str, reach: int) -> dict:
@@ -144,16 +166,29 @@ def loss_past(workdir: str, reach: int) -> dict:
   if os.path.exists(cached):
     r = json.load(open(cached))
   else:
-    r = json.loads(run_tool(["analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
-                         "--split=test", f"--bucket_tokens={reach}"]).strip().splitlines()[-1])
+    r = json.loads(
+      run_tool(
+        [
+          "analyze.py",
+          f"--workdir={workdir}",
+          "--analysis=loss_by_position",
+          "--split=test",
+          f"--bucket_tokens={reach}",
+        ]
+      )
+      .strip()
+      .splitlines()[-1]
+    )
     write_json(cached, r)
   mean = lambda ks: sum(r["bits"][k] * r["tokens"][k] for k in ks) / sum(r["tokens"][k] for k in ks)
   past = [k for k, start in enumerate(r["start"]) if start >= reach]
-  return {"bits_per_byte": mean(range(len(r["start"]))),
-          "bits_per_byte_before_txl_reach": mean([k for k in range(len(r["start"]))
-                                                  if k not in past]),
-          "bits_per_byte_past_txl_reach": mean(past),
-          "tokens_past_txl_reach": sum(r["tokens"][k] for k in past), "by_position": r}
+  return {
+    "bits_per_byte": mean(range(len(r["start"]))),
+    "bits_per_byte_before_txl_reach": mean([k for k in range(len(r["start"])) if k not in past]),
+    "bits_per_byte_past_txl_reach": mean(past),
+    "tokens_past_txl_reach": sum(r["tokens"][k] for k in past),
+    "by_position": r,
+  }
 
 
 # The task-taught compression on books (--taught): one update per window of
@@ -167,27 +202,40 @@ def books_reach(out: str) -> dict:
   ct_overrides = BOOKS_CT + (BOOKS_TAUGHT_CT if FLAGS.taught else ())
   txl_overrides = BOOKS_WINDOW if FLAGS.taught else ()
   suffix = ("_taught" if FLAGS.taught else "") + (
-      f"_{FLAGS.compression}" if FLAGS.compression else "")
+    f"_{FLAGS.compression}" if FLAGS.compression else ""
+  )
   if FLAGS.compression:
     ct_overrides += (f"--config.model.compression={FLAGS.compression}",)
   out += suffix
-  runs = {"ct": train(f"{out}/ct", "configs/default.py", *ct_overrides),
-          "txl": train(f"{out}/txl", "configs/default_txl.py", *txl_overrides)}
+  runs = {
+    "ct": train(f"{out}/ct", "configs/default.py", *ct_overrides),
+    "txl": train(f"{out}/txl", "configs/default_txl.py", *txl_overrides),
+  }
   steps = FLAGS.equal_time_steps or round(
-      runs["ct"]["train_seconds"] / runs["txl"]["train_seconds"] * runs["txl"]["steps"])
-  runs["txl_equal_time"] = train(f"{out}/txl_equal_time", "configs/default_txl.py",
-                                 *txl_overrides, f"--config.num_train_steps={steps}")
+    runs["ct"]["train_seconds"] / runs["txl"]["train_seconds"] * runs["txl"]["steps"]
+  )
+  runs["txl_equal_time"] = train(
+    f"{out}/txl_equal_time",
+    "configs/default_txl.py",
+    *txl_overrides,
+    f"--config.num_train_steps={steps}",
+  )
   with open(f"{out}/txl/config.json") as f:
     mt = json.load(f)["model"]
   with open(f"{out}/ct/config.json") as f:
     m = json.load(f)["model"]
   reach = mt["num_layers"] * mt["memory_length"]
-  result = {"config": {
-      "ct_overrides": list(ct_overrides), "txl_overrides": list(txl_overrides),
+  result = {
+    "config": {
+      "ct_overrides": list(ct_overrides),
+      "txl_overrides": list(txl_overrides),
       "txl_memory_length": mt["memory_length"],
-      "txl_reach": reach, "ct_reach": m["num_layers"] * (
-          m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]),
-      "equal_time_steps": steps}}
+      "txl_reach": reach,
+      "ct_reach": m["num_layers"]
+      * (m["memory_length"] + m["compression_rate"] * m["compressed_memory_length"]),
+      "equal_time_steps": steps,
+    }
+  }
   for name, s in runs.items():
     result[name] = {k: s[k] for k in ("steps", "train_seconds", "tokens_per_second")}
     result[name].update(loss_past(f"{out}/{name}", reach))
@@ -199,29 +247,43 @@ def books_reach(out: str) -> dict:
 def ablation(out: str) -> dict:
   result = {}
   for name, compression, loss in ABLATION:
-    s = train(f"{out}/{name}", "configs/default.py",
-              f"--config.num_train_steps={FLAGS.ablation_steps}",
-              f"--config.model.compression={compression}",
-              f"--config.model.reconstruction_loss={loss}")
+    s = train(
+      f"{out}/{name}",
+      "configs/default.py",
+      f"--config.num_train_steps={FLAGS.ablation_steps}",
+      f"--config.model.compression={compression}",
+      f"--config.model.reconstruction_loss={loss}",
+    )
     ev = evaluate(f"{out}/{name}", max_segments=FLAGS.ablation_eval_segments)
     rows = [json.loads(line) for line in open(f"{out}/{name}/metrics_train.jsonl")]
-    result[name] = {"compression": compression, "loss": loss, "steps": s["steps"],
-                    "train_seconds": s["train_seconds"],
-                    "final_reconstruction_loss": rows[-1]["reconstruction_loss"],
-                    "test_bits_per_byte": ev["bits_per_byte"], "test_tokens": ev["tokens"]}
+    result[name] = {
+      "compression": compression,
+      "loss": loss,
+      "steps": s["steps"],
+      "train_seconds": s["train_seconds"],
+      "final_reconstruction_loss": rows[-1]["reconstruction_loss"],
+      "test_bits_per_byte": ev["bits_per_byte"],
+      "test_tokens": ev["tokens"],
+    }
   return result
 
 
 def positions(out: str) -> dict:
-  runs = {"relative": (os.path.join(os.path.dirname(out), "ct_vs_txl", "ct"), "configs/default.py"),
-          "rope": (f"{out}/rope", "configs/default_rope.py")}
+  runs = {
+    "relative": (os.path.join(os.path.dirname(out), "ct_vs_txl", "ct"), "configs/default.py"),
+    "rope": (f"{out}/rope", "configs/default_rope.py"),
+  }
   result = {}
   for name, (workdir, config) in runs.items():
     s = train(workdir, config)
     ev = evaluate(workdir)
-    result[name] = {"workdir": workdir, "steps": s["steps"], "train_seconds": s["train_seconds"],
-                    "tokens_per_second": s["tokens_per_second"],
-                    "test_bits_per_byte": ev["bits_per_byte"]}
+    result[name] = {
+      "workdir": workdir,
+      "steps": s["steps"],
+      "train_seconds": s["train_seconds"],
+      "tokens_per_second": s["tokens_per_second"],
+      "test_bits_per_byte": ev["bits_per_byte"],
+    }
   return result
 
 
@@ -245,9 +307,13 @@ def main(argv):
     out = os.path.join(ROOT, FLAGS.root, FLAGS.experiment)  # FLAGS.root may be absolute
     os.makedirs(out, exist_ok=True)
     study = lambda out: recall_study(out, FLAGS.settings or [], FLAGS.results_dir)
-    result = {"ct_vs_txl": ct_vs_txl, "recall_study": study,
-              "books_reach": books_reach, "ablation": ablation,
-              "positions": positions}[FLAGS.experiment](out)
+    result = {
+      "ct_vs_txl": ct_vs_txl,
+      "recall_study": study,
+      "books_reach": books_reach,
+      "ablation": ablation,
+      "positions": positions,
+    }[FLAGS.experiment](out)
     write_json(os.path.join(out, "results.json"), result)
   print(json.dumps(result))
 

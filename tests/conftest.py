@@ -82,8 +82,9 @@ def pytest_configure(config):
   # folder): a new one would be built by running fc-list, a process.
   global _SESSION_XDG
   if "XDG_CACHE_HOME" not in os.environ:
-    os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.expanduser("~"), ".cache",
-                                                       "matplotlib"))
+    os.environ.setdefault(
+      "MPLCONFIGDIR", os.path.join(os.path.expanduser("~"), ".cache", "matplotlib")
+    )
     _SESSION_XDG = tempfile.mkdtemp(prefix="compressive-test-cache-")
     os.environ["XDG_CACHE_HOME"] = _SESSION_XDG
   # Entry points the tests start as processes are forked from an
@@ -116,10 +117,10 @@ def _count_processes() -> None:
   popen = subprocess.Popen
 
   class Counted(popen):
-
     def __init__(self, args, *rest, **kwargs):
-      _PROCESSES.append((_CURRENT["test"], args if isinstance(args, str) else
-                         " ".join(map(os.fsdecode, args))))
+      _PROCESSES.append(
+        (_CURRENT["test"], args if isinstance(args, str) else " ".join(map(os.fsdecode, args)))
+      )
       super().__init__(args, *rest, **kwargs)
 
   subprocess.Popen = Counted
@@ -137,8 +138,11 @@ def pytest_runtest_call(item):
   result = yield
   started = len(_PROCESSES) - item.stash[_FIRST]
   if started and item.get_closest_marker("slow") is None:
-    pytest.fail(f"{item.nodeid} started {started} process(es) (its fixtures too) without "
-                "@pytest.mark.slow: `make test-fast` runs no process", pytrace=False)
+    pytest.fail(
+      f"{item.nodeid} started {started} process(es) (its fixtures too) without "
+      "@pytest.mark.slow: `make test-fast` runs no process",
+      pytrace=False,
+    )
   return result
 
 

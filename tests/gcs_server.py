@@ -31,7 +31,6 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class Server:
-
   def __init__(self, url: str, process: subprocess.Popen):
     self.url, self.process = url, process  # the server's own process (to stall it: SIGSTOP)
 
@@ -41,15 +40,23 @@ class Server:
     rather than TensorFlow's gfile (which knows no emulator), and gcsfs
     without the bucket-type probe that needs Google's credentials; and no
     proxy between them and it."""
-    return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", "EPATH_USE_TF": "false",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-            "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+    return {
+      "STORAGE_EMULATOR_HOST": self.url,
+      "TENSORSTORE_GCS_HTTP_URL": self.url,
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",
+      "EPATH_USE_TF": "false",
+      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+      "no_proxy": "127.0.0.1,localhost",
+      "NO_PROXY": "127.0.0.1,localhost",
+    }
 
   def create_bucket(self, name: str) -> str:
     request = urllib.request.Request(
-        f"{self.url}/storage/v1/b", data=json.dumps({"name": name}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+      f"{self.url}/storage/v1/b",
+      data=json.dumps({"name": name}).encode(),
+      headers={"Content-Type": "application/json"},
+      method="POST",
+    )
     with _DIRECT.open(request, timeout=30):
       pass
     return f"gs://{name}"
@@ -83,9 +90,22 @@ def serve() -> Iterator[Server]:
   url = f"http://127.0.0.1:{port}"
   with tempfile.TemporaryFile() as log:
     process = subprocess.Popen(
-        [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory",
-         "-host", "127.0.0.1", "-port", str(port), "-external-url", url],
-        stdout=log, stderr=log)
+      [
+        str(wrapper._get_binary_path()),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-external-url",
+        url,
+      ],
+      stdout=log,
+      stderr=log,
+    )
     try:
       _wait_until_ready(process, url, log)
       yield Server(url, process)

@@ -38,8 +38,11 @@ def process_env(devices: Optional[int] = None, **more: str) -> dict[str, str]:
   and `more` (e.g. **DEFAULT_LEVEL)."""
   env = dict(os.environ)
   env.pop("JAX_NUM_CPU_DEVICES", None)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+    f
+    for f in env.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   env["XLA_FLAGS"] = " ".join(flags)
   if devices is not None:
     env["JAX_NUM_CPU_DEVICES"] = str(devices)
@@ -52,10 +55,20 @@ def process_env(devices: Optional[int] = None, **more: str) -> dict[str, str]:
 
 def tiny_model_config(**overrides) -> compressive.ModelConfig:
   values = dict(
-      vocab_size=32, num_layers=2, num_heads=2, d_model=16, d_ff=32,
-      segment_length=4, memory_length=8, compressed_memory_length=4,
-      compression_rate=2, compression="conv", reconstruction_loss="attention",
-      dropout_rate=0.0, dtype="float32")
+    vocab_size=32,
+    num_layers=2,
+    num_heads=2,
+    d_model=16,
+    d_ff=32,
+    segment_length=4,
+    memory_length=8,
+    compressed_memory_length=4,
+    compression_rate=2,
+    compression="conv",
+    reconstruction_loss="attention",
+    dropout_rate=0.0,
+    dtype="float32",
+  )
   values.update(overrides)
   return compressive.ModelConfig.from_config(values)
 
@@ -64,6 +77,7 @@ def make_model(cfg, seed: int = 0):
   """The model of a ModelConfig, or of a config's model section (read once
   here, as the tools read it)."""
   from flax import nnx
+
   if not isinstance(cfg, compressive.ModelConfig):
     cfg = compressive.ModelConfig.from_config(cfg)
   return compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(seed))
@@ -72,6 +86,7 @@ def make_model(cfg, seed: int = 0):
 def jitted_forward(model):
   """(state, jit(fn)) with fn(state, tokens, memory, sos) -> model outputs."""
   from flax import nnx
+
   graphdef, state = nnx.split(model)
 
   @jax.jit
@@ -84,7 +99,7 @@ def jitted_forward(model):
 def run_segments(forward, state, tokens, memory, t):
   outs = []
   for s in range(tokens.shape[1] // t):
-    logits, memory, aux = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
+    logits, memory, aux = forward(state, tokens[:, s * t : (s + 1) * t], memory, None)
     outs.append(logits)
   return jnp.concatenate(outs, 1), memory
 
@@ -100,7 +115,7 @@ def greedy_without_cache(cfg, model, prompt, n):
   out = []
   while len(out) < n:
     while len(seq) - done >= t:  # push complete segments into memory
-      logits, memory, _ = forward(state, jnp.asarray([seq[done:done + t]]), memory, None)
+      logits, memory, _ = forward(state, jnp.asarray([seq[done : done + t]]), memory, None)
       done += t
     part = seq[done:]
     if part:
@@ -149,6 +164,7 @@ def checked(config):
   """`config` (a ConfigDict) as the Experiment a reader makes of it
   (config.check, not to train, nothing asked of this machine)."""
   from compressive import config as config_lib
+
   return config_lib.check(config, training=False, here=False, num_devices=1)
 
 
@@ -157,12 +173,17 @@ def run_identity_of(config=None):
   (default tiny_experiment()): for tests that save a checkpoint themselves."""
   from compressive.model.config import ModelConfig
   from compressive.training import integrity
+
   config = tiny_experiment() if config is None else config
   from compressive import data as data_lib
+
   data = data_of(config.data)
-  return integrity.run_identity(ModelConfig.from_config(config.model),
-                               data_lib.get_tokenizer(data).identity,
-                               data_lib.corpus_identity(data), data_lib.data_identity(data))
+  return integrity.run_identity(
+    ModelConfig.from_config(config.model),
+    data_lib.get_tokenizer(data).identity,
+    data_lib.corpus_identity(data),
+    data_lib.data_identity(data),
+  )
 
 
 def untrained_workdir(workdir, config=None, step=1):
@@ -175,14 +196,20 @@ def untrained_workdir(workdir, config=None, step=1):
   from compressive.training import runconfig
   from compressive.training import setup as setup_lib
   from compressive.training import step as train_step
+
   config = tiny_experiment() if config is None else config
   experiment = config_lib.check(config)
   setup = setup_lib.build_setup(experiment)
   state = train_step.init_train_state(experiment, setup.tx, setup.layout)
   memory = train_step.init_sharded_memory(experiment.model, config.batch_size, setup.layout)
   checkpointer = ckpt_lib.Checkpointer(str(workdir))
-  checkpointer.save(step, state, memory, {"position": np.zeros(config.batch_size, np.int64)},
-                    run_identity_of(config))
+  checkpointer.save(
+    step,
+    state,
+    memory,
+    {"position": np.zeros(config.batch_size, np.int64)},
+    run_identity_of(config),
+  )
   checkpointer.close()
   runconfig.save_config(str(workdir), experiment)
   return str(workdir)
@@ -191,8 +218,14 @@ def untrained_workdir(workdir, config=None, step=1):
 def sharding_experiment(**overrides):
   """Tiny, with 8 rows (every test mesh splits them) and dropout (its masks
   must not depend on the mesh); checkpoints at steps 10 and 20."""
-  values = {"batch_size": 8, "num_train_steps": 20, "log_every_steps": 1,
-            "eval_every_steps": 0, "checkpoint_every_steps": 10, "model.dropout_rate": 0.1}
+  values = {
+    "batch_size": 8,
+    "num_train_steps": 20,
+    "log_every_steps": 1,
+    "eval_every_steps": 0,
+    "checkpoint_every_steps": 10,
+    "model.dropout_rate": 0.1,
+  }
   values.update(overrides)
   return tiny_experiment(**values)
 
@@ -203,9 +236,11 @@ def write_config_file(path, overrides=None, *, preamble="", factory="helpers:tin
   module in tests/. `preamble` is Python run first (e.g. to patch something)."""
   module, function = factory.split(":")
   with open(path, "w") as f:
-    f.write(f"import sys\nsys.path.insert(0, {TESTS!r})\nfrom {module} import {function}\n"
-            f"{textwrap.dedent(preamble)}\n\n"
-            f"def get_config():\n  return {function}(**{dict(overrides or {})!r})\n")
+    f.write(
+      f"import sys\nsys.path.insert(0, {TESTS!r})\nfrom {module} import {function}\n"
+      f"{textwrap.dedent(preamble)}\n\n"
+      f"def get_config():\n  return {function}(**{dict(overrides or {})!r})\n"
+    )
   return str(path)
 
 
@@ -233,6 +268,7 @@ def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, str
   checkpoint) and resumed, in process; asserts the two alike
   (assert_resumed_like_straight). Returns the logged steps."""
   from compressive.training import loop
+
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   config = to_train(config)
   loop.train_and_evaluate(config, str(straight))
@@ -244,6 +280,7 @@ def assert_stopped_and_resumed_like_straight(config, tmp_path, stop_at_step, str
 def assert_same_parameters(workdir_a, workdir_b):
   """The two workdirs' latest models hold bit-identical parameters."""
   from flax import nnx
+
   _, a = compressive.load(str(workdir_a))
   _, b = compressive.load(str(workdir_b))
   for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
@@ -252,6 +289,7 @@ def assert_same_parameters(workdir_a, workdir_b):
 
 def params_of(workdir):
   from flax import nnx
+
   _, model = compressive.load(str(workdir))
   return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
@@ -284,9 +322,11 @@ def inject_nan_at(monkeypatch, bad_step, *, value=float("nan"), after=False):
   and gradient finite) and returns them times `value`: what an overflowing
   learning rate or weight decay does."""
   from compressive.training import step as train_step
+
   make = train_step.make_train_step
   poison = lambda state: state.replace(
-      params=jax.tree.map(lambda p: p * np.float32(value), state.params))
+    params=jax.tree.map(lambda p: p * np.float32(value), state.params)
+  )
 
   def patched(*args, **kwargs):
     step_fn = make(*args, **kwargs)
@@ -299,6 +339,7 @@ def inject_nan_at(monkeypatch, bad_step, *, value=float("nan"), after=False):
         state = poison(state)
       state, memory, metrics = step_fn(state, memory, batch)
       return (poison(state) if bad and after else state), memory, metrics
+
     return wrapped
 
   monkeypatch.setattr(train_step, "make_train_step", patched)
@@ -307,8 +348,10 @@ def inject_nan_at(monkeypatch, bad_step, *, value=float("nan"), after=False):
 # -- Text. -----------------------------------------------------------------------
 
 
-WORDS = ('the king queen crown sword castle night morning river stone '
-         'über naïve café dragon whisper thunder').split()
+WORDS = (
+  "the king queen crown sword castle night morning river stone "
+  "über naïve café dragon whisper thunder"
+).split()
 
 
 def generated_texts(n, seed=0):
@@ -318,8 +361,8 @@ def generated_texts(n, seed=0):
     lines = []
     for _ in range(rng.integers(20, 60)):
       k = rng.integers(0, 12)
-      lines.append(' '.join(rng.choice(WORDS, size=k)))
-    texts.append('\n'.join(lines))
+      lines.append(" ".join(rng.choice(WORDS, size=k)))
+    texts.append("\n".join(lines))
   return texts
 
 
@@ -327,21 +370,27 @@ def sentencepiece_run_fields(folder) -> dict:
   """Overrides for a run on a SentencePiece tokenizer: 12 generated books in
   FOLDER/texts, and a 320-piece model trained at FOLDER/m.model."""
   from compressive import data as data_lib
+
   texts = folder / "texts"
   texts.mkdir()
   for i, text in enumerate(generated_texts(12)):
     (texts / f"book{i}.txt").write_text(text)
   model = folder / "m.model"
   data_lib.train_sentencepiece(generated_texts(30), 320, str(model))
-  return {"data.source": "text_files", "data.text_files.path": str(texts),
-          "data.tokenizer": "sentencepiece", "data.spm_model": str(model),
-          "model.vocab_size": 320}
+  return {
+    "data.source": "text_files",
+    "data.text_files.path": str(texts),
+    "data.tokenizer": "sentencepiece",
+    "data.spm_model": str(model),
+    "model.vocab_size": 320,
+  }
 
 
 def to_train(config):
   """`config` checked to train here (config.check), as train.py checks it
   before `train_and_evaluate`."""
   from compressive import config as config_lib
+
   return config_lib.check(config)
 
 
@@ -349,6 +398,7 @@ def to_evaluate(config):
   """`config` checked to evaluate here (config.check, training=False), as
   the tools check one before `evaluate` and the analyses."""
   from compressive import config as config_lib
+
   return config_lib.check(config, training=False)
 
 
@@ -356,12 +406,14 @@ def data_of(section):
   """A config's data section (a ConfigDict) as the typed DataConfig that
   config.check builds and every data function takes."""
   from compressive import data as data_lib
+
   return data_lib.DataConfig.from_dict(section)
 
 
 def copy_tree(path, tmp_path, name="copy"):
   """A copy of the folder `path` (a workdir, an export) at tmp_path/name."""
   import shutil
+
   target = tmp_path / name
   shutil.copytree(path, target)
   return target
@@ -370,6 +422,7 @@ def copy_tree(path, tmp_path, name="copy"):
 def edit_json(path, edit):
   """Rewrites the JSON file at `path` with `edit` applied to its value."""
   import json
+
   with open(path) as f:
     value = json.load(f)
   edit(value)

@@ -44,11 +44,20 @@ from helpers import ROOT
 
 # Environment variables read when JAX starts a backend or imports: a run
 # whose environment changes one of them needs a process of its own.
-JAX_START = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "JAX_ENABLE_X64",
-             "CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS")
+JAX_START = (
+  "JAX_PLATFORMS",
+  "JAX_PLATFORM_NAME",
+  "JAX_NUM_CPU_DEVICES",
+  "JAX_ENABLE_X64",
+  "CUDA_VISIBLE_DEVICES",
+  "TPU_VISIBLE_CHIPS",
+)
 _SIGNALS = STOP_SIGNALS
-_JAX_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
-                "jax_persistent_cache_min_compile_time_secs")
+_JAX_OPTIONS = (
+  "jax_compilation_cache_dir",
+  "jax_enable_compilation_cache",
+  "jax_persistent_cache_min_compile_time_secs",
+)
 _LOGGERS = ("compressive", "absl", "jax", "orbax", "")
 # The modules that define a tool's flags (besides its script): the shared
 # flags (compressive.cli, cli_flags), --config (ml_collections) and its
@@ -59,6 +68,7 @@ _TOOLS_FLAGS = ("compressive", "ml_collections", "absl.flags._flag")
 @dataclasses.dataclass
 class Completed:
   """What subprocess.run returns, for the fields the tests read."""
+
   args: list[str]
   returncode: int
   stdout: str
@@ -78,8 +88,9 @@ def needs_a_process(env: Optional[dict[str, str]]) -> bool:
   return xla != os.environ.get("XLA_FLAGS", "") and cli_xla.xla_flags_problem(xla) is None
 
 
-def run(script: str, args: list[str], *, env: Optional[dict[str, str]] = None,
-        cwd: Optional[str] = None) -> Completed:
+def run(
+  script: str, args: list[str], *, env: Optional[dict[str, str]] = None, cwd: Optional[str] = None
+) -> Completed:
   """Runs ROOT/`script` (train.py, experiments/run.py, ...) with `args` as
   `__main__` in this process, in `cwd` (default ROOT) with environment
   `env` (default this one's); see the module doc."""

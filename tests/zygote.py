@@ -52,10 +52,23 @@ import threading
 
 # Imported once by the server, before any fork: what the entry points import.
 PRELOAD = (
-    "absl.app", "absl.flags", "absl.logging", "ml_collections", "numpy",
-    "jax", "jax.numpy", "flax", "flax.nnx", "optax", "orbax.checkpoint",
-    "compressive", "compressive.cli", "compressive.cli_config", "compressive.cli_flags",
-    "compressive.training.loop", "compressive.evaluation.evaluate",
+  "absl.app",
+  "absl.flags",
+  "absl.logging",
+  "ml_collections",
+  "numpy",
+  "jax",
+  "jax.numpy",
+  "flax",
+  "flax.nnx",
+  "optax",
+  "orbax.checkpoint",
+  "compressive",
+  "compressive.cli",
+  "compressive.cli_config",
+  "compressive.cli_flags",
+  "compressive.training.loop",
+  "compressive.evaluation.evaluate",
 )
 # Environment variables read while those libraries import, or by the
 # interpreter itself at start-up: a command whose environment differs from
@@ -79,6 +92,7 @@ def _jax_option(name: str, text: str):
   this process's backends have started). KeyError when `name` is no option
   or of a kind this does not read."""
   from jax._src import config
+
   holders = getattr(getattr(config, "config", None), "_value_holders", {})
   parser = getattr(holders[name], "_parser", None)  # (private: another JAX may lack it)
   kind = getattr(parser, "__qualname__", "").split(".")[0]
@@ -90,8 +104,13 @@ def _jax_option(name: str, text: str):
     return int(text)
   if kind == "float_state":
     return float(text)
-  if kind in ("string_state", "string_or_object_state", "optional_string_state",
-              "enum_state", "optional_enum_state"):
+  if kind in (
+    "string_state",
+    "string_or_object_state",
+    "optional_string_state",
+    "enum_state",
+    "optional_enum_state",
+  ):
     return text
   raise KeyError(name)
 
@@ -122,6 +141,7 @@ def _run_as_main(argv: list[str]) -> None:
   """Runs `argv` (after the interpreter) as `python` would, in this process."""
   import runpy
   import types
+
   if argv[0] == "-m":
     sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's path in argv[0]
     sys.path[0] = os.getcwd()
@@ -150,6 +170,7 @@ def _child(request: dict, fds: list[int]) -> None:
   os.environ.update(request["env"])
   if request["jax"]:
     import jax
+
     for name, value in request["jax"].items():
       jax.config.update(name, value)
   signal.set_wakeup_fd(-1)
@@ -245,8 +266,11 @@ class _Server:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         self.path = os.path.join(folder, "socket")
         self.proc = _ORIGINAL_POPEN(
-            [sys.executable, os.path.abspath(__file__), self.path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(_BASE_ENV))
+          [sys.executable, os.path.abspath(__file__), self.path],
+          stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE,
+          env=dict(_BASE_ENV),
+        )
         line = self.proc.stdout.readline()
         if line != b"ready\n":
           raise RuntimeError(f"the test process server did not start: {line!r}")
@@ -268,8 +292,21 @@ def disabled():
     _DISABLED[0] = before
 
 
-def _forkable(args, executable, preexec_fn, pass_fds, env, shell, gid, gids, uid, umask,
-              start_new_session, process_group, cwd):
+def _forkable(
+  args,
+  executable,
+  preexec_fn,
+  pass_fds,
+  env,
+  shell,
+  gid,
+  gids,
+  uid,
+  umask,
+  start_new_session,
+  process_group,
+  cwd,
+):
   """The JAX options to set in a forked child for this command (usually
   none), or None when it starts a new interpreter (module doc)."""
   if _DISABLED[0] or shell or executable or preexec_fn or pass_fds:
@@ -298,24 +335,86 @@ class Popen(_ORIGINAL_POPEN):
 
   _zygote = None  # the connection the exit status arrives on
 
-  def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
-                     startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
-                     errread, errwrite, restore_signals, gid, gids, uid, umask,
-                     start_new_session, process_group):
-    options = _forkable(args, executable, preexec_fn, pass_fds, env, shell, gid, gids, uid,
-                        umask, start_new_session, process_group, cwd)
+  def _execute_child(
+    self,
+    args,
+    executable,
+    preexec_fn,
+    close_fds,
+    pass_fds,
+    cwd,
+    env,
+    startupinfo,
+    creationflags,
+    shell,
+    p2cread,
+    p2cwrite,
+    c2pread,
+    c2pwrite,
+    errread,
+    errwrite,
+    restore_signals,
+    gid,
+    gids,
+    uid,
+    umask,
+    start_new_session,
+    process_group,
+  ):
+    options = _forkable(
+      args,
+      executable,
+      preexec_fn,
+      pass_fds,
+      env,
+      shell,
+      gid,
+      gids,
+      uid,
+      umask,
+      start_new_session,
+      process_group,
+      cwd,
+    )
     if options is None:
       return super()._execute_child(
-          args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
-          creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
-          restore_signals, gid, gids, uid, umask, start_new_session, process_group)
-    request = {"argv": [os.fsdecode(a) for a in args[1:]],
-               "cwd": os.path.abspath(os.fsdecode(cwd) if cwd else os.getcwd()),
-               "env": dict(os.environ if env is None else
-                           {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}),
-               "jax": options}
-    fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
-           errwrite if errwrite != -1 else 2]
+        args,
+        executable,
+        preexec_fn,
+        close_fds,
+        pass_fds,
+        cwd,
+        env,
+        startupinfo,
+        creationflags,
+        shell,
+        p2cread,
+        p2cwrite,
+        c2pread,
+        c2pwrite,
+        errread,
+        errwrite,
+        restore_signals,
+        gid,
+        gids,
+        uid,
+        umask,
+        start_new_session,
+        process_group,
+      )
+    request = {
+      "argv": [os.fsdecode(a) for a in args[1:]],
+      "cwd": os.path.abspath(os.fsdecode(cwd) if cwd else os.getcwd()),
+      "env": dict(
+        os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+      ),
+      "jax": options,
+    }
+    fds = [
+      p2cread if p2cread != -1 else 0,
+      c2pwrite if c2pwrite != -1 else 1,
+      errwrite if errwrite != -1 else 2,
+    ]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(_SERVER.address())
     socket.send_fds(conn, [json.dumps(request).encode()], fds)
@@ -378,6 +477,7 @@ def usable() -> bool:
   is on, the Python is one of PYTHONS, and Popen's private method has the
   parameters Popen above overrides."""
   import inspect
+
   if os.environ.get(SWITCH, "1").lower() in _FALSE:
     return False
   if sys.version_info[:2] not in PYTHONS:
@@ -392,6 +492,7 @@ def install() -> bool:
   if not usable():
     return False
   import jax  # noqa: F401  # it sets variables of its own
+
   _BASE_ENV.clear()
   _BASE_ENV.update(os.environ)
   subprocess.Popen = Popen

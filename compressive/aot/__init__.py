@@ -37,30 +37,48 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 
 def _abstract(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs of `tree`'s leaves, laid out by `shardings`."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
 
 
-def lower_train_step(experiment: experiment_lib.Experiment,
-                     mesh: jax.sharding.Mesh) -> jax.stages.Lowered:
+def lower_train_step(
+  experiment: experiment_lib.Experiment, mesh: jax.sharding.Mesh
+) -> jax.stages.Lowered:
   """The checked experiment's train step on `mesh` (training's own), lowered
   from shapes."""
   train, cfg = experiment.train, experiment.model
   setup = setup_lib.build_setup(experiment, mesh)
   layout = setup.layout
   step = train_step.make_train_step(
-      setup.graphdef, setup.state_template, setup.tx, cfg.dropout_rate > 0, layout,
-      grad_accum_steps=train.grad_accum_steps, gradient_window=train.gradient_window)
+    setup.graphdef,
+    setup.state_template,
+    setup.tx,
+    cfg.dropout_rate > 0,
+    layout,
+    grad_accum_steps=train.grad_accum_steps,
+    gradient_window=train.gradient_window,
+  )
   s, b, t = train.segments_per_step, train.batch_size, cfg.segment_length
-  batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k]) for k, shape, dt in (
-      ("inputs", (s, b, t), jnp.int32), ("targets", (s, b, t), jnp.int32),
-      ("mask", (s, b, t), jnp.bool_), ("start_of_sequence", (s, b), jnp.bool_))}
-  return step.lower(_abstract(setup.abstract_state, layout.state),
-                    _abstract(setup.abstract_memory, layout.memory), batch)
+  batch = {
+    k: jax.ShapeDtypeStruct(shape, dt, sharding=layout.batch[k])
+    for k, shape, dt in (
+      ("inputs", (s, b, t), jnp.int32),
+      ("targets", (s, b, t), jnp.int32),
+      ("mask", (s, b, t), jnp.bool_),
+      ("start_of_sequence", (s, b), jnp.bool_),
+    )
+  }
+  return step.lower(
+    _abstract(setup.abstract_state, layout.state),
+    _abstract(setup.abstract_memory, layout.memory),
+    batch,
+  )
 
 
-def lower_eval_step(experiment: experiment_lib.Experiment,
-                    mesh: jax.sharding.Mesh) -> jax.stages.Lowered:
+def lower_eval_step(
+  experiment: experiment_lib.Experiment, mesh: jax.sharding.Mesh
+) -> jax.stages.Lowered:
   """One segment of streaming evaluation at the config's evaluation sizes
   (eval.*: e.g. enwik8's 3,072 compressed slots), with the key/value cache,
   on `mesh`, lowered from shapes."""
@@ -69,15 +87,22 @@ def lower_eval_step(experiment: experiment_lib.Experiment,
   b, t, init_memory = eval_lib.stream_shapes(experiment, mesh)
   abstract_memory = jax.eval_shape(init_memory)
   init, step, param_shardings = eval_lib.stream_functions(
-      graphdef, template, mesh, mc, abstract_memory, segment_length=t)
+    graphdef, template, mesh, mc, abstract_memory, segment_length=t
+  )
   params = _abstract(abstract_params, param_shardings)
   memory = _abstract(abstract_memory, sharding.memory_shardings(mesh, mc, abstract_memory))
   carry = init.eval_shape(params, memory)
   carry = _abstract(carry, eval_lib.carry_shardings(mesh, mc, carry))
   shardings = eval_lib.segment_shardings(mesh, mc)
-  batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=shardings[k]) for k, shape, dt in (
-      ("inputs", (b, t), jnp.int32), ("targets", (b, t), jnp.int32),
-      ("mask", (b, t), jnp.bool_), ("start_of_sequence", (b,), jnp.bool_))}
+  batch = {
+    k: jax.ShapeDtypeStruct(shape, dt, sharding=shardings[k])
+    for k, shape, dt in (
+      ("inputs", (b, t), jnp.int32),
+      ("targets", (b, t), jnp.int32),
+      ("mask", (b, t), jnp.bool_),
+      ("start_of_sequence", (b,), jnp.bool_),
+    )
+  }
   return step.lower(params, carry, batch)
 
 
@@ -89,8 +114,11 @@ def model_flops(experiment: experiment_lib.Experiment, step: str) -> float:
     return per_token * train.segments_per_step * train.batch_size * cfg.segment_length
   sizes = experiment.eval
   model = dataclasses.replace(
-      cfg, segment_length=sizes.segment_length, memory_length=sizes.memory_length,
-      compressed_memory_length=sizes.compressed_memory_length)
+    cfg,
+    segment_length=sizes.segment_length,
+    memory_length=sizes.memory_length,
+    compressed_memory_length=sizes.compressed_memory_length,
+  )
   per_token = flops_lib.flops_per_token(model, sizes.batch_size).evaluate
   return per_token * sizes.batch_size * sizes.segment_length
 
@@ -105,7 +133,7 @@ def _opcode(line: str) -> Optional[str]:
     for i, ch in enumerate(rest):
       depth += {"(": 1, ")": -1}.get(ch, 0)
       if depth == 0:
-        rest = rest[i + 1:]
+        rest = rest[i + 1 :]
         break
   else:
     rest = rest.partition(" ")[2]
@@ -166,14 +194,15 @@ class Report:
 def per_device_bytes(memory_analysis: Any) -> dict[str, int]:
   m = memory_analysis
   out = {
-      "arguments": int(m.argument_size_in_bytes),
-      "outputs": int(m.output_size_in_bytes),
-      "aliased": int(m.alias_size_in_bytes),
-      "temporaries": int(m.temp_size_in_bytes),
-      "code": int(m.generated_code_size_in_bytes),
+    "arguments": int(m.argument_size_in_bytes),
+    "outputs": int(m.output_size_in_bytes),
+    "aliased": int(m.alias_size_in_bytes),
+    "temporaries": int(m.temp_size_in_bytes),
+    "code": int(m.generated_code_size_in_bytes),
   }
-  out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
-                  + out["code"])
+  out["total"] = (
+    out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"] + out["code"]
+  )
   return out
 
 
@@ -189,10 +218,18 @@ def xla_flops(compiled: jax.stages.Compiled) -> Optional[float]:
   return None if value is None or value < 0 else float(value)
 
 
-def report(compiled: jax.stages.Compiled, *, target: str, step: str, devices: Sequence[Any],
-           mesh: jax.sharding.Mesh,
-           compile_seconds: float, device_memory_bytes: Optional[int],
-           peak_flops_per_device: Optional[float], experiment: experiment_lib.Experiment) -> Report:
+def report(
+  compiled: jax.stages.Compiled,
+  *,
+  target: str,
+  step: str,
+  devices: Sequence[Any],
+  mesh: jax.sharding.Mesh,
+  compile_seconds: float,
+  device_memory_bytes: Optional[int],
+  peak_flops_per_device: Optional[float],
+  experiment: experiment_lib.Experiment,
+) -> Report:
   memory = per_device_bytes(compiled.memory_analysis())
   per_device_flops = xla_flops(compiled)
   n = len(devices)
@@ -200,35 +237,47 @@ def report(compiled: jax.stages.Compiled, *, target: str, step: str, devices: Se
   hlo_text = compiled.as_text()
   assert hlo_text is not None, "the compiled step has no text view on this backend"
   return Report(
-      target=target, step=step, devices=n,
-      processes=len({getattr(d, "process_index", 0) for d in devices}),
-      mesh={k: int(v) for k, v in mesh.shape.items()},
-      compile_seconds=round(compile_seconds, 1), per_device=memory,
-      device_memory_bytes=device_memory_bytes,
-      fits=None if device_memory_bytes is None else memory["total"] <= device_memory_bytes,
-      flops_per_step=None if per_device_flops is None else per_device_flops * n,
-      model_flops_per_step=model,
-      step_seconds_at_40pct_mfu=(None if not peak_flops_per_device
-                                 else model / (0.4 * n * peak_flops_per_device)),
-      collectives=collectives(hlo_text))
+    target=target,
+    step=step,
+    devices=n,
+    processes=len({getattr(d, "process_index", 0) for d in devices}),
+    mesh={k: int(v) for k, v in mesh.shape.items()},
+    compile_seconds=round(compile_seconds, 1),
+    per_device=memory,
+    device_memory_bytes=device_memory_bytes,
+    fits=None if device_memory_bytes is None else memory["total"] <= device_memory_bytes,
+    flops_per_step=None if per_device_flops is None else per_device_flops * n,
+    model_flops_per_step=model,
+    step_seconds_at_40pct_mfu=(
+      None if not peak_flops_per_device else model / (0.4 * n * peak_flops_per_device)
+    ),
+    collectives=collectives(hlo_text),
+  )
 
 
 GIB = 1024**3
 
 
-def advice(experiment: experiment_lib.Experiment, step: str,
-           per_device: Optional[dict[str, int]] = None) -> str:
+def advice(
+  experiment: experiment_lib.Experiment, step: str, per_device: Optional[dict[str, int]] = None
+) -> str:
   """What to change when a step does not fit, from what fills the device
   (per_device None: not known, as when the TPU compiler refuses)."""
   m, train = experiment.model, experiment.train
   if per_device and per_device["arguments"] > per_device["temporaries"]:
-    return ("the parameters and optimizer state dominate: shard them (mesh.shape with an "
-            "'fsdp' axis, e.g. --config.mesh.shape='(1,8,1)') or use more devices")
+    return (
+      "the parameters and optimizer state dominate: shard them (mesh.shape with an "
+      "'fsdp' axis, e.g. --config.mesh.shape='(1,8,1)') or use more devices"
+    )
   if step == "eval":
-    return ("lower eval.batch_size or eval.compressed_memory_length, or set "
-            "model.attention_chunk_size (e.g. 128)")
-  hints = [f"lower batch_size (now {train.batch_size}) or raise grad_accum_steps "
-           f"(now {train.grad_accum_steps})"]
+    return (
+      "lower eval.batch_size or eval.compressed_memory_length, or set "
+      "model.attention_chunk_size (e.g. 128)"
+    )
+  hints = [
+    f"lower batch_size (now {train.batch_size}) or raise grad_accum_steps "
+    f"(now {train.grad_accum_steps})"
+  ]
   if m.remat == "none":
     hints.append("set model.remat=full")
   if not m.attention_chunk_size:
@@ -238,8 +287,10 @@ def advice(experiment: experiment_lib.Experiment, step: str,
 
 # libtpu's refusal: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total
 # memory required for HLO temporaries (200.00G) exceeds available HBM (15.75G)."
-_HBM = re.compile(r"required[^(]*\(([0-9.]+)([KMGT]?)\) "
-                  r"exceeds available HBM \(([0-9.]+)([KMGT]?)\)")
+_HBM = re.compile(
+  r"required[^(]*\(([0-9.]+)([KMGT]?)\) "
+  r"exceeds available HBM \(([0-9.]+)([KMGT]?)\)"
+)
 
 
 def parse_out_of_memory(message: str) -> Optional[tuple[float, float]]:
@@ -250,4 +301,3 @@ def parse_out_of_memory(message: str) -> Optional[tuple[float, float]]:
     return None
   scale = lambda unit: 1024 ** " KMGT".index(unit or " ")
   return float(m.group(1)) * scale(m.group(2)), float(m.group(3)) * scale(m.group(4))
-

@@ -50,18 +50,27 @@ if not os.environ.get("JAX_PLATFORMS"):
 
 FLAGS = flags.FLAGS
 cli.define_config_flag(default="default.py")
-flags.DEFINE_string("target", "cpu", "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
-                    "(compressive/scale/targets.py; --target=list names them all).")
-flags.DEFINE_enum("step", "train", ["train", "eval"],
-                  "The train step (segments_per_step updates) or one evaluation segment.")
+flags.DEFINE_string(
+  "target",
+  "cpu",
+  "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
+  "(compressive/scale/targets.py; --target=list names them all).",
+)
+flags.DEFINE_enum(
+  "step",
+  "train",
+  ["train", "eval"],
+  "The train step (segments_per_step updates) or one evaluation segment.",
+)
 
 
 def _say(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def _compile_with_progress(lowered: jax.stages.Lowered,
-                           what: str) -> tuple[jax.stages.Compiled, float]:
+def _compile_with_progress(
+  lowered: jax.stages.Lowered, what: str
+) -> tuple[jax.stages.Compiled, float]:
   """lowered.compile(), printing a line to stderr every 30 s meanwhile."""
   done = threading.Event()
   start = time.perf_counter()
@@ -84,37 +93,46 @@ def main(argv: list[str]) -> None:
     sys.exit(run(FLAGS.config, FLAGS.target, FLAGS.step))
 
 
-def _check(config: Any, step: str, target: "targets.Target",
-           num_devices: int) -> experiment_lib.Experiment:
+def _check(
+  config: Any, step: str, target: "targets.Target", num_devices: int
+) -> experiment_lib.Experiment:
   """The config for `target`, its size estimated against the target's memory
   before the model is built: a config whose shapes alone exceed it does not
   fit, said at once (exit 1, as for a compiled step that does not fit)."""
   try:
-    return config_lib.check(config, training=step == "train", num_devices=num_devices,
-                            capacity=(target.device_memory_bytes,
-                                      f"{target.name}'s memory per device"))
+    return config_lib.check(
+      config,
+      training=step == "train",
+      num_devices=num_devices,
+      capacity=(target.device_memory_bytes, f"{target.name}'s memory per device"),
+    )
   except DoesNotFitError as e:
-    cli.fail(f"the {step} step for {target.name} does not fit: {e} "
-             f"({(e.need - e.have) / 2**30:.2f} GiB over, estimated before compiling)", code=1)
+    cli.fail(
+      f"the {step} step for {target.name} does not fit: {e} "
+      f"({(e.need - e.have) / 2**30:.2f} GiB over, estimated before compiling)",
+      code=1,
+    )
 
 
 def run(config: Any, target_name: str, step: str) -> int:
   from compressive.scale import targets
+
   if target_name == "list":
     print("\n".join(targets.TARGETS))
     return 0
   targets.prepare_environment()
   target = targets.get(target_name)
   import jax
+
   jax.config.update("jax_enable_compilation_cache", False)
   from compressive import aot as aot_lib
   from compressive.scale import flops, sharding
+
   devices = target.devices()
   what = f"the {step} step for {target.name}"
   experiment = _check(config, step, target, len(devices))
   mesh = sharding.make_mesh(experiment.mesh, devices)
-  _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, "
-       f"mesh {dict(mesh.shape)}")
+  _say(f"lowering {what}: {len(devices)} {devices[0].device_kind} devices, mesh {dict(mesh.shape)}")
   start = time.perf_counter()
   lower = aot_lib.lower_train_step if step == "train" else aot_lib.lower_eval_step
   lowered = lower(experiment, mesh)
@@ -126,31 +144,47 @@ def run(config: Any, target_name: str, step: str) -> int:
     if over is None:
       raise
     need, have = over
-    cli.fail(f"{what} does not fit: the TPU compiler counts {need / aot_lib.GIB:.2f} GiB of "
-             f"temporaries per device, {(need - have) / aot_lib.GIB:.2f} GiB over the "
-             f"{have / aot_lib.GIB:.2f} GiB there is; "
-             f"{aot_lib.advice(experiment, step)}", code=1)
+    cli.fail(
+      f"{what} does not fit: the TPU compiler counts {need / aot_lib.GIB:.2f} GiB of "
+      f"temporaries per device, {(need - have) / aot_lib.GIB:.2f} GiB over the "
+      f"{have / aot_lib.GIB:.2f} GiB there is; "
+      f"{aot_lib.advice(experiment, step)}",
+      code=1,
+    )
   _say(f"compiled in {seconds:.1f} s")
   result = aot_lib.report(
-      compiled, target=target.name, step=step, devices=devices, mesh=mesh,
-      compile_seconds=seconds, device_memory_bytes=target.device_memory_bytes,
-      peak_flops_per_device=None if target.platform == "cpu"
-      else flops.peak_flops(devices[0].device_kind, "bfloat16"), experiment=experiment)
+    compiled,
+    target=target.name,
+    step=step,
+    devices=devices,
+    mesh=mesh,
+    compile_seconds=seconds,
+    device_memory_bytes=target.device_memory_bytes,
+    peak_flops_per_device=None
+    if target.platform == "cpu"
+    else flops.peak_flops(devices[0].device_kind, "bfloat16"),
+    experiment=experiment,
+  )
   print(json.dumps(result.as_dict(), allow_nan=False))
   if result.fits is False:
     _fail_too_big(what, result, experiment, step)
   return 0
 
 
-def _fail_too_big(what: str, result: "Report", experiment: experiment_lib.Experiment,
-                  step: str) -> NoReturn:
+def _fail_too_big(
+  what: str, result: "Report", experiment: experiment_lib.Experiment, step: str
+) -> NoReturn:
   """Exit 1 for a compiled step whose `result` does not fit."""
   from compressive import aot as aot_lib
+
   total, have = result.per_device["total"], result.device_memory_bytes
   assert have is not None  # fits is False only against a known capacity
-  cli.fail(f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "
-           f"{(total - have) / aot_lib.GIB:.2f} GiB over the {have / aot_lib.GIB:.2f} GiB "
-           f"there is; {aot_lib.advice(experiment, step, result.per_device)}", code=1)
+  cli.fail(
+    f"{what} does not fit: it needs {total / aot_lib.GIB:.2f} GiB per device, "
+    f"{(total - have) / aot_lib.GIB:.2f} GiB over the {have / aot_lib.GIB:.2f} GiB "
+    f"there is; {aot_lib.advice(experiment, step, result.per_device)}",
+    code=1,
+  )
 
 
 if __name__ == "__main__":

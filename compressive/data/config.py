@@ -29,12 +29,12 @@ from compressive import files, values
 from compressive.data import registry, tokenizers
 from compressive.errors import ConfigError
 
-_log = logging.getLogger('compressive')
+_log = logging.getLogger("compressive")
 
-S = TypeVar('S')  # a source's schema
+S = TypeVar("S")  # a source's schema
 
-TOKENIZERS = ('bytes', 'sentencepiece')
-SPM_MODEL_TYPES = ('unigram', 'bpe', 'char', 'word')
+TOKENIZERS = ("bytes", "sentencepiece")
+SPM_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,61 +48,65 @@ class DataConfig:
   the config leaves out takes its default (the schema's), so a section or
   field added after a config was saved is read at its default.
   """
-  source: str = values.text('books')  # which corpus: a registered source, or module:Name
-  tokenizer: str = values.text('bytes', TOKENIZERS)
-  spm_model: str = values.text('')  # path of a SentencePiece .model (tokenizer=sentencepiece)
+
+  source: str = values.text("books")  # which corpus: a registered source, or module:Name
+  tokenizer: str = values.text("bytes", TOKENIZERS)
+  spm_model: str = values.text("")  # path of a SentencePiece .model (tokenizer=sentencepiece)
   # SentencePiece training (train_tokenizer.py; the paper uses 32k subwords
   # on PG-19): at most spm_train_max_bytes of the train split, sampled in
   # seeded document order. Its seed is a uint32, the coverage a float32.
-  spm_vocab_size: int = values.whole(32000, '[1, 2**31)', 'an integer >= 1 (pieces), below 2**31')
-  spm_model_type: str = values.text('unigram', SPM_MODEL_TYPES, 'unigram, bpe, char or word')
-  spm_character_coverage: float = values.real(0.9999, '(0, 1]')
-  spm_train_max_bytes: int = values.whole(100_000_000, '[1, 2**63)', 'an integer >= 1 (bytes)')
-  spm_train_seed: int = values.whole(0, '[0, 2**32)')
+  spm_vocab_size: int = values.whole(32000, "[1, 2**31)", "an integer >= 1 (pieces), below 2**31")
+  spm_model_type: str = values.text("unigram", SPM_MODEL_TYPES, "unigram, bpe, char or word")
+  spm_character_coverage: float = values.real(0.9999, "(0, 1]")
+  spm_train_max_bytes: int = values.whole(100_000_000, "[1, 2**63)", "an integer >= 1 (bytes)")
+  spm_train_seed: int = values.whole(0, "[0, 2**32)")
   # Tokenized documents kept in memory, in tokens; least recently used
   # documents are dropped beyond this.
-  cache_tokens: int = values.whole(1 << 26, '[0, 2**63)', 'an integer >= 0 (tokens kept in memory)')
+  cache_tokens: int = values.whole(1 << 26, "[0, 2**63)", "an integer >= 0 (tokens kept in memory)")
   # {source name: its section}: every registered source's (at its schema's
   # defaults where the config has none), and any other the config holds (a
   # plugin's, typed when it is asked for: registry.section).
   sections: dict[str, Any] = dataclasses.field(default_factory=lambda: _registered_sections())
 
   def __post_init__(self) -> None:
-    values.check_fields(self, 'data.')
+    values.check_fields(self, "data.")
 
   def section(self, schema: type[S]) -> S:
     """The section whose schema is `schema` (a source's Config), typed as
     it: what `data_config.<name>` gives, for the type checker too
     (registry.section: at its defaults where the config has none)."""
     names = [n for n in registry.names() if registry.get(n).schema is schema]
-    if not names and ':' in self.source and registry.get(self.source).schema is schema:
+    if not names and ":" in self.source and registry.get(self.source).schema is schema:
       names = [registry.get(self.source).name]  # a plugin's, named by data.source
     if not names:
-      raise ConfigError(f'no data source has the schema {schema.__qualname__}')
+      raise ConfigError(f"no data source has the schema {schema.__qualname__}")
     found = registry.section(self, names[0])
     assert isinstance(found, schema), (schema, type(found))
     return found
 
   def __getattr__(self, name: str) -> Any:
-    sections = self.__dict__.get('sections', {})
+    sections = self.__dict__.get("sections", {})
     if name in sections:
       return sections[name]
-    raise AttributeError(f'the data config has no field or section {name!r}')
+    raise AttributeError(f"the data config has no field or section {name!r}")
 
   @classmethod
-  def from_dict(cls, given: Any) -> 'DataConfig':
+  def from_dict(cls, given: Any) -> "DataConfig":
     """From a config's data section (a mapping, or what has to_dict): the
     shared fields, and each registered source's section typed by its
     schema (at its defaults when the config has none); ConfigError naming
     a field or section it does not know, or a value of another kind
     (check_written)."""
-    given = given.to_dict() if hasattr(given, 'to_dict') else given
+    given = given.to_dict() if hasattr(given, "to_dict") else given
     check_written(given)
     sections = _registered_sections()
     for key, section in given.items():
       if key not in SHARED_FIELDS:  # a plugin's is typed when asked for (registry.section)
-        sections[key] = (values.from_dict(registry.get(key).schema, section, f'data.{key}.')
-                         if key in sections else section)
+        sections[key] = (
+          values.from_dict(registry.get(key).schema, section, f"data.{key}.")
+          if key in sections
+          else section
+        )
     return cls(**{k: v for k, v in given.items() if k in SHARED_FIELDS}, sections=sections)
 
   def to_dict(self) -> dict[str, Any]:
@@ -115,7 +119,7 @@ class DataConfig:
 
 
 # The fields every source shares (DataConfig's own, but its sections).
-SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != 'sections')
+SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "sections")
 
 
 def check_written(given: Any) -> None:
@@ -128,20 +132,27 @@ def check_written(given: Any) -> None:
   data.source names a source not registered here is left to the source's
   own check (registry.get names it)."""
   if not isinstance(given, Mapping):
-    raise ConfigError(f'data must be a section of fields, not '
-                      f"{'null' if given is None else type(given).__name__}")
-  source = str(given.get('source', ''))
+    raise ConfigError(
+      f"data must be a section of fields, not {'null' if given is None else type(given).__name__}"
+    )
+  source = str(given.get("source", ""))
   for key, section in given.items():
     if key in SHARED_FIELDS:
       continue
     if key in registry.names():
-      values.check_section(registry.get(key).schema, section, f'data.{key}.')
-    elif not ((':' in source or key == source) and isinstance(section, Mapping)):
-      raise ConfigError(f"data.{key} is not a field of this version's data config (shared: "
-                        f"{', '.join(sorted(SHARED_FIELDS))}; sections: "
-                        f"{', '.join(registry.names())})")
-  values.check_section(DataConfig, {k: v for k, v in given.items() if k in SHARED_FIELDS},
-                       'data.', derived=('sections',))
+      values.check_section(registry.get(key).schema, section, f"data.{key}.")
+    elif not ((":" in source or key == source) and isinstance(section, Mapping)):
+      raise ConfigError(
+        f"data.{key} is not a field of this version's data config (shared: "
+        f"{', '.join(sorted(SHARED_FIELDS))}; sections: "
+        f"{', '.join(registry.names())})"
+      )
+  values.check_section(
+    DataConfig,
+    {k: v for k, v in given.items() if k in SHARED_FIELDS},
+    "data.",
+    derived=("sections",),
+  )
 
 
 def _registered_sections() -> dict[str, Any]:
@@ -186,9 +197,11 @@ def unread_fields(c: DataConfig) -> list[tuple[str, str]]:
 
 def _unread(c: DataConfig, name: str, field: str) -> str:
   value = getattr(c.sections[name], field)
-  return (f"data.{name}.{field}={value!r} is set, but data.source={c.source!r} reads "
-          f"data.{registry.get(c.source).name}, not data.{name}: select that source with "
-          f"--config.data.source={name}, or leave data.{name} at its defaults")
+  return (
+    f"data.{name}.{field}={value!r} is set, but data.source={c.source!r} reads "
+    f"data.{registry.get(c.source).name}, not data.{name}: select that source with "
+    f"--config.data.source={name}, or leave data.{name} at its defaults"
+  )
 
 
 def check_unread_sections(c: DataConfig, given: Collection[str] = ()) -> None:
@@ -212,12 +225,11 @@ def check_unread_sections(c: DataConfig, given: Collection[str] = ()) -> None:
 
 
 def _host_memory() -> int:
-  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _is_byte_count(value: object) -> bool:
-  return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-              and value >= 0)
+  return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0)
 
 
 def _check_host_bytes(c: DataConfig, source: registry.Source) -> None:
@@ -226,17 +238,24 @@ def _check_host_bytes(c: DataConfig, source: registry.Source) -> None:
   its estimate from its fields (Source.host_bytes), the token cache's
   bound, and the text SentencePiece's training reads."""
   have = _host_memory()
-  sizes = [(f'the documents of data.{source.name} (by their lengths and counts)',
-            registry.call_hook(c.source, source, 'host_bytes', c, returns=(
-                _is_byte_count, 'an int >= 0 (bytes)')) if source.host_bytes else 0),
-           (f'data.cache_tokens={c.cache_tokens} int32 tokens', 4 * c.cache_tokens),
-           (f'data.spm_train_max_bytes={c.spm_train_max_bytes} bytes of text',
-            c.spm_train_max_bytes)]
+  sizes = [
+    (
+      f"the documents of data.{source.name} (by their lengths and counts)",
+      registry.call_hook(
+        c.source, source, "host_bytes", c, returns=(_is_byte_count, "an int >= 0 (bytes)")
+      )
+      if source.host_bytes
+      else 0,
+    ),
+    (f"data.cache_tokens={c.cache_tokens} int32 tokens", 4 * c.cache_tokens),
+    (f"data.spm_train_max_bytes={c.spm_train_max_bytes} bytes of text", c.spm_train_max_bytes),
+  ]
   for what, need in sizes:
     if need > have:
       raise ConfigError(
-          f'{what} need at least {need / 2**30:,.1f} GiB, {need / have:,.1f} times the '
-          f"{have / 2**30:,.1f} GiB of this host's memory: lower the data config's sizes")
+        f"{what} need at least {need / 2**30:,.1f} GiB, {need / have:,.1f} times the "
+        f"{have / 2**30:,.1f} GiB of this host's memory: lower the data config's sizes"
+      )
 
 
 def validate_data_config(c: DataConfig, *, need_tokenizer_model: bool = True) -> None:
@@ -252,23 +271,24 @@ def validate_data_config(c: DataConfig, *, need_tokenizer_model: bool = True) ->
 
   source = registry.get(c.source)
   registry.section(c, source.name)
-  registry.call_hook(c.source, source, 'validate', c)
+  registry.call_hook(c.source, source, "validate", c)
   _check_host_bytes(c, source)
-  if c.tokenizer == 'sentencepiece' and need_tokenizer_model:
+  if c.tokenizer == "sentencepiece" and need_tokenizer_model:
     if not c.spm_model:
       raise ConfigError(
-          "data.spm_model is empty: give the SentencePiece model's path (train one with "
-          "train_tokenizer.py)")
-    files.check_local(c.spm_model, 'data.spm_model (a .model file)')
+        "data.spm_model is empty: give the SentencePiece model's path (train one with "
+        "train_tokenizer.py)"
+      )
+    files.check_local(c.spm_model, "data.spm_model (a .model file)")
     what = files.kind(c.spm_model, follow=True)
     if what is None:
       raise ConfigError(
-          f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
-          "or fix the path")
-    if what != 'file':
+        f"data.spm_model={c.spm_model!r} does not exist: train it with train_tokenizer.py "
+        "or fix the path"
+      )
+    if what != "file":
       raise ConfigError(f"data.spm_model={c.spm_model!r} is {what}, not a .model file")
     try:  # a moment's read: a file that is not a model is named now, not mid-run
       tokenizers.SentencePieceTokenizer(c.spm_model)
     except DataError as e:
       raise ConfigError(str(e)) from None
-

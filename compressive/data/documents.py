@@ -32,8 +32,7 @@ class Documents(abc.ABC):
     self.description = description
 
   @abc.abstractmethod
-  def __len__(self) -> int:
-    ...
+  def __len__(self) -> int: ...
 
   @abc.abstractmethod
   def name(self, i: int) -> str:
@@ -59,7 +58,7 @@ class Documents(abc.ABC):
     of token ids in [0, 2**31), and an error it raises is a DataError
     naming it (a built-in one's is a bug and keeps its traceback)."""
     self._check_index(i)
-    if type(self).__module__.startswith('compressive.'):
+    if type(self).__module__.startswith("compressive."):
       ids = self._load_tokens(i)
     else:
       try:
@@ -67,28 +66,31 @@ class Documents(abc.ABC):
       except (UserError, OSError):
         raise
       except Exception as e:
-        raise DataError(f'{type(self).__module__}.{type(self).__name__}._load_tokens({i}) of '
-                        f"{self.description} raised {type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:300]}") from e
+        raise DataError(
+          f"{type(self).__module__}.{type(self).__name__}._load_tokens({i}) of "
+          f"{self.description} raised {type(e).__name__}: "
+          f"{' '.join(str(e).split())[:300]}"
+        ) from e
       self._check_ids(i, ids)
     if len(ids) < 2:
       raise DataError(
-          f'Document {self.name(i)!r} (index {i} of {self.description}) has '
-          f'{len(ids)} token(s); a document needs at least 2 tokens to give '
-          'one prediction. Remove or merge it.')
+        f"Document {self.name(i)!r} (index {i} of {self.description}) has "
+        f"{len(ids)} token(s); a document needs at least 2 tokens to give "
+        "one prediction. Remove or merge it."
+      )
     return ids
 
   def _check_ids(self, i: int, ids: Any) -> None:  # what _load_tokens gave: anything
     """DataError unless `ids` is a 1-D integer array of token ids in [0, 2**31)."""
-    ok = (isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer))
+    ok = isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer)
     if ok and ids.size:
       ok = int(ids.min()) >= 0 and int(ids.max()) < 2**31
     if not ok:
-      what = (f'{ids.dtype}{list(ids.shape)}' if isinstance(ids, np.ndarray)
-              else type(ids).__name__)
+      what = f"{ids.dtype}{list(ids.shape)}" if isinstance(ids, np.ndarray) else type(ids).__name__
       raise DataError(
-          f'document {i} of {self.description} ({type(self).__name__}) gives {what} as its '
-          'tokens; a Documents gives a 1-D integer numpy array of token ids in [0, 2**31)')
+        f"document {i} of {self.description} ({type(self).__name__}) gives {what} as its "
+        "tokens; a Documents gives a 1-D integer numpy array of token ids in [0, 2**31)"
+      )
 
   def num_tokens(self, i: int) -> int:
     """len(tokens(i)); sources that know it without tokenizing override."""
@@ -97,8 +99,8 @@ class Documents(abc.ABC):
   def _check_index(self, i: int) -> None:
     if not 0 <= i < len(self):
       raise IndexError(
-          f'document index {i} out of range for {self.description} '
-          f'({len(self)} documents)')
+        f"document index {i} out of range for {self.description} ({len(self)} documents)"
+      )
 
 
 class _LruTokens:
@@ -106,8 +108,7 @@ class _LruTokens:
 
   def __init__(self, max_tokens: int):
     self.max_tokens = max_tokens
-    self._items: collections.OrderedDict[int, np.ndarray] = (
-        collections.OrderedDict())
+    self._items: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
     self._total = 0
 
   def get(self, i: int) -> np.ndarray | None:
@@ -135,29 +136,29 @@ class TextDocuments(Documents):
   """
 
   def __init__(
-      self,
-      names: Sequence[str] | Callable[[int], str],
-      load_text: Callable[[int], str],
-      tokenizer: tokenizers.Tokenizer,
-      description: str,
-      cache_tokens: int = 1 << 26,
-      num_documents: int | None = None,
+    self,
+    names: Sequence[str] | Callable[[int], str],
+    load_text: Callable[[int], str],
+    tokenizer: tokenizers.Tokenizer,
+    description: str,
+    cache_tokens: int = 1 << 26,
+    num_documents: int | None = None,
   ):
     """Args:
-      names: document names, or a function i -> name (then num_documents is
-        required), for corpora where names cost a read (only used in errors).
-      load_text: i -> original text of document i.
-      tokenizer: turns texts into token ids.
-      description: corpus/split, for error messages.
-      cache_tokens: tokenized documents kept, in tokens (LRU).
-      num_documents: number of documents when names is a function.
+    names: document names, or a function i -> name (then num_documents is
+      required), for corpora where names cost a read (only used in errors).
+    load_text: i -> original text of document i.
+    tokenizer: turns texts into token ids.
+    description: corpus/split, for error messages.
+    cache_tokens: tokenized documents kept, in tokens (LRU).
+    num_documents: number of documents when names is a function.
     """
     super().__init__(description)
     self._names: list[str] | None
     self._name_fn: Callable[[int], str] | None
     if callable(names):
       if num_documents is None:
-        raise DataError('num_documents is required when names is a function')
+        raise DataError("num_documents is required when names is a function")
       self._names, self._name_fn, n = None, names, num_documents
     else:
       self._names, self._name_fn = list(names), None
@@ -188,7 +189,7 @@ class TextDocuments(Documents):
     if self._words[i] < 0:
       text = self.text(i) if text is None else text
       self._words[i] = len(text.split())
-      self._bytes[i] = len(text.encode('utf-8'))
+      self._bytes[i] = len(text.encode("utf-8"))
 
   def _load_tokens(self, i: int) -> np.ndarray:
     ids = self._cache.get(i)
@@ -225,11 +226,10 @@ class ByteStreamDocuments(Documents):
   a multi-byte UTF-8 character, exactly as in the standard enwik8 split.
   """
 
-  def __init__(self, buffer: np.ndarray, bounds: Sequence[tuple[int, int]],
-               description: str):
+  def __init__(self, buffer: np.ndarray, bounds: Sequence[tuple[int, int]], description: str):
     super().__init__(description)
     if buffer.dtype != np.uint8 or buffer.ndim != 1:
-      raise DataError('buffer must be a 1-D uint8 array')
+      raise DataError("buffer must be a 1-D uint8 array")
     self._buffer = buffer  # uint8 [total bytes]
     self._bounds = [(int(a), int(b)) for a, b in bounds]
 
@@ -238,7 +238,7 @@ class ByteStreamDocuments(Documents):
 
   def name(self, i: int) -> str:
     a, b = self._bounds[i]
-    return f'{self.description}[bytes {a}:{b}]'
+    return f"{self.description}[bytes {a}:{b}]"
 
   def _load_tokens(self, i: int) -> np.ndarray:
     a, b = self._bounds[i]
@@ -261,7 +261,7 @@ class ByteStreamDocuments(Documents):
     self._check_index(i)
     a, b = self._bounds[i]
     chunk = self._buffer[a:b]
-    space = np.isin(chunk, np.frombuffer(b' \t\n\r\x0b\x0c', np.uint8))
+    space = np.isin(chunk, np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8))
     starts = ~space & np.concatenate([[True], space[:-1]])
     return int(starts.sum())
 
@@ -282,7 +282,7 @@ class TokenDocuments(Documents):
     return len(self._docs)
 
   def name(self, i: int) -> str:
-    return f'{self.description}[{i}]'
+    return f"{self.description}[{i}]"
 
   def _load_tokens(self, i: int) -> np.ndarray:
     return self._docs[i]
@@ -299,8 +299,7 @@ class TokenDocuments(Documents):
     return len(self._docs[i])
 
 
-def split_by_hash(keys: Sequence[str], fraction: float
-                  ) -> dict[str, list[int]]:
+def split_by_hash(keys: Sequence[str], fraction: float) -> dict[str, list[int]]:
   """Splits items into train / validation / test by a hash of their keys.
 
   Items are ordered by sha256(key); the first round(fraction * n) (at least
@@ -313,24 +312,24 @@ def split_by_hash(keys: Sequence[str], fraction: float
     {'train': [...], 'validation': [...], 'test': [...]}: indices into keys,
     each list in increasing order.
   """
-  groups = sorted(set(keys),
-                  key=lambda k: (hashlib.sha256(k.encode()).hexdigest(), k))
+  groups = sorted(set(keys), key=lambda k: (hashlib.sha256(k.encode()).hexdigest(), k))
   if len(groups) < 3:
     raise DataError(
-        f'Need at least 3 distinct documents to split into train / '
-        f'validation / test by hash, got {len(groups)}')
+      f"Need at least 3 distinct documents to split into train / "
+      f"validation / test by hash, got {len(groups)}"
+    )
   if not 0 < fraction < 0.5:
-    raise DataError(f'heldout_fraction must lie in (0, 0.5), got {fraction}')
+    raise DataError(f"heldout_fraction must lie in (0, 0.5), got {fraction}")
   n_held = max(1, round(fraction * len(groups)))
   n_held = min(n_held, (len(groups) - 1) // 2)
   which = {}
   for rank, key in enumerate(groups):
     if rank < n_held:
-      which[key] = 'validation'
+      which[key] = "validation"
     elif rank < 2 * n_held:
-      which[key] = 'test'
+      which[key] = "test"
     else:
-      which[key] = 'train'
+      which[key] = "train"
   out: dict[str, list[int]] = {split: [] for split in SPLITS}
   for i, key in enumerate(keys):
     out[which[key]].append(i)

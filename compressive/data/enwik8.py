@@ -40,37 +40,45 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.enwik8`: the file, and how it is cut into splits and documents."""
-  path: str = values.text('')  # The enwik8 or enwik8.zip file.
+
+  path: str = values.text("")  # The enwik8 or enwik8.zip file.
   # Split sizes in bytes (train, validation, test), which must add up to the
   # file size, and how many contiguous documents each split is cut into.
   # Training rows need at least batch_size documents to stay busy;
   # evaluation on one document is the paper's single-stream evaluation.
   split_bytes: tuple = values.sequence((90_000_000, 5_000_000, 5_000_000))
-  train_shards: int = values.whole(128, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
-  eval_shards: int = values.whole(1, '[1, 2**63)', 'an integer >= 1 (documents of a split)')
+  train_shards: int = values.whole(128, "[1, 2**63)", "an integer >= 1 (documents of a split)")
+  eval_shards: int = values.whole(1, "[1, 2**63)", "an integer >= 1 (documents of a split)")
 
   def __post_init__(self) -> None:
-    values.check_fields(self, 'data.enwik8.')
+    values.check_fields(self, "data.enwik8.")
 
 
-def validate(data_config: 'DataConfig') -> None:
+def validate(data_config: "DataConfig") -> None:
   c = data_config.section(Config)
-  files.check_local(c.path, 'data.enwik8.path (a file)')
+  files.check_local(c.path, "data.enwik8.path (a file)")
   if not c.path:
-    raise ConfigError('data.enwik8.path is empty: give the enwik8 file or enwik8.zip')
+    raise ConfigError("data.enwik8.path is empty: give the enwik8 file or enwik8.zip")
   if not os.path.isfile(c.path):
     raise ConfigError(
-        f'data.enwik8.path={c.path!r} does not exist: give the enwik8 file or enwik8.zip')
+      f"data.enwik8.path={c.path!r} does not exist: give the enwik8 file or enwik8.zip"
+    )
   sizes = tuple(c.split_bytes)
   if len(sizes) != len(registry.SPLITS):
-    raise ConfigError(f'data.enwik8.split_bytes={sizes} must be {len(registry.SPLITS)} sizes, '
-                      f"bytes of {', '.join(registry.SPLITS)}")
+    raise ConfigError(
+      f"data.enwik8.split_bytes={sizes} must be {len(registry.SPLITS)} sizes, "
+      f"bytes of {', '.join(registry.SPLITS)}"
+    )
   for k, split in enumerate(registry.SPLITS):
-    values.integer(f'data.enwik8.split_bytes[{k}]', sizes[k], '[0, 2**63)',
-                   must=f'an integer >= 0 (bytes of {split})')
+    values.integer(
+      f"data.enwik8.split_bytes[{k}]",
+      sizes[k],
+      "[0, 2**63)",
+      must=f"an integer >= 0 (bytes of {split})",
+    )
 
 
-def host_bytes(data_config: 'DataConfig') -> int:
+def host_bytes(data_config: "DataConfig") -> int:
   """The file's bytes as split_bytes gives them (a zip is read into memory)
   and every split's document bounds (int64 pairs)."""
   c = data_config.section(Config)
@@ -81,67 +89,76 @@ def host_bytes(data_config: 'DataConfig') -> int:
 def load_bytes(path: str) -> np.ndarray:
   """The whole enwik8 file as uint8 [num_bytes] (memory-mapped if raw)."""
   if not path:
-    raise DataError('data.source=enwik8 needs data.enwik8.path, the file enwik8 or '
-                     'enwik8.zip (http://mattmahoney.net/dc/enwik8.zip)')
+    raise DataError(
+      "data.source=enwik8 needs data.enwik8.path, the file enwik8 or "
+      "enwik8.zip (http://mattmahoney.net/dc/enwik8.zip)"
+    )
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'enwik8 file {path!r} (data.enwik8.path) not found')
+    raise FileNotFoundError(f"enwik8 file {path!r} (data.enwik8.path) not found")
   if zipfile.is_zipfile(path):
     with zipfile.ZipFile(path) as z:
-      names = [n for n in z.namelist() if not n.endswith('/')]
-      if 'enwik8' in names:
-        member = 'enwik8'
+      names = [n for n in z.namelist() if not n.endswith("/")]
+      if "enwik8" in names:
+        member = "enwik8"
       elif len(names) == 1:
         member = names[0]
       else:
-        raise DataError(f'{path}: no member named enwik8 among {names}')
+        raise DataError(f"{path}: no member named enwik8 among {names}")
       return np.frombuffer(z.read(member), dtype=np.uint8)
   if os.path.getsize(path) == 0:
     return np.zeros([0], np.uint8)
-  return np.memmap(path, dtype=np.uint8, mode='r')
+  return np.memmap(path, dtype=np.uint8, mode="r")
 
 
-def split_bounds(split_bytes: tuple[int, int, int], total: int, split: str,
-                 num_shards: int) -> list[tuple[int, int]]:
+def split_bounds(
+  split_bytes: tuple[int, int, int], total: int, split: str, num_shards: int
+) -> list[tuple[int, int]]:
   """[start, end) byte ranges of the documents of one split."""
   registry.check_split(split)
   sizes = [int(s) for s in split_bytes]
   if len(sizes) != len(registry.SPLITS) or min(sizes) < 0:
-    raise DataError(f'data.enwik8.split_bytes must be {len(registry.SPLITS)} sizes, got {sizes}')
+    raise DataError(f"data.enwik8.split_bytes must be {len(registry.SPLITS)} sizes, got {sizes}")
   if sum(sizes) != total:
     raise DataError(
-        f'the enwik8 file has {total} bytes but data.enwik8.split_bytes '
-        f'{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?')
+      f"the enwik8 file has {total} bytes but data.enwik8.split_bytes "
+      f"{tuple(sizes)} add up to {sum(sizes)}: wrong or truncated file?"
+    )
   k = registry.SPLITS.index(split)
   start = sum(sizes[:k])
   if num_shards < 1:
-    raise DataError(f'enwik8 shards must be >= 1, got {num_shards}')
+    raise DataError(f"enwik8 shards must be >= 1, got {num_shards}")
   if sizes[k] < 2 * num_shards:
     raise DataError(
-        f'enwik8 {split} split of {sizes[k]} bytes cannot be cut into '
-        f'{num_shards} documents of at least 2 bytes')
-  cuts = start + (np.arange(num_shards + 1, dtype=np.int64) * sizes[k]
-                  ) // num_shards
+      f"enwik8 {split} split of {sizes[k]} bytes cannot be cut into "
+      f"{num_shards} documents of at least 2 bytes"
+    )
+  cuts = start + (np.arange(num_shards + 1, dtype=np.int64) * sizes[k]) // num_shards
   return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def get_documents(data_config: 'DataConfig', split: str,
-                  tokenizer: tokenizers.Tokenizer
-                  ) -> documents_lib.ByteStreamDocuments:
+def get_documents(
+  data_config: "DataConfig", split: str, tokenizer: tokenizers.Tokenizer
+) -> documents_lib.ByteStreamDocuments:
   registry.check_split(split)
   if not isinstance(tokenizer, tokenizers.ByteTokenizer):
     raise DataError("enwik8 is read as bytes: set data.tokenizer='bytes'")
   c = data_config.section(Config)
   buffer = load_bytes(c.path)
-  shards = c.train_shards if split == 'train' else c.eval_shards
+  shards = c.train_shards if split == "train" else c.eval_shards
   bounds = split_bounds(tuple(c.split_bytes), len(buffer), split, shards)
-  return documents_lib.ByteStreamDocuments(buffer, bounds,
-                                           description=f'enwik8/{split}')
+  return documents_lib.ByteStreamDocuments(buffer, bounds, description=f"enwik8/{split}")
 
 
 # Held in memory (or memory-mapped): counting every document's tokens is
 # cheap, and finds a shard too short before training does.
-registry.register(registry.Source(
-    name='enwik8', schema=Config, validate=validate,
+registry.register(
+  registry.Source(
+    name="enwik8",
+    schema=Config,
+    validate=validate,
     get_documents=get_documents,
     check_documents=registry.checks_every_document(get_documents),
-    location_fields=('path',), host_bytes=host_bytes))
+    location_fields=("path",),
+    host_bytes=host_bytes,
+  )
+)

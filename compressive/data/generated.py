@@ -48,10 +48,12 @@ def cache_folder() -> str:
 def _path(kind: str, key: dict[str, Any], module_file: str) -> str:
   with open(module_file, "rb") as f:
     code = hashlib.sha256(f.read()).hexdigest()
-  identity = json.dumps({"format": FORMAT, "kind": kind, "key": key, "code": code},
-                        sort_keys=True, default=list)
-  return os.path.join(cache_folder(),
-                      f"{kind}-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.npz")
+  identity = json.dumps(
+    {"format": FORMAT, "kind": kind, "key": key, "code": code}, sort_keys=True, default=list
+  )
+  return os.path.join(
+    cache_folder(), f"{kind}-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.npz"
+  )
 
 
 def _pack(texts: Sequence[str], records: Sequence[Sequence[Any]]) -> bytes:
@@ -59,9 +61,12 @@ def _pack(texts: Sequence[str], records: Sequence[Sequence[Any]]) -> bytes:
   rows = [(i, *dataclasses.astuple(r)) for i, doc in enumerate(records) for r in doc]
   width = 1 + (len(rows[0]) - 1 if rows else 0)
   buffer = io.BytesIO()
-  np.savez(buffer, text=np.frombuffer(b"".join(encoded), np.uint8),
-           ends=np.cumsum([len(e) for e in encoded], dtype=np.int64),
-           records=np.asarray(rows, np.int64).reshape(len(rows), width))
+  np.savez(
+    buffer,
+    text=np.frombuffer(b"".join(encoded), np.uint8),
+    ends=np.cumsum([len(e) for e in encoded], dtype=np.int64),
+    records=np.asarray(rows, np.int64).reshape(len(rows), width),
+  )
   return buffer.getvalue()
 
 
@@ -78,10 +83,13 @@ def _unpack(data: bytes, record_type: Callable[..., R]) -> tuple[list[str], list
   return texts, records
 
 
-def cached_documents(kind: str, key: dict[str, Any], module_file: str,
-                     record_type: Callable[..., R],
-                     make: Callable[[], tuple[list[str], list[list[R]]]]
-                     ) -> tuple[list[str], list[list[R]]]:
+def cached_documents(
+  kind: str,
+  key: dict[str, Any],
+  module_file: str,
+  record_type: Callable[..., R],
+  make: Callable[[], tuple[list[str], list[list[R]]]],
+) -> tuple[list[str], list[list[R]]]:
   """(texts, records per document): read from the cache, or `make()`'s,
   saved there for the next time (module docstring). `key` holds what the
   documents depend on besides `module_file`, the generating module."""
@@ -92,14 +100,16 @@ def cached_documents(kind: str, key: dict[str, Any], module_file: str,
   except FileNotFoundError:
     pass
   except Exception as e:  # a damaged or foreign file: made again, and replaced
-    _log.info("%s cannot be read back (%s: %s); the documents are made again", path,
-              type(e).__name__, e)
+    _log.info(
+      "%s cannot be read back (%s: %s); the documents are made again", path, type(e).__name__, e
+    )
   texts, records = make()
   if registry.may_write():
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
       files.write_bytes(path, _pack(texts, records))
     except OSError as e:
-      _log.info("the generated documents are not cached: cannot write %s (%s)", path,
-                e.strerror or e)
+      _log.info(
+        "the generated documents are not cached: cannot write %s (%s)", path, e.strerror or e
+      )
   return texts, records

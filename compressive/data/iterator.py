@@ -62,32 +62,40 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
   h = _splitmix64(h ^ np.array([epoch & _M64], np.uint64))
   # i -> i ^ h is a bijection and so is _splitmix64: no ties between keys.
   keys = _splitmix64(np.arange(n, dtype=np.uint64) ^ h)
-  return np.argsort(keys, kind='stable').astype(np.int64)
+  return np.argsort(keys, kind="stable").astype(np.int64)
 
 
-def _check_arguments(docs: documents_lib.Documents, batch_size: int, segment_length: int,
-                     seed: int, repeat: bool, row_start: int, num_rows: int) -> None:
+def _check_arguments(
+  docs: documents_lib.Documents,
+  batch_size: int,
+  segment_length: int,
+  seed: int,
+  repeat: bool,
+  row_start: int,
+  num_rows: int,
+) -> None:
   """DataError for arguments a SegmentIterator cannot read with."""
   if batch_size < 1 or segment_length < 1:
     raise DataError(
-        f'batch_size ({batch_size}) and segment_length ({segment_length}) '
-        'must be positive')
-  if not (0 <= row_start and 1 <= num_rows
-          and row_start + num_rows <= batch_size):
+      f"batch_size ({batch_size}) and segment_length ({segment_length}) must be positive"
+    )
+  if not (0 <= row_start and 1 <= num_rows and row_start + num_rows <= batch_size):
     raise DataError(
-        f'rows [{row_start}, {row_start} + {num_rows}) do not lie within '
-        f'the global batch of {batch_size} rows')
+      f"rows [{row_start}, {row_start} + {num_rows}) do not lie within "
+      f"the global batch of {batch_size} rows"
+    )
   if seed < 0:
-    raise DataError(f'seed must be non-negative, got {seed}')
+    raise DataError(f"seed must be non-negative, got {seed}")
   n = len(docs)
   if repeat and n < batch_size:
     raise DataError(
-        f'{docs.description} has {n} documents but the batch has '
-        f'{batch_size} rows; training pins each row to its own documents and '
-        'needs at least batch_size documents: lower batch_size, or give the '
-        'split more documents (text_files: more files, or one file with a '
-        'smaller data.text_files.document_bytes; enwik8: more '
-        'data.enwik8.train_shards)')
+      f"{docs.description} has {n} documents but the batch has "
+      f"{batch_size} rows; training pins each row to its own documents and "
+      "needs at least batch_size documents: lower batch_size, or give the "
+      "split more documents (text_files: more files, or one file with a "
+      "smaller data.text_files.document_bytes; enwik8: more "
+      "data.enwik8.train_shards)"
+    )
 
 
 class SegmentIterator(Iterator[dict[str, np.ndarray]]):
@@ -104,17 +112,17 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
   """
 
   def __init__(
-      self,
-      docs: documents_lib.Documents,
-      batch_size: int,
-      segment_length: int,
-      seed: int = 0,
-      repeat: bool = True,
-      row_start: int = 0,
-      num_rows: int | None = None,
-      shuffle: bool | None = None,
-      vocab_size: int | None = None,
-      source: str = '',
+    self,
+    docs: documents_lib.Documents,
+    batch_size: int,
+    segment_length: int,
+    seed: int = 0,
+    repeat: bool = True,
+    row_start: int = 0,
+    num_rows: int | None = None,
+    shuffle: bool | None = None,
+    vocab_size: int | None = None,
+    source: str = "",
   ):
     """Builds the iterator at the start of epoch 0.
 
@@ -196,10 +204,11 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     Documents contract's)."""
     if self.vocab_size is not None and ids.size and int(ids.max()) >= self.vocab_size:
       raise DataError(
-          f'data.source={self.source!r}: document {self.docs.name(doc)!r} (index {doc} of '
-          f'{self.docs.description}) holds token id {int(ids.max())}, outside the model\'s '
-          f'vocabulary (model.vocab_size={self.vocab_size}); a source gives ids in '
-          '[0, model.vocab_size)')
+        f"data.source={self.source!r}: document {self.docs.name(doc)!r} (index {doc} of "
+        f"{self.docs.description}) holds token id {int(ids.max())}, outside the model's "
+        f"vocabulary (model.vocab_size={self.vocab_size}); a source gives ids in "
+        "[0, model.vocab_size)"
+      )
     return ids
 
   def _advance(self, j: int) -> None:
@@ -233,7 +242,7 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
 
   # -- Iteration. ------------------------------------------------------------
 
-  def __iter__(self) -> 'SegmentIterator':
+  def __iter__(self) -> "SegmentIterator":
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -251,8 +260,8 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
       ids = self._tokens(j, doc)  # [L]
       o = int(self._offset[j])
       n = min(t, len(ids) - 1 - o)
-      inputs[j, :n] = ids[o:o + n]
-      targets[j, :n] = ids[o + 1:o + 1 + n]
+      inputs[j, :n] = ids[o : o + n]
+      targets[j, :n] = ids[o + 1 : o + 1 + n]
       mask[j, :n] = True
       start[j] = o == 0
       self._offset[j] = o + n
@@ -260,24 +269,24 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
         self._advance(j)
     self._step += 1
     return {
-        'inputs': inputs,
-        'targets': targets,
-        'mask': mask,
-        'start_of_sequence': start,
+      "inputs": inputs,
+      "targets": targets,
+      "mask": mask,
+      "start_of_sequence": start,
     }
 
   # -- Checkpointing. --------------------------------------------------------
 
   def _arguments(self) -> dict[str, int]:
     return {
-        'num_documents': len(self.docs),
-        'batch_size': self.batch_size,
-        'segment_length': self.segment_length,
-        'seed': self.seed,
-        'repeat': int(self.repeat),
-        'shuffle': int(self.shuffle),
-        'row_start': self.row_start,
-        'num_rows': self.num_rows,
+      "num_documents": len(self.docs),
+      "batch_size": self.batch_size,
+      "segment_length": self.segment_length,
+      "seed": self.seed,
+      "repeat": int(self.repeat),
+      "shuffle": int(self.shuffle),
+      "row_start": self.row_start,
+      "num_rows": self.num_rows,
     }
 
   def get_state(self) -> dict[str, np.ndarray]:
@@ -295,10 +304,10 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     # batch (e.g. jax.make_array_from_process_local_data) and hand each
     # process its own rows back on restore. The scalars agree everywhere.
     state = {
-        'epoch': self._epoch.copy(),
-        'position': self._position.copy(),
-        'offset': self._offset.copy(),
-        'step': np.asarray(self._step, np.int64),
+      "epoch": self._epoch.copy(),
+      "position": self._position.copy(),
+      "offset": self._offset.copy(),
+      "step": np.asarray(self._step, np.int64),
     }
     for key, value in self._arguments().items():
       state[key] = np.asarray(value, np.int64)
@@ -315,29 +324,26 @@ class SegmentIterator(Iterator[dict[str, np.ndarray]]):
     mismatched = []
     for key, value in self._arguments().items():
       if key not in state:
-        raise DataError(f'iterator state lacks {key!r}')
+        raise DataError(f"iterator state lacks {key!r}")
       if int(np.asarray(state[key])) != value:
-        mismatched.append(
-            f'{key}: state {int(np.asarray(state[key]))}, iterator {value}')
-    if mismatched and other_documents and all(m.startswith('num_documents:') for m in mismatched):
+        mismatched.append(f"{key}: state {int(np.asarray(state[key]))}, iterator {value}")
+    if mismatched and other_documents and all(m.startswith("num_documents:") for m in mismatched):
       self._reset_position()
-      self._epoch[:] = int(np.max(np.asarray(state['epoch']))) + 1
-      self._step = int(np.asarray(state['step']))
+      self._epoch[:] = int(np.max(np.asarray(state["epoch"]))) + 1
+      self._step = int(np.asarray(state["step"]))
       return
     if mismatched:
       raise DataError(
-          'iterator state was saved by an iterator built differently: '
-          + '; '.join(mismatched))
+        "iterator state was saved by an iterator built differently: " + "; ".join(mismatched)
+      )
     b = self.num_rows
     arrays = {}
-    for key in ('epoch', 'position', 'offset'):
+    for key in ("epoch", "position", "offset"):
       arrays[key] = np.asarray(state[key], np.int64).reshape(-1).copy()
       if arrays[key].shape != (b,):
-        raise DataError(
-            f'iterator state {key!r} has shape {arrays[key].shape}, '
-            f'expected ({b},)')
+        raise DataError(f"iterator state {key!r} has shape {arrays[key].shape}, expected ({b},)")
     self._reset_position()
-    self._epoch = arrays['epoch']
-    self._position = arrays['position']
-    self._offset = arrays['offset']
-    self._step = int(np.asarray(state['step']))
+    self._epoch = arrays["epoch"]
+    self._position = arrays["position"]
+    self._offset = arrays["offset"]
+    self._step = int(np.asarray(state["step"]))

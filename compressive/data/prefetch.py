@@ -42,13 +42,17 @@ class StepIterator:
   """One training step's batch per `next()`: S consecutive segments of every
   row of `segments` (a SegmentIterator), stacked and passed through `put`."""
 
-  def __init__(self, segments: SegmentIterator, segments_per_step: int,
-               put: Optional[Callable[[dict[str, np.ndarray]], Any]] = None) -> None:
+  def __init__(
+    self,
+    segments: SegmentIterator,
+    segments_per_step: int,
+    put: Optional[Callable[[dict[str, np.ndarray]], Any]] = None,
+  ) -> None:
     self.segments = segments
     self.segments_per_step = segments_per_step
     self.put = put
 
-  def __iter__(self) -> 'StepIterator':
+  def __iter__(self) -> "StepIterator":
     return self
 
   def __next__(self) -> Any:
@@ -79,17 +83,18 @@ class Prefetcher:
     self._iterator: Any = None  # the source, or Grain's iterator running it ahead
     self._closed_state: Optional[dict[str, Any]] = None  # get_state() once closed
 
-  def __enter__(self) -> 'Prefetcher':
+  def __enter__(self) -> "Prefetcher":
     if self.depth == 0:
       self._iterator = self._source
     else:
       # Imported here: only training prefetches, and Grain takes a moment
       # to import.
       from grain import experimental as grain_experimental
+
       self._iterator = grain_experimental.ThreadPrefetchDatasetIterator(self._source, self.depth)
     return self
 
-  def __iter__(self) -> 'Prefetcher':
+  def __iter__(self) -> "Prefetcher":
     return self
 
   def __next__(self) -> Any:

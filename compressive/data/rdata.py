@@ -25,8 +25,14 @@ _CHARSXP, _LGLSXP, _INTSXP, _REALSXP = 9, 10, 13, 14
 _STRSXP, _VECSXP, _EXPRSXP = 16, 19, 20
 _ATTRLANGSXP, _ATTRLISTSXP = 240, 239
 _REFSXP, _NILVALUE_SXP = 255, 254
-_SPECIALS = {253: 'GlobalEnv', 252: 'UnboundValue', 251: 'MissingArg',
-             250: 'BaseNamespace', 242: 'EmptyEnv', 241: 'BaseEnv'}
+_SPECIALS = {
+  253: "GlobalEnv",
+  252: "UnboundValue",
+  251: "MissingArg",
+  250: "BaseNamespace",
+  242: "EmptyEnv",
+  241: "BaseEnv",
+}
 _PAIRLISTS = (_LISTSXP, _LANGSXP, _ATTRLANGSXP, _ATTRLISTSXP)
 
 _HAS_ATTR, _HAS_TAG = 1 << 9, 1 << 10
@@ -36,6 +42,7 @@ _UTF8, _LATIN1, _BYTES, _ASCII = 1 << 3, 1 << 2, 1 << 1, 1 << 6
 @dataclasses.dataclass
 class RObject:
   """An R value with its attributes (e.g. names) as a dict."""
+
   value: Any
   attributes: dict[str, Any]
 
@@ -59,15 +66,15 @@ class _Reader:
 
   def _take(self, n: int) -> bytes:
     if n < 0:  # a length the stream gives: negative ones would read backwards, forever
-      raise RFormatError(f'a negative length ({n}) in the R serialisation')
+      raise RFormatError(f"a negative length ({n}) in the R serialisation")
     if self._pos + n > len(self._data):
-      raise RFormatError('truncated R serialisation')
-    out = self._data[self._pos:self._pos + n]
+      raise RFormatError("truncated R serialisation")
+    out = self._data[self._pos : self._pos + n]
     self._pos += n
     return out
 
   def _int(self) -> int:
-    return struct.unpack('>i', self._take(4))[0]
+    return struct.unpack(">i", self._take(4))[0]
 
   def _length(self) -> int:
     n = self._int()
@@ -77,15 +84,15 @@ class _Reader:
     return n
 
   def read(self) -> Any:
-    if self._take(2) != b'X\n':
-      raise RFormatError('only the XDR binary serialisation is supported')
+    if self._take(2) != b"X\n":
+      raise RFormatError("only the XDR binary serialisation is supported")
     version = self._int()
     self._int()  # Writer's R version.
     self._int()  # Minimal reader version.
     if version == 3:
       self._take(self._int())  # Native encoding name.
     elif version != 2:
-      raise RFormatError(f'unsupported serialisation version {version}')
+      raise RFormatError(f"unsupported serialisation version {version}")
     return self._item()
 
   def _item(self) -> Any:
@@ -100,7 +107,7 @@ class _Reader:
       if index == 0:
         index = self._int()
       if not 1 <= index <= len(self._refs):
-        raise RFormatError(f'a reference to object {index} of {len(self._refs)} read')
+        raise RFormatError(f"a reference to object {index} of {len(self._refs)} read")
       return self._refs[index - 1]
     if kind == _SYMSXP:
       symbol = Symbol(self._item())
@@ -115,12 +122,12 @@ class _Reader:
       value = [self._item() for _ in range(self._length())]
     elif kind in (_LGLSXP, _INTSXP):
       n = self._length()
-      value = np.frombuffer(self._take(4 * n), '>i4').astype(np.int32)
+      value = np.frombuffer(self._take(4 * n), ">i4").astype(np.int32)
     elif kind == _REALSXP:
       n = self._length()
-      value = np.frombuffer(self._take(8 * n), '>f8').astype(np.float64)
+      value = np.frombuffer(self._take(8 * n), ">f8").astype(np.float64)
     else:
-      raise RFormatError(f'unsupported R object type {kind}')
+      raise RFormatError(f"unsupported R object type {kind}")
     if flags & _HAS_ATTR:
       return RObject(value, self._attributes())
     return value
@@ -132,13 +139,13 @@ class _Reader:
     raw = self._take(n)
     levels = flags >> 12
     if levels & _LATIN1:
-      return raw.decode('latin-1')
+      return raw.decode("latin-1")
     if levels & _BYTES:
       raise RFormatError('R "bytes"-encoded strings are not supported')
     try:
-      return raw.decode('utf-8')  # UTF-8, ASCII, or native (UTF-8 on Debian).
+      return raw.decode("utf-8")  # UTF-8, ASCII, or native (UTF-8 on Debian).
     except UnicodeDecodeError as e:
-      raise RFormatError(f'an R string that is not UTF-8 ({e.reason} at byte {e.start})') from None
+      raise RFormatError(f"an R string that is not UTF-8 ({e.reason} at byte {e.start})") from None
 
   def _pairlist(self, flags: int) -> RObject:
     items: list[tuple[str | None, Any]] = []
@@ -147,18 +154,17 @@ class _Reader:
       if flags & _HAS_ATTR:
         attributes.update(self._attributes())
       tag = self._item() if flags & _HAS_TAG else None
-      items.append((tag.name if isinstance(tag, Symbol) else None,
-                    self._item()))
+      items.append((tag.name if isinstance(tag, Symbol) else None, self._item()))
       flags = self._int()
       if flags & 0xFF == _NILVALUE_SXP:
         return RObject(items, attributes)
       if flags & 0xFF not in _PAIRLISTS:
-        raise RFormatError('malformed pairlist')
+        raise RFormatError("malformed pairlist")
 
   def _attributes(self) -> dict[str, Any]:
     pairs = self._item()
     if not isinstance(pairs, RObject):
-      raise RFormatError('attributes must be a pairlist')
+      raise RFormatError("attributes must be a pairlist")
     return dict(pairs.value)
 
 
@@ -169,21 +175,21 @@ def unserialize(data: bytes) -> Any:
   try:
     return _Reader(data).read()
   except RecursionError:
-    raise RFormatError('R objects nested too deep') from None
+    raise RFormatError("R objects nested too deep") from None
 
 
 def read_rds(data: bytes) -> Any:
   """Reads the contents of an .rds / .rdx file (gzip-compressed or not)."""
-  if data[:2] == b'\x1f\x8b':
+  if data[:2] == b"\x1f\x8b":
     data = gzip.decompress(data)
   return unserialize(data)
 
 
 def named_list(obj: Any) -> dict[str, Any]:
   """An R list with names, as a dict."""
-  if not isinstance(obj, RObject) or 'names' not in obj.attributes:
-    raise RFormatError('expected a named R list')
-  return dict(zip(obj.attributes['names'], obj.value))
+  if not isinstance(obj, RObject) or "names" not in obj.attributes:
+    raise RFormatError("expected a named R list")
+  return dict(zip(obj.attributes["names"], obj.value))
 
 
 def read_lazyload_db(rdx: bytes, rdb: bytes) -> dict[str, Any]:
@@ -195,21 +201,25 @@ def read_lazyload_db(rdx: bytes, rdb: bytes) -> dict[str, Any]:
   byte and then zlib 'Z', bzip2 '2', xz 'X' or none '0').
   """
   index = named_list(read_rds(rdx))
-  compression = int(np.asarray(index.get('compressed', [1])).reshape(-1)[0])
+  compression = int(np.asarray(index.get("compressed", [1])).reshape(-1)[0])
   out = {}
-  for name, where in named_list(index['variables']).items():
+  for name, where in named_list(index["variables"]).items():
     offset, length = (int(x) for x in np.asarray(where).reshape(-1)[:2])
-    blob = rdb[offset:offset + length]
-    size = struct.unpack('>I', blob[:4])[0]
+    blob = rdb[offset : offset + length]
+    size = struct.unpack(">I", blob[:4])[0]
     body = blob[4:]
     if compression in (2, 3):
       kind, body = body[:1], body[1:]
       decompressors: dict[bytes, Callable[[bytes], bytes]] = {
-          b'Z': zlib.decompress, b'2': bz2.decompress, b'X': lzma.decompress, b'0': bytes}
+        b"Z": zlib.decompress,
+        b"2": bz2.decompress,
+        b"X": lzma.decompress,
+        b"0": bytes,
+      }
       data = decompressors[kind](body)
     else:
       data = zlib.decompress(body)
     if len(data) != size:
-      raise RFormatError(f'R object {name!r}: size mismatch')
+      raise RFormatError(f"R object {name!r}: size mismatch")
     out[name] = unserialize(data)
   return out

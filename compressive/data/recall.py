@@ -57,10 +57,14 @@ class Query:
   value_len: int = VALUE_LEN  # answer bytes, from answer_start on
 
 
-def make_document(rng: np.random.Generator, length: int, num_facts: int,
-                  distances: tuple[int, ...],
-                  requery_distances: tuple[int, ...] = (),
-                  value_len: int = VALUE_LEN) -> tuple[str, list[Query]]:
+def make_document(
+  rng: np.random.Generator,
+  length: int,
+  num_facts: int,
+  distances: tuple[int, ...],
+  requery_distances: tuple[int, ...] = (),
+  value_len: int = VALUE_LEN,
+) -> tuple[str, list[Query]]:
   """One document of exactly `length` bytes and its queries."""
   event = event_length(value_len)
   occupied = np.zeros(length, bool)
@@ -78,7 +82,8 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
       spans = [(a, a + event) for a in starts]
       # Keep one byte of filler around every event so they never touch.
       if min(gaps) < event + 1 or any(
-          occupied[max(a - 1, 0):min(b + 1, length)].any() for a, b in spans):
+        occupied[max(a - 1, 0) : min(b + 1, length)].any() for a, b in spans
+      ):
         continue
       key = "".join(rng.choice(list(string.ascii_uppercase), KEY_LEN))
       value = "".join(rng.choice(list(string.digits), value_len))
@@ -91,10 +96,13 @@ def make_document(rng: np.random.Generator, length: int, num_facts: int,
   chars = list(_filler(rng, length))
   queries: list[Query] = []
   for start, text, distance, first in events:
-    chars[start:start + event] = text
+    chars[start : start + event] = text
     if distance is not None:
-      queries.append(Query(answer_start=start + 1 + KEY_LEN + 1, distance=distance, first=first,
-                           value_len=value_len))
+      queries.append(
+        Query(
+          answer_start=start + 1 + KEY_LEN + 1, distance=distance, first=first, value_len=value_len
+        )
+      )
   return "".join(chars), sorted(queries, key=lambda q: q.answer_start)
 
 
@@ -112,11 +120,15 @@ def _filler(rng: np.random.Generator, length: int) -> str:
 class RecallDocuments(documents_lib.TextDocuments):
   """TextDocuments that also know where each document's answers are."""
 
-  def __init__(self, texts: list[str], queries: list[list[Query]], tokenizer: Tokenizer,
-               description: str) -> None:
-    super().__init__(names=[f"recall/{i}" for i in range(len(texts))],
-                     load_text=lambda i: texts[i], tokenizer=tokenizer,
-                     description=description)
+  def __init__(
+    self, texts: list[str], queries: list[list[Query]], tokenizer: Tokenizer, description: str
+  ) -> None:
+    super().__init__(
+      names=[f"recall/{i}" for i in range(len(texts))],
+      load_text=lambda i: texts[i],
+      tokenizer=tokenizer,
+      description=description,
+    )
     self._queries = queries
 
   def queries(self, i: int) -> list[Query]:
@@ -127,23 +139,24 @@ class RecallDocuments(documents_lib.TextDocuments):
 class Config:
   """`data.recall`: the recall task's documents. The rules between fields
   (every fact and its queries fit a document) are `validate`'s."""
+
   # Bytes from a fact to its query; one drawn per fact.
   distances: tuple = values.sequence((64, 256, 1024))
   # Empty: one query per fact. Else a first query at one of these distances
   # from the fact, and the second at one of `distances` from the first.
   requery_distances: tuple = values.sequence(())
-  doc_length: int = values.whole(4096, '[1, 2**31)')  # bytes per document
-  facts: int = values.whole(8, '[1, 2**31)')  # facts per document
+  doc_length: int = values.whole(4096, "[1, 2**31)")  # bytes per document
+  facts: int = values.whole(8, "[1, 2**31)")  # facts per document
   # Digits per value (the answer bytes of a query).
-  value_len: int = values.whole(VALUE_LEN, f'[1, {MAX_VALUE_LEN}]')
+  value_len: int = values.whole(VALUE_LEN, f"[1, {MAX_VALUE_LEN}]")
   num_docs: tuple = values.sequence((64, 8, 8))  # (train, validation, test)
-  seed: int = values.whole(0, '[0, 2**63)')  # NumPy's SeedSequence's range
+  seed: int = values.whole(0, "[0, 2**63)")  # NumPy's SeedSequence's range
 
   def __post_init__(self) -> None:
-    values.check_fields(self, 'data.recall.')
+    values.check_fields(self, "data.recall.")
 
 
-def validate(data_config: 'DataConfig') -> None:
+def validate(data_config: "DataConfig") -> None:
   if data_config.tokenizer != "bytes":
     raise ConfigError("data.source='recall' is byte text: set data.tokenizer=bytes")
   _check(data_config.section(Config), ConfigError)
@@ -167,31 +180,35 @@ def _check(c: Config, error: type[Exception]) -> None:
     raise error("data.recall.distances=() is empty: give at least one distance")
   num_docs = tuple(c.num_docs)
   if len(num_docs) != len(registry.SPLITS) or not all(_is_int(n) and n >= 1 for n in num_docs):
-    raise error(f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
-                f"integers, documents of {', '.join(registry.SPLITS)}")
+    raise error(
+      f"data.recall.num_docs={num_docs} must be {len(registry.SPLITS)} positive "
+      f"integers, documents of {', '.join(registry.SPLITS)}"
+    )
   events = 2 + bool(requery)  # a fact, its query (and a first query)
   if c.facts * events * (event + 1) > c.doc_length:
     raise error(
-        f"data.recall.facts={c.facts} facts of {events} events ({event} bytes and a "
-        f"byte apart each) cannot fit data.recall.doc_length={c.doc_length} bytes: at most "
-        f"{c.doc_length // (events * (event + 1))}")
+      f"data.recall.facts={c.facts} facts of {events} events ({event} bytes and a "
+      f"byte apart each) cannot fit data.recall.doc_length={c.doc_length} bytes: at most "
+      f"{c.doc_length // (events * (event + 1))}"
+    )
   span = max(distances) + (max(requery) if requery else 0) + event
   if span > c.doc_length:
     raise error(
-        f"data.recall.doc_length={c.doc_length} cannot hold a fact and its queries: the "
-        f"longest span, distance {max(distances)}"
-        + (f" after a first query at {max(requery)}" if requery else "")
-        + f" plus the query's {event} bytes, is {span}; raise doc_length to at least "
-        f"{span} or lower data.recall.distances")
+      f"data.recall.doc_length={c.doc_length} cannot hold a fact and its queries: the "
+      f"longest span, distance {max(distances)}"
+      + (f" after a first query at {max(requery)}" if requery else "")
+      + f" plus the query's {event} bytes, is {span}; raise doc_length to at least "
+      f"{span} or lower data.recall.distances"
+    )
 
 
-def host_bytes(data_config: 'DataConfig') -> int:
+def host_bytes(data_config: "DataConfig") -> int:
   """Every document's text and its placement mask, a byte each per byte."""
   c = data_config.section(Config)
   return sum(c.num_docs) * 2 * c.doc_length
 
 
-def get_documents(data_config: 'DataConfig', split: str, tokenizer: Tokenizer) -> RecallDocuments:
+def get_documents(data_config: "DataConfig", split: str, tokenizer: Tokenizer) -> RecallDocuments:
   registry.check_split(split)
   if getattr(tokenizer, "vocab_size", None) != 256:
     raise DataError("data.source=recall is byte text: use data.tokenizer=bytes")
@@ -200,8 +217,12 @@ def get_documents(data_config: 'DataConfig', split: str, tokenizer: Tokenizer) -
   # Generated once per config (its split and fields, and this module's code)
   # and read back from the cache after that (data/generated.py).
   texts, queries = generated.cached_documents(
-      "recall", {"split": split, **dataclasses.asdict(c)}, __file__, Query,
-      lambda: _generate(c, split))
+    "recall",
+    {"split": split, **dataclasses.asdict(c)},
+    __file__,
+    Query,
+    lambda: _generate(c, split),
+  )
   return RecallDocuments(texts, queries, tokenizer, f"recall/{split}")
 
 
@@ -215,21 +236,29 @@ def _generate(c: Config, split: str) -> tuple[list[str], list[list[Query]]]:
   count = int(c.num_docs[k])
   progress = values.Progress(f"recall/{split}: generating {count:,} documents", count)
   for _ in range(count):
-    text, q = make_document(rng, int(c.doc_length), int(c.facts), distances, requery,
-                            int(c.value_len))
+    text, q = make_document(
+      rng, int(c.doc_length), int(c.facts), distances, requery, int(c.value_len)
+    )
     texts.append(text)
     queries.append(q)
     progress.advance()
   if not any(queries):
     raise DataError(
-        f"recall/{split}: no fact could be placed in its {len(texts)} documents of "
-        f"{c.doc_length} bytes (data.recall.facts={c.facts} facts at distances {distances}); "
-        "raise data.recall.doc_length or lower data.recall.facts")
+      f"recall/{split}: no fact could be placed in its {len(texts)} documents of "
+      f"{c.doc_length} bytes (data.recall.facts={c.facts} facts at distances {distances}); "
+      "raise data.recall.doc_length or lower data.recall.facts"
+    )
   return texts, queries
 
 
 # Built in memory: counting every document's tokens costs a moment.
-registry.register(registry.Source(
-    name="recall", schema=Config, validate=validate,
+registry.register(
+  registry.Source(
+    name="recall",
+    schema=Config,
+    validate=validate,
     get_documents=get_documents,
-    check_documents=registry.checks_every_document(get_documents), host_bytes=host_bytes))
+    check_documents=registry.checks_every_document(get_documents),
+    host_bytes=host_bytes,
+  )
+)

@@ -39,16 +39,16 @@ if TYPE_CHECKING:
 
 # Every source is cut into these, in this order (a source whose splits are
 # sized by a triple, e.g. data.synthetic.num_docs, reads it in this order).
-SPLITS = ('train', 'validation', 'test')
+SPLITS = ("train", "validation", "test")
 
 
 def check_split(split: str) -> None:
   """DataError unless `split` is one of SPLITS."""
   if split not in SPLITS:
-    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+    raise DataError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def _no_checks(data_config: 'DataConfig') -> None:
+def _no_checks(data_config: "DataConfig") -> None:
   del data_config
 
 
@@ -105,20 +105,22 @@ class Source:
       `word_perplexity` after a complete evaluation pass (pg19). None: no
       word-level perplexity.
   """
+
   name: str
   schema: type
-  get_documents: Callable[['DataConfig', str, 'Tokenizer'], 'Documents']
-  validate: Callable[['DataConfig'], None] = _no_checks
-  check_documents: Optional[Callable[['DataConfig', str, 'Tokenizer'], object]] = None
-  iter_texts: Optional[Callable[['DataConfig', str, Optional[int], int], Iterator[str]]] = None
-  identity: Optional[Callable[['DataConfig'], str]] = None
+  get_documents: Callable[["DataConfig", str, "Tokenizer"], "Documents"]
+  validate: Callable[["DataConfig"], None] = _no_checks
+  check_documents: Optional[Callable[["DataConfig", str, "Tokenizer"], object]] = None
+  iter_texts: Optional[Callable[["DataConfig", str, Optional[int], int], Iterator[str]]] = None
+  identity: Optional[Callable[["DataConfig"], str]] = None
   location_fields: tuple[str, ...] = ()
-  location: Optional[Callable[['DataConfig'], str]] = None
+  location: Optional[Callable[["DataConfig"], str]] = None
   official_words: Optional[Callable[[str], Optional[int]]] = None
-  host_bytes: Optional[Callable[['DataConfig'], int]] = None
+  host_bytes: Optional[Callable[["DataConfig"], int]] = None
 
 
 _SOURCES: dict[str, Source] = {}
+
 
 def may_write() -> bool:
   """Whether a source may download or prepare its data now: not while a
@@ -131,13 +133,16 @@ def register(source: Source) -> Source:
   """Adds a source; a second source of the same name is an error (two
   modules claiming one config section would silently shadow each other)."""
   if not source.name.isidentifier():
-    raise ValueError(f'data source name {source.name!r} must be a Python identifier '
-                     '(it names the config section data.<name>)')
+    raise ValueError(
+      f"data source name {source.name!r} must be a Python identifier "
+      "(it names the config section data.<name>)"
+    )
   if source.name in _SOURCES:
-    raise ValueError(f'data source {source.name!r} is already registered')
+    raise ValueError(f"data source {source.name!r} is already registered")
   if not dataclasses.is_dataclass(source.schema):
-    raise ValueError(f'data source {source.name!r}: its schema must be a dataclass (its '
-                     'fields and their defaults)')
+    raise ValueError(
+      f"data source {source.name!r}: its schema must be a dataclass (its fields and their defaults)"
+    )
   _SOURCES[source.name] = source
   return source
 
@@ -150,11 +155,16 @@ IDENTITY_CHARS = 4096
 def is_plugin(source: Source) -> bool:
   """Whether a source was defined outside this package (a plugin): its
   get_documents was."""
-  return not str(getattr(source.get_documents, '__module__', '') or '').startswith('compressive.')
+  return not str(getattr(source.get_documents, "__module__", "") or "").startswith("compressive.")
 
 
-def call_hook(name: str, source: Source, hook: str, *args: Any,
-              returns: Optional[tuple[Callable[[Any], bool], str]] = None) -> Any:
+def call_hook(
+  name: str,
+  source: Source,
+  hook: str,
+  *args: Any,
+  returns: Optional[tuple[Callable[[Any], bool], str]] = None,
+) -> Any:
   """A source's hook (data.source=`name`), held to its contract: a plugin's
   own error, anything but a UserError or OSError, which are already
   reported in one line, is a DataError naming the source and the hook; a
@@ -167,13 +177,17 @@ def call_hook(name: str, source: Source, hook: str, *args: Any,
   except Exception as e:
     if not is_plugin(source):
       raise
-    raise DataError(f'data.source={name!r}: its {hook} raised '
-                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+    raise DataError(
+      f"data.source={name!r}: its {hook} raised "
+      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    ) from e
   if returns is not None and not returns[0](value):
-    shown = ' '.join(repr(value).split())
-    shown = shown if len(shown) <= 80 else shown[:77] + '...'
-    raise DataError(f'data.source={name!r}: its {hook} returned {type(value).__name__} '
-                    f'{shown}; a source\'s {hook} returns {returns[1]}')
+    shown = " ".join(repr(value).split())
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise DataError(
+      f"data.source={name!r}: its {hook} returned {type(value).__name__} "
+      f"{shown}; a source's {hook} returns {returns[1]}"
+    )
   return value
 
 
@@ -181,7 +195,7 @@ def checked_texts(name: str, source: Source, texts: Any) -> Iterator[str]:
   """The texts a source's iter_texts gives, each held to the contract as
   it comes (a str; the hook's own error, raised by the iteration, as
   call_hook reports it): a plugin's broken hook is one line naming it."""
-  iterator = call_hook(name, source, 'iter_texts', *texts) if isinstance(texts, tuple) else texts
+  iterator = call_hook(name, source, "iter_texts", *texts) if isinstance(texts, tuple) else texts
   while True:
     try:
       text = next(iterator)
@@ -192,11 +206,15 @@ def checked_texts(name: str, source: Source, texts: Any) -> Iterator[str]:
     except Exception as e:
       if not is_plugin(source):
         raise
-      raise DataError(f"data.source={name!r}: its iter_texts raised "
-                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+      raise DataError(
+        f"data.source={name!r}: its iter_texts raised "
+        f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+      ) from e
     if not isinstance(text, str):
-      raise DataError(f'data.source={name!r}: its iter_texts gave a {type(text).__name__}; a '
-                      "source's iter_texts gives str texts")
+      raise DataError(
+        f"data.source={name!r}: its iter_texts gave a {type(text).__name__}; a "
+        "source's iter_texts gives str texts"
+      )
     yield text
 
 
@@ -205,9 +223,16 @@ def official_words(name: str, source: Source, split: str) -> Optional[int]:
   (None: none, or no hook), held to its contract: None or an int >= 1."""
   if source.official_words is None:
     return None
-  return call_hook(name, source, 'official_words', split, returns=(
+  return call_hook(
+    name,
+    source,
+    "official_words",
+    split,
+    returns=(
       lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-      'None or an int >= 1 (words)'))
+      "None or an int >= 1 (words)",
+    ),
+  )
 
 
 def schema_section(name: str, source: Source, section: Any, prefix: str) -> Any:
@@ -220,8 +245,10 @@ def schema_section(name: str, source: Source, section: Any, prefix: str) -> Any:
   except Exception as e:
     if not is_plugin(source):
       raise
-    raise DataError(f"data.source={name!r}: its schema {source.schema.__name__} raised "
-                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+    raise DataError(
+      f"data.source={name!r}: its schema {source.schema.__name__} raised "
+      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    ) from e
 
 
 def unregister(name: str) -> None:
@@ -240,11 +267,16 @@ def get(name: str) -> Source:
   (so a config that names it, config.json included, imports it again
   wherever it is read). ConfigError (one line) naming the choices, or why
   the outside one cannot be had."""
-  return plugins.lookup('data.source', name, _SOURCES, lambda s: isinstance(s, Source),
-                        'a compressive.data.registry.Source')
+  return plugins.lookup(
+    "data.source",
+    name,
+    _SOURCES,
+    lambda s: isinstance(s, Source),
+    "a compressive.data.registry.Source",
+  )
 
 
-def section(data_config: 'DataConfig', name: str) -> Any:
+def section(data_config: "DataConfig", name: str) -> Any:
   """data_config.<name>, the source's own fields (an instance of its
   schema; at its defaults where the config has none); ConfigError when no
   source of that name is registered or named by data.source.
@@ -253,30 +285,34 @@ def section(data_config: 'DataConfig', name: str) -> Any:
   its section is typed here, the first time it is asked for."""
   sections = data_config.sections
   source = _SOURCES.get(name)
-  if source is None and ':' in data_config.source:
+  if source is None and ":" in data_config.source:
     plugin = get(data_config.source)
     source = plugin if plugin.name == name else None
   if source is None:
-    raise ConfigError(f'the data config has no section data.{name}: no data source of that '
-                      'name is registered')
+    raise ConfigError(
+      f"the data config has no section data.{name}: no data source of that name is registered"
+    )
   if name not in sections:  # a source registered after the config was read: its defaults
-    sections[name] = schema_section(data_config.source, source, {}, f'data.{name}.')
+    sections[name] = schema_section(data_config.source, source, {}, f"data.{name}.")
   if not dataclasses.is_dataclass(sections[name]):  # a plugin's, as the config wrote it
-    sections[name] = schema_section(data_config.source, source, sections[name], f'data.{name}.')
+    sections[name] = schema_section(data_config.source, source, sections[name], f"data.{name}.")
   stray = sorted(k for k, v in sections.items() if not dataclasses.is_dataclass(v))
   if stray:  # a section no source reads (a typo of the plugin's, or another plugin's)
-    raise ConfigError(f'data.{stray[0]} is not a section of this data config: '
-                      f'data.source={data_config.source!r} reads data.{name}')
+    raise ConfigError(
+      f"data.{stray[0]} is not a section of this data config: "
+      f"data.source={data_config.source!r} reads data.{name}"
+    )
   return sections[name]
 
 
-def checks_every_document(get_documents: Callable[..., 'Documents']
-                          ) -> Callable[['DataConfig', str, 'Tokenizer'], None]:
+def checks_every_document(
+  get_documents: Callable[..., "Documents"],
+) -> Callable[["DataConfig", str, "Tokenizer"], None]:
   """A check_documents for sources built in memory: builds the split and
   counts every document's tokens, a moment's work that turns a document of
   fewer than 2 tokens into a DataError naming it before training starts."""
 
-  def check(data_config: 'DataConfig', split: str, tokenizer: 'Tokenizer') -> None:
+  def check(data_config: "DataConfig", split: str, tokenizer: "Tokenizer") -> None:
     docs = get_documents(data_config, split, tokenizer)
     for i in range(len(docs)):
       docs.num_tokens(i)

@@ -44,72 +44,74 @@ from compressive.errors import ConfigError, DataError
 if TYPE_CHECKING:
   from compressive.data.config import DataConfig
 
-TEXT_ERRORS = ('strict', 'replace')
-_log = logging.getLogger('compressive')
+TEXT_ERRORS = ("strict", "replace")
+_log = logging.getLogger("compressive")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """`data.text_files`: the text, its split and its decoding."""
-  path: str = values.text('')  # The folder of *.txt files (or of train/, validation/, test/).
+
+  path: str = values.text("")  # The folder of *.txt files (or of train/, validation/, test/).
   # Held-out share of documents for each of validation and test when the
   # split is made by hash.
-  heldout_fraction: float = values.real(0.05, '(0, 0.5)')
+  heldout_fraction: float = values.real(0.05, "(0, 0.5)")
   # How undecodable UTF-8 is handled: 'strict' raises an error naming the
   # file; 'replace' substitutes U+FFFD (counted in num_bytes as the 3 bytes
   # of U+FFFD, since num_bytes measures the text the model sees).
-  text_errors: str = values.text('strict', TEXT_ERRORS, "'strict' or 'replace'")
+  text_errors: str = values.text("strict", TEXT_ERRORS, "'strict' or 'replace'")
   # When path is one file: it is cut into documents of at most this many
   # bytes, at line ends (a 1 MB file gives about 64 documents).
-  document_bytes: int = values.whole(16384, '[64, 2**31)', 'an integer >= 64 (bytes)')
+  document_bytes: int = values.whole(16384, "[64, 2**31)", "an integer >= 64 (bytes)")
 
   def __post_init__(self) -> None:
-    values.check_fields(self, 'data.text_files.')
+    values.check_fields(self, "data.text_files.")
 
 
-def validate(data_config: 'DataConfig') -> None:
+def validate(data_config: "DataConfig") -> None:
   c = data_config.section(Config)
-  files.check_local(c.path, 'data.text_files.path (a folder or a file)')
-  if not (os.path.isdir(c.path or '') or os.path.isfile(c.path or '')):
-    raise ConfigError(f'data.text_files.path={c.path!r} is neither a folder of .txt files nor '
-                      'a text file')
+  files.check_local(c.path, "data.text_files.path (a folder or a file)")
+  if not (os.path.isdir(c.path or "") or os.path.isfile(c.path or "")):
+    raise ConfigError(
+      f"data.text_files.path={c.path!r} is neither a folder of .txt files nor a text file"
+    )
 
 
-def read_text(path: str, errors: str = 'strict',
-              span: tuple[int, int] | None = None) -> str:
+def read_text(path: str, errors: str = "strict", span: tuple[int, int] | None = None) -> str:
   """The text of one file, or of its bytes [start, end) (`span`: a piece of
   one file cut into documents); an unreadable file or invalid UTF-8 raises a
   DataError naming the file (and the byte of the file)."""
   if errors not in TEXT_ERRORS:
-    raise DataError(
-        f"data.text_files.text_errors must be 'strict' or 'replace', got {errors!r}")
+    raise DataError(f"data.text_files.text_errors must be 'strict' or 'replace', got {errors!r}")
   start = 0 if span is None else span[0]
   try:
-    with open(path, 'rb') as f:
+    with open(path, "rb") as f:
       f.seek(start)
       raw = f.read() if span is None else f.read(span[1] - start)
   except OSError as e:
-    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+    raise DataError(f"{shown(path)}: cannot read ({e.strerror or e})") from e
   try:
-    text = raw.decode('utf-8', errors=errors)
+    text = raw.decode("utf-8", errors=errors)
   except UnicodeDecodeError as e:
     raise DataError(_invalid_utf8(path, start + e.start, e.reason)) from e
-  return text.removeprefix('\ufeff') if start == 0 else text
+  return text.removeprefix("\ufeff") if start == 0 else text
 
 
 def shown(path: str) -> str:
   """The path as it can be printed: bytes that are not UTF-8 as \\xNN, and
   quoted with escapes if it holds unprintable characters (a newline)."""
   try:
-    path.encode('utf-8')
+    path.encode("utf-8")
   except UnicodeEncodeError:
-    path = os.fsencode(path).decode('utf-8', errors='backslashreplace')
+    path = os.fsencode(path).decode("utf-8", errors="backslashreplace")
   return path if path.isprintable() else repr(path)
 
 
 def _invalid_utf8(path: str, offset: int, reason: str) -> str:
-  return (f'{shown(path)}: invalid UTF-8 at byte {offset} ({reason}); fix the file, or set '
-          "data.text_files.text_errors='replace' to read such bytes as U+FFFD")
+  return (
+    f"{shown(path)}: invalid UTF-8 at byte {offset} ({reason}); fix the file, or set "
+    "data.text_files.text_errors='replace' to read such bytes as U+FFFD"
+  )
 
 
 def check_name(path: str) -> None:
@@ -117,13 +119,11 @@ def check_name(path: str) -> None:
   shown in logs and errors, and hashed to choose the split)."""
   name = os.path.basename(path)
   try:
-    name.encode('utf-8')
+    name.encode("utf-8")
   except UnicodeEncodeError:
-    raise DataError(
-        f'{shown(path)}: the file name is not valid UTF-8; rename the file') from None
+    raise DataError(f"{shown(path)}: the file name is not valid UTF-8; rename the file") from None
   if not name.isprintable():
-    raise DataError(
-        f'{shown(path)}: the file name has unprintable characters; rename the file')
+    raise DataError(f"{shown(path)}: the file name has unprintable characters; rename the file")
 
 
 # Texts up to this many characters are tokenized to count their tokens; a
@@ -132,9 +132,12 @@ def check_name(path: str) -> None:
 _SHORT_CHARS = 64
 
 
-def check_file(path: str, errors: str = 'strict',
-               tokenizer: tokenizers.Tokenizer | None = None,
-               chunk_bytes: int = 1 << 20) -> None:
+def check_file(
+  path: str,
+  errors: str = "strict",
+  tokenizer: tokenizers.Tokenizer | None = None,
+  chunk_bytes: int = 1 << 20,
+) -> None:
   """Reads one file as training will, streaming (never whole in memory):
   DataError naming it unless it can be read, decodes as UTF-8 (with
   errors='strict') and has at least 2 tokens (1 prediction).
@@ -143,12 +146,12 @@ def check_file(path: str, errors: str = 'strict',
   short texts are tokenized (_SHORT_CHARS).
   """
   check_name(path)
-  decoder = codecs.getincrementaldecoder('utf-8')(errors=errors)
+  decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
   size = chars = 0
   started = False
   short: list[str] | None = []  # the text read so far, while the file is short enough to tokenize
   try:
-    with open(path, 'rb') as f:
+    with open(path, "rb") as f:
       while True:
         chunk = f.read(chunk_bytes)
         pending = len(decoder.getstate()[0])  # bytes of a character cut by the last chunk
@@ -157,7 +160,7 @@ def check_file(path: str, errors: str = 'strict',
         except UnicodeDecodeError as e:
           raise DataError(_invalid_utf8(path, size - pending + e.start, e.reason)) from e
         if not started and text:  # the first character: a byte-order mark is dropped
-          text, started = text.removeprefix('\ufeff'), True
+          text, started = text.removeprefix("\ufeff"), True
         size += len(chunk)
         chars += len(text)
         if short is not None:
@@ -167,15 +170,16 @@ def check_file(path: str, errors: str = 'strict',
         if not chunk:
           break
   except OSError as e:
-    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+    raise DataError(f"{shown(path)}: cannot read ({e.strerror or e})") from e
   if size == 0:
-    raise DataError(f'{shown(path)}: the file is empty; remove it')
+    raise DataError(f"{shown(path)}: the file is empty; remove it")
   if short is not None:
-    ids = (tokenizers.ByteTokenizer() if tokenizer is None else tokenizer).encode(''.join(short))
+    ids = (tokenizers.ByteTokenizer() if tokenizer is None else tokenizer).encode("".join(short))
     if len(ids) < 2:
       raise DataError(
-          f'{shown(path)}: the text has {len(ids)} token(s); a document needs at least 2 '
-          'to give one prediction. Remove or extend it.')
+        f"{shown(path)}: the text has {len(ids)} token(s); a document needs at least 2 "
+        "to give one prediction. Remove or extend it."
+      )
 
 
 def _txt_files(folder: str) -> list[str]:
@@ -184,15 +188,19 @@ def _txt_files(folder: str) -> list[str]:
   try:
     listed = os.listdir(folder)
   except OSError as e:
-    raise DataError(f'{shown(folder)}: cannot list the folder ({e.strerror or e})') from e
-  dangling = sorted(n for n in listed if n.endswith('.txt')
-                    and not os.path.exists(os.path.join(folder, n)))
+    raise DataError(f"{shown(folder)}: cannot list the folder ({e.strerror or e})") from e
+  dangling = sorted(
+    n for n in listed if n.endswith(".txt") and not os.path.exists(os.path.join(folder, n))
+  )
   if dangling:
-    raise DataError(f'{shown(os.path.join(folder, dangling[0]))}: a link to a file that does '
-                    f'not exist ({len(dangling)} such .txt link(s) in {shown(folder)}); remove '
-                    'it or restore its target')
-  names = sorted(n for n in listed
-                 if n.endswith('.txt') and os.path.isfile(os.path.join(folder, n)))
+    raise DataError(
+      f"{shown(os.path.join(folder, dangling[0]))}: a link to a file that does "
+      f"not exist ({len(dangling)} such .txt link(s) in {shown(folder)}); remove "
+      "it or restore its target"
+    )
+  names = sorted(
+    n for n in listed if n.endswith(".txt") and os.path.isfile(os.path.join(folder, n))
+  )
   for n in names:
     check_name(os.path.join(folder, n))
   return names
@@ -202,42 +210,41 @@ def list_split(path: str, split: str, heldout_fraction: float) -> list[str]:
   """Paths of the files of one split, in sorted order."""
   registry.check_split(split)
   if not path:
-    raise DataError('data.source=text_files needs data.text_files.path, a folder of '
-                     '*.txt files')
+    raise DataError("data.source=text_files needs data.text_files.path, a folder of *.txt files")
   if not os.path.isdir(path):
-    raise FileNotFoundError(
-        f'data.text_files.path {path!r} is not an existing folder')
+    raise FileNotFoundError(f"data.text_files.path {path!r} is not an existing folder")
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
     folder = os.path.join(path, split)
     if not os.path.isdir(folder):
       raise FileNotFoundError(
-          f'{path} has split subfolders but no {split!r}: expected '
-          f'{folder}/*.txt')
+        f"{path} has split subfolders but no {split!r}: expected {folder}/*.txt"
+      )
     names = _txt_files(folder)
     if not names:
-      raise DataError(f'no *.txt files in {folder}')
+      raise DataError(f"no *.txt files in {folder}")
     return [os.path.join(folder, n) for n in names]
   names = _txt_files(path)
   if not names:
-    raise DataError(
-        f'no *.txt files in {path} (and no train/validation/test subfolders)')
+    raise DataError(f"no *.txt files in {path} (and no train/validation/test subfolders)")
   if len(names) < 3:
     raise DataError(
-        f'{path} holds {len(names)} *.txt file(s); splitting by document '
-        'needs at least 3: put files in train/, validation/ and test/ '
-        'subfolders, or give one file as data.text_files.path to cut it into documents')
+      f"{path} holds {len(names)} *.txt file(s); splitting by document "
+      "needs at least 3: put files in train/, validation/ and test/ "
+      "subfolders, or give one file as data.text_files.path to cut it into documents"
+    )
   chosen = documents_lib.split_by_hash(names, heldout_fraction)[split]
   return [os.path.join(path, names[i]) for i in chosen]
 
 
-def _split_paths(data_config: 'DataConfig', split: str) -> tuple[list[str], str]:
+def _split_paths(data_config: "DataConfig", split: str) -> tuple[list[str], str]:
   """The split's file paths and text_errors, the latter checked now rather
   than at the first read."""
   c = data_config.section(Config)
   paths = list_split(c.path, split, c.heldout_fraction)
   if c.text_errors not in TEXT_ERRORS:
     raise DataError(
-        f"data.text_files.text_errors must be 'strict' or 'replace', got {c.text_errors!r}")
+      f"data.text_files.text_errors must be 'strict' or 'replace', got {c.text_errors!r}"
+    )
   return paths, c.text_errors
 
 
@@ -267,7 +274,7 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
   del mtime_ns  # part of the cache key only
   ranges, start = [], 0
   try:
-    with open(path, 'rb') as f:
+    with open(path, "rb") as f:
       while start < size:
         f.seek(start)
         data = f.read(piece_bytes)
@@ -275,7 +282,7 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
         if not data:
           break
         if end < size:
-          line_end = data.rfind(b'\n')
+          line_end = data.rfind(b"\n")
           if line_end >= 0:
             end = start + line_end + 1
           else:  # no line end in the piece: a character it cuts goes to the next
@@ -283,7 +290,7 @@ def _pieces(path: str, size: int, mtime_ns: int, piece_bytes: int) -> tuple[tupl
         ranges.append((start, end))
         start = end
   except OSError as e:
-    raise DataError(f'{shown(path)}: cannot read ({e.strerror or e})') from e
+    raise DataError(f"{shown(path)}: cannot read ({e.strerror or e})") from e
   if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < piece_bytes // 4:
     ranges[-2:] = [(ranges[-2][0], ranges[-1][1])]
   return tuple(ranges)
@@ -312,26 +319,32 @@ def piece_bytes(path: str, document_bytes: int) -> int:
     return document_bytes
   if key not in _told:
     _told.add(key)
-    _log.info('%s (%s bytes) gives %d document(s) of at most data.text_files.document_bytes=%d '
-              'bytes: cut into documents of at most %s bytes instead (%d)', shown(path),
-              f'{st.st_size:,}', len(_pieces(*key)), document_bytes, f'{smaller:,}',
-              len(_pieces(*key[:3], smaller)))
+    _log.info(
+      "%s (%s bytes) gives %d document(s) of at most data.text_files.document_bytes=%d "
+      "bytes: cut into documents of at most %s bytes instead (%d)",
+      shown(path),
+      f"{st.st_size:,}",
+      len(_pieces(*key)),
+      document_bytes,
+      f"{smaller:,}",
+      len(_pieces(*key[:3], smaller)),
+    )
   return smaller
 
 
-def _file_pieces(path: str, document_bytes: int
-                 ) -> tuple[list[str], tuple[tuple[int, int], ...]]:
+def _file_pieces(path: str, document_bytes: int) -> tuple[list[str], tuple[tuple[int, int], ...]]:
   """(names, byte ranges) of the documents of one file (data.text_files.path),
   cut at piece_bytes(path, document_bytes)."""
   check_name(path)
   st = os.stat(path)
-  ranges = _pieces(os.path.abspath(path), st.st_size, st.st_mtime_ns,
-                   piece_bytes(path, document_bytes))
+  ranges = _pieces(
+    os.path.abspath(path), st.st_size, st.st_mtime_ns, piece_bytes(path, document_bytes)
+  )
   if st.st_size == 0:
-    raise DataError(f'{shown(path)}: the file is empty')
+    raise DataError(f"{shown(path)}: the file is empty")
   name = os.path.basename(path)
   width = len(str(len(ranges)))
-  return [f'{name}:{i:0{width}d}' for i in range(len(ranges))], ranges
+  return [f"{name}:{i:0{width}d}" for i in range(len(ranges))], ranges
 
 
 def _one_file_split(c: Config, split: str) -> tuple[list[str], list[tuple[int, int]], str]:
@@ -341,52 +354,59 @@ def _one_file_split(c: Config, split: str) -> tuple[list[str], list[tuple[int, i
   names, ranges = _file_pieces(c.path, c.document_bytes)
   if len(names) < 3:
     raise DataError(
-        f'{shown(c.path)} cuts into {len(names)} document(s), even in pieces of '
-        f'{MIN_PIECE_BYTES} bytes (the least); splitting needs at least 3: give more text')
+      f"{shown(c.path)} cuts into {len(names)} document(s), even in pieces of "
+      f"{MIN_PIECE_BYTES} bytes (the least); splitting needs at least 3: give more text"
+    )
   chosen = documents_lib.split_by_hash(names, c.heldout_fraction)[split]
   return [names[i] for i in chosen], [ranges[i] for i in chosen], c.text_errors
 
 
-def _one_file_documents(data_config: 'DataConfig', split: str, tokenizer: tokenizers.Tokenizer
-                        ) -> documents_lib.TextDocuments:
+def _one_file_documents(
+  data_config: "DataConfig", split: str, tokenizer: tokenizers.Tokenizer
+) -> documents_lib.TextDocuments:
   c = data_config.section(Config)
   names, spans, errors = _one_file_split(c, split)
   path = c.path
   return documents_lib.TextDocuments(
-      names=names, load_text=lambda i: read_text(path, errors, spans[i]),
-      tokenizer=tokenizer, description=f'text_files/{split} (pieces of {shown(path)})',
-      cache_tokens=data_config.cache_tokens)
+    names=names,
+    load_text=lambda i: read_text(path, errors, spans[i]),
+    tokenizer=tokenizer,
+    description=f"text_files/{split} (pieces of {shown(path)})",
+    cache_tokens=data_config.cache_tokens,
+  )
 
 
-def get_documents(data_config: 'DataConfig', split: str,
-                  tokenizer: tokenizers.Tokenizer
-                  ) -> documents_lib.TextDocuments:
-  if os.path.isfile(data_config.section(Config).path or ''):
+def get_documents(
+  data_config: "DataConfig", split: str, tokenizer: tokenizers.Tokenizer
+) -> documents_lib.TextDocuments:
+  if os.path.isfile(data_config.section(Config).path or ""):
     return _one_file_documents(data_config, split, tokenizer)
   paths, errors = _split_paths(data_config, split)
   return documents_lib.TextDocuments(
-      names=[os.path.basename(p) for p in paths],
-      load_text=lambda i: read_text(paths[i], errors),
-      tokenizer=tokenizer,
-      description=f'text_files/{split}',
-      cache_tokens=data_config.cache_tokens)
+    names=[os.path.basename(p) for p in paths],
+    load_text=lambda i: read_text(paths[i], errors),
+    tokenizer=tokenizer,
+    description=f"text_files/{split}",
+    cache_tokens=data_config.cache_tokens,
+  )
 
 
-def check_documents(data_config: 'DataConfig', split: str,
-                    tokenizer: tokenizers.Tokenizer | None = None) -> int:
+def check_documents(
+  data_config: "DataConfig", split: str, tokenizer: tokenizers.Tokenizer | None = None
+) -> int:
   """Reads every file of the split now, as training would later (one file at
   a time, streamed): DataError naming the first file that cannot be read,
   is empty, is not UTF-8 (text_errors='strict') or is too short, or whose
   name cannot be printed. Returns the number of files (of documents, for
   one file cut into them)."""
   c = data_config.section(Config)
-  if os.path.isfile(c.path or ''):
+  if os.path.isfile(c.path or ""):
     names, spans, errors = _one_file_split(c, split)
     tokenizer = tokenizers.ByteTokenizer() if tokenizer is None else tokenizer
     for name, span in zip(names, spans):
       text = read_text(c.path, errors, span)
-      if len(tokenizer.encode(text[:_SHORT_CHARS + 1])) < 2:
-        raise DataError(f'{name} (a piece of {shown(c.path)}) has fewer than 2 tokens')
+      if len(tokenizer.encode(text[: _SHORT_CHARS + 1])) < 2:
+        raise DataError(f"{name} (a piece of {shown(c.path)}) has fewer than 2 tokens")
     return len(names)
   paths, errors = _split_paths(data_config, split)
   for path in paths:
@@ -394,7 +414,7 @@ def check_documents(data_config: 'DataConfig', split: str,
   return len(paths)
 
 
-def identity(data_config: 'DataConfig') -> str:
+def identity(data_config: "DataConfig") -> str:
   """The corpus's files, by split folder, name and size, as a digest (and
   their count and bytes, to read): what a resume compares."""
   c = data_config.section(Config)
@@ -403,24 +423,36 @@ def identity(data_config: 'DataConfig') -> str:
     listing = [(os.path.basename(path), os.path.getsize(path))]
     digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
     size = piece_bytes(path, c.document_bytes)
-    cut = '' if size == c.document_bytes else f', pieces of {size} bytes'
-    return f'text_files: 1 file, {listing[0][1]} bytes{cut}, sha256 {digest[:16]}'
+    cut = "" if size == c.document_bytes else f", pieces of {size} bytes"
+    return f"text_files: 1 file, {listing[0][1]} bytes{cut}, sha256 {digest[:16]}"
   if any(os.path.isdir(os.path.join(path, s)) for s in registry.SPLITS):
-    folders = [os.path.join(path, s) for s in registry.SPLITS
-               if os.path.isdir(os.path.join(path, s))]
+    folders = [
+      os.path.join(path, s) for s in registry.SPLITS if os.path.isdir(os.path.join(path, s))
+    ]
   else:
     folders = [path]
   listing = []
   for folder in folders:
     for name in _txt_files(folder):
-      listing.append((os.path.relpath(os.path.join(folder, name), path),
-                      os.path.getsize(os.path.join(folder, name))))
+      listing.append(
+        (
+          os.path.relpath(os.path.join(folder, name), path),
+          os.path.getsize(os.path.join(folder, name)),
+        )
+      )
   digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
   total = sum(size for _, size in listing)
-  return f'text_files: {len(listing)} files, {total} bytes, sha256 {digest[:16]}'
+  return f"text_files: {len(listing)} files, {total} bytes, sha256 {digest[:16]}"
 
 
-registry.register(registry.Source(
-    name='text_files', schema=Config, validate=validate,
-    get_documents=get_documents, check_documents=check_documents, identity=identity,
-    location_fields=('path',)))
+registry.register(
+  registry.Source(
+    name="text_files",
+    schema=Config,
+    validate=validate,
+    get_documents=get_documents,
+    check_documents=check_documents,
+    identity=identity,
+    location_fields=("path",),
+  )
+)

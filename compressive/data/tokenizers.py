@@ -34,14 +34,11 @@ class Tokenizer(Protocol):
   """What the data pipeline and the sampler need from a tokenizer."""
 
   @property
-  def vocab_size(self) -> int:
-    ...
+  def vocab_size(self) -> int: ...
 
-  def encode(self, text: str) -> np.ndarray:
-    ...
+  def encode(self, text: str) -> np.ndarray: ...
 
-  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    ...
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
 
   @property
   def identity(self) -> str:
@@ -54,18 +51,18 @@ class ByteTokenizer:
   """UTF-8 bytes as tokens: vocabulary 256, bits per token = bits per byte."""
 
   vocab_size = 256
-  identity = 'bytes'
+  identity = "bytes"
 
   def encode(self, text: str) -> np.ndarray:
-    return np.frombuffer(text.encode('utf-8'), dtype=np.uint8).astype(np.int32)
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     # A model may emit a byte sequence that is not valid UTF-8 (e.g. a cut
     # multi-byte character); show it as U+FFFD rather than failing mid-sample.
     data = np.asarray(ids, dtype=np.int64)
     if data.size and (data.min() < 0 or data.max() > 255):
-      raise DataError('byte tokenizer ids must lie in [0, 255]')
-    return data.astype(np.uint8).tobytes().decode('utf-8', errors='replace')
+      raise DataError("byte tokenizer ids must lie in [0, 255]")
+    return data.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
 class SentencePieceTokenizer:
@@ -76,27 +73,31 @@ class SentencePieceTokenizer:
 
     if not model_path:
       raise DataError(
-          'data.tokenizer=sentencepiece needs data.spm_model, the path of a '
-          '.model file; train one with train_tokenizer.py --config=...')
+        "data.tokenizer=sentencepiece needs data.spm_model, the path of a "
+        ".model file; train one with train_tokenizer.py --config=..."
+      )
     if not os.path.exists(model_path):
       raise FileNotFoundError(
-          f'SentencePiece model {model_path!r} (data.spm_model) does not '
-          'exist; train it with train_tokenizer.py --config=...')
+        f"SentencePiece model {model_path!r} (data.spm_model) does not "
+        "exist; train it with train_tokenizer.py --config=..."
+      )
     if os.path.isdir(model_path):
-      raise DataError(f'SentencePiece model {model_path!r} (data.spm_model) is a folder, '
-                      'not a .model file')
+      raise DataError(
+        f"SentencePiece model {model_path!r} (data.spm_model) is a folder, not a .model file"
+      )
     self.model_path = model_path
     try:
       model = files.read_bytes(model_path, SPM_BYTES, follow=True)
     except files.NotAFileError as e:  # a FIFO, a device, a file past the bound
-      raise DataError(f'SentencePiece model {model_path!r} (data.spm_model) is {e.what}') from None
+      raise DataError(f"SentencePiece model {model_path!r} (data.spm_model) is {e.what}") from None
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model)
     except (RuntimeError, OSError, TypeError) as e:
       first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-      raise DataError(f'{model_path!r} (data.spm_model) is not a SentencePiece model '
-                      f'({first})') from None
-    self._identity = 'sentencepiece:sha256:' + hashlib.sha256(model).hexdigest()
+      raise DataError(
+        f"{model_path!r} (data.spm_model) is not a SentencePiece model ({first})"
+      ) from None
+    self._identity = "sentencepiece:sha256:" + hashlib.sha256(model).hexdigest()
 
   @property
   def identity(self) -> str:
@@ -116,21 +117,22 @@ class SentencePieceTokenizer:
     size = self.vocab_size
     bad = next((i for i in ids if not 0 <= i < size), None)
     if bad is not None:
-      raise DataError(f'token id {bad} is not a piece of {self.model_path!r} (data.spm_model: '
-                      f'{size} pieces, ids 0-{size - 1}); a model whose model.vocab_size is '
-                      'larger than its tokenizer\'s pieces emitted it')
+      raise DataError(
+        f"token id {bad} is not a piece of {self.model_path!r} (data.spm_model: "
+        f"{size} pieces, ids 0-{size - 1}); a model whose model.vocab_size is "
+        "larger than its tokenizer's pieces emitted it"
+      )
     return self._sp.decode(ids)
 
 
-def get_tokenizer(data_config: 'DataConfig') -> Tokenizer:
+def get_tokenizer(data_config: "DataConfig") -> Tokenizer:
   """The tokenizer named by `data_config.tokenizer` ('bytes'|'sentencepiece')."""
   name = data_config.tokenizer
-  if name == 'bytes':
+  if name == "bytes":
     return ByteTokenizer()
-  if name == 'sentencepiece':
+  if name == "sentencepiece":
     return SentencePieceTokenizer(data_config.spm_model)
-  raise DataError(
-      f"Unknown data.tokenizer {name!r}; expected 'bytes' or 'sentencepiece'")
+  raise DataError(f"Unknown data.tokenizer {name!r}; expected 'bytes' or 'sentencepiece'")
 
 
 def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
@@ -141,13 +143,13 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
   newlines, so '\\n' is learned as a symbol of its own.
   """
   if max_chars < 1:  # a piece of no characters would never advance
-    raise ValueError(f'max_chars={max_chars} must be >= 1')
+    raise ValueError(f"max_chars={max_chars} must be >= 1")
   for text in texts:
     start = 0
     while start < len(text):
       end = min(len(text), start + max_chars)
       if end < len(text):
-        cut = text.rfind('\n', start, end)
+        cut = text.rfind("\n", start, end)
         if cut > start:
           end = cut + 1
       piece = text[start:end]
@@ -160,31 +162,31 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterator[str]:
 # train_sentencepiece): identity normalisation, whitespace kept, '\n' a
 # symbol of its own; <pad>=0, <unk>=1, no BOS/EOS; vocab_size an upper bound.
 _TRAINER_OPTIONS: dict[str, Any] = dict(
-    normalization_rule_name='identity',
-    remove_extra_whitespaces=False,
-    user_defined_symbols=['\n'],
-    pad_id=0,
-    unk_id=1,
-    bos_id=-1,
-    eos_id=-1,
-    hard_vocab_limit=False,
-    shuffle_input_sentence=True,
-    minloglevel=2,
+  normalization_rule_name="identity",
+  remove_extra_whitespaces=False,
+  user_defined_symbols=["\n"],
+  pad_id=0,
+  unk_id=1,
+  bos_id=-1,
+  eos_id=-1,
+  hard_vocab_limit=False,
+  shuffle_input_sentence=True,
+  minloglevel=2,
 )
 
 
 def train_sentencepiece(
-    texts: Iterable[str],
-    vocab_size: int,
-    model_path: str,
-    *,
-    model_type: str = 'unigram',
-    character_coverage: float = 0.9999,
-    byte_fallback: bool = True,
-    max_sentence_chars: int = 4096,
-    input_sentence_size: int = 10_000_000,
-    num_threads: int = 1,
-    seed: int = 0,
+  texts: Iterable[str],
+  vocab_size: int,
+  model_path: str,
+  *,
+  model_type: str = "unigram",
+  character_coverage: float = 0.9999,
+  byte_fallback: bool = True,
+  max_sentence_chars: int = 4096,
+  input_sentence_size: int = 10_000_000,
+  num_threads: int = 1,
+  seed: int = 0,
 ) -> SentencePieceTokenizer:
   """Trains a lossless SentencePiece model on `texts`; writes `model_path`.
 
@@ -233,17 +235,17 @@ def train_sentencepiece(
   spm.set_random_generator_seed(seed)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences(),
-        model_writer=buffer,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        byte_fallback=byte_fallback,
-        # UTF-8 may take 4 bytes a character; leave room for the whole piece.
-        max_sentence_length=4 * max_sentence_chars + 16,
-        input_sentence_size=input_sentence_size,
-        num_threads=num_threads,
-        **_TRAINER_OPTIONS,
+      sentence_iterator=sentences(),
+      model_writer=buffer,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      byte_fallback=byte_fallback,
+      # UTF-8 may take 4 bytes a character; leave room for the whole piece.
+      max_sentence_length=4 * max_sentence_chars + 16,
+      input_sentence_size=input_sentence_size,
+      num_threads=num_threads,
+      **_TRAINER_OPTIONS,
     )
   except RuntimeError as e:
     if failures:
@@ -266,14 +268,14 @@ def _write_model(model: bytes, model_path: str) -> None:
 
 def _training_error(message: str, vocab_size: int) -> DataError | None:
   """A SentencePiece training failure that is the input's, as one line."""
-  text = ' '.join(message.split())
-  needed = re.search(r'smaller than required_chars\. (\d+) vs (\d+)', text)
+  text = " ".join(message.split())
+  needed = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text)
   if needed:
     return DataError(
-        f'vocab_size={vocab_size} (data.spm_vocab_size) is too small for this corpus: '
-        f'its characters and the byte pieces need at least {needed.group(2)}; raise it, or '
-        'lower data.spm_character_coverage')
-  if 'sentences_.empty()' in text:
-    return DataError('SentencePiece found no text to train on: the train split is empty '
-                     'or blank')
+      f"vocab_size={vocab_size} (data.spm_vocab_size) is too small for this corpus: "
+      f"its characters and the byte pieces need at least {needed.group(2)}; raise it, or "
+      "lower data.spm_character_coverage"
+    )
+  if "sentences_.empty()" in text:
+    return DataError("SentencePiece found no text to train on: the train split is empty or blank")
   return None  # not known to be the input's fault: a bug keeps its traceback

@@ -35,9 +35,13 @@ def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def attention_by_bucket(
-    model: CompressiveTransformer, documents: data_lib.Documents,
-    experiment: experiment_lib.Experiment, *,
-    buckets: int = 6, max_segments: Optional[int] = None, progress_every_s: float = 10.0,
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  *,
+  buckets: int = 6,
+  max_segments: Optional[int] = None,
+  progress_every_s: float = 10.0,
 ) -> dict:
   """Average attention weight per position bucket, per layer (§5.5 figure).
 
@@ -46,9 +50,15 @@ def attention_by_bucket(
   """
   c_len, m_len = experiment.eval.compressed_memory_length, experiment.eval.memory_length
   total, rows = None, 0
-  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
-                                 collect_attention=True, progress_every_s=progress_every_s,
-                                 what="attention"):
+  for segment in eval_lib.stream(
+    model,
+    documents,
+    experiment,
+    max_segments=max_segments,
+    collect_attention=True,
+    progress_every_s=progress_every_s,
+    what="attention",
+  ):
     full = np.asarray(segment.memory_valid).all(-1)  # [B]
     if not full.any():
       continue
@@ -61,17 +71,20 @@ def attention_by_bucket(
   mean_by_key = total / rows
   layers = []
   for per_key in mean_by_key:
-    banks = (per_key[:c_len], per_key[c_len:c_len + m_len], per_key[c_len + m_len:])
+    banks = (per_key[:c_len], per_key[c_len : c_len + m_len], per_key[c_len + m_len :])
     layers.append(np.concatenate([_bucket(x, buckets) for x in banks]).tolist())
   labels = [f"{bank}[{i}]" for bank in BANKS for i in range(buckets)]
   return {"layers": layers, "mean": np.mean(layers, 0).tolist(), "labels": labels, "rows": rows}
 
 
 def loss_by_position(
-    model: CompressiveTransformer, documents: data_lib.Documents,
-    experiment: experiment_lib.Experiment, *,
-    bucket_tokens: int = 1024, max_segments: Optional[int] = None,
-    progress_every_s: float = 10.0,
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  *,
+  bucket_tokens: int = 1024,
+  max_segments: Optional[int] = None,
+  progress_every_s: float = 10.0,
 ) -> dict:
   """Mean loss (nats) by position within documents, in log-spaced buckets.
 
@@ -82,15 +95,24 @@ def loss_by_position(
   nats: dict[int, float] = {}
   counts: dict[int, int] = {}
   row_pos = None
-  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
-                                 per_token=True, progress_every_s=progress_every_s,
-                                 what="loss_by_position"):
+  for segment in eval_lib.stream(
+    model,
+    documents,
+    experiment,
+    max_segments=max_segments,
+    per_token=True,
+    progress_every_s=progress_every_s,
+    what="loss_by_position",
+  ):
     sos = np.asarray(segment.batch["start_of_sequence"])
     row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
     row_pos[sos] = 0
     pos = row_pos[:, None] + np.arange(t)[None]  # [B, T] position of each target
-    bucket = np.where(pos < bucket_tokens, 0,
-                      np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1)
+    bucket = np.where(
+      pos < bucket_tokens,
+      0,
+      np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1,
+    )
     mask = np.asarray(segment.batch["mask"])
     values = np.asarray(segment.nll, np.float64)
     for k in np.unique(bucket[mask]):
@@ -100,14 +122,22 @@ def loss_by_position(
     row_pos += t
   keys = sorted(nats)
   starts = [0 if k == 0 else bucket_tokens * 2 ** (k - 1) for k in keys]
-  return {"start": starts, "loss": [nats[k] / counts[k] for k in keys],
-          "bits": [nats[k] / counts[k] / math.log(2) for k in keys],
-          "tokens": [counts[k] for k in keys]}
+  return {
+    "start": starts,
+    "loss": [nats[k] / counts[k] for k in keys],
+    "bits": [nats[k] / counts[k] / math.log(2) for k in keys],
+    "tokens": [counts[k] for k in keys],
+  }
 
 
-def recall_accuracy(model: CompressiveTransformer, documents: data_lib.recall.RecallDocuments,
-                    experiment: experiment_lib.Experiment, *,
-                    max_segments: Optional[int] = None, progress_every_s: float = 10.0) -> dict:
+def recall_accuracy(
+  model: CompressiveTransformer,
+  documents: data_lib.recall.RecallDocuments,
+  experiment: experiment_lib.Experiment,
+  *,
+  max_segments: Optional[int] = None,
+  progress_every_s: float = 10.0,
+) -> dict:
   """Accuracy on the answers of `recall` documents, by fact-to-query distance.
 
   Returns {"distance": [...], "byte_accuracy": [...], "exact_match": [...],
@@ -120,9 +150,15 @@ def recall_accuracy(model: CompressiveTransformer, documents: data_lib.recall.Re
   answer_at, num_queries = _answer_positions(documents)
   hits: dict[int, list[int]] = {qid: [] for qid in range(num_queries)}  # -> [correct bytes]
   distance_of, length_of = {}, {}
-  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
-                                 per_token=True, progress_every_s=progress_every_s,
-                                 what="recall"):
+  for segment in eval_lib.stream(
+    model,
+    documents,
+    experiment,
+    max_segments=max_segments,
+    per_token=True,
+    progress_every_s=progress_every_s,
+    what="recall",
+  ):
     sos = np.asarray(segment.batch["start_of_sequence"])
     b = len(sos)
     if docs_seen is None:
@@ -148,8 +184,9 @@ def recall_accuracy(model: CompressiveTransformer, documents: data_lib.recall.Re
   return _accuracy_by_distance(hits, distance_of, length_of)
 
 
-def _answer_positions(documents: data_lib.recall.RecallDocuments
-                      ) -> tuple[list[dict[int, tuple[int, int, int]]], int]:
+def _answer_positions(
+  documents: data_lib.recall.RecallDocuments,
+) -> tuple[list[dict[int, tuple[int, int, int]]], int]:
   """Per document, the position of each answer byte -> (query id, distance,
   answer bytes);
   and the number of queries, whose ids are 0, 1, ... in document order."""
@@ -164,8 +201,9 @@ def _answer_positions(documents: data_lib.recall.RecallDocuments
   return answer_at, num_queries
 
 
-def _accuracy_by_distance(hits: dict[int, list[int]], distance_of: dict[int, int],
-                          length_of: dict[int, int]) -> dict:
+def _accuracy_by_distance(
+  hits: dict[int, list[int]], distance_of: dict[int, int], length_of: dict[int, int]
+) -> dict:
   """recall_accuracy's result from each query's answer bytes (1: predicted),
   distance and answer length; a query never reached counts nowhere, and one
   whose answer the stream cut short is not a whole answer."""
@@ -174,10 +212,10 @@ def _accuracy_by_distance(hits: dict[int, list[int]], distance_of: dict[int, int
     by_distance.setdefault(dist, []).append((hits[qid], length_of[qid]))
   dists = sorted(by_distance)
   return {
-      "distance": dists,
-      "byte_accuracy": [float(np.mean([x for q, _ in by_distance[d] for x in q]))
-                        for d in dists],
-      "exact_match": [float(np.mean([len(q) == n and all(q) for q, n in by_distance[d]]))
-                      for d in dists],
-      "queries": [len(by_distance[d]) for d in dists],
+    "distance": dists,
+    "byte_accuracy": [float(np.mean([x for q, _ in by_distance[d] for x in q])) for d in dists],
+    "exact_match": [
+      float(np.mean([len(q) == n and all(q) for q, n in by_distance[d]])) for d in dists
+    ],
+    "queries": [len(by_distance[d]) for d in dists],
   }

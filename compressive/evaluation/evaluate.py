@@ -53,7 +53,6 @@ from compressive.values import hms
 _log = logging.getLogger("compressive")
 
 
-
 class Progress:
   """A progress line on the "compressive" logger (stderr in the tools):
   `<what>: segment i/total, x tok/s, ETA h:mm:ss`, every `every_s` seconds
@@ -61,8 +60,9 @@ class Progress:
   compilation counts in neither the rate nor the ETA; nothing is logged
   before a second segment."""
 
-  def __init__(self, what: str, total: Optional[int], tokens_per_segment: int,
-               every_s: float = 10.0) -> None:
+  def __init__(
+    self, what: str, total: Optional[int], tokens_per_segment: int, every_s: float = 10.0
+  ) -> None:
     self.what, self.total, self.tokens, self.every_s = what, total, tokens_per_segment, every_s
     self._start: Optional[tuple[float, int]] = None  # (time, segments) after the first
     self._last = 0.0
@@ -79,8 +79,9 @@ class Progress:
     rate = (done - self._start[1]) / max(now - self._start[0], 1e-9)  # segments / s
     total = "?" if self.total is None else str(self.total)
     eta = "?" if self.total is None else hms((self.total - done) / max(rate, 1e-9))
-    _log.info("%s: segment %d/%s, %.0f tok/s, ETA %s", self.what, done, total,
-              rate * self.tokens, eta)
+    _log.info(
+      "%s: segment %d/%s, %.0f tok/s, ETA %s", self.what, done, total, rate * self.tokens, eta
+    )
 
 
 # -- The model in evaluation: its memory cache, its one call, its aux. -----------
@@ -97,11 +98,13 @@ class Carry:
   position_keys: Optional[jax.Array]  # [L, C + M + 2T - 1, H, D]
 
   if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+
     def replace(self, **updates: Any) -> Self: ...
 
 
-def _init_carry(model: CompressiveTransformer, memory: memory_lib.Memory, cached: bool,
-                segment_length: int) -> Carry:
+def _init_carry(
+  model: CompressiveTransformer, memory: memory_lib.Memory, cached: bool, segment_length: int
+) -> Carry:
   """The carry a stream starts from: with `cached`, the memory carries
   every slot's keys and values, computed once when the slot enters the
   memory instead of every segment; W_r R is computed here once instead of in
@@ -110,9 +113,13 @@ def _init_carry(model: CompressiveTransformer, memory: memory_lib.Memory, cached
   return Carry(memory, model.position_keys(memory, segment_length))
 
 
-def _run_model(model: CompressiveTransformer, carry: Carry, batch: dict[str, jax.Array],
-               collect_attention: bool, probe: bool = False
-               ) -> tuple[Carry, jax.Array, Optional[dict[str, jax.Array]]]:
+def _run_model(
+  model: CompressiveTransformer,
+  carry: Carry,
+  batch: dict[str, jax.Array],
+  collect_attention: bool,
+  probe: bool = False,
+) -> tuple[Carry, jax.Array, Optional[dict[str, jax.Array]]]:
   """(carry, logits, attention) of one segment: evaluation's one call of the
   model and its one reader of the model's aux. `attention` is None, or a
   dict of `Segment` fields: with `collect_attention` attention_by_key and
@@ -123,22 +130,29 @@ def _run_model(model: CompressiveTransformer, carry: Carry, batch: dict[str, jax
   rows = memory.compressed_memory_length + memory.memory_length + 2 * t - 1
   if carry.position_keys is not None and carry.position_keys.shape[1] != rows:
     raise ValueError(f"the stream's position keys are for another segment length than {t}")
-  logits, new_memory, aux = model(batch["inputs"], memory, batch["start_of_sequence"],
-                                  collect_attention=collect_attention,
-                                  position_keys=carry.position_keys, attention_weights=probe)
+  logits, new_memory, aux = model(
+    batch["inputs"],
+    memory,
+    batch["start_of_sequence"],
+    collect_attention=collect_attention,
+    position_keys=carry.position_keys,
+    attention_weights=probe,
+  )
   attention = None
   if collect_attention or probe:
     attended = memory_lib.reset_rows(memory, batch["start_of_sequence"])
-    attention = dict(memory_valid=jnp.concatenate(
-        [attended.cmem_mask[0], attended.mem_mask[0]], axis=-1))
+    attention = dict(
+      memory_valid=jnp.concatenate([attended.cmem_mask[0], attended.mem_mask[0]], axis=-1)
+    )
     if collect_attention:
       assert aux.attention_by_key is not None  # collect_attention fills it
       attention["attention_by_key"] = aux.attention_by_key
     if probe:
       assert aux.attention_weights is not None  # attention_weights=probe fills it
       c = attended.compressed_memory_length
-      attention.update(compressed_slots=attended.cmem,
-                       compressed_weights=aux.attention_weights[..., :c])
+      attention.update(
+        compressed_slots=attended.cmem, compressed_weights=aux.attention_weights[..., :c]
+      )
   return carry.replace(memory=new_memory), logits, attention
 
 
@@ -146,8 +160,10 @@ def carry_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig, carry: Carry) 
   """The memory's rows split like the batch; the position keys replicated."""
   # A Carry of shardings, the tree jit's out_shardings takes, where the
   # dataclass types its fields as arrays.
-  return Carry(sharding.memory_shardings(mesh, mesh_config, carry.memory),
-               None if carry.position_keys is None else cast(Any, sharding.replicated(mesh)))
+  return Carry(
+    sharding.memory_shardings(mesh, mesh_config, carry.memory),
+    None if carry.position_keys is None else cast(Any, sharding.replicated(mesh)),
+  )
 
 
 # -- Streaming evaluation. --------------------------------------------------------
@@ -180,15 +196,21 @@ class Segment:
   compressed_weights: Optional[jax.Array] = None
 
 
-def make_stream_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
-                     mesh_config: Optional[sharding.MeshConfig] = None,
-                     abstract_memory: Optional[memory_lib.Memory] = None,
-                     *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False, segment_length: Optional[int] = None,
-                     probe: bool = False
-                     ) -> tuple[Callable[[memory_lib.Memory], Carry],
-                                Callable[[Carry, dict[str, jax.Array]],
-                                         tuple[Carry, dict[str, jax.Array]]]]:
+def make_stream_step(
+  model: CompressiveTransformer,
+  mesh: Optional[Mesh] = None,
+  mesh_config: Optional[sharding.MeshConfig] = None,
+  abstract_memory: Optional[memory_lib.Memory] = None,
+  *,
+  cache_keys_values: bool = True,
+  collect_attention: bool = False,
+  per_token: bool = False,
+  segment_length: Optional[int] = None,
+  probe: bool = False,
+) -> tuple[
+  Callable[[memory_lib.Memory], Carry],
+  Callable[[Carry, dict[str, jax.Array]], tuple[Carry, dict[str, jax.Array]]],
+]:
   """(init, step): init(memory) -> carry (`Carry`), what a stream starts
   from; step(carry, batch) -> (carry, outputs), outputs the `Segment` fields
   but the batch. Both jitted; segments have `segment_length` tokens (default
@@ -202,20 +224,35 @@ def make_stream_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
   graphdef, template = nnx.split(model)
   params = nnx.to_pure_dict(template)
   init, step, param_shardings = stream_functions(
-      graphdef, template, mesh, mesh_config, abstract_memory, cache_keys_values=cache_keys_values,
-      collect_attention=collect_attention, per_token=per_token, segment_length=segment_length,
-      probe=probe)
+    graphdef,
+    template,
+    mesh,
+    mesh_config,
+    abstract_memory,
+    cache_keys_values=cache_keys_values,
+    collect_attention=collect_attention,
+    per_token=per_token,
+    segment_length=segment_length,
+    probe=probe,
+  )
   if param_shardings is not None:
     params = jax.device_put(params, param_shardings)
   return (lambda memory: init(params, memory)), (lambda carry, batch: step(params, carry, batch))
 
 
-def stream_functions(graphdef: nnx.GraphDef[CompressiveTransformer], template: nnx.State,
-                     mesh: Optional[Mesh] = None, mesh_config: Optional[sharding.MeshConfig] = None,
-                     abstract_memory: Optional[memory_lib.Memory] = None,
-                     *, cache_keys_values: bool = True, collect_attention: bool = False,
-                     per_token: bool = False, segment_length: Optional[int] = None,
-                     probe: bool = False) -> tuple[Any, jax.stages.Wrapped, Any]:
+def stream_functions(
+  graphdef: nnx.GraphDef[CompressiveTransformer],
+  template: nnx.State,
+  mesh: Optional[Mesh] = None,
+  mesh_config: Optional[sharding.MeshConfig] = None,
+  abstract_memory: Optional[memory_lib.Memory] = None,
+  *,
+  cache_keys_values: bool = True,
+  collect_attention: bool = False,
+  per_token: bool = False,
+  segment_length: Optional[int] = None,
+  probe: bool = False,
+) -> tuple[Any, jax.stages.Wrapped, Any]:
   """`make_stream_step`'s jitted functions with the parameters (a pure dict)
   as their first argument, and where the parameters are stored (None without
   a mesh): (init(params, memory), step(params, carry, batch), shardings).
@@ -231,8 +268,10 @@ def stream_functions(graphdef: nnx.GraphDef[CompressiveTransformer], template: n
     param_shardings = sharding.shardings(mesh, specs)
     gathered = sharding.shardings(mesh, sharding.gathered_specs(mesh_config, specs))
     abstract_carry = jax.eval_shape(
-        lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
-        nnx.to_pure_dict(template), abstract_memory)
+      lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
+      nnx.to_pure_dict(template),
+      abstract_memory,
+    )
     carries = carry_shardings(mesh, mesh_config, abstract_carry)
     out_shardings = (carries, sharding.replicated(mesh))
 
@@ -246,8 +285,9 @@ def stream_functions(graphdef: nnx.GraphDef[CompressiveTransformer], template: n
     return _init_carry(merged(params), memory, cache_keys_values, t)
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
-  def step(params: dict[str, Any], carry: Carry,
-           batch: dict[str, jax.Array]) -> tuple[Carry, dict[str, jax.Array]]:
+  def step(
+    params: dict[str, Any], carry: Carry, batch: dict[str, jax.Array]
+  ) -> tuple[Carry, dict[str, jax.Array]]:
     carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention, probe)
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     outputs = dict(nats=nats, count=count, **(attention or {}))
@@ -260,17 +300,22 @@ def stream_functions(graphdef: nnx.GraphDef[CompressiveTransformer], template: n
   return init, step, param_shardings
 
 
-def make_eval_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
-                   mesh_config: Optional[sharding.MeshConfig] = None,
-                   abstract_memory: Optional[memory_lib.Memory] = None,
-                   *, cache_keys_values: bool = True
-                   ) -> tuple[Callable[[memory_lib.Memory], Carry],
-                              Callable[[Carry, dict[str, jax.Array]],
-                                       tuple[Carry, jax.Array, jax.Array]]]:
+def make_eval_step(
+  model: CompressiveTransformer,
+  mesh: Optional[Mesh] = None,
+  mesh_config: Optional[sharding.MeshConfig] = None,
+  abstract_memory: Optional[memory_lib.Memory] = None,
+  *,
+  cache_keys_values: bool = True,
+) -> tuple[
+  Callable[[memory_lib.Memory], Carry],
+  Callable[[Carry, dict[str, jax.Array]], tuple[Carry, jax.Array, jax.Array]],
+]:
   """(init, step): `make_stream_step`'s, but step(carry, batch) -> (carry,
   nats, count): the loss alone, as the benchmarks time it."""
-  init, step = make_stream_step(model, mesh, mesh_config, abstract_memory,
-                                cache_keys_values=cache_keys_values)
+  init, step = make_stream_step(
+    model, mesh, mesh_config, abstract_memory, cache_keys_values=cache_keys_values
+  )
 
   def loss_step(carry: Carry, batch: dict[str, jax.Array]) -> tuple[Carry, jax.Array, jax.Array]:
     carry, outputs = step(carry, batch)
@@ -279,9 +324,9 @@ def make_eval_step(model: CompressiveTransformer, mesh: Optional[Mesh] = None,
   return init, loss_step
 
 
-def stream_shapes(experiment: experiment_lib.Experiment, mesh: Mesh,
-                  num_documents: Optional[int] = None
-                  ) -> tuple[int, int, Callable[[], memory_lib.Memory]]:
+def stream_shapes(
+  experiment: experiment_lib.Experiment, mesh: Mesh, num_documents: Optional[int] = None
+) -> tuple[int, int, Callable[[], memory_lib.Memory]]:
   """(B, T, init): a stream's rows and segment length at the evaluation
   sizes (`experiment.eval`), and init() -> its fresh memory. B is the eval
   batch size, at most `num_documents`, rounded up to a multiple of the
@@ -293,29 +338,35 @@ def stream_shapes(experiment: experiment_lib.Experiment, mesh: Mesh,
   dp = sharding.data_parallel_size(experiment.mesh, mesh)
   b = -(-b // dp) * dp
   init = lambda: memory_lib.init_memory(
-      cfg, b, jnp.dtype(cfg.dtype), memory_length=sizes.memory_length,
-      compressed_memory_length=sizes.compressed_memory_length)
+    cfg,
+    b,
+    jnp.dtype(cfg.dtype),
+    memory_length=sizes.memory_length,
+    compressed_memory_length=sizes.compressed_memory_length,
+  )
   return b, t, init
 
 
 def segment_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig) -> dict[str, Any]:
   """Where one segment's batch lives: rows along the data axes."""
-  return {k: sharding.rows_sharding(mesh, mesh_config, n, 0) for k, n in
-          (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))}
+  return {
+    k: sharding.rows_sharding(mesh, mesh_config, n, 0)
+    for k, n in (("inputs", 2), ("targets", 2), ("mask", 2), ("start_of_sequence", 1))
+  }
 
 
 def stream(
-    model: CompressiveTransformer,
-    documents: data_lib.Documents,
-    experiment: experiment_lib.Experiment,
-    *,
-    max_segments: Optional[int] = None,
-    mesh: Optional[Mesh] = None,
-    collect_attention: bool = False,
-    per_token: bool = False,
-    probe: bool = False,
-    progress_every_s: float = 10.0,
-    what: str = "eval",
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  *,
+  max_segments: Optional[int] = None,
+  mesh: Optional[Mesh] = None,
+  collect_attention: bool = False,
+  per_token: bool = False,
+  probe: bool = False,
+  progress_every_s: float = 10.0,
+  what: str = "eval",
 ) -> Iterator[Segment]:
   """Streams `documents` through `model` with a fresh evaluation memory,
   yielding each `Segment` as soon as its step is dispatched (reading its
@@ -344,15 +395,28 @@ def stream(
   b, t, init = stream_shapes(experiment, mesh, len(documents))
   rows = sharding.rows_sharding(mesh, mc, 2, 0)  # [B, T]
   row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
-  it = data_lib.SegmentIterator(documents, batch_size=b, segment_length=t,
-                                seed=experiment.train.seed, repeat=False,
-                                row_start=row_start, num_rows=num_rows,
-                                vocab_size=experiment.model.vocab_size,
-                                source=experiment.data.source)
+  it = data_lib.SegmentIterator(
+    documents,
+    batch_size=b,
+    segment_length=t,
+    seed=experiment.train.seed,
+    repeat=False,
+    row_start=row_start,
+    num_rows=num_rows,
+    vocab_size=experiment.model.vocab_size,
+    source=experiment.data.source,
+  )
   abstract_memory = jax.eval_shape(init)
   init_carry, step = make_stream_step(
-      model, mesh, mc, abstract_memory, collect_attention=collect_attention,
-      per_token=per_token, segment_length=t, probe=probe)
+    model,
+    mesh,
+    mc,
+    abstract_memory,
+    collect_attention=collect_attention,
+    per_token=per_token,
+    segment_length=t,
+    probe=probe,
+  )
   memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, mc, abstract_memory))()
   carry = init_carry(memory)
   batch_shardings = segment_shardings(mesh, mc)
@@ -362,8 +426,9 @@ def stream(
   progress = Progress(what, total if limit is None else min(total, limit), b * t, progress_every_s)
   segments = 0
   for local in it:
-    batch = {k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:])
-             for k, v in local.items()}
+    batch = {
+      k: sharding.global_array(batch_shardings[k], v, (b,) + v.shape[1:]) for k, v in local.items()
+    }
     carry, outputs = step(carry, batch)
     segments += 1
     progress.update(segments)
@@ -373,15 +438,15 @@ def stream(
 
 
 def evaluate(
-    model: CompressiveTransformer,
-    documents: data_lib.Documents,
-    experiment: experiment_lib.Experiment,
-    *,
-    max_segments: Optional[int] = None,
-    mesh: Optional[Mesh] = None,
-    progress_every_s: float = 10.0,
-    split: Optional[str] = None,
-    stop: Optional[Callable[[], bool]] = None,
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  *,
+  max_segments: Optional[int] = None,
+  mesh: Optional[Mesh] = None,
+  progress_every_s: float = 10.0,
+  split: Optional[str] = None,
+  stop: Optional[Callable[[], bool]] = None,
 ) -> Optional[dict[str, float]]:
   """The metrics of `documents` streamed through `model` (`stream`, whose
   arguments these are) with a fresh evaluation memory. In a multi-process
@@ -398,8 +463,14 @@ def evaluate(
   official = data_lib.registry.official_words(experiment.data.source, source, split)
   total_nats, total_tokens, segments = 0.0, 0.0, 0
   pending = []  # read every 64 segments: reading waits for the device
-  for segment in stream(model, documents, experiment, max_segments=max_segments, mesh=mesh,
-                        progress_every_s=progress_every_s):
+  for segment in stream(
+    model,
+    documents,
+    experiment,
+    max_segments=max_segments,
+    mesh=mesh,
+    progress_every_s=progress_every_s,
+  ):
     if stop is not None and stop():
       return None
     pending.append((segment.nats, segment.count))
@@ -412,9 +483,9 @@ def evaluate(
   total_tokens += sum(float(c) for _, c in pending)
   complete = not (max_segments and max_segments > 0 and segments >= max_segments)
   result = {
-      "loss": total_nats / max(total_tokens, 1.0),
-      "bits_per_token": total_nats / max(total_tokens, 1.0) / losses.LN2,
-      "tokens": int(total_tokens),  # a count: exact in float64, shown as one
+    "loss": total_nats / max(total_tokens, 1.0),
+    "bits_per_token": total_nats / max(total_tokens, 1.0) / losses.LN2,
+    "tokens": int(total_tokens),  # a count: exact in float64, shown as one
   }
   if experiment.data.tokenizer == "bytes":
     result["bits_per_byte"] = result["bits_per_token"]
@@ -427,8 +498,9 @@ def evaluate(
   return result
 
 
-def word_perplexity_of(total_nats: float, words: int, split: str, official: Optional[int],
-                       what: str) -> dict[str, float]:
+def word_perplexity_of(
+  total_nats: float, words: int, split: str, official: Optional[int], what: str
+) -> dict[str, float]:
   """The word-level perplexity of a complete pass over `split`, whose texts
   hold `words` whitespace-separated words: `word_perplexity`, `words`, and
   where the source publishes the split's total `official` (PG-19's validation
@@ -439,8 +511,16 @@ def word_perplexity_of(total_nats: float, words: int, split: str, official: Opti
     return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
   if abs(words - official) > 0.005 * official and jax.process_index() == 0:
     _log.warning(
-        "%s: %d words counted in the texts, but the official %s total is %d (%+.2f%%); "
-        "word_perplexity is normalised by the official total", what, words, split, official,
-        100.0 * (words - official) / official)
-  return {"word_perplexity": math.exp(total_nats / official), "words": words,
-          "words_official": official}
+      "%s: %d words counted in the texts, but the official %s total is %d (%+.2f%%); "
+      "word_perplexity is normalised by the official total",
+      what,
+      words,
+      split,
+      official,
+      100.0 * (words - official) / official,
+    )
+  return {
+    "word_perplexity": math.exp(total_nats / official),
+    "words": words,
+    "words_official": official,
+  }

@@ -47,10 +47,15 @@ _QUERY_PREFIX = 1 + recall_data.KEY_LEN + 1  # "<KEY?" before a query's answer
 _LAMBDAS = (1.0, 10.0, 100.0, 1000.0)  # ridge penalties tried, on standardised features
 
 
-def recall_probe(model: CompressiveTransformer, documents: recall_data.RecallDocuments,
-                 experiment: experiment_lib.Experiment, *,
-                 max_segments: Optional[int] = None, progress_every_s: float = 10.0,
-                 seed: int = 0) -> dict:
+def recall_probe(
+  model: CompressiveTransformer,
+  documents: recall_data.RecallDocuments,
+  experiment: experiment_lib.Experiment,
+  *,
+  max_segments: Optional[int] = None,
+  progress_every_s: float = 10.0,
+  seed: int = 0,
+) -> dict:
   """The probe and attention measurements by distance (module docstring).
 
   Returns {"distance": [...], "samples": [...] (test samples per distance),
@@ -66,15 +71,24 @@ def recall_probe(model: CompressiveTransformer, documents: recall_data.RecallDoc
   cfg, sizes = experiment.model, experiment.eval
   c, m_len, c_len = cfg.compression_rate, sizes.memory_length, sizes.compressed_memory_length
   if not c_len:
-    raise ValueError("the probe reads the compressed memory: this model evaluates without one "
-                     "(compressed_memory_length=0)")
+    raise ValueError(
+      "the probe reads the compressed memory: this model evaluates without one "
+      "(compressed_memory_length=0)"
+    )
   rng = np.random.default_rng(seed)
   answers = _answers(documents)
   rows: list[dict] = []  # one per answer byte in the compressed memory
   docs_seen = row_pos = None
-  for segment in eval_lib.stream(model, documents, experiment, max_segments=max_segments,
-                                 per_token=True, probe=True, progress_every_s=progress_every_s,
-                                 what="recall_probe"):
+  for segment in eval_lib.stream(
+    model,
+    documents,
+    experiment,
+    max_segments=max_segments,
+    per_token=True,
+    probe=True,
+    progress_every_s=progress_every_s,
+    what="recall_probe",
+  ):
     sos = np.asarray(segment.batch["start_of_sequence"])
     if docs_seen is None:
       docs_seen, row_pos = np.zeros(len(sos), np.int64), np.zeros(len(sos), np.int64)
@@ -84,16 +98,22 @@ def recall_probe(model: CompressiveTransformer, documents: recall_data.RecallDoc
     rows += _segment_samples(segment, answers, docs_seen, row_pos, (c, m_len, c_len), rng)
     row_pos += sizes.segment_length
   if not rows:
-    raise ValueError("no answer byte's value was in the compressed memory: evaluate longer "
-                     "documents, more segments, or a model whose compressed memory reaches "
-                     "the split's distances")
+    raise ValueError(
+      "no answer byte's value was in the compressed memory: evaluate longer "
+      "documents, more segments, or a model whose compressed memory reaches "
+      "the split's distances"
+    )
   return _summarise(rows, c, cfg.num_layers)
 
 
-def _segment_samples(segment: eval_lib.Segment,
-                     answers: list[dict[int, tuple[int, int, int, tuple[int, int]]]],
-                     docs_seen: np.ndarray, row_pos: np.ndarray,
-                     sizes: tuple[int, int, int], rng: np.random.Generator) -> list[dict]:
+def _segment_samples(
+  segment: eval_lib.Segment,
+  answers: list[dict[int, tuple[int, int, int, tuple[int, int]]]],
+  docs_seen: np.ndarray,
+  row_pos: np.ndarray,
+  sizes: tuple[int, int, int],
+  rng: np.random.Generator,
+) -> list[dict]:
   """One sample per answer byte of the segment whose value byte is in the
   compressed memory: its slot and a control slot of every layer, the
   weights on them, and whether the model predicted the byte. `sizes` is (c,
@@ -116,8 +136,9 @@ def _segment_samples(segment: eval_lib.Segment,
       slot = (value_at - start) // c
       if value_at < start or slot >= c_len or not valid[r, slot]:
         continue  # the value byte is not in the compressed memory here
-      fact_slots = sorted({(p - start) // c for p in range(*fact)
-                           if start <= p < start + c * c_len})
+      fact_slots = sorted(
+        {(p - start) // c for p in range(*fact) if start <= p < start + c * c_len}
+      )
       others = [i for i in range(c_len) if valid[r, i] and i not in fact_slots]
       if not others:
         continue
@@ -126,17 +147,26 @@ def _segment_samples(segment: eval_lib.Segment,
         weights = np.asarray(segment.compressed_weights, np.float32)  # [L, B, H, T, C]
       assert weights is not None
       w = weights[:, r, :, j, :]  # [L, H, C]
-      rows.append(dict(
-          doc=doc, distance=distance, digit=digit, offset=(value_at - start) % c,
-          correct=bool(correct[r, j]), slot=slots[:, r, slot],
+      rows.append(
+        dict(
+          doc=doc,
+          distance=distance,
+          digit=digit,
+          offset=(value_at - start) % c,
+          correct=bool(correct[r, j]),
+          slot=slots[:, r, slot],
           control=slots[:, r, int(rng.choice(others))],
-          value_weight=w[:, :, slot], other_weight=w[:, :, others].mean(-1),
-          found=np.isin(w.argmax(-1), fact_slots)))  # each layer's and head's top slot
+          value_weight=w[:, :, slot],
+          other_weight=w[:, :, others].mean(-1),
+          found=np.isin(w.argmax(-1), fact_slots),
+        )
+      )  # each layer's and head's top slot
   return rows
 
 
-def _answers(documents: recall_data.RecallDocuments
-             ) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
+def _answers(
+  documents: recall_data.RecallDocuments,
+) -> list[dict[int, tuple[int, int, int, tuple[int, int]]]]:
   """Per document: the position of each answer byte -> (distance, digit, the
   position of the same value byte in the latest earlier occurrence, that
   occurrence's span [start, end))."""
@@ -149,14 +179,19 @@ def _answers(documents: recall_data.RecallDocuments
       before = query_start - q.distance  # the fact (or the fact's previous query)
       span = (before, before + recall_data.event_length(q.value_len))
       for k in range(q.value_len):
-        table[q.answer_start + k] = (q.distance, int(text[q.answer_start + k]),
-                                     before + _QUERY_PREFIX + k, span)
+        table[q.answer_start + k] = (
+          q.distance,
+          int(text[q.answer_start + k]),
+          before + _QUERY_PREFIX + k,
+          span,
+        )
     out.append(table)
   return out
 
 
-def _ridge_probe(x: np.ndarray, y: np.ndarray, train: np.ndarray,
-                 choose: np.ndarray) -> tuple[np.ndarray, float]:
+def _ridge_probe(
+  x: np.ndarray, y: np.ndarray, train: np.ndarray, choose: np.ndarray
+) -> tuple[np.ndarray, float]:
   """Fits ridge regression of one-hot digits on `x`'s rows `train`, its
   penalty chosen on the rows `choose` (a part of the training documents),
   then refitted on them all; (predicted digit of every row, the penalty)."""
@@ -202,19 +237,32 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
     head = int(value_w[train].mean(0).argmax())  # chosen on the training documents
     found = found_h[:, head]
     per_head = lambda v: [mean_at(v[:, h]) for h in range(v.shape[1])]
-    layers.append({
-        "best_head": head, "probe_penalty": probes["slot"][1],
-        "probe": mean_at(probes["slot"][0]), "probe_control": mean_at(probes["control"][0]),
-        "value_weight": mean_at(value_w[:, head]), "other_weight": mean_at(other_w[:, head]),
+    layers.append(
+      {
+        "best_head": head,
+        "probe_penalty": probes["slot"][1],
+        "probe": mean_at(probes["slot"][0]),
+        "probe_control": mean_at(probes["control"][0]),
+        "value_weight": mean_at(value_w[:, head]),
+        "other_weight": mean_at(other_w[:, head]),
         "found": mean_at(found),
-        "accuracy_if_found": [float(correct[at[d] & found].mean()) if (at[d] & found).any()
-                              else None for d in dists],
-        "accuracy_if_not_found": [float(correct[at[d] & ~found].mean())
-                                  if (at[d] & ~found).any() else None for d in dists],
+        "accuracy_if_found": [
+          float(correct[at[d] & found].mean()) if (at[d] & found).any() else None for d in dists
+        ],
+        "accuracy_if_not_found": [
+          float(correct[at[d] & ~found].mean()) if (at[d] & ~found).any() else None for d in dists
+        ],
         # Every head's, [head][distance]: a fact found by a head other than the best.
-        "value_weight_by_head": per_head(value_w), "other_weight_by_head": per_head(other_w),
+        "value_weight_by_head": per_head(value_w),
+        "other_weight_by_head": per_head(other_w),
         "found_by_head": per_head(found_h),
-    })
-  return {"distance": dists, "samples": [int(at[d].sum()) for d in dists],
-          "accuracy": mean_at(correct), "layers": layers, "compression_rate": c,
-          "chance": 0.1}
+      }
+    )
+  return {
+    "distance": dists,
+    "samples": [int(at[d].sum()) for d in dists],
+    "accuracy": mean_at(correct),
+    "layers": layers,
+    "compression_rate": c,
+    "chance": 0.1,
+  }

@@ -58,11 +58,15 @@ POSITIONS = ("relative", "rope")  # model.positions
 # (`jax.nn.dot_product_attention`'s `implementation`): JAX's choice, XLA's
 # own, or cuDNN's fused kernel (GPU only).
 IMPLEMENTATIONS: dict[str, Optional[Literal["xla", "cudnn"]]] = {
-    "auto": None, "xla": "xla", "cudnn": "cudnn"}
+  "auto": None,
+  "xla": "xla",
+  "cudnn": "cudnn",
+}
 
 
-def sinusoids(distances: np.ndarray, d: int,
-              dtype: jax.typing.DTypeLike = jnp.float32) -> jax.Array:
+def sinusoids(
+  distances: np.ndarray, d: int, dtype: jax.typing.DTypeLike = jnp.float32
+) -> jax.Array:
   """R for the given distances: [N, d]; `sinusoids(np.arange(K - 1, -1, -1), d)`
   is R for a segment's K keys. Computed here, not traced: the table depends
   on static sizes only, and as a constant it costs the step nothing."""
@@ -107,8 +111,13 @@ def heads(a: jax.Array) -> jax.Array:
   return jnp.swapaxes(a, 1, 2)
 
 
-def causal_mask(key_valid: jax.Array, t: int, q_last: int | jax.Array | None = None,
-                first: int | jax.Array = 0, count: Optional[int] = None) -> jax.Array:
+def causal_mask(
+  key_valid: jax.Array,
+  t: int,
+  q_last: int | jax.Array | None = None,
+  first: int | jax.Array = 0,
+  count: Optional[int] = None,
+) -> jax.Array:
   """[B, K] key validity -> [B, 1, T, K]: valid and not after the query
   (queries at q_last - T + 1 .. q_last; q_last defaults to K - 1).
 
@@ -130,11 +139,21 @@ class RelativeAttention(nnx.Module):
   (module docstring); 0 attends with the whole segment at once.
   """
 
-  def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float, rngs: nnx.Rngs,
-               positions: str = "relative", dtype: jax.typing.DTypeLike = jnp.float32,
-               param_dtype: jax.typing.DTypeLike = jnp.float32, chunk_size: int = 0,
-               implementation: str = "auto", normalize_inputs: bool = True,
-               own_compressed_keys_values: bool = False) -> None:
+  def __init__(
+    self,
+    d_model: int,
+    num_heads: int,
+    *,
+    dropout_rate: float,
+    rngs: nnx.Rngs,
+    positions: str = "relative",
+    dtype: jax.typing.DTypeLike = jnp.float32,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+    chunk_size: int = 0,
+    implementation: str = "auto",
+    normalize_inputs: bool = True,
+    own_compressed_keys_values: bool = False,
+  ) -> None:
     if positions not in POSITIONS:
       raise ValueError(f"positions={positions!r}; choose one of {', '.join(POSITIONS)}")
     h, hd = num_heads, d_model // num_heads
@@ -145,16 +164,18 @@ class RelativeAttention(nnx.Module):
     # and h*hd, the same numbers as drawing (d, h, hd) and (h, hd, d) with
     # those in-axes (see `param`).
     init = nnx.initializers.lecun_normal()
-    proj = lambda: param(init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype,
-                         rows=1)
+    proj = lambda: param(
+      init, rngs, (d_model, h, hd), ("embed", "heads", "head_dim"), param_dtype, rows=1
+    )
     # Pre-norm: the projections read LN(x). Post-norm: x itself, already the
     # previous layer's LN output (the caller normalises after the residual).
     self.norm = LayerNorm(d_model, param_dtype=param_dtype) if normalize_inputs else None
     self.wq, self.wk, self.wv = proj(), proj(), proj()
     if positions == "relative":  # rope has no position parameters
       self.wr = proj()  # drawn before wo, as relative models always initialised
-    self.wo = param(init, rngs, (h, hd, d_model), ("heads", "head_dim", "embed"), param_dtype,
-                    rows=2)
+    self.wo = param(
+      init, rngs, (h, hd, d_model), ("heads", "head_dim", "embed"), param_dtype, rows=2
+    )
     if positions == "relative":
       self.u = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)
       self.v = param(nnx.initializers.zeros, None, (h, hd), ("heads", "head_dim"), param_dtype)
@@ -190,8 +211,9 @@ class RelativeAttention(nnx.Module):
     n = self._normalize(slots, frozen)
     return dense(n, self._w("wk", frozen)), dense(n, self._w("wv", frozen))
 
-  def compressed_keys_values(self, slots: jax.Array, *,
-                             frozen: bool = False) -> tuple[jax.Array, jax.Array]:
+  def compressed_keys_values(
+    self, slots: jax.Array, *, frozen: bool = False
+  ) -> tuple[jax.Array, jax.Array]:
     """[B, C, d] compressed slots -> keys, values [B, C, H, D]: through W_k^c
     and W_v^c with model.compressed_keys_values="own", else `keys_values`."""
     if not self.own_compressed:
@@ -214,9 +236,17 @@ class RelativeAttention(nnx.Module):
     return dense(table.astype(self.dtype), self._w("wr"))
 
   def __call__(
-      self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, q_last: int | jax.Array,
-      r: Optional[jax.Array], *, dropout_rng: Optional[jax.Array] = None,
-      need_weights: bool = True, per_query: bool = False,
+    self,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    valid: jax.Array,
+    q_last: int | jax.Array,
+    r: Optional[jax.Array],
+    *,
+    dropout_rng: Optional[jax.Array] = None,
+    need_weights: bool = True,
+    per_query: bool = False,
   ) -> tuple[jax.Array, Optional[jax.Array]]:
     """Attends from queries q [B, Tq, H, D] over keys and values [B, K, H, D].
 
@@ -259,12 +289,14 @@ class RelativeAttention(nnx.Module):
     fused = self.positions == "rope" and not (need_weights or per_query) and dropout_rng is None
     v_heads = None if fused else heads(v)
 
-    def chunk(c: int | jax.Array, qs: tuple[jax.Array, ...],
-              rng: Optional[jax.Array]) -> tuple[jax.Array, Optional[jax.Array]]:
+    def chunk(
+      c: int | jax.Array, qs: tuple[jax.Array, ...], rng: Optional[jax.Array]
+    ) -> tuple[jax.Array, Optional[jax.Array]]:
       mask = causal_mask(valid, t, q_last, c * n, n)  # [B, 1, n, K]
       if fused:
-        return jax.nn.dot_product_attention(qs[0], k, v, mask=mask, scale=self.scale,
-                                            implementation=self.implementation), None
+        return jax.nn.dot_product_attention(
+          qs[0], k, v, mask=mask, scale=self.scale, implementation=self.implementation
+        ), None
       assert v_heads is not None  # made whenever the output is not fused
       return self._attend(score(c, *qs), mask, v_heads, rng, per_query)
 
@@ -278,8 +310,9 @@ class RelativeAttention(nnx.Module):
       # prevent_cse=False: the loop already keeps XLA from merging the
       # recomputation into the forward pass (jax.checkpoint's documentation);
       # the guard would only cost speed.
-      out, received = jax.lax.map(jax.checkpoint(step, prevent_cse=False),
-                                  (jnp.arange(t // n),) + tuple(map(split, queries)))
+      out, received = jax.lax.map(
+        jax.checkpoint(step, prevent_cse=False), (jnp.arange(t // n),) + tuple(map(split, queries))
+      )
       out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
       if received is not None and per_query:  # [Tq/n, B, H, n, K] -> [B, H, Tq, K]
         received = jnp.moveaxis(received, 0, 2).reshape(b, h, t, received.shape[-1])
@@ -289,8 +322,14 @@ class RelativeAttention(nnx.Module):
       received = received / (h * t)
     return dense(out, self._w("wo"), 2), received
 
-  def _attend(self, logits: jax.Array, mask: jax.Array, v_heads: jax.Array,
-              rng: Optional[jax.Array], per_query: bool = False) -> tuple[jax.Array, jax.Array]:
+  def _attend(
+    self,
+    logits: jax.Array,
+    mask: jax.Array,
+    v_heads: jax.Array,
+    rng: Optional[jax.Array],
+    per_query: bool = False,
+  ) -> tuple[jax.Array, jax.Array]:
     """A chunk's float32 scores [B, H, n, K] -> its output [B, n, H, D] and
     the weights' sum over heads and queries [B, K] (stop-gradient), or with
     `per_query` the weights [B, H, n, K] themselves."""
@@ -300,8 +339,9 @@ class RelativeAttention(nnx.Module):
     weights = jax.lax.stop_gradient(probs.astype(jnp.float32))
     return heads(out), weights if per_query else weights.sum(axis=(1, 2))
 
-  def _rope(self, q: jax.Array, k: jax.Array, q_last: int | jax.Array
-            ) -> tuple[tuple[jax.Array, ...], jax.Array, Callable[..., jax.Array]]:
+  def _rope(
+    self, q: jax.Array, k: jax.Array, q_last: int | jax.Array
+  ) -> tuple[tuple[jax.Array, ...], jax.Array, Callable[..., jax.Array]]:
     """Rotary scorer: (queries (q rotated,), keys rotated, score(c, qc)),
     score giving chunk c's float32 scores [B, H, n, K]: plain dot products
     of rotated queries and keys."""
@@ -316,8 +356,9 @@ class RelativeAttention(nnx.Module):
 
     return (q_rot,), k_rot, score
 
-  def _relative(self, q: jax.Array, k: jax.Array, r: jax.Array,
-                n: int) -> tuple[tuple[jax.Array, ...], Callable[..., jax.Array]]:
+  def _relative(
+    self, q: jax.Array, k: jax.Array, r: jax.Array, n: int
+  ) -> tuple[tuple[jax.Array, ...], Callable[..., jax.Array]]:
     """Transformer-XL scorer for chunks of n of the Tq queries: (queries
     (q + u, q + v, both scaled), score(c, qu, qv)), score giving chunk c's
     float32 scores [B, H, n, K].
@@ -352,8 +393,9 @@ class RelativeAttention(nnx.Module):
     # times larger scores (nor, in the backward pass, on their gradient).
     return ((q + self._w("u")) * self.scale, (q + self._w("v")) * self.scale), score
 
-  def content_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        valid: jax.Array) -> jax.Array:
+  def content_attention(
+    self, q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array
+  ) -> jax.Array:
     """Content-only attention (no positions, no causal mask) of queries
     q [B, T, H, D] over keys and values [B, N, H, D] with validity [B, N]:
     [B, T, H, D]. Used only by the attention-reconstruction loss, whose

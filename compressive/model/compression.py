@@ -51,9 +51,12 @@ def resolve(name: str) -> type["Compression"]:
   imported now (so a config that names it, config.json included, imports it
   again wherever it is read). ConfigError (one line) when it cannot be."""
   return plugins.lookup(
-      "model.compression", name, COMPRESSIONS,
-      lambda c: isinstance(c, type) and issubclass(c, Compression),
-      "a subclass of compressive.model.compression.Compression")
+    "model.compression",
+    name,
+    COMPRESSIONS,
+    lambda c: isinstance(c, type) and issubclass(c, Compression),
+    "a subclass of compressive.model.compression.Compression",
+  )
 
 
 def declared_flops(name: str, rate: int, d_model: int) -> float:
@@ -69,13 +72,20 @@ def declared_flops(name: str, rate: int, d_model: int) -> float:
   except Exception as e:
     if cls.__module__.startswith("compressive."):
       raise
-    raise ConfigError(f"{where}: its flops_per_slot({rate}, {d_model}) raised "
-                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-      math.isfinite(value) and value >= 0):
-    raise ConfigError(f"{where}: its flops_per_slot({rate}, {d_model}) returned "
-                      f"{type(value).__name__} {value!r:.80}; it returns a finite number >= 0 "
-                      "(forward FLOPs per evicted slot)")
+    raise ConfigError(
+      f"{where}: its flops_per_slot({rate}, {d_model}) raised "
+      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    ) from e
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, numbers.Real)
+    or not (math.isfinite(value) and value >= 0)
+  ):
+    raise ConfigError(
+      f"{where}: its flops_per_slot({rate}, {d_model}) returned "
+      f"{type(value).__name__} {value!r:.80}; it returns a finite number >= 0 "
+      "(forward FLOPs per evicted slot)"
+    )
   return float(value)
 
 
@@ -89,13 +99,20 @@ class Compression(nnx.Module):
   # range is n_m + c * (n_cm + window - 1) tokens (paper §3: window 1).
   window: ClassVar[int] = 1
 
-  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
-               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
+  def __init__(
+    self,
+    rate: int,
+    d_model: int,
+    *,
+    rngs: nnx.Rngs,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+  ) -> None:
     del d_model, rngs, param_dtype  # parameter-free functions need neither
     self.rate = rate
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     """slots [B, N, d], mask [B, N], usage [B, N] -> [B, N / c, d], [B, N / c]."""
     raise NotImplementedError
 
@@ -118,8 +135,9 @@ class Compression(nnx.Module):
 class MaxPool(Compression):
   name = "max_pool"
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)
     out_mask = gmask.any(-1)
     out = jnp.where(gmask[..., None], self.groups(slots), jnp.finfo(slots.dtype).min).max(2)
@@ -142,8 +160,9 @@ class OverlapMaxPool(Compression):
   name = "overlap_max_pool"
   window = 2
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)  # [B, G, c]
     low = jnp.finfo(slots.dtype).min
     own = jnp.where(gmask[..., None], self.groups(slots), low).max(2)  # [B, G, d]
@@ -158,8 +177,9 @@ class OverlapMaxPool(Compression):
 class MeanPool(Compression):
   name = "mean_pool"
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     gmask = self.groups(mask)
     count = jnp.maximum(gmask.sum(-1, keepdims=True), 1).astype(slots.dtype)
     return self.groups(jnp.where(mask[..., None], slots, 0)).sum(2) / count, gmask.any(-1)
@@ -176,15 +196,22 @@ class Conv(Compression):
   name = "conv"
   NOISE = 0.02  # the initial noise relative to the mean-pooling signal
 
-  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
-               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
+  def __init__(
+    self,
+    rate: int,
+    d_model: int,
+    *,
+    rngs: nnx.Rngs,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+  ) -> None:
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     # Drawn as the (c*d, d) matrix of the c stacked taps (see `param`).
     eye = jnp.tile(jnp.eye(d_model, dtype=param_dtype) / rate, (rate, 1))
     noise = nnx.initializers.normal(self.NOISE / (rate * math.sqrt(d_model)))
     init = lambda key, shape, dtype: eye + noise(key, shape, dtype)
-    self.kernel = param(init, rngs, (rate, d_model, d_model), ("window", "embed", "embed_out"),
-                        param_dtype, rows=2)
+    self.kernel = param(
+      init, rngs, (rate, d_model, d_model), ("window", "embed", "embed_out"), param_dtype, rows=2
+    )
     self.bias = param(nnx.initializers.zeros, None, (d_model,), ("norm",), param_dtype)
 
   @classmethod
@@ -193,8 +220,9 @@ class Conv(Compression):
     del rate
     return 2 * d_model * d_model
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     x = jnp.where(mask[..., None], slots, 0)
     out = dense(self.groups(x), self.kernel[...].astype(slots.dtype), 2)
     return out + self.bias[...].astype(slots.dtype), self.groups(mask).any(-1)
@@ -216,14 +244,27 @@ class DilatedConv(Compression):
 
   name = "dilated_conv"
 
-  def __init__(self, rate: int, d_model: int, *, rngs: nnx.Rngs,
-               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
+  def __init__(
+    self,
+    rate: int,
+    d_model: int,
+    *,
+    rngs: nnx.Rngs,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+  ) -> None:
     super().__init__(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     n = dilated_layers(rate)
-    self.kernel = param(nnx.initializers.normal(0.02), rngs, (n, 2, d_model, d_model),
-                        ("conv_layers", "window", "embed", "embed_out"), param_dtype, rows=3)
-    self.bias = param(nnx.initializers.zeros, None, (n, d_model), ("conv_layers", "norm"),
-                      param_dtype)
+    self.kernel = param(
+      nnx.initializers.normal(0.02),
+      rngs,
+      (n, 2, d_model, d_model),
+      ("conv_layers", "window", "embed", "embed_out"),
+      param_dtype,
+      rows=3,
+    )
+    self.bias = param(
+      nnx.initializers.zeros, None, (n, d_model), ("conv_layers", "norm"), param_dtype
+    )
 
   @classmethod
   def flops_per_slot(cls, rate: int, d_model: int) -> float:
@@ -231,8 +272,9 @@ class DilatedConv(Compression):
     read the zeros before a group's first slot are multiplied too)."""
     return dilated_layers(rate) * 2 * 2 * d_model * d_model
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     c = self.rate
     h = self.groups(jnp.where(mask[..., None], slots, 0))  # [B, N/c, c, d]
     kernel, bias = self.kernel[...].astype(slots.dtype), self.bias[...].astype(slots.dtype)
@@ -253,8 +295,9 @@ class MostUsed(Compression):
   name = "most_used"
   needs_usage = True
 
-  def __call__(self, slots: jax.Array, mask: jax.Array,
-               usage: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+    self, slots: jax.Array, mask: jax.Array, usage: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     _, idx = jax.lax.top_k(jnp.where(mask, usage, -jnp.inf), slots.shape[1] // self.rate)
     idx = jnp.sort(idx, axis=-1)  # [B, N/c]
     out_mask = jnp.take_along_axis(mask, idx, axis=1)
@@ -268,22 +311,43 @@ class Compressor(nnx.Module):
   compressed memory. The model stores it as `compressor` in every layer, so
   that optimisers and tests can find its parameters."""
 
-  def __init__(self, kind: str, rate: int, d_model: int, *, reconstruction_loss: str,
-               rngs: nnx.Rngs, param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
+  def __init__(
+    self,
+    kind: str,
+    rate: int,
+    d_model: int,
+    *,
+    reconstruction_loss: str,
+    rngs: nnx.Rngs,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+  ) -> None:
     self.fn = resolve(kind)(rate, d_model, rngs=rngs, param_dtype=param_dtype)
     self.kind, self.rate = kind, rate
     # A parameter-free f_c (pooling, most-used) has nothing for a loss to train.
     self.loss = reconstruction_loss if nnx.state(self.fn, nnx.Param) else "none"
     if self.loss == "autoencoding":
       # g: a transposed convolution (kernel = stride = c) back to c slots.
-      self.decoder_kernel = param(nnx.initializers.lecun_normal(), rngs, (d_model, rate * d_model),
-                                  ("embed", "embed_out"), param_dtype)
-      self.decoder_bias = param(nnx.initializers.zeros, None, (rate * d_model,), ("norm",),
-                                param_dtype)
+      self.decoder_kernel = param(
+        nnx.initializers.lecun_normal(),
+        rngs,
+        (d_model, rate * d_model),
+        ("embed", "embed_out"),
+        param_dtype,
+      )
+      self.decoder_bias = param(
+        nnx.initializers.zeros, None, (rate * d_model,), ("norm",), param_dtype
+      )
 
-  def __call__(self, layer_memory: memory_lib.Memory, ev: memory_lib.Eviction,
-               queries: jax.Array, attention: RelativeAttention, *, with_loss: bool = True,
-               keep_gradient: bool = False) -> tuple[memory_lib.Memory, jax.Array]:
+  def __call__(
+    self,
+    layer_memory: memory_lib.Memory,
+    ev: memory_lib.Eviction,
+    queries: jax.Array,
+    attention: RelativeAttention,
+    *,
+    with_loss: bool = True,
+    keep_gradient: bool = False,
+  ) -> tuple[memory_lib.Memory, jax.Array]:
     """Compresses the eviction `ev` into the compressed memory.
 
     Returns the memory and the reconstruction loss (docs/PAPER.md
@@ -302,8 +366,11 @@ class Compressor(nnx.Module):
     comp, comp_mask = self._compress(ev)
     comp = comp.astype(ev.slots.dtype)
     new_memory = memory_lib.push_compressed(
-        layer_memory, comp if keep_gradient else jax.lax.stop_gradient(comp), comp_mask,
-        attention.compressed_keys_values)
+      layer_memory,
+      comp if keep_gradient else jax.lax.stop_gradient(comp),
+      comp_mask,
+      attention.compressed_keys_values,
+    )
     if not with_loss or self.loss == "none":
       return new_memory, jnp.zeros((), jnp.float32)
     if keep_gradient:  # the loss's own f_c of the stop-gradient eviction: it trains f_c only
@@ -332,24 +399,35 @@ class Compressor(nnx.Module):
     except Exception as e:
       if not plugin:
         raise
-      raise ConfigError(f"{where} raised {type(e).__name__} on [{b}, {n}, {d}] slots: "
-                        f"{' '.join(str(e).split())[:300]}") from e
-    if not (isinstance(out, tuple) and len(out) == 2
-            and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in out)):
+      raise ConfigError(
+        f"{where} raised {type(e).__name__} on [{b}, {n}, {d}] slots: "
+        f"{' '.join(str(e).split())[:300]}"
+      ) from e
+    if not (
+      isinstance(out, tuple)
+      and len(out) == 2
+      and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in out)
+    ):
       got = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
       raise ConfigError(f"{where} returned a {got}; a compression returns a tuple {want}")
     comp, mask = out
-    if (tuple(comp.shape) != (b, n // self.rate, d) or tuple(mask.shape) != (b, n // self.rate)
-        or not jnp.issubdtype(comp.dtype, jnp.floating) or mask.dtype != jnp.bool_):
+    if (
+      tuple(comp.shape) != (b, n // self.rate, d)
+      or tuple(mask.shape) != (b, n // self.rate)
+      or not jnp.issubdtype(comp.dtype, jnp.floating)
+      or mask.dtype != jnp.bool_
+    ):
       raise ConfigError(
-          f"{where} returned ({comp.dtype}{list(comp.shape)}, {mask.dtype}{list(mask.shape)}) "
-          f"for [{b}, {n}, {d}] slots at rate {self.rate}; a compression returns {want}")
+        f"{where} returned ({comp.dtype}{list(comp.shape)}, {mask.dtype}{list(mask.shape)}) "
+        f"for [{b}, {n}, {d}] slots at rate {self.rate}; a compression returns {want}"
+      )
     return comp, mask
 
   def decode(self, compressed: jax.Array) -> jax.Array:
     """g: [B, N / c, d] -> [B, N, d] (auto-encoding loss only)."""
     b, g, d = compressed.shape
     dtype = compressed.dtype
-    y = (dense(compressed, self.decoder_kernel[...].astype(dtype))
-         + self.decoder_bias[...].astype(dtype))
+    y = dense(compressed, self.decoder_kernel[...].astype(dtype)) + self.decoder_bias[...].astype(
+      dtype
+    )
     return y.reshape(b, g * self.rate, d)

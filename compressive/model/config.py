@@ -43,11 +43,13 @@ COMPRESSED_KEYS_VALUES = ("shared", "own")
 
 def _positions() -> tuple[str, ...]:
   from compressive.model.attention import POSITIONS
+
   return POSITIONS
 
 
 def _implementations() -> tuple[str, ...]:
   from compressive.model.attention import IMPLEMENTATIONS
+
   return tuple(IMPLEMENTATIONS)
 
 
@@ -63,6 +65,7 @@ class ModelConfig:
   checked against them as the group is made (`__post_init__`), then the
   rules between the fields (`_check_rules`); a section read with
   `from_config` refuses a field it does not know."""
+
   vocab_size: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_layers: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
   num_heads: int = values.whole(_REQUIRED, "[1, 2**31)", _SIZE)
@@ -119,8 +122,10 @@ def require(cfg: ModelConfig, taker: str) -> None:
   attribute); a caller holding a config's model section converts it once,
   with ModelConfig.from_config."""
   if not isinstance(cfg, ModelConfig):
-    raise TypeError(f"{taker} takes a ModelConfig, not {type(cfg).__name__}: "
-                    "ModelConfig.from_config(config.model) reads a config's model section")
+    raise TypeError(
+      f"{taker} takes a ModelConfig, not {type(cfg).__name__}: "
+      "ModelConfig.from_config(config.model) reads a config's model section"
+    )
 
 
 # How deep a model may be built, checked before anything is built, as the
@@ -143,13 +148,15 @@ MAX_LAYERS = 128
 def _check_depth(cfg: ModelConfig) -> None:
   if not cfg.scan_layers and cfg.num_layers > MAX_UNROLLED_LAYERS:
     raise ConfigError(
-        f"model.num_layers={cfg.num_layers} unrolled layers is more than {MAX_UNROLLED_LAYERS}, "
-        "each compiled as its own code (minutes to build and compile): set "
-        "model.scan_layers=True (one layer compiled, run by lax.scan) for a deeper model")
+      f"model.num_layers={cfg.num_layers} unrolled layers is more than {MAX_UNROLLED_LAYERS}, "
+      "each compiled as its own code (minutes to build and compile): set "
+      "model.scan_layers=True (one layer compiled, run by lax.scan) for a deeper model"
+    )
   if cfg.num_layers > MAX_LAYERS:
     raise ConfigError(
-        f"model.num_layers={cfg.num_layers} is more than {MAX_LAYERS} layers, which take "
-        "minutes to build even scanned (the build's time grows as the layers squared)")
+      f"model.num_layers={cfg.num_layers} is more than {MAX_LAYERS} layers, which take "
+      "minutes to build even scanned (the build's time grows as the layers squared)"
+    )
 
 
 def _check_rules(cfg: ModelConfig) -> None:
@@ -157,18 +164,21 @@ def _check_rules(cfg: ModelConfig) -> None:
   already checked against its own range) that `cfg` breaks."""
   if cfg.d_model % cfg.num_heads:
     raise ConfigError(
-        f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
+      f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}"
+    )
   # model.compression names a plugin: its registry checks the name
   # (compression.resolve, when the model is built; the experiment's check).
   if cfg.positions == "rope" and cfg.head_dim % 2:
     raise ConfigError(
-        f"model.positions='rope' rotates channel pairs, so the head width must be even: "
-        f"model.d_model / model.num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}")
+      f"model.positions='rope' rotates channel pairs, so the head width must be even: "
+      f"model.d_model / model.num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}"
+    )
   _check_depth(cfg)
   if cfg.attention_implementation == "cudnn" and cfg.positions != "rope":
     raise ConfigError(
-        "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
-        "attention is a plain dot product that a fused kernel can compute")
+      "model.attention_implementation='cudnn' needs model.positions='rope': only rotary "
+      "attention is a plain dot product that a fused kernel can compute"
+    )
   _check_needs_compressed_memory(cfg)
   check_memory_sizes(cfg, cfg.memory_length, cfg.compressed_memory_length)
   check_segment_length(cfg, cfg.segment_length, cfg.compressed_memory_length)
@@ -178,46 +188,64 @@ def _check_needs_compressed_memory(cfg: ModelConfig) -> None:
   """The choices that act on compressed slots, refused for a model without them."""
   if cfg.compressed_keys_values == "own" and not cfg.compressed_memory_length:
     raise ConfigError(
-        "model.compressed_keys_values='own' needs a compressed memory "
-        "(model.compressed_memory_length > 0): its projections read only compressed slots")
+      "model.compressed_keys_values='own' needs a compressed memory "
+      "(model.compressed_memory_length > 0): its projections read only compressed slots"
+    )
   if cfg.memory_gradient == "compressor" and not cfg.compressed_memory_length:
     raise ConfigError(
-        "model.memory_gradient='compressor' needs a compressed memory "
-        "(model.compressed_memory_length > 0); a Transformer-XL's memories are reached with "
-        "'memories'")
+      "model.memory_gradient='compressor' needs a compressed memory "
+      "(model.compressed_memory_length > 0); a Transformer-XL's memories are reached with "
+      "'memories'"
+    )
 
 
-def check_segment_length(cfg: ModelConfig, segment_length: int, compressed_memory_length: int,
-                         field: str = "model.segment_length") -> None:
+def check_segment_length(
+  cfg: ModelConfig,
+  segment_length: int,
+  compressed_memory_length: int,
+  field: str = "model.segment_length",
+) -> None:
   """A segment (training's, evaluation's or generation's) evicts as many
   memories as it has tokens, compressed in groups of compression_rate, and
   its queries attend in whole chunks of attention_chunk_size."""
   chunk = cfg.attention_chunk_size
   if chunk and segment_length % chunk:
     raise ConfigError(
-        f"{field}={segment_length} is not a multiple of model.attention_chunk_size={chunk}: "
-        "the segment's queries attend in whole chunks")
+      f"{field}={segment_length} is not a multiple of model.attention_chunk_size={chunk}: "
+      "the segment's queries attend in whole chunks"
+    )
   if compressed_memory_length and segment_length % cfg.compression_rate:
     raise ConfigError(
-        f"{field}={segment_length} is not a multiple of model.compression_rate="
-        f"{cfg.compression_rate}: each segment's evicted memories are compressed in "
-        "groups of compression_rate")
+      f"{field}={segment_length} is not a multiple of model.compression_rate="
+      f"{cfg.compression_rate}: each segment's evicted memories are compressed in "
+      "groups of compression_rate"
+    )
 
 
-def check_memory_sizes(cfg: ModelConfig, memory_length: Any, compressed_memory_length: Any,
-                       batch_size: Any = 1, *, prefix: str = "model") -> None:
+def check_memory_sizes(
+  cfg: ModelConfig,
+  memory_length: Any,
+  compressed_memory_length: Any,
+  batch_size: Any = 1,
+  *,
+  prefix: str = "model",
+) -> None:
   """Checks memory sizes (training's or evaluation's) against the model."""
-  for name, value in (("memory_length", memory_length),
-                      ("compressed_memory_length", compressed_memory_length)):
+  for name, value in (
+    ("memory_length", memory_length),
+    ("compressed_memory_length", compressed_memory_length),
+  ):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise ConfigError(f"{prefix}.{name}={value!r} must be an integer >= 0")
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
   if compressed_memory_length and not memory_length:
     raise ConfigError(
-        f"{prefix}.compressed_memory_length={compressed_memory_length} needs "
-        f"{prefix}.memory_length > 0: only memories that leave the memory are compressed")
+      f"{prefix}.compressed_memory_length={compressed_memory_length} needs "
+      f"{prefix}.memory_length > 0: only memories that leave the memory are compressed"
+    )
   if compressed_memory_length and not cfg.compressed_memory_length:
     raise ConfigError(
-        f"{prefix}.compressed_memory_length={compressed_memory_length} but the model was "
-        "built with model.compressed_memory_length=0 (Transformer-XL): it has no compressor")
+      f"{prefix}.compressed_memory_length={compressed_memory_length} but the model was "
+      "built with model.compressed_memory_length=0 (Transformer-XL): it has no compressor"
+    )

@@ -19,9 +19,15 @@ import jax.numpy as jnp
 _MASKED = -1e30
 
 
-def param(init: Callable, rngs: nnx.Rngs | None, shape: Sequence[int],
-          axes: Sequence[str], dtype: jax.typing.DTypeLike = jnp.float32, *,
-          rows: int | None = None) -> nnx.Param:
+def param(
+  init: Callable,
+  rngs: nnx.Rngs | None,
+  shape: Sequence[int],
+  axes: Sequence[str],
+  dtype: jax.typing.DTypeLike = jnp.float32,
+  *,
+  rows: int | None = None,
+) -> nnx.Param:
   """A parameter of `shape` drawn by `init(key, shape, dtype)` (rngs None: a
   constant init such as zeros, which draws nothing), with one logical axis
   name per dimension.
@@ -61,7 +67,7 @@ def dense(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:
   [B, T, d] x [d, f] product (a weight gradient contracting over both B and
   T) runs far slower than that of the same product on [B*T, d].
   """
-  lead, contract, out = x.shape[:x.ndim - in_dims], w.shape[:in_dims], w.shape[in_dims:]
+  lead, contract, out = x.shape[: x.ndim - in_dims], w.shape[:in_dims], w.shape[in_dims:]
   n_in = math.prod(contract)
   y = x.reshape(-1, n_in) @ w.reshape(n_in, -1)
   return y.reshape(lead + out)
@@ -75,8 +81,9 @@ class LayerNorm(nnx.Module):
   `frozen`.
   """
 
-  def __init__(self, d: int, *, param_dtype: jax.typing.DTypeLike = jnp.float32,
-               eps: float = 1e-6) -> None:
+  def __init__(
+    self, d: int, *, param_dtype: jax.typing.DTypeLike = jnp.float32, eps: float = 1e-6
+  ) -> None:
     self.scale = param(nnx.initializers.ones, None, (d,), ("norm",), param_dtype)
     self.bias = param(nnx.initializers.zeros, None, (d,), ("norm",), param_dtype)
     self.eps = eps
@@ -93,8 +100,9 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> 
   return _layer_norm_fwd(x, scale, bias, eps)[0]
 
 
-def _layer_norm_fwd(x: jax.Array, scale: jax.Array, bias: jax.Array,
-                    eps: float) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+def _layer_norm_fwd(
+  x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
   xf = x.astype(jnp.float32)
   centred = xf - xf.mean(-1, keepdims=True)
   rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
@@ -102,8 +110,9 @@ def _layer_norm_fwd(x: jax.Array, scale: jax.Array, bias: jax.Array,
   return (xhat * scale + bias).astype(x.dtype), (xhat, rstd, scale)
 
 
-def _layer_norm_bwd(eps: float, res: tuple[jax.Array, jax.Array, jax.Array],
-                    dy: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _layer_norm_bwd(
+  eps: float, res: tuple[jax.Array, jax.Array, jax.Array], dy: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The normalisation's gradient in one pass over x's shape:
   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale."""
   del eps
@@ -112,8 +121,11 @@ def _layer_norm_bwd(eps: float, res: tuple[jax.Array, jax.Array, jax.Array],
   g = dyf * scale
   dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
   lead = tuple(range(dy.ndim - 1))
-  return (dx.astype(dy.dtype), (dyf * xhat).sum(lead).astype(scale.dtype),
-          dyf.sum(lead).astype(scale.dtype))
+  return (
+    dx.astype(dy.dtype),
+    (dyf * xhat).sum(lead).astype(scale.dtype),
+    dyf.sum(lead).astype(scale.dtype),
+  )
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
@@ -146,8 +158,15 @@ masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 class FeedForward(nnx.Module):
   """Position-wise GELU MLP, d -> d_ff -> d."""
 
-  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype: jax.typing.DTypeLike,
-               param_dtype: jax.typing.DTypeLike) -> None:
+  def __init__(
+    self,
+    d_model: int,
+    d_ff: int,
+    *,
+    rngs: nnx.Rngs,
+    dtype: jax.typing.DTypeLike,
+    param_dtype: jax.typing.DTypeLike,
+  ) -> None:
     init, zeros = nnx.initializers.lecun_normal(), nnx.initializers.zeros
     self.w1 = param(init, rngs, (d_model, d_ff), ("embed", "mlp"), param_dtype)
     self.b1 = param(zeros, None, (d_ff,), ("mlp",), param_dtype)

@@ -20,7 +20,7 @@ RECONSTRUCTION_LOSSES = ("attention", "autoencoding", "none")
 
 
 def cross_entropy(
-    logits: jax.Array, targets: jax.Array, mask: Optional[jax.Array] = None
+  logits: jax.Array, targets: jax.Array, mask: Optional[jax.Array] = None
 ) -> tuple[jax.Array, jax.Array]:
   """Summed next-token loss in nats and the number of predictions counted.
 
@@ -48,7 +48,7 @@ def _masked_mse(diff: jax.Array, weight: jax.Array) -> jax.Array:
 
 
 def attention_reconstruction_loss(
-    target: jax.Array, approx: jax.Array, old_mask: jax.Array
+  target: jax.Array, approx: jax.Array, old_mask: jax.Array
 ) -> jax.Array:
   """|| attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (paper §3.2, Alg. 2).
 
@@ -70,10 +70,10 @@ def attention_reconstruction_loss(
 
 
 def autoencoding_loss(
-    decode: Callable[[jax.Array], jax.Array],
-    old_mem: jax.Array,
-    old_mask: jax.Array,
-    compressed: jax.Array,
+  decode: Callable[[jax.Array], jax.Array],
+  old_mem: jax.Array,
+  old_mask: jax.Array,
+  compressed: jax.Array,
 ) -> jax.Array:
   """|| old_mem - g(f_c(old_mem)) ||^2 over the valid evicted slots (§3.2)."""
   recon = decode(compressed)

@@ -37,6 +37,7 @@ class KeysValues:
   seg_v: jax.Array
 
   if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+
     def replace(self, **updates: Any) -> Self: ...
 
 
@@ -59,6 +60,7 @@ class Memory:
   cache: Optional[KeysValues] = None
 
   if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+
     def replace(self, **updates: Any) -> Self: ...
 
   @property
@@ -87,25 +89,30 @@ class Memory:
     return jax.tree.map(lambda *a: jnp.stack(a), *layers)
 
 
-def init_memory(cfg: config_lib.ModelConfig, batch_size: int,
-                dtype: jax.typing.DTypeLike = jnp.float32, *,
-                memory_length: Optional[int] = None,
-                compressed_memory_length: Optional[int] = None) -> Memory:
+def init_memory(
+  cfg: config_lib.ModelConfig,
+  batch_size: int,
+  dtype: jax.typing.DTypeLike = jnp.float32,
+  *,
+  memory_length: Optional[int] = None,
+  compressed_memory_length: Optional[int] = None,
+) -> Memory:
   """A memory whose slots are all empty (masked), for the model of `cfg`;
   the sizes override the model's (evaluation may use larger memories)."""
   config_lib.require(cfg, "init_memory")
   m = cfg.memory_length if memory_length is None else memory_length
-  cm = (cfg.compressed_memory_length if compressed_memory_length is None
-        else compressed_memory_length)
+  cm = (
+    cfg.compressed_memory_length if compressed_memory_length is None else compressed_memory_length
+  )
   config_lib.check_memory_sizes(cfg, m, cm, batch_size)
   layers, d = cfg.num_layers, cfg.d_model
   return Memory(
-      mem=jnp.zeros((layers, batch_size, m, d), dtype),
-      mem_mask=jnp.zeros((layers, batch_size, m), bool),
-      cmem=jnp.zeros((layers, batch_size, cm, d), dtype),
-      cmem_mask=jnp.zeros((layers, batch_size, cm), bool),
-      usage=jnp.zeros((layers, batch_size, m), jnp.float32),
-      visits=jnp.zeros((layers, batch_size, m), jnp.float32),
+    mem=jnp.zeros((layers, batch_size, m, d), dtype),
+    mem_mask=jnp.zeros((layers, batch_size, m), bool),
+    cmem=jnp.zeros((layers, batch_size, cm, d), dtype),
+    cmem_mask=jnp.zeros((layers, batch_size, cm), bool),
+    usage=jnp.zeros((layers, batch_size, m), jnp.float32),
+    visits=jnp.zeros((layers, batch_size, m), jnp.float32),
   )
 
 
@@ -127,10 +134,13 @@ def reset_rows(memory: Memory, start_of_sequence: jax.Array) -> Memory:
   return jax.tree.map(reset, memory.replace(cache=None)).replace(cache=memory.cache)
 
 
-def attention_keys(layer_memory: Memory,
-                   keys_values: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
-                   k_x: jax.Array, v_x: jax.Array, position: int | jax.Array | None = None
-                   ) -> tuple[jax.Array, jax.Array, jax.Array, int | jax.Array, Memory]:
+def attention_keys(
+  layer_memory: Memory,
+  keys_values: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+  k_x: jax.Array,
+  v_x: jax.Array,
+  position: int | jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, int | jax.Array, Memory]:
   """The keys of [compressed memory; memory; segment so far] a layer attends.
 
   Args:
@@ -161,8 +171,9 @@ def attention_keys(layer_memory: Memory,
     k_seg, v_seg, seg_valid, q_last = k_x, v_x, jnp.ones((b, tq), bool), past + tq - 1
   else:
     assert cache is not None  # decoding: the transformer refuses a memory without one
-    put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype),
-                                                               position, 1)
+    put = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(
+      buf, new.astype(buf.dtype), position, 1
+    )
     k_seg, v_seg = put(cache.seg_k, k_x), put(cache.seg_v, v_x)
     seg_valid = jnp.broadcast_to(jnp.arange(k_seg.shape[1]) < position + tq, (b, k_seg.shape[1]))
     q_last = past + position + tq - 1
@@ -192,8 +203,9 @@ class Eviction:
   v: jax.Array
 
 
-def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
-         k: jax.Array, v: jax.Array) -> tuple[Memory, Eviction]:
+def push(
+  layer_memory: Memory, inputs: jax.Array, received: jax.Array, k: jax.Array, v: jax.Array
+) -> tuple[Memory, Eviction]:
   """Pushes a segment's layer inputs into one layer's memory (FIFO).
 
   Args:
@@ -224,15 +236,22 @@ def push(layer_memory: Memory, inputs: jax.Array, received: jax.Array,
   if layer_memory.cache is not None:
     c = layer_memory.compressed_memory_length
     cache = layer_memory.cache
-    kept = kept.replace(cache=cache.replace(k=jnp.concatenate([cache.k[:, :c], k[:, t:]], 1),
-                                            v=jnp.concatenate([cache.v[:, :c], v[:, t:]], 1)))
+    kept = kept.replace(
+      cache=cache.replace(
+        k=jnp.concatenate([cache.k[:, :c], k[:, t:]], 1),
+        v=jnp.concatenate([cache.v[:, :c], v[:, t:]], 1),
+      )
+    )
   mean_usage = ev_usage / jnp.maximum(ev_visits, 1.0)
   return kept, Eviction(slots=slots, mask=ev_mask, usage=mean_usage, k=k[:, :t], v=v[:, :t])
 
 
-def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask: jax.Array,
-                    keys_values: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None
-                    ) -> Memory:
+def push_compressed(
+  layer_memory: Memory,
+  compressed: jax.Array,
+  compressed_mask: jax.Array,
+  keys_values: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None,
+) -> Memory:
   """Pushes compressed slots [B, T/c, d] into the compressed memory (FIFO);
   `keys_values(slots)` gives their keys and values when the memory caches
   them (`RelativeAttention.compressed_keys_values`)."""
@@ -244,7 +263,10 @@ def push_compressed(layer_memory: Memory, compressed: jax.Array, compressed_mask
     assert keys_values is not None  # a cached memory's new slots need their keys and values
     k, v = keys_values(compressed.astype(cache.k.dtype))
     c = layer_memory.compressed_memory_length
-    out = out.replace(cache=cache.replace(
+    out = out.replace(
+      cache=cache.replace(
         k=jnp.concatenate([_fifo(cache.k[:, :c], k)[0], cache.k[:, c:]], 1),
-        v=jnp.concatenate([_fifo(cache.v[:, :c], v)[0], cache.v[:, c:]], 1)))
+        v=jnp.concatenate([_fifo(cache.v[:, :c], v)[0], cache.v[:, c:]], 1),
+      )
+    )
   return out

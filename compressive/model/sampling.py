@@ -33,11 +33,15 @@ if TYPE_CHECKING:  # the protocol the sampler's text needs, named for the type c
 
 def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
   """ValueError naming the argument that is out of range."""
-  if (isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer))
-      or num_tokens < 0):
+  if (
+    isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0
+  ):
     raise ValueError(f"num_tokens={num_tokens!r} must be an integer >= 0")
-  if not (isinstance(temperature, (int, float, np.number)) and math.isfinite(temperature)
-          and temperature >= 0):
+  if not (
+    isinstance(temperature, (int, float, np.number))
+    and math.isfinite(temperature)
+    and temperature >= 0
+  ):
     raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0: greedy)")
   if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
     raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0: all tokens)")
@@ -45,8 +49,9 @@ def check_sampling_args(num_tokens: int, temperature: float, top_k: int, top_p: 
     raise ValueError(f"top_p={top_p!r} must be in (0, 1] (1: off)")
 
 
-def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int,
-           top_p: float) -> jax.Array:
+def choose(
+  logits: jax.Array, rng: jax.Array, temperature: float, top_k: int, top_p: float
+) -> jax.Array:
   """Next tokens [B] from logits [B, V]: greedy at temperature 0, else
   sampling restricted to the top k and to the smallest set of mass >= top_p."""
   if temperature <= 0:
@@ -68,14 +73,20 @@ def choose(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int,
 class Sampler:
   """Streams tokens from a model, carrying its memory across segments.
 
-      sampler = Sampler(model, batch_size=1)
-      for token in sampler.generate(prompt_ids, 200, temperature=0.8, top_k=40):
-        ...
+  sampler = Sampler(model, batch_size=1)
+  for token in sampler.generate(prompt_ids, 200, temperature=0.8, top_k=40):
+    ...
   """
 
-  def __init__(self, model: CompressiveTransformer, batch_size: int = 1, *,
-               segment_length: Optional[int] = None, memory_length: Optional[int] = None,
-               compressed_memory_length: Optional[int] = None) -> None:
+  def __init__(
+    self,
+    model: CompressiveTransformer,
+    batch_size: int = 1,
+    *,
+    segment_length: Optional[int] = None,
+    memory_length: Optional[int] = None,
+    compressed_memory_length: Optional[int] = None,
+  ) -> None:
     model.eval()
     cfg = model.config
     self.segment_length = segment_length or cfg.segment_length
@@ -85,26 +96,34 @@ class Sampler:
     if compressed_memory_length is not None:
       sizes["compressed_memory_length"] = compressed_memory_length
     self.memory = memory_lib.init_memory(cfg, batch_size, jnp.dtype(cfg.dtype), **sizes)
-    config_lib.check_segment_length(cfg, self.segment_length,
-                                    self.memory.compressed_memory_length, "segment_length")
+    config_lib.check_segment_length(
+      cfg, self.segment_length, self.memory.compressed_memory_length, "segment_length"
+    )
     graphdef, state = nnx.split(model)
     self._state = state
     t = self.segment_length
     merged = lambda state: nnx.merge(graphdef, state)
 
     @jax.jit
-    def advance(state: nnx.State, memory: memory_lib.Memory,
-                tokens: jax.Array) -> tuple[jax.Array, memory_lib.Memory]:
+    def advance(
+      state: nnx.State, memory: memory_lib.Memory, tokens: jax.Array
+    ) -> tuple[jax.Array, memory_lib.Memory]:
       # a whole segment, pushed into the memory
       logits, memory, _ = merged(state)(tokens, memory)
       return logits[:, -1], memory
 
     @jax.jit
-    def step(state: nnx.State, memory: memory_lib.Memory, table: Optional[jax.Array],
-             token: jax.Array, position: jax.Array) -> tuple[jax.Array, memory_lib.Memory]:
+    def step(
+      state: nnx.State,
+      memory: memory_lib.Memory,
+      table: Optional[jax.Array],
+      token: jax.Array,
+      position: jax.Array,
+    ) -> tuple[jax.Array, memory_lib.Memory]:
       # one token, into the cache
-      logits, memory, _ = merged(state)(token[:, None], memory, position=position,
-                                        position_keys=table)
+      logits, memory, _ = merged(state)(
+        token[:, None], memory, position=position, position_keys=table
+      )
       return logits[:, 0], memory
 
     self._advance, self._step = advance, step
@@ -122,7 +141,7 @@ class Sampler:
     i, t = 0, self.segment_length
     while i < tokens.shape[1]:
       if self.position == 0 and tokens.shape[1] - i >= t:
-        self.segment[:] = tokens[:, i:i + t]
+        self.segment[:] = tokens[:, i : i + t]
         self.logits, self.memory = self._advance(self._state, self.memory, self.segment.copy())
         i += t
       else:
@@ -131,8 +150,13 @@ class Sampler:
 
   def _feed_one(self, token: np.ndarray) -> None:
     self.segment[:, self.position] = token
-    self.logits, self.memory = self._step(self._state, self.memory, self._table,
-                                          jnp.asarray(token), jnp.asarray(self.position, jnp.int32))
+    self.logits, self.memory = self._step(
+      self._state,
+      self.memory,
+      self._table,
+      jnp.asarray(token),
+      jnp.asarray(self.position, jnp.int32),
+    )
     self.position += 1
     if self.position == self.segment_length:
       # The segment is complete: push it into the memory (compressing what
@@ -142,9 +166,16 @@ class Sampler:
       _, self.memory = self._advance(self._state, self.memory, self.segment.copy())
       self.position = 0
 
-  def generate(self, prompt: Sequence[int] | np.ndarray, num_tokens: int, *,
-               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int = 0) -> Iterator[np.ndarray]:
+  def generate(
+    self,
+    prompt: Sequence[int] | np.ndarray,
+    num_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+  ) -> Iterator[np.ndarray]:
     """Feeds the prompt, then yields `num_tokens` new tokens [B] one at a time.
 
     The arguments are checked at the call (ValueError), not at the first token.
@@ -155,8 +186,15 @@ class Sampler:
     check_sampling_args(num_tokens, temperature, top_k, top_p)
     return self._generate(prompt, num_tokens, temperature, top_k, top_p, seed)
 
-  def _generate(self, prompt: np.ndarray, num_tokens: int, temperature: float, top_k: int,
-                top_p: float, seed: int) -> Iterator[np.ndarray]:
+  def _generate(
+    self,
+    prompt: np.ndarray,
+    num_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+  ) -> Iterator[np.ndarray]:
     self.feed(prompt)
     rng = jax.random.PRNGKey(seed)
     pick = jax.jit(choose, static_argnums=(2, 3, 4))
@@ -196,10 +234,11 @@ class TextStream:
   def _piece(self) -> str:
     before = self._tokenizer.decode(self._tail) if self._tail else ""
     after = self._tokenizer.decode(self._tail + self._pending)
-    return (after[len(before):] if after.startswith(before)
-            else self._tokenizer.decode(self._pending))
+    return (
+      after[len(before) :] if after.startswith(before) else self._tokenizer.decode(self._pending)
+    )
 
   def _shown(self, piece: str) -> str:
-    self._tail = (self._tail + self._pending)[-self._context:]
+    self._tail = (self._tail + self._pending)[-self._context :]
     self._pending = []
     return piece

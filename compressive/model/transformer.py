@@ -64,6 +64,7 @@ class Aux:
   attention_weights: Optional[jax.Array] = None
 
   if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+
     def replace(self, **updates: Any) -> Self: ...
 
   def scalars(self) -> dict[str, jax.Array]:
@@ -73,23 +74,29 @@ class Aux:
     return out
 
 
-def _compressor(cfg: ModelConfig, rngs: nnx.Rngs,
-                param_dtype: jax.typing.DTypeLike) -> Compressor:
+def _compressor(cfg: ModelConfig, rngs: nnx.Rngs, param_dtype: jax.typing.DTypeLike) -> Compressor:
   """The layer's Compressor, its compression's constructor held to the
   contract like its __call__: one defined outside the package that raises
   is one ConfigError naming it; a built-in one's error is a bug and keeps
   its traceback."""
   cls = resolve_compression(cfg.compression)
   try:
-    return Compressor(cfg.compression, cfg.compression_rate, cfg.d_model,
-                      reconstruction_loss=cfg.reconstruction_loss, rngs=rngs,
-                      param_dtype=param_dtype)
+    return Compressor(
+      cfg.compression,
+      cfg.compression_rate,
+      cfg.d_model,
+      reconstruction_loss=cfg.reconstruction_loss,
+      rngs=rngs,
+      param_dtype=param_dtype,
+    )
   except Exception as e:
     if cls.__module__.startswith("compressive.") or isinstance(e, UserError):
       raise
-    raise ConfigError(f"model.compression={cfg.compression!r} ({cls.__module__}.{cls.__name__}): "
-                      f"its __init__({cfg.compression_rate}, {cfg.d_model}) raised "
-                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+    raise ConfigError(
+      f"model.compression={cfg.compression!r} ({cls.__module__}.{cls.__name__}): "
+      f"its __init__({cfg.compression_rate}, {cfg.d_model}) raised "
+      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    ) from e
 
 
 class Block(nnx.Module):
@@ -103,19 +110,33 @@ class Block(nnx.Module):
   previous layer's LN output (the embeddings for the first layer).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype: jax.typing.DTypeLike,
-               param_dtype: jax.typing.DTypeLike = jnp.float32) -> None:
+  def __init__(
+    self,
+    cfg: ModelConfig,
+    *,
+    rngs: nnx.Rngs,
+    dtype: jax.typing.DTypeLike,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+  ) -> None:
     self.post_norm = cfg.norm == "post"
     self.attention = RelativeAttention(
-        cfg.d_model, cfg.num_heads, dropout_rate=cfg.dropout_rate, rngs=rngs,
-        positions=cfg.positions, dtype=dtype, param_dtype=param_dtype,
-        chunk_size=cfg.attention_chunk_size, implementation=cfg.attention_implementation,
-        normalize_inputs=not self.post_norm,
-        own_compressed_keys_values=cfg.compressed_keys_values == "own")
+      cfg.d_model,
+      cfg.num_heads,
+      dropout_rate=cfg.dropout_rate,
+      rngs=rngs,
+      positions=cfg.positions,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      chunk_size=cfg.attention_chunk_size,
+      implementation=cfg.attention_implementation,
+      normalize_inputs=not self.post_norm,
+      own_compressed_keys_values=cfg.compressed_keys_values == "own",
+    )
     # Post-norm's LN after the attention's residual (pre-norm's is inside
     # the attention); ffn_norm is the feed-forward's in both.
-    self.attention_norm = (LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm
-                           else None)
+    self.attention_norm = (
+      LayerNorm(cfg.d_model, param_dtype=param_dtype) if self.post_norm else None
+    )
     self.ffn_norm = LayerNorm(cfg.d_model, param_dtype=param_dtype)
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
@@ -129,10 +150,16 @@ class Block(nnx.Module):
     return x if rng is None else self.dropout(x, rngs=jax.random.fold_in(rng, index))
 
   def __call__(
-      self, x: jax.Array, mem: Memory, *, rng: Optional[jax.Array] = None,
-      collect_attention: bool = False, position: Optional[jax.Array] = None,
-      position_keys: Optional[jax.Array] = None, training: bool = True,
-      attention_weights: bool = False,
+    self,
+    x: jax.Array,
+    mem: Memory,
+    *,
+    rng: Optional[jax.Array] = None,
+    collect_attention: bool = False,
+    position: Optional[jax.Array] = None,
+    position_keys: Optional[jax.Array] = None,
+    training: bool = True,
+    attention_weights: bool = False,
   ) -> tuple[jax.Array, Memory, Aux]:
     """x [B, Tq, d] layer inputs; `mem` this layer's memory (no layer axis).
 
@@ -152,15 +179,23 @@ class Block(nnx.Module):
     att = self.attention
     q = att.query(x)
     k_x, v_x = att.keys_values(x)
-    k, v, valid, q_last, mem = memory_lib.attention_keys(mem, att.past_keys_values, k_x, v_x,
-                                                         position)
+    k, v, valid, q_last, mem = memory_lib.attention_keys(
+      mem, att.past_keys_values, k_x, v_x, position
+    )
     r = self._position_rows(position_keys, k.shape[1], q_last, x.shape[-1])
     # received [B, K]: attention each key received, mean over heads and
     # queries. It feeds the most-used compression's usage and the diagnostics.
-    a, received = att(q, k, v, valid, q_last, r,
-                      dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
-                      need_weights=self.needs_usage or collect_attention,
-                      per_query=attention_weights)
+    a, received = att(
+      q,
+      k,
+      v,
+      valid,
+      q_last,
+      r,
+      dropout_rng=None if rng is None else jax.random.fold_in(rng, 0),
+      need_weights=self.needs_usage or collect_attention,
+      per_query=attention_weights,
+    )
     weights = None
     if attention_weights:  # [B, H, Tq, K]; `received` is their mean over heads and queries
       assert received is not None  # per_query never takes the fused call
@@ -183,17 +218,28 @@ class Block(nnx.Module):
       # ("memories"), or only the compressed slots do ("compressor").
       c_len = mem.compressed_memory_length
       keep = self.memory_gradient == "memories"
-      mem, ev = memory_lib.push(mem, x if keep else jax.lax.stop_gradient(x),
-                                received[:, c_len:], k[:, c_len:], v[:, c_len:])
+      mem, ev = memory_lib.push(
+        mem,
+        x if keep else jax.lax.stop_gradient(x),
+        received[:, c_len:],
+        k[:, c_len:],
+        v[:, c_len:],
+      )
       if c_len:  # init_memory refuses a compressed memory for a model without compressor
         assert self.compressor is not None
-        mem, recon = self.compressor(mem, ev if keep else jax.lax.stop_gradient(ev), q, att,
-                                     with_loss=training,
-                                     keep_gradient=self.memory_gradient != "none")
+        mem, recon = self.compressor(
+          mem,
+          ev if keep else jax.lax.stop_gradient(ev),
+          q,
+          att,
+          with_loss=training,
+          keep_gradient=self.memory_gradient != "none",
+        )
     return out, mem, Aux(recon, mass, received if collect_attention else None, weights)
 
-  def _position_rows(self, position_keys: Optional[jax.Array], kk: int, q_last: int | jax.Array,
-                     d: int) -> Optional[jax.Array]:
+  def _position_rows(
+    self, position_keys: Optional[jax.Array], kk: int, q_last: int | jax.Array, d: int
+  ) -> Optional[jax.Array]:
     """W_r R [K, H, D] for distances q_last .. q_last - K + 1: a slice of the
     precomputed `position_keys` (rows for distances K-1 .. -(T-1), so the
     slice starts at K-1-q_last), or computed for the K keys; None in rope
@@ -203,17 +249,22 @@ class Block(nnx.Module):
     return self.attention.position_keys(sinusoids(np.arange(kk - 1, -1, -1), d))
 
 
-def _attention_mass(received: Optional[jax.Array], mem: Memory,
-                    shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+def _attention_mass(
+  received: Optional[jax.Array], mem: Memory, shape: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
   """(received [B, K], stop-gradient, zeros where fused rope attention made
   no weights; the attention mass [3] on BANKS, NaN without weights)."""
   if received is None:  # fused rope attention: usage is read by most_used only
     return jnp.zeros(shape, jnp.float32), jnp.full((len(BANKS),), jnp.nan, jnp.float32)
   received = jax.lax.stop_gradient(received)
   c_len, m_len = mem.compressed_memory_length, mem.memory_length
-  mass = jnp.stack([received[:, :c_len].sum(-1).mean(),
-                    received[:, c_len:c_len + m_len].sum(-1).mean(),
-                    received[:, c_len + m_len:].sum(-1).mean()])
+  mass = jnp.stack(
+    [
+      received[:, :c_len].sum(-1).mean(),
+      received[:, c_len : c_len + m_len].sum(-1).mean(),
+      received[:, c_len + m_len :].sum(-1).mean(),
+    ]
+  )
   return received, mass
 
 
@@ -227,8 +278,9 @@ class CompressiveTransformer(nnx.Module):
     self.config = cfg
     dtype = jnp.dtype(cfg.dtype)
     self.dtype = dtype
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs,
-                           embedding_init=nnx.initializers.normal(1.0))
+    self.embed = nnx.Embed(
+      cfg.vocab_size, cfg.d_model, rngs=rngs, embedding_init=nnx.initializers.normal(1.0)
+    )
     self.embed.embedding.set_metadata(out_sharding=("vocab", "embed"), eager_sharding=False)
     self.embed_dropout = nnx.Dropout(cfg.dropout_rate, deterministic=False)
     blocks = [Block(cfg, rngs=rngs, dtype=dtype) for _ in range(cfg.num_layers)]
@@ -237,8 +289,9 @@ class CompressiveTransformer(nnx.Module):
     self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)
     # Post-norm layers end in LN already: the paper has no final LN.
     self.final_norm = None if cfg.norm == "post" else LayerNorm(cfg.d_model)
-    self.head = param(nnx.initializers.lecun_normal(), rngs, (cfg.d_model, cfg.vocab_size),
-                      ("embed", "vocab"))
+    self.head = param(
+      nnx.initializers.lecun_normal(), rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab")
+    )
 
   def init_memory(self, batch_size: int, **sizes: Optional[int]) -> Memory:
     """An empty memory for this model (sizes may be overridden for eval)."""
@@ -251,11 +304,14 @@ class CompressiveTransformer(nnx.Module):
     the memory, instead of every segment, and keep the cache up to date. Only
     valid while the weights do not change (evaluation, generation)."""
     t = self.config.segment_length if segment_length is None else segment_length
-    kv = lambda att, layer: att.past_keys_values(layer.cmem.astype(self.dtype),
-                                                 layer.mem.astype(self.dtype))
+    kv = lambda att, layer: att.past_keys_values(
+      layer.cmem.astype(self.dtype), layer.mem.astype(self.dtype)
+    )
     _, (k, v) = self._over_layers(
-        lambda block, carry, index, layer: (carry, kv(block.attention, layer)),
-        None, (memory.replace(cache=None),))
+      lambda block, carry, index, layer: (carry, kv(block.attention, layer)),
+      None,
+      (memory.replace(cache=None),),
+    )
     seg = jnp.zeros(k.shape[:2] + (t,) + k.shape[3:], k.dtype)
     return memory.replace(cache=KeysValues(k=k, v=v, seg_k=seg, seg_v=seg))
 
@@ -268,7 +324,8 @@ class CompressiveTransformer(nnx.Module):
     k = memory.compressed_memory_length + memory.memory_length + segment_length
     table = sinusoids(np.arange(k - 1, -segment_length, -1), self.config.d_model)
     return self._over_layers(
-        lambda block, carry, index: (carry, block.attention.position_keys(table)), None)[1]
+      lambda block, carry, index: (carry, block.attention.position_keys(table)), None
+    )[1]
 
   def _layer_states(self) -> tuple[nnx.GraphDef, nnx.State | list[nnx.State]]:
     """(graphdef of one layer, the layers' states: a list, or one state
@@ -279,9 +336,14 @@ class CompressiveTransformer(nnx.Module):
     splits = [nnx.split(block) for block in self.blocks]
     return splits[0][0], [state for _, state in splits]
 
-  def _over_layers(self, fn: Callable[..., tuple[Any, Any]], carry: Any,
-                   per_layer: tuple[Any, ...] = (), shared: tuple[Any, ...] = (),
-                   remat: bool = False) -> tuple[Any, Any]:
+  def _over_layers(
+    self,
+    fn: Callable[..., tuple[Any, Any]],
+    carry: Any,
+    per_layer: tuple[Any, ...] = (),
+    shared: tuple[Any, ...] = (),
+    remat: bool = False,
+  ) -> tuple[Any, Any]:
     """Runs the layers in order: carry, out = fn(block, carry, index, *xs,
     *shared) for every layer, xs the layer's slices of the tuple `per_layer`
     (pytrees with a leading layer axis; None is an empty one), `shared` the
@@ -296,33 +358,38 @@ class CompressiveTransformer(nnx.Module):
       return fn(nnx.merge(graphdef, state), carry, index, *xs)
 
     if remat and cfg.remat != "none":
-      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-                if cfg.remat == "matmuls" else None)
+      policy = (
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "matmuls" else None
+      )
       layer = jax.checkpoint(layer, policy=policy, prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers and carry is None:  # nothing threads the layers: all at once
       run = lambda state, index, *xs: layer(None, state, index, *xs, *shared)[1]
       return None, jax.vmap(run)(states, jnp.arange(cfg.num_layers), *per_layer)
     if cfg.scan_layers:
-      return jax.lax.scan(lambda carry, xs: layer(carry, *xs, *shared), carry,
-                          (states, jnp.arange(cfg.num_layers)) + tuple(per_layer))
+      return jax.lax.scan(
+        lambda carry, xs: layer(carry, *xs, *shared),
+        carry,
+        (states, jnp.arange(cfg.num_layers)) + tuple(per_layer),
+      )
     outs = []
     for i, state in enumerate(states):
-      carry, out = layer(carry, state, i, *jax.tree.map(lambda a, i=i: a[i], tuple(per_layer)),
-                         *shared)
+      carry, out = layer(
+        carry, state, i, *jax.tree.map(lambda a, i=i: a[i], tuple(per_layer)), *shared
+      )
       outs.append(out)
     return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
   def __call__(
-      self,
-      tokens: jax.Array,
-      memory: Memory,
-      start_of_sequence: Optional[jax.Array] = None,
-      *,
-      dropout_rng: Optional[jax.Array] = None,
-      collect_attention: bool = False,
-      position: Optional[jax.Array] = None,
-      position_keys: Optional[jax.Array] = None,
-      attention_weights: bool = False,
+    self,
+    tokens: jax.Array,
+    memory: Memory,
+    start_of_sequence: Optional[jax.Array] = None,
+    *,
+    dropout_rng: Optional[jax.Array] = None,
+    collect_attention: bool = False,
+    position: Optional[jax.Array] = None,
+    position_keys: Optional[jax.Array] = None,
+    attention_weights: bool = False,
   ) -> tuple[jax.Array, Memory, Aux]:
     """Processes one segment, or (with `position`) decodes a few tokens.
 
@@ -363,19 +430,27 @@ class CompressiveTransformer(nnx.Module):
     x = self.embed(tokens).astype(self.dtype)  # [B, T, d]
     if dropout_rng is not None:
       x = self.embed_dropout(x, rngs=jax.random.fold_in(dropout_rng, cfg.num_layers))
-    x, new_memory, aux = self._layers(x, memory, dropout_rng, collect_attention, position,
-                                      position_keys, training, attention_weights)
+    x, new_memory, aux = self._layers(
+      x,
+      memory,
+      dropout_rng,
+      collect_attention,
+      position,
+      position_keys,
+      training,
+      attention_weights,
+    )
     if self.final_norm is not None:
       x = self.final_norm(x)
     logits = dense(x, self.head[...].astype(self.dtype)).astype(jnp.float32)
-    aux = aux.replace(reconstruction_loss=aux.reconstruction_loss.sum(),
-                      attention_mass=aux.attention_mass.mean(0))
+    aux = aux.replace(
+      reconstruction_loss=aux.reconstruction_loss.sum(), attention_mass=aux.attention_mass.mean(0)
+    )
     if cfg.memory_gradient == "none":
       new_memory = jax.lax.stop_gradient(new_memory)
     return logits, new_memory, aux
 
-  def _check_call(self, tokens: jax.Array, memory: Memory,
-                  position: Optional[jax.Array]) -> None:
+  def _check_call(self, tokens: jax.Array, memory: Memory, position: Optional[jax.Array]) -> None:
     """ValueError when the tokens and the memory do not fit this model."""
     cfg = self.config
     if tokens.ndim != 2:
@@ -383,34 +458,57 @@ class CompressiveTransformer(nnx.Module):
     b, t = tokens.shape
     if memory.num_layers != cfg.num_layers or memory.batch_size != b:
       raise ValueError(
-          f"memory is for {memory.num_layers} layers x {memory.batch_size} rows; "
-          f"the model has {cfg.num_layers} layers and tokens have {b} rows")
+        f"memory is for {memory.num_layers} layers x {memory.batch_size} rows; "
+        f"the model has {cfg.num_layers} layers and tokens have {b} rows"
+      )
     if position is None and memory.compressed_memory_length and t % cfg.compression_rate:
       raise ValueError(
-          f"segment of {t} tokens is not a multiple of compression_rate={cfg.compression_rate}")
+        f"segment of {t} tokens is not a multiple of compression_rate={cfg.compression_rate}"
+      )
     if position is not None and memory.cache is None:
       raise ValueError("decoding (position=...) needs a memory made by cache_keys_values")
     if memory.mem.shape[-1] != cfg.d_model:
       raise ValueError(f"memory width {memory.mem.shape[-1]} != model.d_model={cfg.d_model}")
 
-  def _layers(self, x: jax.Array, memory: Memory, dropout_rng: Optional[jax.Array],
-              collect_attention: bool, position: Optional[jax.Array],
-              position_keys: Optional[jax.Array], training: bool,
-              attention_weights: bool = False) -> tuple[jax.Array, Memory, Aux]:
+  def _layers(
+    self,
+    x: jax.Array,
+    memory: Memory,
+    dropout_rng: Optional[jax.Array],
+    collect_attention: bool,
+    position: Optional[jax.Array],
+    position_keys: Optional[jax.Array],
+    training: bool,
+    attention_weights: bool = False,
+  ) -> tuple[jax.Array, Memory, Aux]:
     """Runs the blocks in order: (output, memory, aux), the last two with a
     leading layer axis."""
 
-    def layer(block: Block, x: jax.Array, index: int | jax.Array, mem: Memory,
-              pk: Optional[jax.Array], rng: Optional[jax.Array],
-              pos: Optional[jax.Array]) -> tuple[jax.Array, tuple[Memory, Aux]]:
+    def layer(
+      block: Block,
+      x: jax.Array,
+      index: int | jax.Array,
+      mem: Memory,
+      pk: Optional[jax.Array],
+      rng: Optional[jax.Array],
+      pos: Optional[jax.Array],
+    ) -> tuple[jax.Array, tuple[Memory, Aux]]:
       rng = None if rng is None else jax.random.fold_in(rng, index)
-      x, mem, aux = block(x, mem, rng=rng, collect_attention=collect_attention, position=pos,
-                          position_keys=pk, training=training,
-                          attention_weights=attention_weights)
+      x, mem, aux = block(
+        x,
+        mem,
+        rng=rng,
+        collect_attention=collect_attention,
+        position=pos,
+        position_keys=pk,
+        training=training,
+        attention_weights=attention_weights,
+      )
       return x, (mem, aux)
 
     x, (new_memory, aux) = self._over_layers(
-        layer, x, (memory, position_keys), (dropout_rng, position), remat=True)
+      layer, x, (memory, position_keys), (dropout_rng, position), remat=True
+    )
     return x, new_memory, aux
 
 
@@ -424,8 +522,9 @@ def _stack(blocks: list[Block]) -> Block:
   return nnx.merge(graphdef, stacked)
 
 
-def merge_params(graphdef: nnx.GraphDef[CompressiveTransformer], state_template: nnx.State,
-                 params: dict[str, Any]) -> CompressiveTransformer:
+def merge_params(
+  graphdef: nnx.GraphDef[CompressiveTransformer], state_template: nnx.State, params: dict[str, Any]
+) -> CompressiveTransformer:
   """The model with `params` (a pure dict, nnx.to_pure_dict's form) filled
   into a copy of `state_template` — how the functional train and eval steps
   rebuild the module inside jit."""

@@ -27,6 +27,7 @@ class Flops:
   (input and weight gradients) except where its input is stop-gradient
   (memory key/value projections, the compressor: weight gradient only);
   causal attention within the segment counted at half."""
+
   forward: float
   train: float
   evaluate: float  # forward with evaluation's key/value cache and position keys
@@ -40,10 +41,12 @@ def flops_per_token(model_config: ModelConfig, batch_size: int) -> Flops:
   mem, cmem, c = m.memory_length, m.compressed_memory_length, m.compression_rate
   keys = cmem + mem + t
   # Dense weights applied to the segment's tokens (fwd 2 flops per MAC).
-  seg_weights = 2 * (d * d  # query
-                     + 2 * d * d  # key, value of the segment
-                     + d * d  # output
-                     + 2 * d * f)  # feed-forward
+  seg_weights = 2 * (
+    d * d  # query
+    + 2 * d * d  # key, value of the segment
+    + d * d  # output
+    + 2 * d * f
+  )  # feed-forward
   # Keys and values of the memories (both banks), per segment token.
   mem_kv = 2 * 2 * d * d * (cmem + mem) / t
   # Relative position keys: W_r on `keys` sinusoids, once per segment for
@@ -69,8 +72,9 @@ def flops_per_token(model_config: ModelConfig, batch_size: int) -> Flops:
   head = 2 * d * v
   layers = m.num_layers
   forward = layers * (seg_weights + mem_kv + pos + attend + compress) + head
-  train = (layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * compress + recon_train)
-           + 3 * head)
+  train = (
+    layers * (3 * (seg_weights + pos + attend) + 2 * mem_kv + 2 * compress + recon_train) + 3 * head
+  )
   # Evaluation's cache computes a slot's keys and values once: the segment's
   # (already in seg_weights) and those of the t / c new compressed slots.
   # Its position keys are computed once per stream, not per segment.
@@ -88,16 +92,16 @@ def flops_per_token(model_config: ModelConfig, batch_size: int) -> Flops:
 # (NVIDIA SXM parts without sparsity; Google Cloud TPU system architecture).
 # None: a kind whose name would otherwise match a longer one's entry.
 PEAK_TFLOPS: tuple[tuple[str, Optional[tuple[float, float]]], ...] = (
-    ("h200", (989.0, 494.5)),  # "NVIDIA H200"
-    ("h100 pcie", (756.0, 378.0)),  # "NVIDIA H100 PCIe"
-    ("h100", (989.0, 494.5)),  # "NVIDIA H100 80GB HBM3" (SXM)
-    ("a100", (312.0, 156.0)),  # "NVIDIA A100-SXM4-80GB", "... PCIe"
-    ("tpu v5 lite", (197.0, 197.0)),  # v5e
-    ("tpu v5e", (197.0, 197.0)),
-    ("tpu v5p", (459.0, 459.0)),
-    ("tpu v5", (459.0, 459.0)),  # v5p reports "TPU v5"
-    ("tpu v4 lite", None),  # v4i: not v4's peak
-    ("tpu v4", (275.0, 275.0)),
+  ("h200", (989.0, 494.5)),  # "NVIDIA H200"
+  ("h100 pcie", (756.0, 378.0)),  # "NVIDIA H100 PCIe"
+  ("h100", (989.0, 494.5)),  # "NVIDIA H100 80GB HBM3" (SXM)
+  ("a100", (312.0, 156.0)),  # "NVIDIA A100-SXM4-80GB", "... PCIe"
+  ("tpu v5 lite", (197.0, 197.0)),  # v5e
+  ("tpu v5e", (197.0, 197.0)),
+  ("tpu v5p", (459.0, 459.0)),
+  ("tpu v5", (459.0, 459.0)),  # v5p reports "TPU v5"
+  ("tpu v4 lite", None),  # v4i: not v4's peak
+  ("tpu v4", (275.0, 275.0)),
 )
 
 
@@ -112,8 +116,9 @@ def peak_flops(device_kind: str, dtype: jax.typing.DTypeLike) -> Optional[float]
   return None
 
 
-def device_peak_flops(dtype: jax.typing.DTypeLike,
-                      device: Optional[jax.Device] = None) -> Optional[float]:
+def device_peak_flops(
+  dtype: jax.typing.DTypeLike, device: Optional[jax.Device] = None
+) -> Optional[float]:
   """Peak FLOP/s of `device` (default: the first of `jax.devices()`)."""
   device = jax.devices()[0] if device is None else device
   return peak_flops(getattr(device, "device_kind", ""), dtype)

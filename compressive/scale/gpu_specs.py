@@ -19,26 +19,27 @@ GiB = 1 << 30
 # "maximum amount of shared memory per thread block" 163 KB / 227 KB (the
 # opt-in limit, cudaFuncAttributeMaxDynamicSharedMemorySize). KB there is KiB.
 _SM80_LIMITS = dict(
-    threads_per_warp=32,  # "warp size"
-    threads_per_block_limit=1024,  # "max threads per block"
-    threads_per_core_limit=2048,  # "max resident threads per SM"
-    registers_per_core_limit=64 * KiB,  # "32-bit registers per SM"
-    registers_per_block_limit=64 * KiB,  # "32-bit registers per block"
-    shared_memory_per_block=48 * KiB,
-    shared_memory_per_block_optin=163 * KiB,
-    shared_memory_per_core=164 * KiB,
-    block_dim_limit_x=2**31 - 1,  # "max x-dimension of a grid"
-    block_dim_limit_y=65535,  # "max y- or z-dimension of a grid"
-    block_dim_limit_z=65535,
-    thread_dim_limit_x=1024,  # "max x- or y-dimension of a block"
-    thread_dim_limit_y=1024,
-    thread_dim_limit_z=64,  # "max z-dimension of a block"
+  threads_per_warp=32,  # "warp size"
+  threads_per_block_limit=1024,  # "max threads per block"
+  threads_per_core_limit=2048,  # "max resident threads per SM"
+  registers_per_core_limit=64 * KiB,  # "32-bit registers per SM"
+  registers_per_block_limit=64 * KiB,  # "32-bit registers per block"
+  shared_memory_per_block=48 * KiB,
+  shared_memory_per_block_optin=163 * KiB,
+  shared_memory_per_core=164 * KiB,
+  block_dim_limit_x=2**31 - 1,  # "max x-dimension of a grid"
+  block_dim_limit_y=65535,  # "max y- or z-dimension of a grid"
+  block_dim_limit_z=65535,
+  thread_dim_limit_x=1024,  # "max x- or y-dimension of a block"
+  thread_dim_limit_y=1024,
+  thread_dim_limit_z=64,  # "max z-dimension of a block"
 )
 _COMPUTE_CAPABILITY_LIMITS = {
-    (8, 0): _SM80_LIMITS,
-    # 9.0 differs from 8.0 only in shared memory.
-    (9, 0): dict(_SM80_LIMITS, shared_memory_per_block_optin=227 * KiB,
-                 shared_memory_per_core=228 * KiB),
+  (8, 0): _SM80_LIMITS,
+  # 9.0 differs from 8.0 only in shared memory.
+  (9, 0): dict(
+    _SM80_LIMITS, shared_memory_per_block_optin=227 * KiB, shared_memory_per_core=228 * KiB
+  ),
 }
 
 # Per GPU model. Sources:
@@ -70,41 +71,41 @@ _COMPUTE_CAPABILITY_LIMITS = {
 # name: the device name CUDA reports (cudaDeviceProp.name; JAX's
 # device_kind); XLA compares it when loading a serialized executable.
 GPU_SPECS: dict[str, dict[str, Any]] = {
-    "a100-sxm4-80gb": dict(
-        name="NVIDIA A100-SXM4-80GB",
-        compute_capability=(8, 0),
-        accelerated_features=False,  # sm_80 has no "a" variant
-        core_count=108,  # SMs [A100-WP]
-        fpus_per_core=64,  # FP32 cores per SM [A100-WP]
-        clock_rate_ghz=1.41,  # [A100-WP], [CLOCK]
-        device_memory_size=80 * GiB,  # [A100-DS]
-        memory_bandwidth=2_039_000_000_000,  # bytes/s [A100-DS]
-        l2_cache_size=40 * MiB,  # [A100-WP]
-    ),
-    "h100-sxm": dict(
-        name="NVIDIA H100 80GB HBM3",
-        compute_capability=(9, 0),
-        # sm_90a: wgmma/TMA instructions, which XLA's and Triton's Hopper
-        # kernels use; CUDA reports H100 as 9.0 with these features.
-        accelerated_features=True,
-        core_count=132,  # [H100-WP]
-        fpus_per_core=128,  # [H100-WP]
-        clock_rate_ghz=1.98,  # [CLOCK]
-        device_memory_size=80 * GiB,  # [H100-DS]
-        memory_bandwidth=3_350_000_000_000,  # [H100-DS]
-        l2_cache_size=50 * MiB,  # [H100-WP]
-    ),
-    "h200-sxm": dict(
-        name="NVIDIA H200",
-        compute_capability=(9, 0),
-        accelerated_features=True,
-        core_count=132,  # [H200-DS], [H100-WP]
-        fpus_per_core=128,  # [H100-WP]
-        clock_rate_ghz=1.98,  # [CLOCK]
-        device_memory_size=141 * GiB,  # [H200-DS]
-        memory_bandwidth=4_800_000_000_000,  # [H200-DS]
-        l2_cache_size=50 * MiB,  # [H100-WP]
-    ),
+  "a100-sxm4-80gb": dict(
+    name="NVIDIA A100-SXM4-80GB",
+    compute_capability=(8, 0),
+    accelerated_features=False,  # sm_80 has no "a" variant
+    core_count=108,  # SMs [A100-WP]
+    fpus_per_core=64,  # FP32 cores per SM [A100-WP]
+    clock_rate_ghz=1.41,  # [A100-WP], [CLOCK]
+    device_memory_size=80 * GiB,  # [A100-DS]
+    memory_bandwidth=2_039_000_000_000,  # bytes/s [A100-DS]
+    l2_cache_size=40 * MiB,  # [A100-WP]
+  ),
+  "h100-sxm": dict(
+    name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0),
+    # sm_90a: wgmma/TMA instructions, which XLA's and Triton's Hopper
+    # kernels use; CUDA reports H100 as 9.0 with these features.
+    accelerated_features=True,
+    core_count=132,  # [H100-WP]
+    fpus_per_core=128,  # [H100-WP]
+    clock_rate_ghz=1.98,  # [CLOCK]
+    device_memory_size=80 * GiB,  # [H100-DS]
+    memory_bandwidth=3_350_000_000_000,  # [H100-DS]
+    l2_cache_size=50 * MiB,  # [H100-WP]
+  ),
+  "h200-sxm": dict(
+    name="NVIDIA H200",
+    compute_capability=(9, 0),
+    accelerated_features=True,
+    core_count=132,  # [H200-DS], [H100-WP]
+    fpus_per_core=128,  # [H100-WP]
+    clock_rate_ghz=1.98,  # [CLOCK]
+    device_memory_size=141 * GiB,  # [H200-DS]
+    memory_bandwidth=4_800_000_000_000,  # [H200-DS]
+    l2_cache_size=50 * MiB,  # [H100-WP]
+  ),
 }
 
 # cuDNN version written into the target config when nvidia-cudnn-cu12 is not
@@ -136,25 +137,36 @@ def gpu_target_config(gpu: str) -> str:
   spec = GPU_SPECS[gpu]
   major, minor = spec["compute_capability"]
   info = dict(_COMPUTE_CAPABILITY_LIMITS[(major, minor)])
-  for key in ("core_count", "fpus_per_core", "clock_rate_ghz",
-              "device_memory_size", "memory_bandwidth", "l2_cache_size"):
+  for key in (
+    "core_count",
+    "fpus_per_core",
+    "clock_rate_ghz",
+    "device_memory_size",
+    "memory_bandwidth",
+    "l2_cache_size",
+  ):
     info[key] = spec[key]
   lines = ["gpu_device_info {"]
   lines += [f"  {key}: {value}" for key, value in info.items()]
   extension = "ACCELERATED_FEATURES" if spec["accelerated_features"] else "NONE"
   lines += [
-      "  cuda_compute_capability {",
-      f"    major: {major}",
-      f"    minor: {minor}",
-      f"    feature_extension: {extension}",
-      "  }",
-      '  device_vendor: "NVIDIA Corporation"',
-      f'  name: "{spec["name"]}"',
-      "}",
-      'platform_name: "CUDA"',
+    "  cuda_compute_capability {",
+    f"    major: {major}",
+    f"    minor: {minor}",
+    f"    feature_extension: {extension}",
+    "  }",
+    '  device_vendor: "NVIDIA Corporation"',
+    f'  name: "{spec["name"]}"',
+    "}",
+    'platform_name: "CUDA"',
   ]
   dnn = _cudnn_version()
-  lines += ["dnn_version_info {", f"  major: {dnn[0]}", f"  minor: {dnn[1]}",
-            f"  patch: {dnn[2]}", "}"]
+  lines += [
+    "dnn_version_info {",
+    f"  major: {dnn[0]}",
+    f"  minor: {dnn[1]}",
+    f"  patch: {dnn[2]}",
+    "}",
+  ]
   lines.append(f'device_description_str: "{spec["name"]}"')
   return "\n".join(lines) + "\n"

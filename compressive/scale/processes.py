@@ -17,18 +17,24 @@ from compressive import cli_flags, values
 from compressive.errors import ConfigError, UserError
 
 
-def check_distributed_values(coordinator_address: object, num_processes: object,
-                             process_id: object) -> None:
+def check_distributed_values(
+  coordinator_address: object, num_processes: object, process_id: object
+) -> None:
   """ConfigError naming the value unless coordinator_address is HOST:PORT
   (port in [1, 65535]), num_processes >= 1 and process_id in [0,
   num_processes): before JAX waits for processes that cannot come."""
   host, _, port = str(coordinator_address).rpartition(":")
   if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-    raise ConfigError(f"coordinator_address={coordinator_address!r} must be HOST:PORT with a "
-                      "port in [1, 65535]")
+    raise ConfigError(
+      f"coordinator_address={coordinator_address!r} must be HOST:PORT with a port in [1, 65535]"
+    )
   values.integer("num_processes", num_processes, "[1, 2**31)", must="an integer >= 1")
-  values.integer("process_id", process_id, f"[0, {num_processes})",
-                 must=f"an integer in [0, num_processes={num_processes})")
+  values.integer(
+    "process_id",
+    process_id,
+    f"[0, {num_processes})",
+    must=f"an integer in [0, num_processes={num_processes})",
+  )
 
 
 _joining: list[str] = []  # "asked", then "joined", as initialize_distributed goes
@@ -61,12 +67,12 @@ def join_as_flagged() -> bool:
 
 
 def initialize_distributed(
-    *,
-    auto: bool = False,
-    coordinator_address: Optional[str] = None,
-    num_processes: Optional[int] = None,
-    process_id: Optional[int] = None,
-    timeout_s: int = JOIN_TIMEOUT_S,
+  *,
+  auto: bool = False,
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+  timeout_s: int = JOIN_TIMEOUT_S,
 ) -> bool:
   """Joins JAX's distributed runtime; call before anything else uses JAX.
 
@@ -83,8 +89,9 @@ def initialize_distributed(
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
       raise ConfigError(
-          "give all of coordinator_address, num_processes and process_id, or none "
-          "(then multihost auto-detects the cluster)")
+        "give all of coordinator_address, num_processes and process_id, or none "
+        "(then multihost auto-detects the cluster)"
+      )
     check_distributed_values(coordinator_address, num_processes, process_id)
   elif not auto:
     return False
@@ -96,9 +103,13 @@ def initialize_distributed(
   def join() -> None:  # JAX's own wait ends the process (a fatal log) when it times out: later
     try:
       jax.distributed.initialize(
-          coordinator_address=coordinator_address, num_processes=num_processes,
-          process_id=process_id, initialization_timeout=timeout_s + _JAX_LATER_S,
-          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S, shutdown_timeout_seconds=timeout_s)
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout_s + _JAX_LATER_S,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+        shutdown_timeout_seconds=timeout_s,
+      )
     except BaseException as e:  # handed to the waiting thread
       outcome.append(e)
     finally:
@@ -108,9 +119,11 @@ def initialize_distributed(
   end = time.monotonic() + timeout_s
   while not done.wait(0.2):  # a stop signal's handler runs between the slices
     if time.monotonic() >= end:
-      raise UserError(f"the run's processes did not all join within {timeout_s} s{where} "
-                      "(--join_timeout): start the same command on every host, each with "
-                      "its own --process_id")
+      raise UserError(
+        f"the run's processes did not all join within {timeout_s} s{where} "
+        "(--join_timeout): start the same command on every host, each with "
+        "its own --process_id"
+      )
   if outcome:
     cause = " ".join(str(outcome[0]).split())[:200] or type(outcome[0]).__name__
     raise UserError(f"cannot join the run's processes{where}: {cause}") from outcome[0]

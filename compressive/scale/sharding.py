@@ -49,16 +49,16 @@ from compressive.errors import ConfigError, MeshError
 # The logical axes the model's parameters use, and where the default config
 # puts them. 'layers' is the leading axis of stacked (scanned) layers.
 DEFAULT_LOGICAL_AXIS_RULES = (
-    ("embed", "fsdp"),  # d, once per large matrix
-    ("embed_out", None),  # the second d of a [d, d] matrix
-    ("heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),  # d_ff
-    ("vocab", "tensor"),  # logits split along the vocabulary
-    ("norm", None),  # d-sized scales and biases
-    ("window", None),  # compression kernels' taps
-    ("conv_layers", None),
-    ("layers", None),
+  ("embed", "fsdp"),  # d, once per large matrix
+  ("embed_out", None),  # the second d of a [d, d] matrix
+  ("heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),  # d_ff
+  ("vocab", "tensor"),  # logits split along the vocabulary
+  ("norm", None),  # d-sized scales and biases
+  ("window", None),  # compression kernels' taps
+  ("conv_layers", None),
+  ("layers", None),
 )
 
 
@@ -100,6 +100,7 @@ class MeshConfig:
     data_axes: the axes that split batch rows, and with them the memory.
     logical_axis_rules: (logical axis, mesh axes) pairs.
   """
+
   axes: tuple = values.sequence(("data", "fsdp", "tensor"), rule=_axes_problem)
   # -1: the devices the other axes leave. (Its entries are checked with the
   # fields against each other: a MeshError, which a tool reading a saved
@@ -119,16 +120,19 @@ class MeshConfig:
       raise MeshError(f"mesh.shape{problem}")
     if len(shape) != len(axes):
       raise MeshError(
-          f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}")
+        f"mesh.shape={shape!r} has {len(shape)} entries but mesh.axes={axes!r} has {len(axes)}"
+      )
     for a in self.data_axes:
       if a not in axes:
-        raise ConfigError(f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in "
-                          f"mesh.axes={axes!r}")
+        raise ConfigError(
+          f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}"
+        )
     for rule in self.logical_axis_rules:
       for a in _names(rule[1]):
         if a not in axes:
-          raise ConfigError(f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in "
-                            f"mesh.axes={axes!r}")
+          raise ConfigError(
+            f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}"
+          )
 
   @classmethod
   def from_config(cls, section: Any) -> "MeshConfig":
@@ -153,13 +157,15 @@ def mesh_shape(mc: MeshConfig, num_devices: Optional[int] = None) -> tuple[int, 
   if -1 in shape:
     if n % known:
       raise MeshError(
-          f"mesh.shape={shape}: the other axes take {known} devices, which does not "
-          f"divide the {n} devices available")
+        f"mesh.shape={shape}: the other axes take {known} devices, which does not "
+        f"divide the {n} devices available"
+      )
     shape = tuple(n // known if s == -1 else s for s in shape)
   if math.prod(shape) != n:
     raise MeshError(
-        f"mesh.shape={tuple(mc.shape)} needs {math.prod(shape)} devices but {n} are "
-        f"available; make the product {n} or use -1 on one axis")
+      f"mesh.shape={tuple(mc.shape)} needs {math.prod(shape)} devices but {n} are "
+      f"available; make the product {n} or use -1 on one axis"
+    )
   return shape
 
 
@@ -174,8 +180,9 @@ def make_mesh(mesh: MeshConfig, devices: Optional[Sequence[Any]] = None) -> Mesh
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh, len(devices))
   axes = mesh.axes
-  return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
-                       devices=devices)
+  return jax.make_mesh(
+    shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes), devices=devices
+  )
 
 
 def _names(entry: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -215,8 +222,10 @@ def logical_axes(state: nnx.State) -> dict[str, tuple[str, ...]]:
     axes, shape = var.get_metadata().get("out_sharding"), tuple(var.get_value().shape)
     name = "/".join(str(k) for k in path)
     if axes is None or len(axes) != len(shape):
-      raise ConfigError(f"parameter {name} {shape} declares no logical axes "
-                        f"({axes!r}); make it with compressive.model.layers.param")
+      raise ConfigError(
+        f"parameter {name} {shape} declares no logical axes "
+        f"({axes!r}); make it with compressive.model.layers.param"
+      )
     table[name] = tuple(axes)
   return table
 
@@ -228,14 +237,18 @@ def spec_for_axes(mc: MeshConfig, axes: Sequence[str], name: str) -> P:
   entries = []
   for a in axes:
     if a not in rules:
-      raise ConfigError(f"mesh.logical_axis_rules has no rule for logical axis {a!r} "
-                        f"(parameter {name}); add ({a!r}, None) to replicate it")
+      raise ConfigError(
+        f"mesh.logical_axis_rules has no rule for logical axis {a!r} "
+        f"(parameter {name}); add ({a!r}, None) to replicate it"
+      )
     names = _names(rules[a])
     entries.append(None if not names else names[0] if len(names) == 1 else names)
   used = [n for e in entries for n in _names(e)]
   if len(set(used)) != len(used):
-    raise ConfigError(f"mesh.logical_axis_rules put parameter {name} {tuple(axes)} on mesh "
-                      f"axes {used}: a mesh axis may split only one of its dimensions")
+    raise ConfigError(
+      f"mesh.logical_axis_rules put parameter {name} {tuple(axes)} on mesh "
+      f"axes {used}: a mesh axis may split only one of its dimensions"
+    )
   return P(*entries) if used else P()  # replicated: one spelling, P()
 
 
@@ -244,8 +257,9 @@ def param_specs(mc: MeshConfig, state: nnx.State) -> Any:
   as a pure dict shaped like `nnx.to_pure_dict(state)` (the params)."""
   table = logical_axes(state)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: spec_for_axes(mc, table[path_str(path)], path_str(path)),
-      nnx.to_pure_dict(state))
+    lambda path, _: spec_for_axes(mc, table[path_str(path)], path_str(path)),
+    nnx.to_pure_dict(state),
+  )
 
 
 def state_specs(mc: MeshConfig, state: nnx.State, tree: Any) -> Any:
@@ -269,8 +283,12 @@ def state_specs(mc: MeshConfig, state: nnx.State, tree: Any) -> Any:
     if not like_params(subtree):
       return P()  # a leaf outside every params-shaped subtree
     return jax.tree.map(
-        lambda spec, p, x: x if masked(x) else spec if tuple(x.shape) == tuple(p.shape) else P(),
-        specs, params, subtree, is_leaf=lambda v: isinstance(v, P) or masked(v))
+      lambda spec, p, x: x if masked(x) else spec if tuple(x.shape) == tuple(p.shape) else P(),
+      specs,
+      params,
+      subtree,
+      is_leaf=lambda v: isinstance(v, P) or masked(v),
+    )
 
   return jax.tree.map(follow, tree, is_leaf=like_params)
 
@@ -290,12 +308,14 @@ def gathered_specs(mc: MeshConfig, specs: Any) -> Any:
     kept = tuple(a for a in _names(entry) if a not in data)
     return None if not kept else kept[0] if len(kept) == 1 else kept
 
-  return jax.tree.map(lambda spec: P(*[drop(e) for e in spec]), specs,
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(
+    lambda spec: P(*[drop(e) for e in spec]), specs, is_leaf=lambda x: isinstance(x, P)
+  )
 
 
-def gather_for_compute(params: Any, compute: Any, stored: Any,
-                       dtype: jax.typing.DTypeLike | None = None) -> Any:
+def gather_for_compute(
+  params: Any, compute: Any, stored: Any, dtype: jax.typing.DTypeLike | None = None
+) -> Any:
   """`params` laid out as `compute` (gathered along the data axes) for the
   forward pass, with their gradient laid out as `stored`; matrices (2 or
   more dimensions) are first cast to `dtype`, the activations' (bfloat16
@@ -326,8 +346,7 @@ def gather_for_compute(params: Any, compute: Any, stored: Any,
 
 
 def shardings(mesh: Mesh, specs: Any) -> Any:
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -363,13 +382,15 @@ def local_rows(sharding: NamedSharding, global_shape: Sequence[int], axis: int) 
   start, stop = min(rows), max(rows) + 1
   if len(rows) != stop - start:
     raise ConfigError(
-        f"this process holds non-contiguous batch rows {sorted(rows)}; reorder mesh.axes "
-        "so that the data axes come first")
+      f"this process holds non-contiguous batch rows {sorted(rows)}; reorder mesh.axes "
+      "so that the data axes come first"
+    )
   return start, stop - start
 
 
-def global_array(sharding: NamedSharding, local: np.ndarray,
-                 global_shape: Sequence[int]) -> jax.Array:
+def global_array(
+  sharding: NamedSharding, local: np.ndarray, global_shape: Sequence[int]
+) -> jax.Array:
   """One global array from every process's rows (each passes its own)."""
   return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))
 
@@ -377,8 +398,14 @@ def global_array(sharding: NamedSharding, local: np.ndarray,
 # -- Checks before anything compiles. ---------------------------------------------
 
 
-def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
-             num_devices: Optional[int] = None) -> tuple[int, ...]:
+def validate(
+  mc: MeshConfig,
+  state: nnx.State,
+  *,
+  batch_size: int,
+  model: Any,
+  num_devices: Optional[int] = None,
+) -> tuple[int, ...]:
   """ConfigError, naming the field, if the mesh does not fit the devices or a
   batch, head, hidden or width size does not divide along its axes.
 
@@ -400,13 +427,18 @@ def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
   dp = data_parallel_size(mc, shape)
   if batch_size % dp:
     raise MeshError(
-        f"batch_size={batch_size} is not divisible by {dp}, the devices along "
-        f"mesh.data_axes={tuple(mc.data_axes)} ({where})")
+      f"batch_size={batch_size} is not divisible by {dp}, the devices along "
+      f"mesh.data_axes={tuple(mc.data_axes)} ({where})"
+    )
   abstract_params = nnx.to_pure_dict(state)
   specs = jax.tree.leaves(param_specs(mc, state), is_leaf=lambda v: isinstance(v, P))
   m = model
-  fields = {"model.num_heads": m.num_heads, "model.d_model": m.d_model, "model.d_ff": m.d_ff,
-            "model.vocab_size": m.vocab_size}
+  fields = {
+    "model.num_heads": m.num_heads,
+    "model.d_model": m.d_model,
+    "model.d_ff": m.d_ff,
+    "model.vocab_size": m.vocab_size,
+  }
   for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs):
     name = path_str(path)
     for dim, (size, entry) in enumerate(zip(x.shape, tuple(spec) + (None,) * len(x.shape))):
@@ -415,9 +447,10 @@ def validate(mc: MeshConfig, state: nnx.State, *, batch_size: int, model: Any,
       if size % n:
         named = [f"{k}={v}" for k, v in fields.items() if v == size]
         raise MeshError(
-            f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
-            f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
-            f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size")
+          f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
+          f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
+          f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size"
+        )
   return shape
 
 

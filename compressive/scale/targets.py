@@ -83,8 +83,10 @@ from compressive.errors import ConfigError
 from compressive.scale.gpu_specs import GPU_SPECS, GiB, gpu_target_config
 
 # What a missing libtpu or CUDA plugin's error advises.
-AOT_ADVICE = ('install the AOT extra, pip install "compressive[aot]" (in a checkout: '
-              '`make aot-venv`, then run with .venv-aot/bin/python)')
+AOT_ADVICE = (
+  'install the AOT extra, pip install "compressive[aot]" (in a checkout: '
+  "`make aot-venv`, then run with .venv-aot/bin/python)"
+)
 
 
 def _installed(module: str) -> bool:
@@ -151,8 +153,7 @@ class Target:
   num_processes: int
   device_memory_bytes: int
   description: str = ""
-  topology: Union[TpuTopology, GpuTopology, None] = dataclasses.field(
-      default=None, repr=False)
+  topology: Union[TpuTopology, GpuTopology, None] = dataclasses.field(default=None, repr=False)
 
   def devices(self) -> list:
     """The jax devices to compile for (see the module docstring)."""
@@ -165,9 +166,10 @@ class Target:
     processes = {d.process_index for d in devices}
     if len(devices) != self.num_devices or len(processes) != self.num_processes:
       raise AssertionError(
-          f"target {self.name}: the topology gives {len(devices)} devices on "
-          f"{len(processes)} processes, the table says {self.num_devices} on "
-          f"{self.num_processes}")
+        f"target {self.name}: the topology gives {len(devices)} devices on "
+        f"{len(processes)} processes, the table says {self.num_devices} on "
+        f"{self.num_processes}"
+      )
     return devices
 
 
@@ -181,37 +183,40 @@ def _topology_devices(name: str, topology: Union[TpuTopology, GpuTopology]) -> t
   if isinstance(topology, TpuTopology):
     if not _installed("libtpu") and not os.environ.get("TPU_LIBRARY_PATH"):
       raise ConfigError(
-          f"target {name} needs libtpu (jax[tpu]), which is not installed: " + AOT_ADVICE)
+        f"target {name} needs libtpu (jax[tpu]), which is not installed: " + AOT_ADVICE
+      )
     topo = topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=topology.topology_name,
-        chip_config_name=topology.chip_config_name,
-        chips_per_host_bounds=topology.chips_per_host_bounds,
-        num_slices=topology.num_slices,
-        wrap=topology.wrap,
+      platform="tpu",
+      topology_name=topology.topology_name,
+      chip_config_name=topology.chip_config_name,
+      chips_per_host_bounds=topology.chips_per_host_bounds,
+      num_slices=topology.num_slices,
+      wrap=topology.wrap,
     )
     return tuple(topo.devices)
 
   if not _cuda_plugin():
     raise ConfigError(
-        f"target {name} needs jax's CUDA plugin (jax-cuda12-plugin, or jax-cuda13-plugin with "
-        "JAX 0.11), which is not installed: " + AOT_ADVICE)
+      f"target {name} needs jax's CUDA plugin (jax-cuda12-plugin, or jax-cuda13-plugin with "
+      "JAX 0.11), which is not installed: " + AOT_ADVICE
+    )
   try:
     topo = topologies.get_topology_desc(
-        platform="cuda",
-        topology_name="",
-        target_config=gpu_target_config(topology.gpu),
-        topology=topology.topology,
+      platform="cuda",
+      topology_name="",
+      target_config=gpu_target_config(topology.gpu),
+      topology=topology.topology,
     )
   except NotImplementedError as e:
     # The plugin did not register: jax initialised its backends (and ran
     # the plugin's CUDA version check) before prepare_environment() set
     # JAX_SKIP_CUDA_CONSTRAINTS_CHECK.
     raise ConfigError(
-        f"target {name}: jax's CUDA plugin did not register ({e}); set "
-        "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment, or call "
-        "compressive.scale.targets.prepare_environment() before anything else "
-        "uses jax") from e
+      f"target {name}: jax's CUDA plugin did not register ({e}); set "
+      "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment, or call "
+      "compressive.scale.targets.prepare_environment() before anything else "
+      "uses jax"
+    ) from e
   return tuple(topo.devices)
 
 
@@ -264,32 +269,62 @@ _V5E_HBM = int(15.75 * GiB)
 _V5P_HBM = int(95.74 * GiB)
 
 _TARGET_LIST = [
-    Target("cpu", "cpu", None, 1, _host_memory_bytes(),
-           "this process's CPU devices"),
-    Target("tpu:v5e-8", "tpu", 8, 1, _V5E_HBM,
-           "TPU v5e (v5litepod-8): 2x4 chips, one host",
-           TpuTopology("v5e:2x4", (2, 4, 1))),
-    Target("tpu:v5e-32", "tpu", 32, 8, _V5E_HBM,
-           "TPU v5e (v5litepod-32): 4x8 chips, 8 hosts of 2x2",
-           TpuTopology("v5e:4x8", (2, 2, 1))),
-    Target("tpu:v5p-8", "tpu", 4, 1, _V5P_HBM,
-           "TPU v5p-8: 2x2x1 chips (8 TensorCores), one host",
-           TpuTopology("v5p:2x2x1", (2, 2, 1))),
+  Target("cpu", "cpu", None, 1, _host_memory_bytes(), "this process's CPU devices"),
+  Target(
+    "tpu:v5e-8",
+    "tpu",
+    8,
+    1,
+    _V5E_HBM,
+    "TPU v5e (v5litepod-8): 2x4 chips, one host",
+    TpuTopology("v5e:2x4", (2, 4, 1)),
+  ),
+  Target(
+    "tpu:v5e-32",
+    "tpu",
+    32,
+    8,
+    _V5E_HBM,
+    "TPU v5e (v5litepod-32): 4x8 chips, 8 hosts of 2x2",
+    TpuTopology("v5e:4x8", (2, 2, 1)),
+  ),
+  Target(
+    "tpu:v5p-8",
+    "tpu",
+    4,
+    1,
+    _V5P_HBM,
+    "TPU v5p-8: 2x2x1 chips (8 TensorCores), one host",
+    TpuTopology("v5p:2x2x1", (2, 2, 1)),
+  ),
 ]
-for _gpu, _label in (("h100-sxm", "h100"), ("h200-sxm", "h200"),
-                     ("a100-sxm4-80gb", "a100")):
+for _gpu, _label in (("h100-sxm", "h100"), ("h200-sxm", "h200"), ("a100-sxm4-80gb", "a100")):
   _spec = GPU_SPECS[_gpu]
   for _n in (1, 8):  # one GPU (configs/gpu1.py), one node of 8 (gpu8.py)
     _TARGET_LIST.append(
-        Target(f"gpu:{_label}-{_n}", "gpu", _n, 1, _spec["device_memory_size"],
-               f"{_spec['name']} x{_n}, one node",
-               GpuTopology(_gpu, 1, 1, _n)))
+      Target(
+        f"gpu:{_label}-{_n}",
+        "gpu",
+        _n,
+        1,
+        _spec["device_memory_size"],
+        f"{_spec['name']} x{_n}, one node",
+        GpuTopology(_gpu, 1, 1, _n),
+      )
+    )
 for _gpu, _label in (("h100-sxm", "h100"), ("h200-sxm", "h200")):
   _spec = GPU_SPECS[_gpu]
   _TARGET_LIST.append(
-      Target(f"gpu:{_label}-8x2", "gpu", 16, 2, _spec["device_memory_size"],
-             f"{_spec['name']} x8, two nodes (NVLink within each)",
-             GpuTopology(_gpu, 2, 1, 8)))
+    Target(
+      f"gpu:{_label}-8x2",
+      "gpu",
+      16,
+      2,
+      _spec["device_memory_size"],
+      f"{_spec['name']} x8, two nodes (NVLink within each)",
+      GpuTopology(_gpu, 2, 1, 8),
+    )
+  )
 
 TARGETS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 del _gpu, _label, _spec, _n
@@ -298,8 +333,7 @@ del _gpu, _label, _spec, _n
 def get(name: str) -> Target:
   """TARGETS[name] ("cpu" with its device count filled in)."""
   if name not in TARGETS:
-    raise ConfigError(
-        f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+    raise ConfigError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
   target = TARGETS[name]
   if target.platform == "cpu":
     target = dataclasses.replace(target, num_devices=len(target.devices()))

@@ -37,8 +37,9 @@ class _NoReadOnlyNotice(logging.Filter):
     return not str(record.msg).startswith("Given directory is read only")
 
 
-def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool
-             ) -> ocp.CheckpointManager:
+def _manager(
+  workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool
+) -> ocp.CheckpointManager:
   if read_only:
     # Evaluation, sampling and analysis never write, delete or clean up
     # anything, even while a training run is saving into the same workdir.
@@ -47,16 +48,21 @@ def _manager(workdir: str, max_to_keep: Optional[int], create: bool, read_only: 
   else:
     # The one trainer of the workdir (it holds its lock) removes what a save
     # that was killed or refused left half-written.
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           cleanup_tmp_directories=True)
-  handlers = {"state": ocp.StandardCheckpointHandler(), "memory": ocp.StandardCheckpointHandler(),
-              "data": ocp.JsonCheckpointHandler(), INTEGRITY: ocp.JsonCheckpointHandler()}
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=True
+    )
+  handlers = {
+    "state": ocp.StandardCheckpointHandler(),
+    "memory": ocp.StandardCheckpointHandler(),
+    "data": ocp.JsonCheckpointHandler(),
+    INTEGRITY: ocp.JsonCheckpointHandler(),
+  }
   notice, absl_log = _NoReadOnlyNotice(), logging.getLogger("absl")
   absl_log.addFilter(notice)
   try:
     return ocp.CheckpointManager(
-        layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options,
-        item_handlers=handlers)
+      layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options, item_handlers=handlers
+    )
   finally:
     absl_log.removeFilter(notice)
 
@@ -107,8 +113,10 @@ class NonFiniteStateError(NonFiniteError):
 def _cause(error: Exception) -> str:
   """Why a step could not be read, for its damage message."""
   if isinstance(error, savedjson.DamagedJSONError):  # names the file and the cause
-    return f"(its {os.path.basename(os.path.dirname(error.path))}/"\
-           f"{os.path.basename(error.path)}: {error.cause})"
+    return (
+      f"(its {os.path.basename(os.path.dirname(error.path))}/"
+      f"{os.path.basename(error.path)}: {error.cause})"
+    )
   first = str(error).splitlines()[0][:200] if str(error) else ""
   return f"({type(error).__name__}: {first})"
 
@@ -122,8 +130,9 @@ class Checkpointer:
   and NaNs are named as damage instead of restored.
   """
 
-  def __init__(self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True,
-               read_only: bool = False) -> None:
+  def __init__(
+    self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True, read_only: bool = False
+  ) -> None:
     run = layout.Workdir(os.path.abspath(workdir))
     self.directory = run.checkpoints
     self.skipped = run.skipped  # the damaged steps moved aside
@@ -133,9 +142,11 @@ class Checkpointer:
     self.deadline = remote.deadline_of(workdir)
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
-    self.advice = ("read an older step with --step, or let train.py --restore_intact move "
-                    "the damaged ones aside" if read_only else
-                    "train.py --restore_intact resumes from the newest intact checkpoint")
+    self.advice = (
+      "read an older step with --step, or let train.py --restore_intact move the damaged ones aside"
+      if read_only
+      else "train.py --restore_intact resumes from the newest intact checkpoint"
+    )
     orbax_errors.quiet_orbax_leftovers()
 
   def latest_step(self) -> Optional[int]:
@@ -151,8 +162,14 @@ class Checkpointer:
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
 
-  def save(self, step: int, state: Any, memory: Any, data_state: dict[str, np.ndarray],
-           identity: dict[str, Any]) -> None:
+  def save(
+    self,
+    step: int,
+    state: Any,
+    memory: Any,
+    data_state: dict[str, np.ndarray],
+    identity: dict[str, Any],
+  ) -> None:
     """Every process calls this; each writes its shards of `state` and
     `memory`, and the primary process writes `data_state` (the iterator
     position of every batch row) as JSON.
@@ -168,18 +185,29 @@ class Checkpointer:
     record = integrity.record(state, stored, data_json, identity)
     if record["nonfinite"]:  # the record's own flags, read with its checksums: nothing
       names = record["nonfinite"]  # non-finite is ever written (no reader calls it damage)
-      raise NonFiniteStateError(f"step {step} was not saved: {len(names)} array(s) of its "
-                                f"state are not finite ({', '.join(names[:3])})", names)
+      raise NonFiniteStateError(
+        f"step {step} was not saved: {len(names)} array(s) of its "
+        f"state are not finite ({', '.join(names[:3])})",
+        names,
+      )
     items[INTEGRITY] = ocp.args.JsonSave(record)
     # deferred(): a second signal's KeyboardInterrupt waits until the save
     # has started whole; the caller's close() then finishes it.
     with self._write_errors(), interrupts.deferred():  # the previous save's error surfaces here
-      storage.within(self.deadline, f"saving checkpoint {step} in {self.directory}",
-                     lambda: self._manager.save(step, args=ocp.args.Composite(**items)))
+      storage.within(
+        self.deadline,
+        f"saving checkpoint {step} in {self.directory}",
+        lambda: self._manager.save(step, args=ocp.args.Composite(**items)),
+      )
 
-  def restore(self, step: int, abstract_state: Any, abstract_memory: Any = None,
-              identity: Optional[dict[str, Any]] = None, accept: tuple[str, ...] = ()
-              ) -> tuple[Any, Any, dict[str, np.ndarray]]:
+  def restore(
+    self,
+    step: int,
+    abstract_state: Any,
+    abstract_memory: Any = None,
+    identity: Optional[dict[str, Any]] = None,
+    accept: tuple[str, ...] = (),
+  ) -> tuple[Any, Any, dict[str, np.ndarray]]:
     """Returns (state, memory or None, data_state) of `step`, verified.
 
     `abstract_*` give the structure, shapes, dtypes (and shardings) to restore
@@ -197,8 +225,9 @@ class Checkpointer:
       self.reload()
       if step not in self.all_steps():
         raise MissingStepError(
-            f"no checkpoint of step {step} in {self.directory}; saved steps are "
-            f"{self.all_steps() or 'none'}")
+          f"no checkpoint of step {step} in {self.directory}; saved steps are "
+          f"{self.all_steps() or 'none'}"
+        )
     self._check_shapes(step, abstract_state)
     error = None
     for delay in (0.0,) + READ_RETRY_DELAYS:
@@ -214,8 +243,9 @@ class Checkpointer:
         error = e
     else:
       assert error is not None  # every attempt failed, and there is at least one
-      raise DamagedCheckpointError(f"checkpoint {where} is damaged {_cause(error)}; "
-                                   f"{self.advice}") from None
+      raise DamagedCheckpointError(
+        f"checkpoint {where} is damaged {_cause(error)}; {self.advice}"
+      ) from None
     integrity.verify(where, record, restored, "memory" in items, identity, accept, self.advice)
     data_state = {k: np.asarray(v, np.int64) for k, v in restored["data"].items()}
     memory = None
@@ -229,8 +259,9 @@ class Checkpointer:
     cannot be parsed, an OSError when it cannot be opened."""
     return savedjson.read(os.path.join(self.step_dir(step), INTEGRITY, INTEGRITY_FILE))
 
-  def _read(self, step: int, abstract_state: Any, abstract_memory: Any
-            ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+  def _read(
+    self, step: int, abstract_state: Any, abstract_memory: Any
+  ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     """(integrity record, restored items, items asked for) of `step`, as
     stored: nothing verified yet."""
     items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
@@ -240,8 +271,11 @@ class Checkpointer:
     record = self.record(step)
     if abstract_memory is not None:
       sums = record.get("sums") if isinstance(record, dict) else None
-      saved = {name.split("/")[1] for name in (sums if isinstance(sums, dict) else {})
-               if isinstance(name, str) and name.startswith("memory/")}
+      saved = {
+        name.split("/")[1]
+        for name in (sums if isinstance(sums, dict) else {})
+        if isinstance(name, str) and name.startswith("memory/")
+      }
       wanted = {k: v for k, v in trees.nonempty_fields(abstract_memory).items() if k in saved}
       if wanted:
         items["memory"] = ocp.args.StandardRestore(wanted)
@@ -250,8 +284,10 @@ class Checkpointer:
   def _raise_if_gone(self, step: int) -> None:
     """MissingStepError if `step` was deleted while it was read."""
     if self._gone(step):
-      raise MissingStepError(f"checkpoint {self.step_dir(step)} was deleted while it was read "
-                             "(a running trainer rotated it away)") from None
+      raise MissingStepError(
+        f"checkpoint {self.step_dir(step)} was deleted while it was read "
+        "(a running trainer rotated it away)"
+      ) from None
 
   def _gone(self, step: int) -> bool:
     """Whether `step` has been deleted (or is being deleted) since it was listed."""
@@ -284,25 +320,35 @@ class Checkpointer:
     except Exception:
       return None
     wanted = trees.param_shapes(abstract_state)
-    diffs = [f"{name} {saved[name]} -> {wanted[name]}" for name in wanted
-             if name in saved and saved[name] != wanted[name]]
+    diffs = [
+      f"{name} {saved[name]} -> {wanted[name]}"
+      for name in wanted
+      if name in saved and saved[name] != wanted[name]
+    ]
     missing = [name for name in wanted if name not in saved]
     extra = [name for name in saved if name not in wanted]
     if not (diffs or missing or extra):
       return None
     parts = []
     if diffs:
-      parts.append(f"{len(diffs)} of {len(wanted)} have other shapes, saved -> config: "
-                   + "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else ""))
+      parts.append(
+        f"{len(diffs)} of {len(wanted)} have other shapes, saved -> config: "
+        + "; ".join(diffs[:3])
+        + ("; ..." if len(diffs) > 3 else "")
+      )
     if missing:
-      parts.append(f"not in the checkpoint: {', '.join(missing[:3])}"
-                   + (", ..." if len(missing) > 3 else ""))
+      parts.append(
+        f"not in the checkpoint: {', '.join(missing[:3])}" + (", ..." if len(missing) > 3 else "")
+      )
     if extra:
-      parts.append(f"only in the checkpoint: {', '.join(extra[:3])}"
-                   + (", ..." if len(extra) > 3 else ""))
-    return (f"parameter shapes differ between checkpoint {self.step_dir(step)} and the "
-            f"config's model ({'; '.join(parts)}): the config is not the one that trained it; "
-            "use the saved config (config.json) or another --workdir")
+      parts.append(
+        f"only in the checkpoint: {', '.join(extra[:3])}" + (", ..." if len(extra) > 3 else "")
+      )
+    return (
+      f"parameter shapes differ between checkpoint {self.step_dir(step)} and the "
+      f"config's model ({'; '.join(parts)}): the config is not the one that trained it; "
+      "use the saved config (config.json) or another --workdir"
+    )
 
   def skipped_steps(self) -> list:
     """The steps in checkpoints/skipped/ (moved aside by --restore_intact),
@@ -312,8 +358,9 @@ class Checkpointer:
     except FileNotFoundError:
       return []
     steps = [int(n) if n.isdigit() else n for n in names]
-    return sorted(steps, key=lambda n: [int(p) for p in str(n).split(".") if p.isdigit()],
-                  reverse=True)
+    return sorted(
+      steps, key=lambda n: [int(p) for p in str(n).split(".") if p.isdigit()], reverse=True
+    )
 
   def move_aside(self, step: int) -> str:
     """Moves a damaged step into checkpoints/skipped/ (where rotation never
@@ -333,8 +380,9 @@ class Checkpointer:
 
   def wait(self) -> None:
     with self._write_errors():
-      storage.within(self.deadline, f"finishing the save in {self.directory}",
-                     self._manager.wait_until_finished)
+      storage.within(
+        self.deadline, f"finishing the save in {self.directory}", self._manager.wait_until_finished
+      )
 
   def close(self) -> None:
     if self.deadline is not None and storage.stalled():
@@ -366,5 +414,6 @@ class Checkpointer:
         raise
       saved = [s for s in self._manager.all_steps()]
       raise CheckpointWriteError(
-          f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
-          f"saved before are intact (steps {saved or 'none'})") from e
+        f"cannot save a checkpoint in {self.directory}: {os.strerror(code)}; the checkpoints "
+        f"saved before are intact (steps {saved or 'none'})"
+      ) from e

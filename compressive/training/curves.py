@@ -24,14 +24,18 @@ _log = logging.getLogger("compressive")
 def _points(rows: list[dict]) -> tuple[str, list[tuple[int, float]]]:
   """(the bits' name, (step, bits) of every record that holds them)."""
   name = "bits_per_byte" if any("bits_per_byte" in r for r in rows) else "bits_per_token"
-  return name, [(int(r["step"]), float(r[name])) for r in rows
-                if isinstance(r.get(name), (int, float)) and "step" in r]
+  return name, [
+    (int(r["step"]), float(r[name]))
+    for r in rows
+    if isinstance(r.get(name), (int, float)) and "step" in r
+  ]
 
 
 def draw(workdir: str) -> dict:
   """Writes the figure; what it shows: its path, its title and the points
   drawn."""
   from matplotlib.figure import Figure  # no pyplot: no global state, any thread
+
   run = layout.Workdir(workdir)
   name, train = _points(read_jsonl(run.metrics("train")))
   _, evals = _points(read_jsonl(run.metrics("eval")))
@@ -50,8 +54,12 @@ def draw(workdir: str) -> dict:
   ax.set_title(title, fontsize=9)
   with files.replacing(run.curves, binary=True) as f:
     fig.savefig(f, format="png", dpi=100)
-  return {"figure": run.curves, "title": title, "train_points": len(train),
-          "eval_points": len(evals)}
+  return {
+    "figure": run.curves,
+    "title": title,
+    "train_points": len(train),
+    "eval_points": len(evals),
+  }
 
 
 def draw_at_the_end(workdir: str) -> Optional[str]:
@@ -62,6 +70,9 @@ def draw_at_the_end(workdir: str) -> Optional[str]:
     _log.info("training curve: %s", figure)
     return figure
   except OSError as e:
-    _log.warning("the training curve was not drawn: cannot write %s: %s",
-                 layout.Workdir(workdir).curves, e.strerror or e)
+    _log.warning(
+      "the training curve was not drawn: cannot write %s: %s",
+      layout.Workdir(workdir).curves,
+      e.strerror or e,
+    )
     return None

@@ -41,7 +41,9 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
       runconfig.check_resume_config(workdir, experiment)
   device = setup.layout.mesh.devices.flat[0]
   where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
-  return (f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
-          f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
-          f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
-          f"{data_lib.describe(data, counts)}; nothing trained or written")
+  return (
+    f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
+    f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "
+    f"devices ({device.device_kind}), {experiment.train.num_train_steps} steps; "
+    f"{data_lib.describe(data, counts)}; nothing trained or written"
+  )

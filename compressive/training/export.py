@@ -49,8 +49,13 @@ VERSION = 2
 # What every export.json of the version read holds, and of what type (a
 # null is damage wherever a check value belongs; the identity's corpus
 # digest is null for a source without one).
-FIELDS = {"step": int, "integrity": {"sums": dict}, "identity": integrity_lib.IDENTITY_FIELDS,
-          "config_sha256": str, "sha256": str}
+FIELDS = {
+  "step": int,
+  "integrity": {"sums": dict},
+  "identity": integrity_lib.IDENTITY_FIELDS,
+  "config_sha256": str,
+  "sha256": str,
+}
 # Every field an export.json of the version read holds (exporting.py writes
 # them): any other is damage, never read.
 WRITTEN = ("format", "version", "source", *FIELDS)
@@ -69,16 +74,21 @@ def _check_version(name: str, version: Any) -> None:
   checks, so it is not read (docs/LONG_RUNS.md); its workdir exports again."""
   is_int = isinstance(version, int) and not isinstance(version, bool)
   if is_int and version > VERSION:
-    raise CheckpointError(f"{name} is export format version {version}; this version of "
-                          f"compressive reads version {VERSION}")
+    raise CheckpointError(
+      f"{name} is export format version {version}; this version of "
+      f"compressive reads version {VERSION}"
+    )
   if version == 1 and is_int:
-    raise CheckpointError(f"{name} is export format version 1, which recorded neither the "
-                          "run's identity nor always its digests, and cannot be told from a "
-                          "newer export stripped of them: it is not read; export the workdir "
-                          "again")
+    raise CheckpointError(
+      f"{name} is export format version 1, which recorded neither the "
+      "run's identity nor always its digests, and cannot be told from a "
+      "newer export stripped of them: it is not read; export the workdir "
+      "again"
+    )
   if version != VERSION or not is_int:
-    raise CheckpointError(f"{name} is damaged: its version is {version!r}; export the workdir "
-                          "again")
+    raise CheckpointError(
+      f"{name} is damaged: its version is {version!r}; export the workdir again"
+    )
 
 
 def read_manifest(path: str) -> dict[str, Any]:
@@ -96,26 +106,36 @@ def read_manifest(path: str) -> dict[str, Any]:
   missing, wrong = integrity_lib.field_problems(manifest, FIELDS)
   if missing or wrong:
     held = f"it lacks {', '.join(missing)}" if missing else f"it holds {', '.join(wrong)}"
-    raise CheckpointError(f"{name} is damaged: {held} (every export of version {VERSION} "
-                          f"{'holds it' if missing else 'holds a value there'}); export the "
-                          "workdir again")
+    raise CheckpointError(
+      f"{name} is damaged: {held} (every export of version {VERSION} "
+      f"{'holds it' if missing else 'holds a value there'}); export the "
+      "workdir again"
+    )
   unknown = sorted(str(k) for k in manifest if k not in WRITTEN)
-  problem = (f"{unknown[0][:80]!r}, a field no export of version {VERSION} holds" if unknown
-             else integrity_lib.identity_problem(manifest["identity"]))
+  problem = (
+    f"{unknown[0][:80]!r}, a field no export of version {VERSION} holds"
+    if unknown
+    else integrity_lib.identity_problem(manifest["identity"])
+  )
   if problem:
     raise CheckpointError(f"{name} is damaged: its {problem}; export the workdir again")
   config_path = layout.Export(path).config
   if files.kind(config_path) != "file":
-    raise CheckpointError(f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "
-                          "not a file; export the workdir again")
+    raise CheckpointError(
+      f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "
+      "not a file; export the workdir again"
+    )
   # The manifest itself and the config beside it must be as written (an
   # edit is refused, by name).
   if manifest["sha256"] != manifest_digest(manifest):
-    raise CheckpointError(f"{name} was changed since it was written (its digest differs); "
-                          "export the workdir again")
+    raise CheckpointError(
+      f"{name} was changed since it was written (its digest differs); export the workdir again"
+    )
   if manifest["config_sha256"] != file_digest(config_path):
-    raise CheckpointError(f"{config_path} was changed since the export was written (its digest "
-                          "differs from export.json's); export the workdir again")
+    raise CheckpointError(
+      f"{config_path} was changed since the export was written (its digest "
+      "differs from export.json's); export the workdir again"
+    )
   return manifest
 
 
@@ -139,6 +159,7 @@ def check_identity(path: str, experiment: Any, step: Optional[int] = None) -> No
   newest), was saved with: an edited config.json's model or data section,
   or a tokenizer retrained in place. The load compares the same again."""
   from compressive.training import inference
+
   if is_export(path):
     where, saved = f"export {path}", read_manifest(path).get("identity")
   else:
@@ -150,7 +171,8 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """{path: shape} of the arrays (or their metadata) in `tree`; ValueError
   for a leaf that is none (metadata Orbax could not read)."""
   leaves = jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
+    tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict)
+  )
   if not leaves or any(not hasattr(x, "shape") for _, x in leaves):
     raise ValueError(f"no parameters' shapes in {layout.PARAMS_DIR}/")
   return {sharding.path_str(p): tuple(int(n) for n in x.shape) for p, x in leaves}
@@ -163,15 +185,17 @@ def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> 
   diffs = [f"{n} {saved[n]} -> {wanted[n]}" for n in wanted if n in saved and saved[n] != wanted[n]]
   missing = [n for n in wanted if n not in saved]
   extra = [n for n in saved if n not in wanted]
-  parts = ([f"{len(diffs)} have other shapes, saved -> config: " + "; ".join(diffs[:3])]
-           if diffs else [])
+  parts = (
+    [f"{len(diffs)} have other shapes, saved -> config: " + "; ".join(diffs[:3])] if diffs else []
+  )
   if missing:
     parts.append("not in the export: " + ", ".join(missing[:3]))
   if extra:
     parts.append("only in the export: " + ", ".join(extra[:3]))
   raise ckpt_lib.ShapeMismatchError(
-      f"parameter shapes differ between export {path} and the config's model "
-      f"({'; '.join(parts)}): use the export's own config (config.json)")
+    f"parameter shapes differ between export {path} and the config's model "
+    f"({'; '.join(parts)}): use the export's own config (config.json)"
+  )
 
 
 def manifest_of_step(path: str, step: Optional[int] = None) -> dict[str, Any]:
@@ -180,23 +204,27 @@ def manifest_of_step(path: str, step: Optional[int] = None) -> dict[str, Any]:
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
     raise ckpt_lib.MissingStepError(
-        f"{path} is an export of step {manifest['step']} only, not of step {step}")
+      f"{path} is an export of step {manifest['step']} only, not of step {step}"
+    )
   return manifest
 
 
-def open_export(path: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
-                ) -> tuple[Any, int]:
+def open_export(
+  path: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
+) -> tuple[Any, int]:
   """(model, step) of the export at `path`, its parameters restored onto
   the run's setup (setup.build_setup: the experiment's shapes on its mesh)
   and verified: the step (`step`, if given, must be the exported one), the
   run's identity, the shapes and the checksums."""
   from compressive.training import inference
   from compressive.training import setup as setup_lib
+
   manifest = manifest_of_step(path, step)
   # The run's identity, as a checkpoint's is compared: another tokenizer
   # (a SentencePiece model retrained in place), model or data config.
-  integrity_lib.compare_identity(f"export {path}", manifest.get("identity"),
-                            inference.reader_identity(experiment), ())
+  integrity_lib.compare_identity(
+    f"export {path}", manifest.get("identity"), inference.reader_identity(experiment), ()
+  )
   setup = setup_lib.build_setup(experiment)
   params = _read_params(path, setup.abstract_state.params, setup.layout.state.params)
   got = integrity_lib.fingerprint(params)
@@ -205,8 +233,9 @@ def open_export(path: str, experiment: experiment_lib.Experiment, step: Optional
   bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
   if bad:
     raise CheckpointError(
-        f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
-        f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again")
+      f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
+      f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again"
+    )
   return inference.model_of(setup, params), manifest["step"]
 
 
@@ -219,20 +248,26 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
   where = layout.Export(path).params
   where = where if remote.is_remote(where) else os.path.abspath(where)
   if not remote.isdir(where):
-    raise CheckpointError(f"export {path} is damaged: its {layout.PARAMS_DIR}/ folder is missing; "
-                          "export the workdir again")
+    raise CheckpointError(
+      f"export {path} is damaged: its {layout.PARAMS_DIR}/ folder is missing; "
+      "export the workdir again"
+    )
   with ocp.StandardCheckpointer() as checkpointer:
     try:
       saved = checkpointer.metadata(where)
       saved = _shapes(getattr(saved, "item_metadata", None) or getattr(saved, "tree", saved))
     except Exception as e:  # Orbax raises many kinds on missing or bad files
-      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
-                            "export the workdir again") from e
+      raise CheckpointError(
+        f"export {path} is damaged ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+        "export the workdir again"
+      ) from e
     _check_shapes(path, saved, abstract_params)
     try:
       return checkpointer.restore(where, trees.abstract(abstract_params, shardings))
     except Exception as e:
-      raise CheckpointError(f"export {path} is damaged ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
-                            "export the workdir again") from e
+      raise CheckpointError(
+        f"export {path} is damaged ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
+        "export the workdir again"
+      ) from e

@@ -35,8 +35,10 @@ def check_output(output: str, workdir: str, label: Optional[str] = None) -> None
   parent = os.path.dirname(os.path.abspath(output))
   limit = _name_max(parent)
   if len(os.fsencode(name)) > limit:
-    raise ConfigError(f"{label}: the folder's name is {len(os.fsencode(name))} bytes long; this "
-                      f"filesystem takes at most {limit}")
+    raise ConfigError(
+      f"{label}: the folder's name is {len(os.fsencode(name))} bytes long; this "
+      f"filesystem takes at most {limit}"
+    )
   if os.path.lexists(output):
     if not os.path.isdir(output):
       raise ConfigError(f"{label} exists and is not a folder: give a new or empty folder")
@@ -46,8 +48,9 @@ def check_output(output: str, workdir: str, label: Optional[str] = None) -> None
   source = os.path.realpath(workdir)
   checkpoints = layout.Workdir(source).checkpoints
   if target == source or target == checkpoints or target.startswith(checkpoints + os.sep):
-    raise ConfigError(f"{label} is inside the workdir {workdir}'s checkpoints: give a folder "
-                      "outside them")
+    raise ConfigError(
+      f"{label} is inside the workdir {workdir}'s checkpoints: give a folder outside them"
+    )
 
 
 def export(workdir: str, output: str, step: Optional[int] = None) -> int:
@@ -60,8 +63,9 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   """
   check_output(output, workdir)
   if export_lib.is_export(workdir):
-    raise CheckpointError(f"{workdir} is an export already (parameters only), not a "
-                          "training workdir")
+    raise CheckpointError(
+      f"{workdir} is an export already (parameters only), not a training workdir"
+    )
   config = runconfig.load_config(workdir)  # as saved, which the export holds
   # Read through the one door, as a copy refitted to this machine's devices.
   reading = config.copy_and_resolve_references()
@@ -87,11 +91,15 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
       with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(written.params, params)
       runconfig.write_config(partial, config.to_dict())  # as the run saved it
-      manifest = {"format": export_lib.FORMAT, "version": export_lib.VERSION, "step": int(step),
-                  "source": remote.url_of(workdir) or os.path.abspath(workdir),
-                  "integrity": integrity,
-                  "identity": identity,
-                  "config_sha256": export_lib.file_digest(written.config)}
+      manifest = {
+        "format": export_lib.FORMAT,
+        "version": export_lib.VERSION,
+        "step": int(step),
+        "source": remote.url_of(workdir) or os.path.abspath(workdir),
+        "integrity": integrity,
+        "identity": identity,
+        "config_sha256": export_lib.file_digest(written.config),
+      }
       manifest["sha256"] = export_lib.manifest_digest(manifest)
       with open(written.manifest, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
@@ -110,14 +118,19 @@ def _identity_of(workdir: str, step: int, experiment: Any) -> dict[str, Any]:
   _, saved = inference.saved_identity(workdir, step)
   here = inference.reader_identity(experiment)
   saved = saved or {}
-  identity = {part: saved.get(part) if saved.get(part) is not None else here.get(part)
-              for part in integrity_lib.IDENTITY_PARTS}
-  _, wrong = integrity_lib.field_problems({"identity": identity},
-                                          {"identity": integrity_lib.IDENTITY_FIELDS})
+  identity = {
+    part: saved.get(part) if saved.get(part) is not None else here.get(part)
+    for part in integrity_lib.IDENTITY_PARTS
+  }
+  _, wrong = integrity_lib.field_problems(
+    {"identity": identity}, {"identity": integrity_lib.IDENTITY_FIELDS}
+  )
   if wrong:  # e.g. an old checkpoint's SentencePiece model not on this machine
-    raise CheckpointError(f"cannot export {workdir}: the run's identity is not known whole "
-                          f"({', '.join(wrong)}), and an export never records a null there; "
-                          "export it where its tokenizer can be read")
+    raise CheckpointError(
+      f"cannot export {workdir}: the run's identity is not known whole "
+      f"({', '.join(wrong)}), and an export never records a null there; "
+      "export it where its tokenizer can be read"
+    )
   return identity
 
 
@@ -139,7 +152,7 @@ def _remove_abandoned_partials(parent: str) -> None:
     if not name.startswith(layout.PARTIAL_EXPORT_PREFIX):
       continue
     try:
-      pid = int(name[len(layout.PARTIAL_EXPORT_PREFIX):])
+      pid = int(name[len(layout.PARTIAL_EXPORT_PREFIX) :])
       os.kill(pid, 0)
       continue  # another export is writing it
     except ProcessLookupError:

@@ -35,13 +35,17 @@ def saved_experiment(path: str) -> experiment_lib.Experiment:
   (config.check_to_read)."""
   config = runconfig.load_config(path)
   if config_lib.fit_mesh_to_devices(config):
-    _log.info("the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
-              jax.device_count(), config.mesh.shape)
+    _log.info(
+      "the saved mesh does not fit %d devices; loading onto mesh.shape=%s",
+      jax.device_count(),
+      config.mesh.shape,
+    )
   return config_lib.check_to_read(config)
 
 
-def open_workdir(workdir: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
-                 ) -> tuple[CompressiveTransformer, int]:
+def open_workdir(
+  workdir: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
+) -> tuple[CompressiveTransformer, int]:
   """(model, step) of `workdir`'s checkpoint `step` (default the newest),
   restored onto the run's setup (setup.build_setup: the experiment's
   shapes on its mesh) and verified (checksums, finite values, identity)."""
@@ -67,8 +71,11 @@ def reader_identity(experiment: experiment_lib.Experiment) -> dict:
   recorded, from the experiment it opens the run as: the model config, the
   tokenizer (when it can be built here) and the data config's generating
   fields. Not the corpus's content: a reader measures the corpus as it is."""
-  return integrity.run_identity(experiment.model, _tokenizer_identity(experiment.data),
-                               data=data_lib.data_identity(experiment.data))
+  return integrity.run_identity(
+    experiment.model,
+    _tokenizer_identity(experiment.data),
+    data=data_lib.data_identity(experiment.data),
+  )
 
 
 def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
@@ -105,8 +112,13 @@ def _tokenizer_identity(data_config: data_lib.DataConfig) -> Optional[str]:
     return None
 
 
-def _restore_newest(checkpointer: ckpt_lib.Checkpointer, step: Optional[int], abstract_state: Any,
-                    identity: dict[str, Any], attempts: int = 20) -> tuple[int, Any]:
+def _restore_newest(
+  checkpointer: ckpt_lib.Checkpointer,
+  step: Optional[int],
+  abstract_state: Any,
+  identity: dict[str, Any],
+  attempts: int = 20,
+) -> tuple[int, Any]:
   """(step, train state) of `step`, or of the newest checkpoint: a reader takes
   no lock, so a running trainer may rotate the step away while it is read;
   then the steps are listed again and the newest is read instead."""

@@ -45,6 +45,7 @@ class UnknownRecordError(CheckpointError):
   it: the two cannot be told apart). Not damage: --restore_intact never
   moves such a step aside."""
 
+
 def json_digest(value: Any) -> str:
   """sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
   canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -61,9 +62,12 @@ RECORD_VERSION = 2
 IDENTITY_PARTS = ("model", "tokenizer", "data", "corpus")
 
 
-def run_identity(model: Any, tokenizer_identity: Optional[str] = None,
-                 corpus: Optional[str] = None,
-                 data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_identity(
+  model: Any,
+  tokenizer_identity: Optional[str] = None,
+  corpus: Optional[str] = None,
+  data: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
   """What a checkpoint's numbers mean beyond their shapes: the model config
   (`model`: the run's ModelConfig, every field recorded as JSON; a post-norm
   model read as pre-norm has the same shapes), the tokenizer
@@ -75,28 +79,44 @@ def run_identity(model: Any, tokenizer_identity: Optional[str] = None,
   present. A reader leaves the parts it cannot know None (not compared); a
   checkpoint records each but the corpus, which is None only for a source
   without a digest (record())."""
-  return {"model": json.loads(json.dumps(dataclasses.asdict(model))),
-          "tokenizer": tokenizer_identity, "data": data, "corpus": corpus}
+  return {
+    "model": json.loads(json.dumps(dataclasses.asdict(model))),
+    "tokenizer": tokenizer_identity,
+    "data": data,
+    "corpus": corpus,
+  }
 
 
 # How the model runs, not what it computes: these may change between the
 # run that saved a checkpoint and one that restores it.
 RUNTIME_MODEL_FIELDS = frozenset(
-    ("dtype", "remat", "attention_chunk_size", "attention_implementation", "dropout_rate",
-     "scan_layers", "memory_gradient"))
+  (
+    "dtype",
+    "remat",
+    "attention_chunk_size",
+    "attention_implementation",
+    "dropout_rate",
+    "scan_layers",
+    "memory_gradient",
+  )
+)
 
-_WHAT = {"model": "the model config", "tokenizer": "the tokenizer",
-         "data": "the data config", "corpus": "the training corpus"}
+_WHAT = {
+  "model": "the model config",
+  "tokenizer": "the tokenizer",
+  "data": "the data config",
+  "corpus": "the training corpus",
+}
 _FIX = {
-    "model": "config.json was edited, or the workdir holds another run's config: restore the "
-             "run's config.json",
-    "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
-                 "the model the run was trained with",
-    "data": "the data section is not the run's (config.json edited, or another --config): "
-            "restore the run's data config, or, resuming, pass --accept_changed_corpus to go "
-            "on training on other data deliberately",
-    "corpus": "files were added, removed or changed since: restore the corpus, or pass "
-              "--accept_changed_corpus to go on training on it deliberately",
+  "model": "config.json was edited, or the workdir holds another run's config: restore the "
+  "run's config.json",
+  "tokenizer": "the SentencePiece model (data.spm_model) was changed or retrained since: use "
+  "the model the run was trained with",
+  "data": "the data section is not the run's (config.json edited, or another --config): "
+  "restore the run's data config, or, resuming, pass --accept_changed_corpus to go "
+  "on training on other data deliberately",
+  "corpus": "files were added, removed or changed since: restore the corpus, or pass "
+  "--accept_changed_corpus to go on training on it deliberately",
 }
 
 
@@ -106,6 +126,7 @@ def _model_fields(model: Any) -> dict[str, Any]:
   written before a field existed ran with its default. A section this
   version cannot read is compared as it is written."""
   from compressive.model.config import ModelConfig
+
   try:
     return dataclasses.asdict(ModelConfig.from_config(model))
   except (ConfigError, TypeError):
@@ -119,9 +140,12 @@ def _parameter_shapes(fields: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
   from compressive.model.config import ModelConfig
   from compressive.model.transformer import CompressiveTransformer
+
   model = nnx.eval_shape(lambda: CompressiveTransformer(ModelConfig(**fields), rngs=nnx.Rngs(0)))
-  return {"/".join(str(k) for k in path): tuple(var.get_value().shape)
-          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  return {
+    "/".join(str(k) for k in path): tuple(var.get_value().shape)
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+  }
 
 
 def model_differences(saved: Any, current: Any) -> list[str]:
@@ -160,8 +184,12 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   return f"{'none recorded' if a is None else a} -> {b}"
 
 
-def compare_identity(where: str, saved: Optional[dict[str, Any]],
-                     current: Optional[dict[str, Any]], accept: tuple[str, ...]) -> None:
+def compare_identity(
+  where: str,
+  saved: Optional[dict[str, Any]],
+  current: Optional[dict[str, Any]],
+  accept: tuple[str, ...],
+) -> None:
   """RunMismatchError naming what differs between the saved and the current
   identity. `where` names what was saved ("checkpoint DIR/6", "export DIR").
   A part unknown here (None) is not compared. A corpus digest recorded as
@@ -176,12 +204,12 @@ def compare_identity(where: str, saved: Optional[dict[str, Any]],
     what = _differences(part, a, b)
     if what is None:
       continue
-    message = (f"{_WHAT[part]} differs from the one {where} was saved with "
-               f"({what}): {_FIX[part]}")
+    message = f"{_WHAT[part]} differs from the one {where} was saved with ({what}): {_FIX[part]}"
     if part in accept:
       logging.getLogger("compressive").warning("%s (accepted)", message.split(": ")[0])
       continue
     raise RunMismatchError(message)
+
 
 def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) -> dict[str, Any]:
   """The integrity record of a save: its version, the fingerprint of
@@ -207,7 +235,7 @@ def record(state: Any, memory: Any, data_json: Any, identity: dict[str, Any]) ->
 _NULLABLE = (str, type(None))
 IDENTITY_FIELDS = {"model": dict, "tokenizer": str, "data": dict, "corpus": _NULLABLE}
 RECORD_FIELDS = {
-    2: {"sums": dict, "nonfinite": list, "data_sha256": str, "identity": IDENTITY_FIELDS},
+  2: {"sums": dict, "nonfinite": list, "data_sha256": str, "identity": IDENTITY_FIELDS},
 }
 _NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
 
@@ -230,8 +258,9 @@ def field_problems(value: dict, fields: dict, prefix: str = "") -> tuple[list[st
         continue
       kind = dict
     if not isinstance(item, kind) or (isinstance(item, bool) and kind is int):
-      wrong.append(f"{prefix}{name} " + ("null" if item is None else
-                                         f"not {_NAMES.get(kind, 'of its type')}"))
+      wrong.append(
+        f"{prefix}{name} " + ("null" if item is None else f"not {_NAMES.get(kind, 'of its type')}")
+      )
   return missing, wrong
 
 
@@ -240,25 +269,29 @@ def _record_version(where: str, saved: Any, advice: str) -> int:
   or a version that is no version, UnknownRecordError for a newer one and
   for none named."""
   if not isinstance(saved, dict):
-    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record holds "
-                                 f"no fields; {advice}")
+    raise DamagedCheckpointError(
+      f"checkpoint {where} is damaged: its integrity record holds no fields; {advice}"
+    )
   version = saved.get("version")
   is_int = isinstance(version, int) and not isinstance(version, bool)
   if isinstance(version, int) and is_int and version in RECORD_FIELDS:
     return version
   if "version" not in saved:
     raise UnknownRecordError(
-        f"checkpoint {where} is not read: its integrity record names no version, as records "
-        "written before version 2 (before 2026-12-02) did and as a newer one stripped of its "
-        "checks would, and the two cannot be told apart (docs/LONG_RUNS.md §Long runs: "
-        "nothing lost)")
+      f"checkpoint {where} is not read: its integrity record names no version, as records "
+      "written before version 2 (before 2026-12-02) did and as a newer one stripped of its "
+      "checks would, and the two cannot be told apart (docs/LONG_RUNS.md §Long runs: "
+      "nothing lost)"
+    )
   if isinstance(version, int) and is_int and version > RECORD_VERSION:
     raise UnknownRecordError(
-        f"checkpoint {where} was written by a newer version of compressive (integrity record "
-        f"version {version}; this one reads version {RECORD_VERSION}): update compressive to "
-        "read it")
-  raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
-                               f"version is {version!r}; {advice}")
+      f"checkpoint {where} was written by a newer version of compressive (integrity record "
+      f"version {version}; this one reads version {RECORD_VERSION}): update compressive to "
+      "read it"
+    )
+  raise DamagedCheckpointError(
+    f"checkpoint {where} is damaged: its integrity record's version is {version!r}; {advice}"
+  )
 
 
 def check_record(where: str, saved: Any, advice: str) -> None:
@@ -273,12 +306,14 @@ def check_record(where: str, saved: Any, advice: str) -> None:
   if missing or wrong:
     held = f"lacks {', '.join(missing)}" if missing else f"holds {', '.join(wrong)}"
     raise DamagedCheckpointError(
-        f"checkpoint {where} is damaged: its integrity record {held} (a record of version "
-        f"{version} {'always holds it' if missing else 'holds a value there'}); {advice}")
+      f"checkpoint {where} is damaged: its integrity record {held} (a record of version "
+      f"{version} {'always holds it' if missing else 'holds a value there'}); {advice}"
+    )
   problem = identity_problem(saved["identity"])
   if problem:
-    raise DamagedCheckpointError(f"checkpoint {where} is damaged: its integrity record's "
-                                 f"{problem}; {advice}")
+    raise DamagedCheckpointError(
+      f"checkpoint {where} is damaged: its integrity record's {problem}; {advice}"
+    )
 
 
 def identity_problem(identity: dict) -> Optional[str]:
@@ -289,6 +324,7 @@ def identity_problem(identity: dict) -> Optional[str]:
   not know or does not record (where its files are); None when nothing."""
   from compressive.data import registry
   from compressive.model.config import ModelConfig
+
   try:
     values.check_section(ModelConfig, identity["model"], "identity.model.")
     data = identity["data"]
@@ -300,39 +336,53 @@ def identity_problem(identity: dict) -> Optional[str]:
         continue  # a plugin's section: its schema is known once it is imported
       if key != source:
         return f"identity.data.{key} is not the section of data.source={source!r}"
-      values.check_section(registry.get(source).schema, section, f"identity.data.{key}.",
-                           derived=registry.get(source).location_fields)
+      values.check_section(
+        registry.get(source).schema,
+        section,
+        f"identity.data.{key}.",
+        derived=registry.get(source).location_fields,
+      )
   except ConfigError as e:
     return str(e)
   return None
 
 
-def verify(where: str, saved: dict[str, Any], restored: Any, with_memory: bool,
-           identity: Optional[dict[str, Any]], accept: tuple[str, ...], advice: str) -> None:
+def verify(
+  where: str,
+  saved: dict[str, Any],
+  restored: Any,
+  with_memory: bool,
+  identity: Optional[dict[str, Any]],
+  accept: tuple[str, ...],
+  advice: str,
+) -> None:
   """DamagedCheckpointError if what was read from checkpoint `where` differs
   from its integrity record `saved` (a field missing, checksums, non-finite
   values, the data position); RunMismatchError if it was saved by another
   run than `identity` (parts named in `accept` only warn). `advice`: what
   the error suggests."""
   check_record(where, saved, advice)
-  got = fingerprint({"state": restored["state"],
-                     "memory": restored.get("memory") or {}} if with_memory
-                    else {"state": restored["state"]})
-  bad = [name for name, sums in got["sums"].items()
-         if saved.get("sums", {}).get(name) != sums]
+  got = fingerprint(
+    {"state": restored["state"], "memory": restored.get("memory") or {}}
+    if with_memory
+    else {"state": restored["state"]}
+  )
+  bad = [name for name, sums in got["sums"].items() if saved.get("sums", {}).get(name) != sums]
   if bad:
     raise DamagedCheckpointError(
-        f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
-        f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-        f"{advice}")
+      f"checkpoint {where} is damaged: {len(bad)} array(s) differ from the checksums "
+      f"saved with them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+      f"{advice}"
+    )
   if got["nonfinite"]:
     raise DamagedCheckpointError(
-        f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); "
-        f"{advice}")
+      f"checkpoint {where} holds non-finite values ({', '.join(got['nonfinite'][:3])}); {advice}"
+    )
   if json_digest(restored["data"]) != saved["data_sha256"]:
     raise DamagedCheckpointError(
-        f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
-        f"saved with it; {advice}")
+      f"checkpoint {where} is damaged: its data position (data/) differs from the digest "
+      f"saved with it; {advice}"
+    )
   compare_identity(f"checkpoint {where}", saved.get("identity"), identity, accept)
 
 
@@ -347,6 +397,7 @@ def path_name(path: jax.tree_util.KeyPath) -> str:
     else:
       parts.append(str(k))
   return "/".join(parts)
+
 
 def _bits(x: jax.Array) -> jax.Array:
   """The array's bits as uint32 words (bool and 1-2 byte types widened)."""
@@ -368,8 +419,9 @@ def _fingerprints(leaves: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Ar
     words = _bits(x).reshape(-1)
     weights = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
     sums.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * weights).sum(dtype=jnp.uint32)]))
-    finite.append(jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating)
-                  else jnp.bool_(True))
+    finite.append(
+      jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.floating) else jnp.bool_(True)
+    )
   return sums, finite
 
 
@@ -380,11 +432,14 @@ def fingerprint(tree: Any) -> dict[str, Any]:
   it costs no host transfer of the arrays and works on any mesh and any
   number of processes: the sums come back replicated.
   """
-  named = [(path_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-           if np.prod(x.shape) > 0]
+  named = [
+    (path_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree) if np.prod(x.shape) > 0
+  ]
   if not named:
     return {"sums": {}, "nonfinite": []}
   sums, finite = _fingerprints([x for _, x in named])
   sums = [np.asarray(s).tolist() for s in sums]
-  return {"sums": {name: s for (name, _), s in zip(named, sums)},
-          "nonfinite": [name for (name, _), ok in zip(named, finite) if not bool(ok)]}
+  return {
+    "sums": {name: s for (name, _), s in zip(named, sums)},
+    "nonfinite": [name for (name, _), ok in zip(named, finite) if not bool(ok)],
+  }

@@ -86,9 +86,9 @@ def preemption_service() -> bool:
   process of a notice, and agrees on a step to stop at
   (`multihost_utils.reached_preemption_sync_point`)."""
   import jax
+
   # jax's Config stub declares only some of its flags.
-  return jax.process_count() > 1 and bool(
-      jax.config.jax_enable_preemption_service)  # type: ignore[attr-defined]
+  return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)  # type: ignore[attr-defined]
 
 
 class _Holder:
@@ -112,8 +112,11 @@ def _adopt_holders() -> None:
   """Takes over the signals a holder installed by the script held (a
   function with a `signals` list: the repository's train.py installs one
   before anything of the package, and JAX, is imported)."""
-  holders: dict[int, Any] = {id(h): h for h in map(signal.getsignal, EARLY_SIGNALS)
-             if h is not _hold and isinstance(getattr(h, "signals", None), list)}
+  holders: dict[int, Any] = {
+    id(h): h
+    for h in map(signal.getsignal, EARLY_SIGNALS)
+    if h is not _hold and isinstance(getattr(h, "signals", None), list)
+  }
   for holder in holders.values():
     _hold.signals.extend(holder.signals)
     _received.extend(holder.signals)
@@ -161,6 +164,7 @@ class StopAgreement:
 
   def __init__(self, checkpoint_every_steps: int, should_stop: Optional[Callable[[], bool]]):
     import jax
+
     self.checkpoint_every_steps, self.should_stop = checkpoint_every_steps, should_stop
     self.processes = jax.process_count()
 
@@ -169,6 +173,7 @@ class StopAgreement:
     if self.processes == 1:
       return local
     from jax.experimental import multihost_utils
+
     if preemption_service() and multihost_utils.reached_preemption_sync_point(step):
       return True
     every = self.checkpoint_every_steps
@@ -182,6 +187,7 @@ def agree(flag: bool) -> bool:
   import jax
   from jax.experimental import multihost_utils
   import numpy as np
+
   if jax.process_count() == 1:
     return flag
   return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
@@ -221,7 +227,8 @@ class SignalStop:
       interrupt(self._interrupt)
       return
     logging.getLogger("compressive").warning(
-        "%s received: stopping after this step", signal.Signals(signum).name)
+      "%s received: stopping after this step", signal.Signals(signum).name
+    )
     self._requested.set()
     if self._forward:  # to JAX's preemption service, which tells the other processes
       signal.raise_signal(signal.SIGTERM)
@@ -234,5 +241,3 @@ class SignalStop:
     if self._interrupt is not None:
       raise self._interrupt
     return self._requested.is_set()
-
-

@@ -98,6 +98,7 @@ class Workdir:
   """The paths of a training workdir's files, under `root` as given (a
   caller that must name a file the same from any current directory passes
   an absolute root)."""
+
   root: str
 
   def __post_init__(self) -> None:
@@ -180,6 +181,7 @@ class Workdir:
 @dataclasses.dataclass(frozen=True)
 class Export:
   """The paths of an export's files, under `root`."""
+
   root: str
 
   def __post_init__(self) -> None:

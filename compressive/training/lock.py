@@ -99,10 +99,12 @@ class WorkdirLock:
       raise WorkdirBusyError(self._busy(record, folder))
     if folder_locked is None:
       _log.warning(
-          "cannot lock the folder %s on this filesystem: %s", self.workdir,
-          "only its train.lock keeps a second trainer out, so do not delete it while this "
-          "run trains" if record_locked else "it has no file locks, so nothing stops a second "
-          "trainer on the same workdir")
+        "cannot lock the folder %s on this filesystem: %s",
+        self.workdir,
+        "only its train.lock keeps a second trainer out, so do not delete it while this run trains"
+        if record_locked
+        else "it has no file locks, so nothing stops a second trainer on the same workdir",
+      )
     self._lock_checkpoints(folder)
     os.ftruncate(record, 0)
     os.pwrite(record, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
@@ -125,16 +127,19 @@ class WorkdirLock:
         _set_aside(folder, self.path, st)
         continue
       try:
-        fd = self._open(layout.LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
-                        dir_fd=folder)
+        fd = self._open(
+          layout.LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder
+        )
       except OSError as e:
         if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
           continue  # replaced between the look and the open: look again
         raise
       if _own_file(os.fstat(fd)):
         return fd
-    raise UserError(f"{self.path} keeps being replaced by something that is not a file while "
-                    f"the trainer takes its lock; leave it alone and start again")
+    raise UserError(
+      f"{self.path} keeps being replaced by something that is not a file while "
+      f"the trainer takes its lock; leave it alone and start again"
+    )
 
   def _lock_checkpoints(self, folder: int) -> None:
     path = self.layout.checkpoints
@@ -145,20 +150,28 @@ class WorkdirLock:
     try:
       fd = self._open(layout.CHECKPOINT_DIR, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
     except (FileNotFoundError, NotADirectoryError) as e:
-      what = (f"a link to {os.readlink(path)}, which does not exist"
-              if isinstance(e, FileNotFoundError) and os.path.islink(path) else "not a folder")
-      raise UserError(f"{path} is {what}: the checkpoints must go into a folder (move it "
-                      f"away, or make it a link to a folder)") from None
+      what = (
+        f"a link to {os.readlink(path)}, which does not exist"
+        if isinstance(e, FileNotFoundError) and os.path.islink(path)
+        else "not a folder"
+      )
+      raise UserError(
+        f"{path} is {what}: the checkpoints must go into a folder (move it "
+        f"away, or make it a link to a folder)"
+      ) from None
     real = os.path.realpath(path)
     name = path if real == path else f"{path} (which is {real})"
     if _same_file(os.fstat(fd), os.fstat(folder)):
-      raise UserError(f"{name} is the workdir itself: the checkpoints must go into a folder of "
-                      f"their own (remove the link, or make it a link to another folder)")
+      raise UserError(
+        f"{name} is the workdir itself: the checkpoints must go into a folder of "
+        f"their own (remove the link, or make it a link to another folder)"
+      )
     if _flock(fd) is False:
       raise WorkdirBusyError(
-          f"{name} is the checkpoints folder of another trainer ({self._holder(fd, None)}); "
-          f"a checkpoints folder belongs to one run: give this run a workdir with "
-          f"checkpoints of its own, or wait for that run to finish")
+        f"{name} is the checkpoints folder of another trainer ({self._holder(fd, None)}); "
+        f"a checkpoints folder belongs to one run: give this run a workdir with "
+        f"checkpoints of its own, or wait for that run to finish"
+      )
     self._claim_checkpoints(folder, fd, name)
 
   def _claim_checkpoints(self, folder: int, checkpoints: int, name: str) -> None:
@@ -174,18 +187,24 @@ class WorkdirLock:
     record = _read_owner(record_path)
     if record == mine:
       return
-    if record is not None and (record.get("device"), record.get("inode")) != (
-        here.st_dev, here.st_ino) and not _subfolder(folder, checkpoints):
+    if (
+      record is not None
+      and (record.get("device"), record.get("inode")) != (here.st_dev, here.st_ino)
+      and not _subfolder(folder, checkpoints)
+    ):
       raise UserError(
-          f"{name} holds the run of another workdir ({record.get('workdir')}); a checkpoints "
-          f"folder belongs to one run: give this workdir checkpoints of its own (if it is that "
-          f"run's workdir, moved or copied, remove {os.path.realpath(record_path)})")
+        f"{name} holds the run of another workdir ({record.get('workdir')}); a checkpoints "
+        f"folder belongs to one run: give this workdir checkpoints of its own (if it is that "
+        f"run's workdir, moved or copied, remove {os.path.realpath(record_path)})"
+      )
     files.write_json(record_path, mine)
 
   def _busy(self, fd: int, folder: int) -> str:
-    return (f"{self.workdir} is in use by another trainer ({self._holder(fd, folder)}); wait "
-            f"for it to finish or stop it, or use another --workdir (the lock goes with that "
-            f"process: deleting {layout.LOCK_FILE} does not free it)")
+    return (
+      f"{self.workdir} is in use by another trainer ({self._holder(fd, folder)}); wait "
+      f"for it to finish or stop it, or use another --workdir (the lock goes with that "
+      f"process: deleting {layout.LOCK_FILE} does not free it)"
+    )
 
   def _holder(self, fd: int, folder: Optional[int]) -> str:
     pid = _locking_pid(fd)
@@ -235,8 +254,11 @@ def _subfolder(folder: int, checkpoints: int) -> bool:
     parent = os.stat("..", dir_fd=checkpoints)
   except OSError:
     return False
-  return (stat.S_ISDIR(entry.st_mode) and _same_file(entry, os.fstat(checkpoints))
-          and _same_file(parent, os.fstat(folder)))
+  return (
+    stat.S_ISDIR(entry.st_mode)
+    and _same_file(entry, os.fstat(checkpoints))
+    and _same_file(parent, os.fstat(folder))
+  )
 
 
 def _read_owner(path: str) -> Optional[dict]:
@@ -278,11 +300,18 @@ def _set_aside(folder: int, path: str, st: os.stat_result) -> None:
       os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
       os.rename(layout.LOCK_FILE, name, src_dir_fd=folder, dst_dir_fd=folder)
-      _log.warning("%s was %s, not a lock file of its own: set aside as %s, unopened, and "
-                   "replaced by a new one", path, _kind(st), name)
+      _log.warning(
+        "%s was %s, not a lock file of its own: set aside as %s, unopened, and "
+        "replaced by a new one",
+        path,
+        _kind(st),
+        name,
+      )
       return
-  raise UserError(f"{path} is {_kind(st)} and 999 earlier ones were set aside beside it: "
-                  f"remove the {layout.set_aside_lock('*')} entries of {os.path.dirname(path)}")
+  raise UserError(
+    f"{path} is {_kind(st)} and 999 earlier ones were set aside beside it: "
+    f"remove the {layout.set_aside_lock('*')} entries of {os.path.dirname(path)}"
+  )
 
 
 def _locking_pid(fd: int) -> Optional[int]:
@@ -315,8 +344,9 @@ def _read_record(folder: int) -> str:
   try:
     if not _own_file(os.stat(layout.LOCK_FILE, dir_fd=folder, follow_symlinks=False)):
       return ""
-    fd = os.open(layout.LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                 dir_fd=folder)
+    fd = os.open(
+      layout.LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+    )
     try:
       text = os.pread(fd, 200, 0) if _own_file(os.fstat(fd)) else b""
     finally:
@@ -335,8 +365,11 @@ def lock_workdir(workdir: str, is_main: bool) -> Optional[WorkdirLock]:
   url = remote.url_of(workdir)
   if url is not None:
     if is_main:
-      _log.info("%s is on Cloud Storage, which has no lock: nothing keeps a second trainer out "
-                "of it (docs/SCALING.md)", url)
+      _log.info(
+        "%s is on Cloud Storage, which has no lock: nothing keeps a second trainer out "
+        "of it (docs/SCALING.md)",
+        url,
+      )
     return None
   if is_main:
     try:

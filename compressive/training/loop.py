@@ -60,6 +60,7 @@ _log = logging.getLogger("compressive")
 @dataclasses.dataclass(frozen=True)
 class _Options:
   """train_and_evaluate's keyword arguments (documented there)."""
+
   stop_at_step: Optional[int]
   should_stop: Optional[Callable[[], bool]]
   restore_intact: bool
@@ -69,15 +70,15 @@ class _Options:
 
 
 def train_and_evaluate(
-    experiment: experiment_lib.Experiment,
-    workdir: str,
-    *,
-    stop_at_step: Optional[int] = None,
-    should_stop: Optional[Callable[[], bool]] = None,
-    restore_intact: bool = False,
-    profile_steps: Optional[tuple[int, int]] = None,
-    accept_changed_corpus: bool = False,
-    config_name: str = "",
+  experiment: experiment_lib.Experiment,
+  workdir: str,
+  *,
+  stop_at_step: Optional[int] = None,
+  should_stop: Optional[Callable[[], bool]] = None,
+  restore_intact: bool = False,
+  profile_steps: Optional[tuple[int, int]] = None,
+  accept_changed_corpus: bool = False,
+  config_name: str = "",
 ) -> dict[str, float]:
   """Trains (resuming from the workdir's latest checkpoint), evaluates.
 
@@ -118,16 +119,23 @@ def train_and_evaluate(
   """
   files.check_local(workdir, "a workdir", remote_ok=True)  # another URL: before anything is made
   writers.resolve(experiment.train.metric_writers)  # a writer that cannot be had: before anything
-  options = _Options(stop_at_step, should_stop, restore_intact,
-                     config_lib.profile_steps(profile_steps), accept_changed_corpus, config_name)
+  options = _Options(
+    stop_at_step,
+    should_stop,
+    restore_intact,
+    config_lib.profile_steps(profile_steps),
+    accept_changed_corpus,
+    config_name,
+  )
   if remote.is_remote(workdir):  # gs://: in a local mirror of its files (remote.py)
     with remote.Mirror(workdir) as local:
       return _train_in(experiment, local, options)
   return _train_in(experiment, workdir, options)
 
 
-def _train_in(experiment: experiment_lib.Experiment, workdir: str,
-              options: _Options) -> dict[str, float]:
+def _train_in(
+  experiment: experiment_lib.Experiment, workdir: str, options: _Options
+) -> dict[str, float]:
   """train_and_evaluate in the workdir folder `workdir` (a mirror's too)."""
   workdir = layout.Workdir(workdir).root
   is_main = jax.process_index() == 0
@@ -150,8 +158,10 @@ def _train_in(experiment: experiment_lib.Experiment, workdir: str,
       try:
         checkpointer.close()
       except Exception as e:
-        _log.warning("the checkpoint save in flight failed too: %s",
-                     str(e).splitlines()[0] if str(e) else type(e).__name__)
+        _log.warning(
+          "the checkpoint save in flight failed too: %s",
+          str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
       raise
     checkpointer.close()  # a failed last save is the run's error
     return result
@@ -189,6 +199,7 @@ def _remove_stub(workdir: str) -> None:
 class _Run:
   """What a run's steps use besides the state and memory (built by `_train`;
   the clock, metric log and window by `_steps`, once the state is ready)."""
+
   experiment: experiment_lib.Experiment
   workdir: str
   checkpointer: ckpt_lib.Checkpointer
@@ -207,8 +218,13 @@ class _Run:
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _train(experiment: experiment_lib.Experiment, workdir: str, checkpointer: ckpt_lib.Checkpointer,
-           is_main: bool, options: _Options) -> dict[str, float]:
+def _train(
+  experiment: experiment_lib.Experiment,
+  workdir: str,
+  checkpointer: ckpt_lib.Checkpointer,
+  is_main: bool,
+  options: _Options,
+) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
   data = experiment.data
@@ -217,12 +233,21 @@ def _train(experiment: experiment_lib.Experiment, workdir: str, checkpointer: ck
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
-  identity = integrity.run_identity(experiment.model, tokenizer.identity,
-                                    data_lib.corpus_identity(data), data_lib.data_identity(data))
+  identity = integrity.run_identity(
+    experiment.model,
+    tokenizer.identity,
+    data_lib.corpus_identity(data),
+    data_lib.data_identity(data),
+  )
 
   start, restored = restore_lib.restore_newest(
-      checkpointer, setup.restore_targets(), restore_intact=options.restore_intact,
-      accept_changed_corpus=options.accept_changed_corpus, is_main=is_main, identity=identity)
+    checkpointer,
+    setup.restore_targets(),
+    restore_intact=options.restore_intact,
+    accept_changed_corpus=options.accept_changed_corpus,
+    is_main=is_main,
+    identity=identity,
+  )
   finished = start >= experiment.train.num_train_steps
   # Only once the run is known to fit what the workdir holds; a finished
   # run's record stays as it was trained (written again only when it was
@@ -232,21 +257,43 @@ def _train(experiment: experiment_lib.Experiment, workdir: str, checkpointer: ck
   if runlog.finished(experiment.train, start, workdir):
     changed = runconfig.differences(workdir, experiment) if is_main else []
     if changed:
-      _log.warning("this command's config differs from the finished run's (%s); %s keeps the "
-                   "values the run was trained with", "; ".join(changed[:4]),
-                   layout.Workdir(workdir).config)
+      _log.warning(
+        "this command's config differs from the finished run's (%s); %s keeps the "
+        "values the run was trained with",
+        "; ".join(changed[:4]),
+        layout.Workdir(workdir).config,
+      )
     return {}
   runlog.warn_of_endless_warmup(experiment.train)
-  with _metric_writers(experiment, workdir, is_main) as (writer, eval_writer), \
-      runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler:
+  with (
+    _metric_writers(experiment, workdir, is_main) as (writer, eval_writer),
+    runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler,
+  ):
     end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
       end = min(options.stop_at_step, end)
-    run = _Run(experiment, workdir, checkpointer, setup, identity, train_iter, eval_docs, writer,
-               eval_writer, profiler, end, options.accept_changed_corpus)
+    run = _Run(
+      experiment,
+      workdir,
+      checkpointer,
+      setup,
+      identity,
+      train_iter,
+      eval_docs,
+      writer,
+      eval_writer,
+      profiler,
+      end,
+      options.accept_changed_corpus,
+    )
     runlog.log_start(experiment, workdir, setup.num_params, start, end, options.config_name)
-    _log.info("%s", data_lib.describe(experiment.data, {
-        "train": len(train_iter.docs), f"{experiment.eval.split} (evaluated)": len(eval_docs)}))
+    _log.info(
+      "%s",
+      data_lib.describe(
+        experiment.data,
+        {"train": len(train_iter.docs), f"{experiment.eval.split} (evaluated)": len(eval_docs)},
+      ),
+    )
     result = _steps(run, start, restored, is_main, options.should_stop)
   if is_main:  # from the metrics files, closed above
     curves.draw_at_the_end(workdir)
@@ -254,13 +301,17 @@ def _train(experiment: experiment_lib.Experiment, workdir: str, checkpointer: ck
 
 
 @contextlib.contextmanager
-def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main: bool
-                    ) -> Iterator[tuple[MetricWriter, MetricWriter]]:
+def _metric_writers(
+  experiment: experiment_lib.Experiment, workdir: str, is_main: bool
+) -> Iterator[tuple[MetricWriter, MetricWriter]]:
   """(train, eval) MetricWriters, handing their records to the metric
   writers of experiment.train.metric_writers (writers.py), opened once for
   both on process 0 (given the config as hyperparameters) and closed after."""
-  sinks = writers.open_all(experiment.train.metric_writers, writers.run_of(
-      workdir, experiment.to_dict())) if is_main else []
+  sinks = (
+    writers.open_all(experiment.train.metric_writers, writers.run_of(workdir, experiment.to_dict()))
+    if is_main
+    else []
+  )
   try:
     writer = MetricWriter(workdir, "train", enabled=is_main, sinks=sinks)
     eval_writer = MetricWriter(workdir, "eval", enabled=is_main, sinks=sinks)
@@ -273,8 +324,13 @@ def _metric_writers(experiment: experiment_lib.Experiment, workdir: str, is_main
       sink.close()
 
 
-def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool,
-           should_stop: Optional[Callable[[], bool]]) -> dict[str, float]:
+def _steps(
+  run: _Run,
+  start: int,
+  restored: Optional[restore_lib.Restored],
+  is_main: bool,
+  should_stop: Optional[Callable[[], bool]],
+) -> dict[str, float]:
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
   train = run.experiment.train
@@ -282,8 +338,9 @@ def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_m
   assert run.clock is not None and run.window is not None and run.metric_log is not None
   stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
   step = start
-  with prefetch.Prefetcher(setup_lib.step_batches(train, run.setup.layout, run.train_iter),
-                           train.prefetch_steps) as batches:
+  with prefetch.Prefetcher(
+    setup_lib.step_batches(train, run.setup.layout, run.train_iter), train.prefetch_steps
+  ) as batches:
     for step in range(start + 1, run.end + 1):
       run.profiler.before(step)  # the wait for the step's input included
       state, memory, metrics = step_fn(state, memory, next(batches))
@@ -301,8 +358,9 @@ def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_m
       bad = run.window.check()  # nothing non-finite is logged, saved or evaluated
       if bad is not None:
         del state, memory  # freed before the checkpoints are read back
-        raise restore_lib.non_finite_error(bad, step, run.checkpointer,
-                                           run.setup.restore_targets(), run.workdir)
+        raise restore_lib.non_finite_error(
+          bad, step, run.checkpointer, run.setup.restore_targets(), run.workdir
+        )
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
       refused = _save(run, step, state, memory, batches.get_state()) if saving else None
@@ -313,8 +371,9 @@ def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_m
           refused = _save(run, step, state, memory, batches.get_state())
       if refused:  # a finite loss, but non-finite parameters: not saved
         del state, memory
-        raise restore_lib.non_finite_error(step, step, run.checkpointer,
-                                           run.setup.restore_targets(), run.workdir, refused)
+        raise restore_lib.non_finite_error(
+          step, step, run.checkpointer, run.setup.restore_targets(), run.workdir, refused
+        )
       if stopping:
         _log.warning("stopping on request after step %d (checkpointed)", step)
         break
@@ -322,13 +381,22 @@ def _steps(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_m
   return run.last_eval
 
 
-def _begin(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool
-           ) -> tuple[train_step.TrainState, memory_lib.Memory, jax.stages.Wrapped]:
+def _begin(
+  run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool
+) -> tuple[train_step.TrainState, memory_lib.Memory, jax.stages.Wrapped]:
   """(state, memory, the jitted step) a run's steps begin with, its clock,
   metric window and log made."""
-  state, memory = restore_lib.start_state(run.experiment, run.setup, start, restored,
-                                         run.train_iter, run.writer, is_main, run.workdir,
-                                         run.accept_changed_corpus)
+  state, memory = restore_lib.start_state(
+    run.experiment,
+    run.setup,
+    start,
+    restored,
+    run.train_iter,
+    run.writer,
+    is_main,
+    run.workdir,
+    run.accept_changed_corpus,
+  )
   step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
   run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
   run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
@@ -336,33 +404,57 @@ def _begin(run: _Run, start: int, restored: Optional[restore_lib.Restored], is_m
   return state, memory, step_fn
 
 
-def _step_fn(experiment: experiment_lib.Experiment, setup: setup_lib.Setup,
-             train_iter: data_lib.SegmentIterator) -> jax.stages.Wrapped:
+def _step_fn(
+  experiment: experiment_lib.Experiment,
+  setup: setup_lib.Setup,
+  train_iter: data_lib.SegmentIterator,
+) -> jax.stages.Wrapped:
   """The jitted train step on the run's layout (its mesh and, if any, its
   gradient accumulation logged)."""
   layout = setup.layout
   device = layout.mesh.devices.flat[0]
-  _log.info("mesh %s over %d %s devices (%s) in %d processes, JAX %s; this process reads rows "
-            "[%d, %d)", dict(layout.mesh.shape), layout.mesh.size, device.platform,
-            device.device_kind, jax.process_count(), jax.__version__, train_iter.row_start,
-            train_iter.row_start + train_iter.num_rows)
+  _log.info(
+    "mesh %s over %d %s devices (%s) in %d processes, JAX %s; this process reads rows [%d, %d)",
+    dict(layout.mesh.shape),
+    layout.mesh.size,
+    device.platform,
+    device.device_kind,
+    jax.process_count(),
+    jax.__version__,
+    train_iter.row_start,
+    train_iter.row_start + train_iter.num_rows,
+  )
   if device.platform == "cpu" and experiment.model.dtype != "float32":
-    _log.warning("model.dtype=%s on CPU devices: a config meant for a GPU or TPU (a preset: "
-                 "gpu1, gpu8, tpu_v5e8), run here slowly and in another precision than there "
-                 "(--config.model.dtype=float32 to run it here in float32; JAX sees no "
-                 "accelerator: check its plugin with python -c 'import jax; print(jax.devices())')",
-                 experiment.model.dtype)
+    _log.warning(
+      "model.dtype=%s on CPU devices: a config meant for a GPU or TPU (a preset: "
+      "gpu1, gpu8, tpu_v5e8), run here slowly and in another precision than there "
+      "(--config.model.dtype=float32 to run it here in float32; JAX sees no "
+      "accelerator: check its plugin with python -c 'import jax; print(jax.devices())')",
+      experiment.model.dtype,
+    )
   train = experiment.train
   if train.gradient_window > 1:
-    _log.info("one update per window of %d segments; the loss reaches back through the "
-              "memory within it (model.memory_gradient=%s)", train.gradient_window,
-              experiment.model.memory_gradient)
+    _log.info(
+      "one update per window of %d segments; the loss reaches back through the "
+      "memory within it (model.memory_gradient=%s)",
+      train.gradient_window,
+      experiment.model.memory_gradient,
+    )
   if train.grad_accum_steps > 1:
-    _log.info("accumulating gradients over %d micro-batches of %d rows", train.grad_accum_steps,
-              train.micro_batch_rows)
+    _log.info(
+      "accumulating gradients over %d micro-batches of %d rows",
+      train.grad_accum_steps,
+      train.micro_batch_rows,
+    )
   return train_step.make_train_step(
-      setup.graphdef, setup.state_template, setup.tx, experiment.model.dropout_rate > 0, layout,
-      grad_accum_steps=train.grad_accum_steps, gradient_window=train.gradient_window)
+    setup.graphdef,
+    setup.state_template,
+    setup.tx,
+    experiment.model.dropout_rate > 0,
+    layout,
+    grad_accum_steps=train.grad_accum_steps,
+    gradient_window=train.gradient_window,
+  )
 
 
 def _save_due(train: experiment_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:
@@ -370,24 +462,33 @@ def _save_due(train: experiment_lib.TrainConfig, step: int, end: int, stopping: 
   return stopping or step == end or bool(every and step % every == 0)
 
 
-def _save(run: _Run, step: int, state: train_step.TrainState, memory: memory_lib.Memory,
-          data_state: dict[str, Any]) -> Optional[list[str]]:
+def _save(
+  run: _Run,
+  step: int,
+  state: train_step.TrainState,
+  memory: memory_lib.Memory,
+  data_state: dict[str, Any],
+) -> Optional[list[str]]:
   """Checkpoints the step with `data_state`, the position after the batches
   consumed (not those prefetched), and the run's identity; training waits
   only until the save is under way. The names of the non-finite arrays
   when the save was refused for them (Checkpointer.save), else None."""
   t_save = time.time()
   try:
-    run.checkpointer.save(step, state, memory,
-                          setup_lib.global_data_state(data_state, run.train_iter), run.identity)
+    run.checkpointer.save(
+      step, state, memory, setup_lib.global_data_state(data_state, run.train_iter), run.identity
+    )
   except ckpt_lib.NonFiniteStateError as e:
     return e.names
   assert run.clock is not None  # _steps, the only caller, set it
   if jax.process_index() == 0:  # a workdir on Cloud Storage: its side files copied there
     remote.push(run.workdir)
   took = run.clock.exclude("save", t_save)
-  _log.info("checkpoint of step %d: training waited %.1f s (the rest is written "
-            "in the background)", step, took)
+  _log.info(
+    "checkpoint of step %d: training waited %.1f s (the rest is written in the background)",
+    step,
+    took,
+  )
   return None
 
 
@@ -396,8 +497,9 @@ def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
   return bool(every and step % every == 0) or step == train.num_train_steps
 
 
-def _estimate(run: _Run, state: train_step.TrainState, step: int,
-              stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
+def _estimate(
+  run: _Run, state: train_step.TrainState, step: int, stop: Optional[Callable[[], bool]] = None
+) -> Optional[dict[str, float]]:
   """A quick estimate of the evaluation metrics, written to the eval metrics
   (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
   whole splits. None, nothing written, when `stop()` says so at a segment's
@@ -407,14 +509,24 @@ def _estimate(run: _Run, state: train_step.TrainState, step: int,
   t_eval = time.time()
   model = merge_params(setup.graphdef, setup.state_template, state.params)
   result = eval_lib.evaluate(
-      model, run.eval_docs, experiment, max_segments=experiment.eval.max_segments,
-      mesh=setup.layout.mesh, stop=stop)
+    model,
+    run.eval_docs,
+    experiment,
+    max_segments=experiment.eval.max_segments,
+    mesh=setup.layout.mesh,
+    stop=stop,
+  )
   if result is None:
     _log.warning("the evaluation at step %d is dropped: a stop was asked for during it", step)
     return None
   run.eval_writer.write(step, result)
   assert run.clock is not None  # _steps, the only caller, set it
   took = run.clock.exclude("eval", t_eval)
-  _log.info("eval at step %d on %s: %s  (%.1f s)", step, experiment.eval.split,
-            values.metrics_text(result), took)
+  _log.info(
+    "eval at step %d on %s: %s  (%.1f s)",
+    step,
+    experiment.eval.split,
+    values.metrics_text(result),
+    took,
+  )
   return result

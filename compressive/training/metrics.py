@@ -31,13 +31,19 @@ class MetricWriter:
   `sinks`, a TensorBoard writer of its own, closed with it. `enabled=False`
   on non-writing processes: nothing is written or opened."""
 
-  def __init__(self, workdir: str, name: str = "train", enabled: bool = True,
-               sinks: Optional[Sequence[Any]] = None):
+  def __init__(
+    self,
+    workdir: str,
+    name: str = "train",
+    enabled: bool = True,
+    sinks: Optional[Sequence[Any]] = None,
+  ):
     self.enabled, self.name = enabled, name
     self.jsonl = layout.Workdir(workdir).metrics(name)
     self._owned = sinks is None and enabled
-    self.sinks = list(sinks or ()) if not self._owned else [
-        writers.TensorBoard(writers.run_of(workdir, {}))]
+    self.sinks = (
+      list(sinks or ()) if not self._owned else [writers.TensorBoard(writers.run_of(workdir, {}))]
+    )
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
@@ -100,9 +106,11 @@ def _record(path: str, line: str) -> Optional[dict[str, Any]]:
 
 def _warn_torn(path: str, torn: list[int]) -> None:
   if torn:
-    _log.warning("%s: line(s) %s are not whole records (a write cut short, or damaged); "
-                 "left out",
-                 path, ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""))
+    _log.warning(
+      "%s: line(s) %s are not whole records (a write cut short, or damaged); left out",
+      path,
+      ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""),
+    )
 
 
 def read_jsonl(path: str) -> list[dict]:

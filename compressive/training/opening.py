@@ -26,13 +26,15 @@ from compressive.training import inference
 class OpenRun:
   """A trained run, opened: the experiment it was opened as, its model with
   the step's parameters, and the step."""
+
   experiment: experiment_lib.Experiment
   model: CompressiveTransformer
   step: int
 
 
-def open_run(path: str, step: Optional[int] = None, *,
-             experiment: Optional[experiment_lib.Experiment] = None) -> OpenRun:
+def open_run(
+  path: str, step: Optional[int] = None, *, experiment: Optional[experiment_lib.Experiment] = None
+) -> OpenRun:
   """The run at `path` (a training workdir or an export), at its checkpoint
   `step` (default the newest; an export holds one), as an OpenRun. `path`
   may be a gs:// URL (compressive/remote.py).

@@ -51,8 +51,11 @@ def _leftover(unraisable: sys.UnraisableHookArgs) -> bool:
   e, obj = unraisable.exc_value, unraisable.object
   if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
     return True
-  return (inspect.iscoroutine(obj) and "read" in obj.cr_code.co_name
-          and obj.cr_code.co_filename.startswith(_ORBAX_DIR))
+  return (
+    inspect.iscoroutine(obj)
+    and "read" in obj.cr_code.co_name
+    and obj.cr_code.co_filename.startswith(_ORBAX_DIR)
+  )
 
 
 class _LeftoverDropper:

@@ -31,9 +31,15 @@ _log = logging.getLogger("compressive")
 Restored = tuple[Any, Any, dict[str, np.ndarray]]  # a checkpoint's (state, memory, data state)
 
 
-def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any], *,
-                   restore_intact: bool, accept_changed_corpus: bool, is_main: bool,
-                   identity: dict[str, Any]) -> tuple[int, Optional[Restored]]:
+def restore_newest(
+  checkpointer: ckpt_lib.Checkpointer,
+  targets: tuple[Any, Any],
+  *,
+  restore_intact: bool,
+  accept_changed_corpus: bool,
+  is_main: bool,
+  identity: dict[str, Any],
+) -> tuple[int, Optional[Restored]]:
   """(step, (state, memory, data_state)) of the newest checkpoint that
   restores onto `targets` (abstract state and memory), or (0, None) when
   there is none.
@@ -74,15 +80,22 @@ def restore_newest(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
 
 
 def _nothing_restores(checkpointer: ckpt_lib.Checkpointer, skipped: list) -> str:
-  return (f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged "
-          f"and were moved to {checkpointer.skipped}; "
-          "nothing was trained. Move them back to retry, or use another --workdir to start "
-          "afresh")
+  return (
+    f"no checkpoint in {checkpointer.directory} restores: steps {skipped} are damaged "
+    f"and were moved to {checkpointer.skipped}; "
+    "nothing was trained. Move them back to retry, or use another --workdir to start "
+    "afresh"
+  )
 
 
-def non_finite_error(bad: int, step: int, checkpointer: ckpt_lib.Checkpointer,
-                     targets: tuple[Any, Any], workdir: str,
-                     arrays: Optional[list[str]] = None) -> NonFiniteError:
+def non_finite_error(
+  bad: int,
+  step: int,
+  checkpointer: ckpt_lib.Checkpointer,
+  targets: tuple[Any, Any],
+  workdir: str,
+  arrays: Optional[list[str]] = None,
+) -> NonFiniteError:
   """The error that stops a run at a non-finite loss or gradient of step
   `bad`, found after step `step` was dispatched, or (`arrays`: their names)
   at a save of step `bad` whose state held non-finite arrays while its loss
@@ -90,22 +103,28 @@ def non_finite_error(bad: int, step: int, checkpointer: ckpt_lib.Checkpointer,
   `bad` on is saved; it names the newest checkpoint that actually restores
   as intact and finite, not merely the newest saved."""
   good = newest_good_step(checkpointer, targets)
-  where = (f"the newest intact checkpoint is step {good}" if good is not None
-           else "no intact checkpoint is saved")
+  where = (
+    f"the newest intact checkpoint is step {good}"
+    if good is not None
+    else "no intact checkpoint is saved"
+  )
   later = f" (found after step {step}; none from step {bad} on was saved)" if step > bad else ""
   if arrays:
     shown = ", ".join(arrays[:3]) + (", ..." if len(arrays) > 3 else "")
     return NonFiniteError(
-        f"non-finite parameters or optimizer state at step {bad} ({shown}), though its loss "
-        f"and gradient were finite: not saved; {where} in {workdir}. Lower "
-        "optimizer.learning_rate or optimizer.weight_decay, or check the config's values")
+      f"non-finite parameters or optimizer state at step {bad} ({shown}), though its loss "
+      f"and gradient were finite: not saved; {where} in {workdir}. Lower "
+      "optimizer.learning_rate or optimizer.weight_decay, or check the config's values"
+    )
   return NonFiniteError(
-      f"non-finite loss or gradient at step {bad}; {where} in {workdir}{later}. Lower "
-      "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data")
+    f"non-finite loss or gradient at step {bad}; {where} in {workdir}{later}. Lower "
+    "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data"
+  )
 
 
-def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
-                     ) -> Optional[int]:
+def newest_good_step(
+  checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, Any]
+) -> Optional[int]:
   """The newest saved step that restores, verifies and is finite."""
   checkpointer.wait()
   checkpointer.reload()
@@ -118,10 +137,17 @@ def newest_good_step(checkpointer: ckpt_lib.Checkpointer, targets: tuple[Any, An
   return None
 
 
-def start_state(experiment: experiment_lib.Experiment, setup: setup_lib.Setup, start: int,
-                restored: Optional[Restored], train_iter: data_lib.SegmentIterator,
-                writer: MetricWriter, is_main: bool, workdir: str,
-                accept_changed_corpus: bool = False) -> train_step.Carry:
+def start_state(
+  experiment: experiment_lib.Experiment,
+  setup: setup_lib.Setup,
+  start: int,
+  restored: Optional[Restored],
+  train_iter: data_lib.SegmentIterator,
+  writer: MetricWriter,
+  is_main: bool,
+  workdir: str,
+  accept_changed_corpus: bool = False,
+) -> train_step.Carry:
   """(state, memory) to train from: the restored ones, with the data iterator
   put back where they were saved (with `accept_changed_corpus`, at the next
   epoch when the corpus has another number of documents) and the metrics
@@ -132,16 +158,21 @@ def start_state(experiment: experiment_lib.Experiment, setup: setup_lib.Setup, s
     train_iter.set_state(local, other_documents=accept_changed_corpus)
     saved_docs = int(np.asarray(local["num_documents"]))
     if saved_docs != len(train_iter.docs):
-      _log.warning("the training corpus has %d documents, not the %d it had at step %d: every "
-                   "row goes on at the start of its next epoch (--accept_changed_corpus)",
-                   len(train_iter.docs), saved_docs, start)
+      _log.warning(
+        "the training corpus has %d documents, not the %d it had at step %d: every "
+        "row goes on at the start of its next epoch (--accept_changed_corpus)",
+        len(train_iter.docs),
+        saved_docs,
+        start,
+      )
     if is_main:  # the eval metrics' file too: a step's estimate follows its save
       for path in (writer.jsonl, layout.Workdir(workdir).metrics("eval")):
         runlog.truncate_metrics(path, start)
     _log.info("resumed from step %d in %s", start, workdir)
     return state, memory
   state = train_step.init_train_state(experiment, setup.tx, setup.layout)
-  memory = train_step.init_sharded_memory(experiment.model, experiment.train.batch_size,
-                                          setup.layout)
+  memory = train_step.init_sharded_memory(
+    experiment.model, experiment.train.batch_size, setup.layout
+  )
   _log.info("training from scratch in %s", workdir)
   return state, memory

@@ -47,11 +47,11 @@ def load_config(workdir: str) -> SavedConfig:
   beyond sidefiles.CONFIG_BYTES."""
   path = layout.Workdir(workdir).config
   if not os.path.lexists(workdir):
-    raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an "
-                            "export")
+    raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an export")
   if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"{workdir} is a file, not a folder: give a training workdir or "
-                            "an export (the folder)")
+    raise FileNotFoundError(
+      f"{workdir} is a file, not a folder: give a training workdir or an export (the folder)"
+    )
   if not os.path.lexists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
   try:
@@ -64,8 +64,9 @@ def load_config(workdir: str) -> SavedConfig:
     cause = str(e)
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # keys a config refuses
     cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-  raise CheckpointError(f"{path} is damaged ({cause}); restore it from a copy, or write it "
-                        "again with the run's config")
+  raise CheckpointError(
+    f"{path} is damaged ({cause}); restore it from a copy, or write it again with the run's config"
+  )
 
 
 def _tuples(value: Any) -> Any:
@@ -73,8 +74,9 @@ def _tuples(value: Any) -> Any:
   if isinstance(value, dict):
     dotted = [k for k in value if "." in k]
     if dotted:  # a hand edit ("model.num_layers": 2): a config's keys are names
-      raise ValueError(f"a key with a dot in it, {dotted[0][:80]!r}: a config nests its "
-                       "sections instead")
+      raise ValueError(
+        f"a key with a dot in it, {dotted[0][:80]!r}: a config nests its sections instead"
+      )
     return {k: _tuples(v) for k, v in value.items()}
   if isinstance(value, list):
     return tuple(_tuples(v) for v in value)
@@ -82,7 +84,7 @@ def _tuples(value: Any) -> Any:
 
 
 def differences(workdir: str, experiment: Experiment) -> list[str]:
-  """"FIELD SAVED -> GIVEN" for each field of the workdir's config.json that
+  """ "FIELD SAVED -> GIVEN" for each field of the workdir's config.json that
   `experiment` gives another value (none when config.json cannot be read)."""
   try:
     saved = json.loads(json.dumps(load_config(workdir).to_dict()))
@@ -90,8 +92,9 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
     return []
   given = json.loads(json.dumps(experiment.to_dict()))  # tuples as JSON lists, as saved
   a, b = values.flatten(saved), values.flatten(given)
-  return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-          if a.get(k) != b.get(k)]
+  return [
+    f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+  ]
 
 
 # Config fields outside the model that fix the shapes of what a checkpoint
@@ -124,9 +127,13 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
 
   was, now = values.flatten(saved), values.flatten(experiment.to_dict())  # each a leaf
   diffs = integrity.model_differences(saved.get("model") or {}, experiment.model) + [
-      f"{name} {was.get(name)!r} -> {now.get(name)!r}"
-      for name in RUN_SHAPE_FIELDS if was.get(name) != now.get(name)]
+    f"{name} {was.get(name)!r} -> {now.get(name)!r}"
+    for name in RUN_SHAPE_FIELDS
+    if was.get(name) != now.get(name)
+  ]
   if diffs:
     raise ConfigError(
-        f"{workdir} holds checkpoints of a different run: " + "; ".join(diffs)
-        + ". Use another --workdir, or the same values to resume")
+      f"{workdir} holds checkpoints of a different run: "
+      + "; ".join(diffs)
+      + ". Use another --workdir, or the same values to resume"
+    )

@@ -33,8 +33,6 @@ from compressive.training.metrics import MetricWriter, truncate_jsonl
 _log = logging.getLogger("compressive")
 
 
-
-
 class LogFile(logging.FileHandler):
   """WORKDIR/train.log: appends the logger's lines. Opened only as a regular
   file (files.open_regular: never a link followed, never a FIFO waited
@@ -54,8 +52,10 @@ class LogFile(logging.FileHandler):
       return
     self._failed = True
     why = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    print(f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
-          file=sys.stderr)
+    print(
+      f"warning: cannot write {self.baseFilename} ({why}); the log goes on on the console only",
+      file=sys.stderr,
+    )
 
   def emit(self, record: logging.LogRecord) -> None:
     if not getattr(self, "_failed", False):
@@ -157,10 +157,17 @@ class Clock:
       return
     total = time.time() - self.start
     _log.info(
-        "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
-        "(%d saves), training and the rest %.1f s", first, last, values.hms(total),
-        self.spent["eval"], self.times["eval"], self.spent["save"], self.times["save"],
-        total - self.spent["eval"] - self.spent["save"])
+      "steps %d-%d took %s: evaluation %.1f s (%d), waiting for checkpoints %.1f s "
+      "(%d saves), training and the rest %.1f s",
+      first,
+      last,
+      values.hms(total),
+      self.spent["eval"],
+      self.times["eval"],
+      self.spent["save"],
+      self.times["save"],
+      total - self.spent["eval"] - self.spent["save"],
+    )
 
 
 class MetricWindow:
@@ -185,8 +192,7 @@ class MetricWindow:
   def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
     if self._pack is None:
       names = self.names = tuple(sorted(metrics))
-      self._pack = jax.jit(lambda m: jnp.stack(
-          [m[k].astype(jnp.float32) for k in names], axis=-1))
+      self._pack = jax.jit(lambda m: jnp.stack([m[k].astype(jnp.float32) for k in names], axis=-1))
     self.steps.append(step)
     self.pending.append(self._pack(metrics))
 
@@ -229,8 +235,9 @@ class MetricLog:
     self.bits_name = "bits_per_byte" if experiment.data.tokenizer == "bytes" else "bits_per_token"
     self.schedule = train_step.learning_rate_schedule(self.train)
     self.tokens_per_step = self.train.tokens_per_step
-    self.train_flops = flops_lib.flops_per_token(experiment.model,
-                                                 self.train.micro_batch_rows).train
+    self.train_flops = flops_lib.flops_per_token(
+      experiment.model, self.train.micro_batch_rows
+    ).train
     peak = flops_lib.device_peak_flops(experiment.model.dtype)
     self.peak = None if peak is None else peak * jax.device_count()
 
@@ -246,12 +253,12 @@ class MetricLog:
     # The rate of this step's last update (the optimizer's count before it).
     last_update = step * self.train.updates_per_step - 1
     scalars = {
-        "loss": nats / count,
-        self.bits_name: nats / count / losses.LN2,
-        "reconstruction_loss": float(np.mean(m["reconstruction_loss"])),
-        "grad_norm": float(np.mean(m["grad_norm"])),
-        "learning_rate": float(self.schedule(last_update)),
-        "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
+      "loss": nats / count,
+      self.bits_name: nats / count / losses.LN2,
+      "reconstruction_loss": float(np.mean(m["reconstruction_loss"])),
+      "grad_norm": float(np.mean(m["grad_norm"])),
+      "learning_rate": float(self.schedule(last_update)),
+      "tokens_per_second": steps * self.tokens_per_step / max(elapsed, 1e-9) if steps else 0.0,
     }
     mfu = ""
     if self.peak and steps:
@@ -265,13 +272,22 @@ class MetricLog:
       scalars.update({f"attention_mass/{k}": v for k, v in zip(BANKS, mass)})
       attn = "/".join(f"{v:.2f}" for v in mass)
     eta = (self.end - step) * elapsed / max(steps, 1) + remaining_pauses(
-        self.train, step, self.end, clock)
+      self.train, step, self.end, clock
+    )
     self.writer.write(step, scalars)
     _log.info(
-        "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
-        step, self.train.num_train_steps, scalars["loss"], self.bits_name,
-        scalars[self.bits_name], scalars["reconstruction_loss"], attn,
-        scalars["tokens_per_second"], mfu, values.hms(eta))
+      "step %d/%d  loss %.4f  %s %.4f  recon %.4g  attn c/m/s %s  %.0f tok/s%s  ETA %s",
+      step,
+      self.train.num_train_steps,
+      scalars["loss"],
+      self.bits_name,
+      scalars[self.bits_name],
+      scalars["reconstruction_loss"],
+      attn,
+      scalars["tokens_per_second"],
+      mfu,
+      values.hms(eta),
+    )
     clock.restart()
 
 
@@ -287,8 +303,10 @@ def remaining_pauses(train: experiment_lib.TrainConfig, step: int, end: int, clo
   `end`) will take, at the mean of those this run has made (none yet: 0),
   for the ETA: they are left out of training's own time (Clock)."""
   total = 0.0
-  for what, every, also in (("eval", train.eval_every_steps, train.num_train_steps),
-                            ("save", train.checkpoint_every_steps, end)):
+  for what, every, also in (
+    ("eval", train.eval_every_steps, train.num_train_steps),
+    ("save", train.checkpoint_every_steps, end),
+  ):
     if clock.times[what]:
       total += _due_after(every, step, end, also) * clock.spent[what] / clock.times[what]
   return total
@@ -304,40 +322,72 @@ def finished(train: experiment_lib.TrainConfig, start: int, workdir: str) -> boo
   """Whether the run restored at `start` has no step left (said in a line)."""
   if start < train.num_train_steps:
     return False
-  _log.info("the run is finished: step %d of %d is checkpointed in %s; nothing to train "
-            "(a larger --config.num_train_steps trains on)", start, train.num_train_steps,
-            workdir)
+  _log.info(
+    "the run is finished: step %d of %d is checkpointed in %s; nothing to train "
+    "(a larger --config.num_train_steps trains on)",
+    start,
+    train.num_train_steps,
+    workdir,
+  )
   return True
 
 
-def log_start(experiment: experiment_lib.Experiment, workdir: str, num_params: int,
-              start: int, end: int, config_name: str = "") -> None:
+def log_start(
+  experiment: experiment_lib.Experiment,
+  workdir: str,
+  num_params: int,
+  start: int,
+  end: int,
+  config_name: str = "",
+) -> None:
   """The run's config, size and files, before its first step (the mesh
   line, `_step_fn`'s, says where it runs)."""
   train, model = experiment.train, experiment.model
   segments = train.batch_size * train.segments_per_step
-  _log.info("%s%s parameters in %s; %s tokens per step (%d rows x %d segments x %d tokens); "
-            "steps %d-%d of %d", f"config {config_name}: " if config_name else "",
-            f"{num_params:,}", model.dtype,
-            f"{segments * model.segment_length:,}", train.batch_size, train.segments_per_step,
-            model.segment_length, start + 1, end, train.num_train_steps)
+  _log.info(
+    "%s%s parameters in %s; %s tokens per step (%d rows x %d segments x %d tokens); "
+    "steps %d-%d of %d",
+    f"config {config_name}: " if config_name else "",
+    f"{num_params:,}",
+    model.dtype,
+    f"{segments * model.segment_length:,}",
+    train.batch_size,
+    train.segments_per_step,
+    model.segment_length,
+    start + 1,
+    end,
+    train.num_train_steps,
+  )
   run = layout.Workdir(os.path.abspath(workdir))
-  board = (f"; TensorBoard: tensorboard --logdir {run.tensorboard()}"
-           if writers.TENSORBOARD in train.metric_writers else "")
+  board = (
+    f"; TensorBoard: tensorboard --logdir {run.tensorboard()}"
+    if writers.TENSORBOARD in train.metric_writers
+    else ""
+  )
   others = [w for w in train.metric_writers if w != writers.TENSORBOARD]
-  _log.info("the run's files: %s, %s, %s and %s%s%s", run.config, run.log, run.metrics("train"),
-            run.metrics("eval"), board,
-            f"; metrics also to {', '.join(others)}" if others else "")
+  _log.info(
+    "the run's files: %s, %s, %s and %s%s%s",
+    run.config,
+    run.log,
+    run.metrics("train"),
+    run.metrics("eval"),
+    board,
+    f"; metrics also to {', '.join(others)}" if others else "",
+  )
 
 
 def warn_of_endless_warmup(train: experiment_lib.TrainConfig) -> None:
   """A warmup as long as the run: its last update's rate, the one the
   metrics log at the last step, is below the peak."""
   if train.optimizer.warmup_steps >= train.num_train_steps:
-    last = float(train_step.learning_rate_schedule(train)(
-        train.num_train_steps * train.updates_per_step - 1))
+    last = float(
+      train_step.learning_rate_schedule(train)(train.num_train_steps * train.updates_per_step - 1)
+    )
     _log.warning(
-        "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
-        "up when the run ends; its last update's is %.4g, below optimizer.learning_rate=%g",
-        train.optimizer.warmup_steps, train.num_train_steps, last,
-        train.optimizer.learning_rate)
+      "optimizer.warmup_steps=%d >= num_train_steps=%d: the learning rate is still warming "
+      "up when the run ends; its last update's is %.4g, below optimizer.learning_rate=%g",
+      train.optimizer.warmup_steps,
+      train.num_train_steps,
+      last,
+      train.optimizer.learning_rate,
+    )

@@ -62,8 +62,7 @@ def depth(value: Any) -> int:
   deepest, stack = 0, [(value, 1)]
   while stack:
     item, level = stack.pop()
-    children = (item.values() if isinstance(item, dict) else item
-                if isinstance(item, list) else None)
+    children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
     if children is None:
       continue
     deepest = max(deepest, level)
@@ -71,12 +70,20 @@ def depth(value: Any) -> int:
   return deepest
 
 
-_KINDS = {dict: "a mapping", list: "a list", str: "a string", bool: "true or false",
-          int: "a number", float: "a number", type(None): "null"}
+_KINDS = {
+  dict: "a mapping",
+  list: "a list",
+  str: "a string",
+  bool: "true or false",
+  int: "a number",
+  float: "a number",
+  type(None): "null",
+}
 
 
-def parse(data: str | bytes, path: str, kind: Optional[type] = dict, *,
-          nonfinite_as_null: bool = False) -> Any:
+def parse(
+  data: str | bytes, path: str, kind: Optional[type] = dict, *, nonfinite_as_null: bool = False
+) -> Any:
   """The JSON value `data` holds (the text of `path`, or one line of it),
   of type `kind` (None: any); DamagedJSONError naming `path` and the cause
   for anything else. `nonfinite_as_null`: NaN, Infinity and numbers beyond
@@ -88,8 +95,11 @@ def parse(data: str | bytes, path: str, kind: Optional[type] = dict, *,
   if depth(value) > MAX_DEPTH:
     raise DamagedJSONError(path, f"it nests brackets more than {MAX_DEPTH} deep")
   if kind is not None and not isinstance(value, kind):
-    raise DamagedJSONError(path, f"it holds {_KINDS.get(type(value), type(value).__name__)}, "
-                                 f"not {_KINDS.get(kind, kind.__name__)}")
+    raise DamagedJSONError(
+      path,
+      f"it holds {_KINDS.get(type(value), type(value).__name__)}, "
+      f"not {_KINDS.get(kind, kind.__name__)}",
+    )
   return value
 
 

@@ -39,11 +39,14 @@ METRICS_BYTES = 2 << 30
 # the most of each it copies (compressive/remote.py): the side files and an
 # export's manifest, each within its reader's bound (train.log, which the
 # trainer appends to and nothing reads, within a metrics file's).
-remote.register_run_files({
-    layout.CONFIG_FILE: CONFIG_BYTES, layout.EXPORT_FILE: CONFIG_BYTES,
+remote.register_run_files(
+  {
+    layout.CONFIG_FILE: CONFIG_BYTES,
+    layout.EXPORT_FILE: CONFIG_BYTES,
     layout.LOG_FILE: METRICS_BYTES,
-    **{layout.metrics_file(name): METRICS_BYTES for name in layout.METRICS}})
-
+    **{layout.metrics_file(name): METRICS_BYTES for name in layout.METRICS},
+  }
+)
 
 
 def set_aside(path: str, why: str) -> str:

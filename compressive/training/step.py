@@ -57,11 +57,13 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: dropout key, folded with `step`
 
   if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
+
     def replace(self, **updates: Any) -> Self: ...
 
 
-def build_model(model_config: ModelConfig, seed: int
-                ) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
+def build_model(
+  model_config: ModelConfig, seed: int
+) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
   """(graphdef, nnx state, initial params dict) of the model of
   `model_config`, its parameters drawn from `seed`."""
   model = CompressiveTransformer(model_config, rngs=nnx.Rngs(seed))
@@ -69,8 +71,9 @@ def build_model(model_config: ModelConfig, seed: int
   return graphdef, state, nnx.to_pure_dict(state)
 
 
-def abstract_model(experiment: experiment_lib.Experiment
-                   ) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
+def abstract_model(
+  experiment: experiment_lib.Experiment,
+) -> tuple[nnx.GraphDef, nnx.State, dict[str, Any]]:
   """(graphdef, abstract nnx state, abstract params dict): shapes, no arrays;
   the checked Experiment's own, built when it was checked."""
   graphdef, state = experiment.graphdef, experiment.abstract_state
@@ -84,8 +87,12 @@ def learning_rate_schedule(train: experiment_lib.TrainConfig) -> optax.Schedule:
   total = max(train.num_train_steps * s, 1)
   warmup = min(opt.warmup_steps * s, total)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
-      decay_steps=max(total, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
+    init_value=0.0,
+    peak_value=opt.learning_rate,
+    warmup_steps=warmup,
+    decay_steps=max(total, warmup + 1),
+    end_value=opt.learning_rate * opt.final_lr_fraction,
+  )
 
 
 def make_optimizer(train: experiment_lib.TrainConfig, params: Any) -> optax.GradientTransformation:
@@ -106,21 +113,29 @@ def make_optimizer(train: experiment_lib.TrainConfig, params: Any) -> optax.Grad
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
 
   labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "compressor" if any(
-          getattr(k, "key", None) == "compressor" for k in path) else "model", params)
+    lambda path, _: (
+      "compressor" if any(getattr(k, "key", None) == "compressor" for k in path) else "model"
+    ),
+    params,
+  )
   return optax.multi_transform({"model": base(), "compressor": base()}, labels)
 
 
-def create_train_state(train: experiment_lib.TrainConfig, params: Any,
-                       tx: optax.GradientTransformation) -> TrainState:
+def create_train_state(
+  train: experiment_lib.TrainConfig, params: Any, tx: optax.GradientTransformation
+) -> TrainState:
   return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.PRNGKey(train.seed + 1))
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.PRNGKey(train.seed + 1),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where training's arrays live on the mesh (pytrees of NamedSharding)."""
+
   mesh: Mesh
   state: Any  # TrainState: parameters and optimizer state by mesh.logical_axis_rules
   compute_params: Any  # parameters while computing: gathered along the data axes
@@ -132,47 +147,70 @@ class Layout:
     return sharding.replicated(self.mesh)
 
 
-def make_layout(config: sharding.MeshConfig, mesh: Mesh, state_template: nnx.State,
-                abstract_state: TrainState, abstract_memory: memory_lib.Memory) -> Layout:
+def make_layout(
+  config: sharding.MeshConfig,
+  mesh: Mesh,
+  state_template: nnx.State,
+  abstract_state: TrainState,
+  abstract_memory: memory_lib.Memory,
+) -> Layout:
   """Shardings of the train state, memory and batch (shapes suffice) on
   `mesh`, built from `config` (the MeshConfig), from the parameters' logical axes in the model's
   (abstract) `state_template`."""
   specs = sharding.state_specs(config, state_template, abstract_state)
   state = sharding.shardings(mesh, specs)
   compute = sharding.gathered_specs(config, specs.params)
-  batch = {k: sharding.rows_sharding(mesh, config, n, 1)
-           for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))}
-  return Layout(mesh=mesh, state=state, compute_params=sharding.shardings(mesh, compute),
-                memory=sharding.memory_shardings(mesh, config, abstract_memory), batch=batch)
+  batch = {
+    k: sharding.rows_sharding(mesh, config, n, 1)
+    for k, n in (("inputs", 3), ("targets", 3), ("mask", 3), ("start_of_sequence", 2))
+  }
+  return Layout(
+    mesh=mesh,
+    state=state,
+    compute_params=sharding.shardings(mesh, compute),
+    memory=sharding.memory_shardings(mesh, config, abstract_memory),
+    batch=batch,
+  )
 
 
-def abstract_train_state(train: experiment_lib.TrainConfig, abstract_params: Any,
-                         tx: optax.GradientTransformation) -> TrainState:
+def abstract_train_state(
+  train: experiment_lib.TrainConfig, abstract_params: Any, tx: optax.GradientTransformation
+) -> TrainState:
   return jax.eval_shape(lambda p: create_train_state(train, p, tx), abstract_params)
 
 
-def init_train_state(experiment: experiment_lib.Experiment, tx: optax.GradientTransformation,
-                     layout: Layout) -> TrainState:
+def init_train_state(
+  experiment: experiment_lib.Experiment, tx: optax.GradientTransformation, layout: Layout
+) -> TrainState:
   """A fresh train state, each parameter initialised straight into its shards."""
   train = experiment.train
   return jax.jit(
-      lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
-      out_shardings=layout.state)()
+    lambda: create_train_state(train, build_model(experiment.model, train.seed)[2], tx),
+    out_shardings=layout.state,
+  )()
 
 
-def init_sharded_memory(model_config: ModelConfig, batch_size: int,
-                        layout: Layout) -> memory_lib.Memory:
+def init_sharded_memory(
+  model_config: ModelConfig, batch_size: int, layout: Layout
+) -> memory_lib.Memory:
   """A fresh memory of `batch_size` rows for the model of `model_config`,
   laid out as `layout` says."""
   dtype = jnp.dtype(model_config.dtype)
-  return jax.jit(lambda: memory_lib.init_memory(model_config, batch_size, dtype),
-                 out_shardings=layout.memory)()
+  return jax.jit(
+    lambda: memory_lib.init_memory(model_config, batch_size, dtype), out_shardings=layout.memory
+  )()
 
 
-def make_train_step(graphdef: nnx.GraphDef, state_template: nnx.State,
-                    tx: optax.GradientTransformation, dropout: bool,
-                    layout: Optional[Layout] = None, *, grad_accum_steps: int = 1,
-                    gradient_window: int = 1) -> jax.stages.Wrapped:
+def make_train_step(
+  graphdef: nnx.GraphDef,
+  state_template: nnx.State,
+  tx: optax.GradientTransformation,
+  dropout: bool,
+  layout: Optional[Layout] = None,
+  *,
+  grad_accum_steps: int = 1,
+  gradient_window: int = 1,
+) -> jax.stages.Wrapped:
   """jit(train_step)(state, memory, batch) -> (state, memory, metrics).
 
   batch: inputs, targets [S, B, T] int32; mask [S, B, T] bool;
@@ -199,23 +237,34 @@ def make_train_step(graphdef: nnx.GraphDef, state_template: nnx.State,
   if grad_accum_steps < 1:
     raise ValueError(f"grad_accum_steps={grad_accum_steps} must be >= 1")
   if gradient_window < 1 or (gradient_window > 1 and grad_accum_steps > 1):
-    raise ValueError(f"gradient_window={gradient_window} must be >= 1, and 1 with "
-                     "grad_accum_steps > 1")
+    raise ValueError(
+      f"gradient_window={gradient_window} must be >= 1, and 1 with grad_accum_steps > 1"
+    )
   dp = _data_split(layout)
   model_config = nnx.merge(graphdef, state_template).config  # static: read once, not per trace
 
   def forward(params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array) -> Output:
     if layout is not None:  # FSDP: gather the stored shards to compute
-      params = sharding.gather_for_compute(params, layout.compute_params, layout.state.params,
-                                           jnp.dtype(model_config.dtype))
+      params = sharding.gather_for_compute(
+        params, layout.compute_params, layout.state.params, jnp.dtype(model_config.dtype)
+      )
     model = merge_params(graphdef, state_template, params)
     return _forward(model, seg, memory, rng if dropout else None)
 
-  def accumulated_gradients(forward: Forward, params: Any, seg: Batch,
-                            memory: memory_lib.Memory, rng: jax.Array) -> Gradients:
+  def accumulated_gradients(
+    forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array
+  ) -> Gradients:
     return _accumulated_gradients(
-        forward, params, seg, memory, rng, grad_accum_steps, dp, layout,
-        model_config.reconstruction_loss)
+      forward,
+      params,
+      seg,
+      memory,
+      rng,
+      grad_accum_steps,
+      dp,
+      layout,
+      model_config.reconstruction_loss,
+    )
 
   def segment(carry: Carry, seg: Batch) -> tuple[Carry, Scalars]:
     state, memory = carry
@@ -224,30 +273,37 @@ def make_train_step(graphdef: nnx.GraphDef, state_template: nnx.State,
 
   def window(carry: Carry, segs: Batch) -> tuple[Carry, Scalars]:
     state, memory = carry
-    return _update(tx, layout, state, memory, segs,
-                   functools.partial(_window_gradients, forward))
+    return _update(tx, layout, state, memory, segs, functools.partial(_window_gradients, forward))
 
-  def train_step(state: TrainState, memory: memory_lib.Memory, batch: Batch
-                 ) -> tuple[TrainState, memory_lib.Memory, Scalars]:
+  def train_step(
+    state: TrainState, memory: memory_lib.Memory, batch: Batch
+  ) -> tuple[TrainState, memory_lib.Memory, Scalars]:
     if gradient_window == 1:  # the paper's: one update per segment
       (state, memory), metrics = jax.lax.scan(segment, (state, memory), batch)
       return state, memory, metrics
     # [S, B, ...] -> [S / W, W, B, ...]: one update per window of W segments
     windows = jax.tree.map(
-        lambda x: x.reshape((x.shape[0] // gradient_window, gradient_window) + x.shape[1:]),
-        batch)
+      lambda x: x.reshape((x.shape[0] // gradient_window, gradient_window) + x.shape[1:]), batch
+    )
     (state, memory), metrics = jax.lax.scan(window, (state, memory), windows)
     return state, memory, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), metrics)
 
-  shardings: dict[str, Any] = {} if layout is None else dict(
+  shardings: dict[str, Any] = (
+    {}
+    if layout is None
+    else dict(
       in_shardings=(layout.state, layout.memory, layout.batch),
-      out_shardings=(layout.state, layout.memory, layout.replicated))
+      out_shardings=(layout.state, layout.memory, layout.replicated),
+    )
+  )
   return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
 
 
-def _full_batch_gradients(forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory,
-                          rng: jax.Array) -> Gradients:
+def _full_batch_gradients(
+  forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array
+) -> Gradients:
   """(grads, new memory, scalars, nats, count) of one segment, the paper's."""
+
   def loss_fn(params: Any) -> tuple[jax.Array, Aux]:
     nats, count, new_memory, scalars = forward(params, seg, memory, rng)
     lm = nats / jnp.maximum(count, 1.0)
@@ -258,18 +314,24 @@ def _full_batch_gradients(forward: Forward, params: Any, seg: Batch, memory: mem
   return grads, new_memory, scalars, nats, count
 
 
-def _window_gradients(forward: Forward, params: Any, segs: Batch, memory: memory_lib.Memory,
-                      rng: jax.Array) -> Gradients:
+def _window_gradients(
+  forward: Forward, params: Any, segs: Batch, memory: memory_lib.Memory, rng: jax.Array
+) -> Gradients:
   """(grads, new memory, scalars, nats, count) of a window's loss (`window_loss`)."""
   grads, (new_memory, scalars, nats, count) = jax.grad(window_loss, has_aux=True)(
-      params, forward, segs, memory, rng)
+    params, forward, segs, memory, rng
+  )
   return grads, new_memory, scalars, nats, count
 
 
-def _update(tx: optax.GradientTransformation, layout: Optional[Layout], state: TrainState,
-            memory: memory_lib.Memory, seg: Batch,
-            gradients: Callable[[Any, Batch, memory_lib.Memory, jax.Array], Gradients]
-            ) -> tuple[Carry, Scalars]:
+def _update(
+  tx: optax.GradientTransformation,
+  layout: Optional[Layout],
+  state: TrainState,
+  memory: memory_lib.Memory,
+  seg: Batch,
+  gradients: Callable[[Any, Batch, memory_lib.Memory, jax.Array], Gradients],
+) -> tuple[Carry, Scalars]:
   """One optimizer update from `gradients(params, seg, memory, rng)` of
   `seg` (a segment, or a window's segments): ((state, memory), metrics)."""
   rng = jax.random.fold_in(state.rng, state.step)
@@ -278,17 +340,22 @@ def _update(tx: optax.GradientTransformation, layout: Optional[Layout], state: T
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   grad_norm = optax.tree.norm(grads)
-  metrics = dict(scalars, nats=nats, tokens=count,
-                 grad_norm=jnp.broadcast_to(grad_norm, nats.shape),
-                 finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm))
+  metrics = dict(
+    scalars,
+    nats=nats,
+    tokens=count,
+    grad_norm=jnp.broadcast_to(grad_norm, nats.shape),
+    finite=jnp.isfinite(nats) & jnp.isfinite(grad_norm),
+  )
   if layout is not None:  # keep the carry laid out as it came in
     new_state = jax.lax.with_sharding_constraint(new_state, layout.state)
     new_memory = jax.lax.with_sharding_constraint(new_memory, layout.memory)
   return (new_state, new_memory), metrics
 
 
-def window_loss(params: Any, forward: Forward, segs: Batch, memory: memory_lib.Memory,
-                rng: jax.Array) -> tuple[jax.Array, Aux]:
+def window_loss(
+  params: Any, forward: Forward, segs: Batch, memory: memory_lib.Memory, rng: jax.Array
+) -> tuple[jax.Array, Aux]:
   """The loss of a window of W segments, differentiable in `params` through
   the memory it threads (what model.memory_gradient leaves differentiable),
   and (the memory after it, stop-gradient; per-segment scalars, nats and
@@ -304,20 +371,26 @@ def window_loss(params: Any, forward: Forward, segs: Batch, memory: memory_lib.M
   """
   w = jax.tree.leaves(segs)[0].shape[0]
 
-  def one(memory: memory_lib.Memory, xs: tuple[jax.Array, Batch]
-          ) -> tuple[memory_lib.Memory, tuple[Scalars, jax.Array, jax.Array]]:
+  def one(
+    memory: memory_lib.Memory, xs: tuple[jax.Array, Batch]
+  ) -> tuple[memory_lib.Memory, tuple[Scalars, jax.Array, jax.Array]]:
     k, seg = xs
     nats, count, new_memory, scalars = forward(params, seg, memory, jax.random.fold_in(rng, k))
     return new_memory, (scalars, nats, count)
 
   new_memory, (scalars, nats, count) = jax.lax.scan(
-      one, jax.lax.stop_gradient(memory), (jnp.arange(w), segs))
+    one, jax.lax.stop_gradient(memory), (jnp.arange(w), segs)
+  )
   loss = nats.sum() / jnp.maximum(count.sum(), 1.0) + scalars["reconstruction_loss"].mean()
   return loss, (jax.lax.stop_gradient(new_memory), scalars, nats, count)
 
 
-def _forward(model: CompressiveTransformer, seg: Batch, memory: memory_lib.Memory,
-             dropout_rng: Optional[jax.Array]) -> Output:
+def _forward(
+  model: CompressiveTransformer,
+  seg: Batch,
+  memory: memory_lib.Memory,
+  dropout_rng: Optional[jax.Array],
+) -> Output:
   """(nats, count, new memory, scalars) of one segment: the train step's one
   call of the model, and the one place that reads the model's aux.
 
@@ -326,7 +399,8 @@ def _forward(model: CompressiveTransformer, seg: Batch, memory: memory_lib.Memor
   that trains the compressor) and `attention_mass/<bank>` (diagnostics).
   """
   logits, new_memory, aux = model(
-      seg["inputs"], memory, seg["start_of_sequence"], dropout_rng=dropout_rng)
+    seg["inputs"], memory, seg["start_of_sequence"], dropout_rng=dropout_rng
+  )
   nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
   return nats, count, new_memory, aux.scalars()
 
@@ -349,22 +423,23 @@ def _split_rows(x: jax.Array, axis: int, parts: int, dp: int) -> jax.Array:
   """
   shape = x.shape
   m = shape[axis] // (dp * parts)
-  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1:])
+  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1 :])
   y = jnp.moveaxis(y, axis + 1, 0)  # [parts, ..., dp, m, ...]
-  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1:])
+  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1 :])
 
 
 def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
   """The inverse of `_split_rows`: [parts, ..., B / parts, ...] -> [..., B, ...]."""
   parts, shape = y.shape[0], y.shape[1:]
   m = shape[axis] // dp
-  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1:])
+  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1 :])
   z = jnp.moveaxis(z, 0, axis + 1)  # [..., dp, parts, m, ...]
-  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1:])
+  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1 :])
 
 
-def _reconstruction_row_weights(kind: str, memory: memory_lib.Memory,
-                                start_of_sequence: jax.Array, t: int) -> jax.Array:
+def _reconstruction_row_weights(
+  kind: str, memory: memory_lib.Memory, start_of_sequence: jax.Array, t: int
+) -> jax.Array:
   """[B] each row's share of the reconstruction loss's denominator.
 
   Each layer's reconstruction loss is a masked mean over the batch
@@ -385,9 +460,17 @@ def _reconstruction_row_weights(kind: str, memory: memory_lib.Memory,
   return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
 
 
-def _accumulated_gradients(forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory,
-                           rng: jax.Array, parts: int, dp: int, layout: Optional[Layout],
-                           reconstruction: str) -> Gradients:
+def _accumulated_gradients(
+  forward: Forward,
+  params: Any,
+  seg: Batch,
+  memory: memory_lib.Memory,
+  rng: jax.Array,
+  parts: int,
+  dp: int,
+  layout: Optional[Layout],
+  reconstruction: str,
+) -> Gradients:
   """(grads, new memory, scalars, nats, count) of one segment, as the full
   batch gives them, computed in `parts` micro-batches by a `lax.scan`.
 
@@ -410,21 +493,27 @@ def _accumulated_gradients(forward: Forward, params: Any, seg: Batch, memory: me
   micro_seg = {k: _split_rows(v, 0, parts, dp) for k, v in seg.items()}
   micro_memory = jax.tree.map(lambda x: _split_rows(x, 1, parts, dp), memory)
   if layout is not None:  # [parts, rows, ...]: the rows split as the batch's
-    micro_seg = jax.lax.with_sharding_constraint(
-        micro_seg, {k: layout.batch[k] for k in micro_seg})
-    micro_memory = jax.lax.with_sharding_constraint(micro_memory, jax.tree.map(
-        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)),
-        layout.memory))
+    micro_seg = jax.lax.with_sharding_constraint(micro_seg, {k: layout.batch[k] for k in micro_seg})
+    micro_memory = jax.lax.with_sharding_constraint(
+      micro_memory,
+      jax.tree.map(
+        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), layout.memory
+      ),
+    )
 
-  def micro(grads: Any, xs: tuple[jax.Array, Batch, memory_lib.Memory, jax.Array]
-            ) -> tuple[Any, Aux]:
+  def micro(
+    grads: Any, xs: tuple[jax.Array, Batch, memory_lib.Memory, jax.Array]
+  ) -> tuple[Any, Aux]:
     k, seg_k, memory_k, coefficient = xs
 
     def loss_fn(params: Any) -> tuple[jax.Array, Aux]:
-      nats, count, new_memory, scalars = forward(params, seg_k, memory_k,
-                                                 jax.random.fold_in(rng, k))
-      return (nats / total + coefficient * scalars["reconstruction_loss"],
-              (new_memory, scalars, nats, count))
+      nats, count, new_memory, scalars = forward(
+        params, seg_k, memory_k, jax.random.fold_in(rng, k)
+      )
+      return (
+        nats / total + coefficient * scalars["reconstruction_loss"],
+        (new_memory, scalars, nats, count),
+      )
 
     g, out = jax.grad(loss_fn, has_aux=True)(params)
     grads = jax.tree.map(jnp.add, grads, g)
@@ -434,8 +523,11 @@ def _accumulated_gradients(forward: Forward, params: Any, seg: Batch, memory: me
 
   zeros = jax.tree.map(jnp.zeros_like, params)
   grads, (new_memory, scalars, nats, count) = jax.lax.scan(
-      micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients))
+    micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients)
+  )
   new_memory = jax.tree.map(lambda y: _merge_rows(y, 1, dp), new_memory)
-  scalars = {k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
-             for k, v in scalars.items()}
+  scalars = {
+    k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
+    for k, v in scalars.items()
+  }
   return grads, new_memory, scalars, nats.sum(), count.sum()

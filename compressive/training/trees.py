@@ -20,12 +20,13 @@ def param_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """Parameter name -> shape, for the `params` of a train state or of a saved
   state's metadata (their other entries are laid out differently)."""
   leaves = jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
+    tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict)
+  )
   out = {}
   for path, leaf in leaves:
     name = path_name(path)
     if name.startswith("params/"):
-      out[name[len("params/"):]] = tuple(int(n) for n in leaf.shape)
+      out[name[len("params/") :]] = tuple(int(n) for n in leaf.shape)
   return out
 
 
@@ -67,4 +68,5 @@ def abstract(tree: Any, shardings: Any = None) -> Any:
   if shardings is None:
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
   return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )

@@ -46,6 +46,7 @@ TENSORBOARD, WANDB = "tensorboard", "wandb"
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What a writer is told of the run it writes for."""
+
   workdir: str  # the run's folder on this machine (a mirror's, for gs://)
   url: str  # the workdir as the user named it (a gs:// URL, or the folder)
   name: str  # the run's name: the workdir's last part
@@ -61,8 +62,7 @@ class Writer(Protocol):
   def write_hparams(self, config: Mapping[str, Any]) -> None:
     """The run's config (nested), once per run start."""
 
-  def close(self) -> None:
-    ...
+  def close(self) -> None: ...
 
 
 Factory = Callable[[Run], Writer]
@@ -86,15 +86,23 @@ def resolve(names: Any) -> list[Factory]:
   """The factories of `names` (metric_writers): registered names or
   `module:Name`; ConfigError, one line, for one that cannot be had."""
   if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
-    raise ConfigError(f"metric_writers={names!r} must be a tuple of writer names, e.g. "
-                      "('tensorboard', 'wandb')")
+    raise ConfigError(
+      f"metric_writers={names!r} must be a tuple of writer names, e.g. ('tensorboard', 'wandb')"
+    )
   found = []
   for name in names:
-    factory = plugins.lookup("metric_writers", name, _WRITERS, callable, "a callable (a writer "
-                             "factory taking a compressive.training.writers.Run)")
+    factory = plugins.lookup(
+      "metric_writers",
+      name,
+      _WRITERS,
+      callable,
+      "a callable (a writer factory taking a compressive.training.writers.Run)",
+    )
     if name == WANDB and importlib.util.find_spec(WANDB) is None:
-      raise ConfigError("metric_writers names wandb, which needs the wandb package: pip "
-                        "install \"compressive[wandb]\" (or pip install wandb)")
+      raise ConfigError(
+        "metric_writers names wandb, which needs the wandb package: pip "
+        'install "compressive[wandb]" (or pip install wandb)'
+      )
     found.append(factory)
   return found
 
@@ -107,8 +115,9 @@ def open_all(names: Any, run: Run) -> list[Writer]:
 def run_of(workdir: str, config: Mapping[str, Any]) -> Run:
   """The Run of a workdir folder (a mirror's named by its URL)."""
   url = remote.public(os.path.abspath(workdir))
-  return Run(workdir=workdir, url=url, name=os.path.basename(url.rstrip("/")) or "run",
-             config=config)
+  return Run(
+    workdir=workdir, url=url, name=os.path.basename(url.rstrip("/")) or "run", config=config
+  )
 
 
 # -- TensorBoard. ---------------------------------------------------------------
@@ -132,7 +141,6 @@ def hparam_value(v: Any) -> bool | int | float | str:
   return str(v)
 
 
-
 class TensorBoard:
   """Event files in WORKDIR/tensorboard/<stream>/ (layout.Workdir), with
   tensorboardX (protobuf and numpy only), never TensorFlow; the hparams in
@@ -153,13 +161,16 @@ class TensorBoard:
       # keeps a second writer within that second (a quick resume) from
       # truncating the first's.
       from tensorboardX import event_file_writer
+
       os.makedirs(self.run.tensorboard(stream), exist_ok=True)
       self._events[stream] = event_file_writer.EventsWriter(
-          self.run.events(stream), filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
+        self.run.events(stream), filename_suffix=f".{os.getpid()}.{next(_writer_ids)}"
+      )
     return self._events[stream]
 
   def _summary(self, stream: str, summary: Any, step: int = 0) -> None:
     from tensorboardX.proto import event_pb2
+
     writer = self._writer(stream)
     with _naming(self.run.tensorboard(stream)):
       writer.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
@@ -168,6 +179,7 @@ class TensorBoard:
   def write(self, stream: str, step: int, scalars: Mapping[str, float]) -> None:
     from tensorboardX import summary as tbx_summary
     from tensorboardX.proto import summary_pb2
+
     summaries = [v for k, x in scalars.items() for v in tbx_summary.scalar(k, float(x)).value]
     self._summary(stream, summary_pb2.Summary(value=summaries), int(step))
 
@@ -180,6 +192,7 @@ class TensorBoard:
     TensorBoard shows the first record of a folder: a resumed run's is
     ignored."""
     from tensorboardX import summary as tbx_summary
+
     _, session_start, _ = tbx_summary.hparams(hparams(config), {})
     self._summary("train", session_start)
 
@@ -202,13 +215,19 @@ class WandB:
 
   def __init__(self, run: Run):
     import wandb
+
     folder = layout.Workdir(run.workdir).wandb
     os.makedirs(folder, exist_ok=True)
     run_id = os.environ.get("WANDB_RUN_ID") or hashlib.sha256(run.url.encode()).hexdigest()[:16]
     self._run = wandb.init(
-        project=os.environ.get("WANDB_PROJECT") or "compressive",
-        name=os.environ.get("WANDB_NAME") or run.name, id=run_id, resume="allow",
-        dir=os.path.dirname(folder), config=dict(run.config), reinit="create_new")
+      project=os.environ.get("WANDB_PROJECT") or "compressive",
+      name=os.environ.get("WANDB_NAME") or run.name,
+      id=run_id,
+      resume="allow",
+      dir=os.path.dirname(folder),
+      config=dict(run.config),
+      reinit="create_new",
+    )
 
   def write(self, stream: str, step: int, scalars: Mapping[str, float]) -> None:
     self._run.log({f"{stream}/{k}": float(v) for k, v in scalars.items()}, step=int(step))

@@ -40,8 +40,11 @@ def _config_for(source, tmp_path):
 def _cases(tmp_path):
   """(source, field path or None for a shared field, huge value) for every
   integer field of every built-in source's section and the shared fields."""
-  builtin = [n for n in registry.names()
-             if registry.get(n).get_documents.__module__.startswith("compressive.data.")]
+  builtin = [
+    n
+    for n in registry.names()
+    if registry.get(n).get_documents.__module__.startswith("compressive.data.")
+  ]
   shared = tiny_experiment().data
   for name, value in _integer_fields(shared):
     yield "synthetic", name, value
@@ -51,7 +54,8 @@ def _cases(tmp_path):
 
 
 def test_every_integer_field_of_every_data_source_refuses_a_huge_value_in_a_moment(
-    tmp_path, monkeypatch):
+  tmp_path, monkeypatch
+):
   monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
   tried = []
   start = time.monotonic()
@@ -69,18 +73,31 @@ def test_every_integer_field_of_every_data_source_refuses_a_huge_value_in_a_mome
       assert "\n" not in str(e.value), (field, str(e.value))
       tried.append(field)
   # Every source with integer fields was tried, and the check took moments.
-  assert {"cache_tokens", "spm_vocab_size", "spm_train_max_bytes", "synthetic.num_docs",
-          "synthetic.max_length", "synthetic.period", "recall.doc_length", "recall.facts",
-          "recall.num_docs", "enwik8.split_bytes", "enwik8.train_shards"} <= set(tried)
+  assert {
+    "cache_tokens",
+    "spm_vocab_size",
+    "spm_train_max_bytes",
+    "synthetic.num_docs",
+    "synthetic.max_length",
+    "synthetic.period",
+    "recall.doc_length",
+    "recall.facts",
+    "recall.num_docs",
+    "enwik8.split_bytes",
+    "enwik8.train_shards",
+  } <= set(tried)
   assert time.monotonic() - start < 20
 
 
-@pytest.mark.parametrize("field, value, expected", [
+@pytest.mark.parametrize(
+  "field, value, expected",
+  [
     ("synthetic.num_docs", (10**9, 4, 4), "the documents of data.synthetic"),
     ("synthetic.max_length", 10**12, "the documents of data.synthetic"),
     ("recall.facts", 10**9, "data.recall.facts=1000000000 facts of 2 events"),
     ("cache_tokens", 2**40, "data.cache_tokens=1099511627776 int32 tokens need at least"),
-])
+  ],
+)
 def test_a_data_size_names_its_field_and_the_hosts_memory(field, value, expected, tmp_path):
   source = field.split(".")[0] if "." in field else "synthetic"
   c = _config_for(source, tmp_path)

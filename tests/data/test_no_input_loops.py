@@ -68,15 +68,21 @@ def test_a_crafted_one_file_corpus_is_cut_and_named_not_looped_on(tmp_path):
   st = os.stat(path)
   at = (str(path), st.st_size, st.st_mtime_ns)
   assert within(BOUND_S, text_files._pieces, *at, 16384) == (
-      (0, 16384), (16384, 32768), (32768, 40001))
+    (0, 16384),
+    (16384, 32768),
+    (32768, 40001),
+  )
   # Three documents are too few to split well: cut smaller (piece_bytes), as cleanly.
   size = text_files.piece_bytes(str(path), 16384)
   names, ranges = within(BOUND_S, text_files._file_pieces, str(path), 16384)
   assert size < 16384 and len(names) == len(ranges) > 3
   assert ranges == tuple((i, min(i + size, 40001)) for i in range(0, 40001, size))
   for split in data.SPLITS:
-    with pytest.raises(DataError, match=r"input\d+\.txt: invalid UTF-8 at byte \d+ \(invalid "
-                                        r"(start|continuation) byte\)"):
+    with pytest.raises(
+      DataError,
+      match=r"input\d+\.txt: invalid UTF-8 at byte \d+ \(invalid "
+      r"(start|continuation) byte\)",
+    ):
       within(BOUND_S, data.check_documents, data_of(c), split, data.ByteTokenizer())
   # Read with U+FFFD for what is not UTF-8, as text_errors='replace' asks.
   c.text_files.text_errors = "replace"
@@ -87,10 +93,16 @@ def test_a_crafted_one_file_corpus_is_cut_and_named_not_looped_on(tmp_path):
 def test_training_on_the_crafted_corpus_is_one_line_before_any_work(tmp_path):
   c, path = _corpus(tmp_path, CRAFTED * 3)
   within(BOUND_S, text_files._file_pieces, str(path), 1024)  # the loop is not met below
-  r = inprocess.run("train.py", [f"--workdir={tmp_path}/wd", "--dry_run",
-                                 "--config.data.source=text_files",
-                                 f"--config.data.text_files.path={path}",
-                                 "--config.data.text_files.document_bytes=1024"])
+  r = inprocess.run(
+    "train.py",
+    [
+      f"--workdir={tmp_path}/wd",
+      "--dry_run",
+      "--config.data.source=text_files",
+      f"--config.data.text_files.path={path}",
+      "--config.data.text_files.document_bytes=1024",
+    ],
+  )
   assert r.returncode == 2, r.stderr[-3000:]
   [line] = r.stderr.strip().splitlines()
   assert line.startswith(f"error: {path}: invalid UTF-8 at byte "), line
@@ -101,13 +113,16 @@ def test_training_on_the_crafted_corpus_is_one_line_before_any_work(tmp_path):
 
 # Bytes as UTF-8 has them: ASCII, continuation bytes, lead bytes of 2, 3 and 4
 # byte characters, and bytes that never occur in UTF-8 (0xC0, 0xC1, 0xF5-0xFF).
-_BYTE = st.sampled_from([0x41, 0x0A, 0x80, 0xBF, 0xC2, 0xC3, 0xDF, 0xE0, 0xE2, 0xEF, 0xF0,
-                         0xF4, 0xC0, 0xF8, 0xFF]) | st.integers(0, 255)
+_BYTE = st.sampled_from(
+  [0x41, 0x0A, 0x80, 0xBF, 0xC2, 0xC3, 0xDF, 0xE0, 0xE2, 0xEF, 0xF0, 0xF4, 0xC0, 0xF8, 0xFF]
+) | st.integers(0, 255)
 _RAW = st.lists(_BYTE, max_size=600).map(bytes)
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
-_FUZZ = settings(max_examples=200, deadline=None,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                        HealthCheck.too_slow])
+_FUZZ = settings(
+  max_examples=200,
+  deadline=None,
+  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @given(raw=_RAW.filter(bool))
@@ -117,7 +132,7 @@ def test_a_cut_keeps_at_least_one_byte_and_moves_only_the_character_at_the_end(r
   assert 1 <= end <= len(raw)
   if end < len(raw):  # a lead byte and its continuation bytes, at most 4 bytes
     assert len(raw) - end <= 4 and raw[end] >= 0xC0
-    assert all(b & 0xC0 == 0x80 for b in raw[end + 1:])
+    assert all(b & 0xC0 == 0x80 for b in raw[end + 1 :])
 
 
 def _check_pieces(tmp_path, raw, piece):
@@ -152,8 +167,10 @@ def test_pieces_advance_on_any_bytes(tmp_path):
 def test_every_reader_of_a_one_file_corpus_ends_on_any_bytes(tmp_path):
   # Documents, their check and the corpus's identity, strict and replacing:
   # each ends, by documents or by one line naming the file.
-  @given(raw=st.lists(_BYTE, min_size=200, max_size=1500).map(bytes),
-         errors=st.sampled_from(["strict", "replace"]))
+  @given(
+    raw=st.lists(_BYTE, min_size=200, max_size=1500).map(bytes),
+    errors=st.sampled_from(["strict", "replace"]),
+  )
   @settings(_FUZZ, max_examples=60)
   def read(raw, errors):
     c, _ = _corpus(tmp_path, raw, document_bytes=64, text_errors=errors)
@@ -208,8 +225,14 @@ def test_an_r_serialisation_with_a_negative_length_is_refused_not_looped_on():
   with pytest.raises(rdata.RFormatError, match="an R string that is not UTF-8"):
     within(BOUND_S, rdata.unserialize, _xdr(9, 1, -2))
 
-  @given(body=st.lists(st.sampled_from([-2, -1, 0, 1, 2, 9, 13, 14, 16, 19, 254, 255,
-                                        1 << 8 | 1, 2 | 1 << 10, 2 | 1 << 9]), max_size=60))
+  @given(
+    body=st.lists(
+      st.sampled_from(
+        [-2, -1, 0, 1, 2, 9, 13, 14, 16, 19, 254, 255, 1 << 8 | 1, 2 | 1 << 10, 2 | 1 << 9]
+      ),
+      max_size=60,
+    )
+  )
   @settings(_FUZZ)
   def any_stream(body):
     try:

@@ -34,8 +34,12 @@ def write_jsonl(path, texts, field="text", extra=None):
 def write_parquet(path, texts, field="text", row_group_size=4):
   import pyarrow as pa
   import pyarrow.parquet as pq
-  pq.write_table(pa.table({"id": list(range(len(texts))), field: texts}), str(path),
-                 row_group_size=row_group_size)
+
+  pq.write_table(
+    pa.table({"id": list(range(len(texts))), field: texts}),
+    str(path),
+    row_group_size=row_group_size,
+  )
   return str(path)
 
 
@@ -70,8 +74,9 @@ def test_one_file_is_a_document_per_record_split_by_hash(tmp_path, kind):
   got = {d.name(i): d.text(i) for d in splits.values() for i in range(len(d))}
   assert got == {f"corpus.{kind}:{i}": t for i, t in enumerate(TEXTS)}
   # The split is the hash's, the same every time (and the same for either format).
-  assert [splits["train"].name(i) for i in range(3)] == \
-      [documents(c)["train"].name(i) for i in range(3)]
+  assert [splits["train"].name(i) for i in range(3)] == [
+    documents(c)["train"].name(i) for i in range(3)
+  ]
   for s in data.SPLITS:
     assert data.check_documents(c, s, data.ByteTokenizer()) is None
   assert data.corpus_identity(c).startswith(f"records: 1 files, {os.path.getsize(path)} bytes")
@@ -101,17 +106,25 @@ def test_the_text_field_is_the_configured_one(tmp_path):
   assert sorted(t for d in splits.values() for t in texts_of(d)) == sorted(TEXTS)
 
 
-@pytest.mark.parametrize("lines,said", [
-    (['{"text": "a fine first record"}', '{"body": "x"}'],
-     "c.jsonl:2 (record 1) has no 'text' field (data.records.text_field); its fields: body"),
-    (['{"text": "a fine first record"}', '{"text": 7}'],
-     "c.jsonl:2 (record 1): its 'text' is not a string (int)"),
-    (['{"text": "a fine first record"}', '["text"]'],
-     "c.jsonl:2 (record 1) is a JSON list, not an object with a 'text' field"),
-    (['{"text": "a fine first record"}', '{"text": "ok'],
-     "c.jsonl:2 (record 1) is not JSON"),
+@pytest.mark.parametrize(
+  "lines,said",
+  [
+    (
+      ['{"text": "a fine first record"}', '{"body": "x"}'],
+      "c.jsonl:2 (record 1) has no 'text' field (data.records.text_field); its fields: body",
+    ),
+    (
+      ['{"text": "a fine first record"}', '{"text": 7}'],
+      "c.jsonl:2 (record 1): its 'text' is not a string (int)",
+    ),
+    (
+      ['{"text": "a fine first record"}', '["text"]'],
+      "c.jsonl:2 (record 1) is a JSON list, not an object with a 'text' field",
+    ),
+    (['{"text": "a fine first record"}', '{"text": "ok'], "c.jsonl:2 (record 1) is not JSON"),
     (['{"text": "a fine first record"}', '{"text": "x"}'], "has fewer than 2 tokens"),
-])
+  ],
+)
 def test_a_record_that_cannot_be_read_is_one_line_naming_it(tmp_path, lines, said):
   path = tmp_path / "c.jsonl"
   path.write_text("\n".join(lines * 4) + "\n")
@@ -123,42 +136,57 @@ def test_a_record_that_cannot_be_read_is_one_line_naming_it(tmp_path, lines, sai
 
 
 def test_files_that_cannot_be_the_corpus_are_one_line(tmp_path, monkeypatch):
-  with pytest.raises(ConfigError, match="data.records.path='nowhere' is neither a .jsonl or "
-                                        ".parquet file nor a folder of them"):
+  with pytest.raises(
+    ConfigError,
+    match="data.records.path='nowhere' is neither a .jsonl or .parquet file nor a folder of them",
+  ):
     data.validate_data_config(config("records", path="nowhere"))
   (tmp_path / "notes.txt").write_text("x")
   with pytest.raises(DataError, match="no .jsonl or .parquet files in"):
     documents(config("records", path=str(tmp_path)))
   write_jsonl(tmp_path / "train.jsonl", TEXTS)
-  with pytest.raises(DataError, match="names its files by split but has none for validation, "
-                                      "test"):
+  with pytest.raises(DataError, match="names its files by split but has none for validation, test"):
     documents(config("records", path=str(tmp_path)))
   path = write_parquet(tmp_path / "p.parquet", TEXTS, field="body")
-  with pytest.raises(DataError, match=r"p.parquet: no column 'text' \(data.records.text_field\); "
-                                      "its columns: id, body"):
+  with pytest.raises(
+    DataError,
+    match=r"p.parquet: no column 'text' \(data.records.text_field\); "
+    "its columns: id, body",
+  ):
     data.get_documents(config("records", path=path), "train", data.ByteTokenizer())
   (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
   with pytest.raises(DataError, match="bad.parquet: cannot read it as Parquet"):
-    data.get_documents(config("records", path=str(tmp_path / "bad.parquet")), "train",
-                       data.ByteTokenizer())
+    data.get_documents(
+      config("records", path=str(tmp_path / "bad.parquet")), "train", data.ByteTokenizer()
+    )
   import builtins
+
   real_import = builtins.__import__
 
   def no_pyarrow(name, *args, **kwargs):
     if name.startswith("pyarrow"):
       raise ImportError(name)
     return real_import(name, *args, **kwargs)
+
   monkeypatch.setattr(builtins, "__import__", no_pyarrow)
-  with pytest.raises(DataError, match=r'reading Parquet needs pyarrow: pip install '
-                                      r'"compressive\[parquet\]"'):
+  with pytest.raises(
+    DataError,
+    match=r"reading Parquet needs pyarrow: pip install "
+    r'"compressive\[parquet\]"',
+  ):
     records._Parquet(path, "body")
 
 
 @pytest.mark.slow
 def test_a_jsonl_run_resumes_bit_for_bit(tmp_path):
   write_jsonl(tmp_path / "corpus.jsonl", generated_texts(40))
-  c = tiny_experiment(**{"data.source": "records", "data.records.path":
-                         str(tmp_path / "corpus.jsonl"), "eval_every_steps": 0})
+  c = tiny_experiment(
+    **{
+      "data.source": "records",
+      "data.records.path": str(tmp_path / "corpus.jsonl"),
+      "eval_every_steps": 0,
+    }
+  )
   assert assert_stopped_and_resumed_like_straight(c, tmp_path, 6, 8) == list(range(2, 13, 2))
 
 
@@ -180,11 +208,13 @@ def hf(tmp_path, monkeypatch):
 
 def test_a_saved_dataset_dict_keeps_its_splits(tmp_path, hf):
   saved = str(tmp_path / "saved")
-  hf.DatasetDict({
+  hf.DatasetDict(
+    {
       "train": hf.Dataset.from_dict({"text": TEXTS[:20], "n": list(range(20))}),
       "validation": hf.Dataset.from_dict({"text": TEXTS[20:25], "n": list(range(5))}),
       "test": hf.Dataset.from_dict({"text": TEXTS[25:], "n": list(range(5))}),
-  }).save_to_disk(saved)
+    }
+  ).save_to_disk(saved)
   c = config("hf_datasets", path=saved)
   data.validate_data_config(c)
   splits = documents(c)
@@ -225,35 +255,57 @@ def test_a_dataset_loaded_by_name_from_local_files(tmp_path, hf):
 
 def test_a_dataset_that_cannot_be_read_is_one_line(tmp_path, hf, monkeypatch):
   saved = str(tmp_path / "saved")
-  hf.DatasetDict({"train": hf.Dataset.from_dict({"text": TEXTS, "n": [1] * 30}),
-                  "test": hf.Dataset.from_dict({"text": TEXTS[:5], "n": [1] * 5})}
-                 ).save_to_disk(saved)
-  with pytest.raises(DataError, match=r"has no split 'validation' \(read as validation\); its "
-                                      "splits: train, test; choose three with "
-                                      "data.hf_datasets.splits"):
+  hf.DatasetDict(
+    {
+      "train": hf.Dataset.from_dict({"text": TEXTS, "n": [1] * 30}),
+      "test": hf.Dataset.from_dict({"text": TEXTS[:5], "n": [1] * 5}),
+    }
+  ).save_to_disk(saved)
+  with pytest.raises(
+    DataError,
+    match=r"has no split 'validation' \(read as validation\); its "
+    "splits: train, test; choose three with "
+    "data.hf_datasets.splits",
+  ):
     documents(config("hf_datasets", path=saved))
-  with pytest.raises(DataError, match=r"has no column 'body' \(data.hf_datasets.text_column\); "
-                                      "its columns: text, n"):
-    documents(config("hf_datasets", path=saved, text_column="body",
-                     splits=("train", "test", "test")))
+  with pytest.raises(
+    DataError,
+    match=r"has no column 'body' \(data.hf_datasets.text_column\); "
+    "its columns: text, n",
+  ):
+    documents(
+      config("hf_datasets", path=saved, text_column="body", splits=("train", "test", "test"))
+    )
   with pytest.raises(DataError, match=r"^train:0 \(.*saved\): its 'n' is not a string \(int\)$"):
     for s in data.SPLITS:
-      data.check_documents(config("hf_datasets", path=saved, text_column="n",
-                                  splits=("train", "test", "test")), s, data.ByteTokenizer())
+      data.check_documents(
+        config("hf_datasets", path=saved, text_column="n", splits=("train", "test", "test")),
+        s,
+        data.ByteTokenizer(),
+      )
   with pytest.raises(DataError) as e:
     documents(config("hf_datasets", path="nobody/no_such_dataset"))
-  assert str(e.value).startswith("data.hf_datasets.path='nobody/no_such_dataset': cannot load "
-                                 "it (") and "\n" not in str(e.value)
+  assert str(e.value).startswith(
+    "data.hf_datasets.path='nobody/no_such_dataset': cannot load it ("
+  ) and "\n" not in str(e.value)
   with pytest.raises(ConfigError, match="data.hf_datasets.splits=.* must be 3 split names"):
     data.validate_data_config(config("hf_datasets", path=saved, splits=("train",)))
   import builtins
+
   real_import = builtins.__import__
-  monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
-      (_ for _ in ()).throw(ImportError(name)) if name == "datasets" else
-      real_import(name, *a, **k)))
+  monkeypatch.setattr(
+    builtins,
+    "__import__",
+    lambda name, *a, **k: (
+      (_ for _ in ()).throw(ImportError(name)) if name == "datasets" else real_import(name, *a, **k)
+    ),
+  )
   hf_datasets._load.cache_clear()
-  with pytest.raises(DataError, match=r'data.source=hf_datasets needs the datasets package: pip '
-                                      r'install "compressive\[datasets\]"'):
+  with pytest.raises(
+    DataError,
+    match=r"data.source=hf_datasets needs the datasets package: pip "
+    r'install "compressive\[datasets\]"',
+  ):
     documents(config("hf_datasets", path=saved))
 
 
@@ -261,6 +313,7 @@ def test_a_dataset_that_cannot_be_read_is_one_line(tmp_path, hf, monkeypatch):
 def test_a_datasets_run_resumes_bit_for_bit(tmp_path, hf):
   saved = str(tmp_path / "saved")
   hf.Dataset.from_dict({"text": generated_texts(40)}).save_to_disk(saved)
-  c = tiny_experiment(**{"data.source": "hf_datasets", "data.hf_datasets.path": saved,
-                         "eval_every_steps": 0})
+  c = tiny_experiment(
+    **{"data.source": "hf_datasets", "data.hf_datasets.path": saved, "eval_every_steps": 0}
+  )
   assert assert_stopped_and_resumed_like_straight(c, tmp_path, 6, 8) == list(range(2, 13, 2))

@@ -10,16 +10,26 @@ from compressive.model.compression import COMPRESSIONS
 from helpers import make_model, tiny_model_config
 
 
-@pytest.mark.parametrize("compression,positions,keys_values",
-                         [(c, "relative", "shared") for c in COMPRESSIONS]
-                         + [("conv", "rope", "shared"), ("most_used", "rope", "shared"),
-                            ("conv", "relative", "own"), ("max_pool", "rope", "own")])
+@pytest.mark.parametrize(
+  "compression,positions,keys_values",
+  [(c, "relative", "shared") for c in COMPRESSIONS]
+  + [
+    ("conv", "rope", "shared"),
+    ("most_used", "rope", "shared"),
+    ("conv", "relative", "own"),
+    ("max_pool", "rope", "own"),
+  ],
+)
 def test_cached_keys_values_give_the_uncached_logits(compression, positions, keys_values):
   # Rotary keys are cached unrotated (a slot's index shifts every segment)
   # and rotated at use; the cache must hold exactly the memory's own (the
   # compressed slots' through their own projections, with "own").
-  cfg = tiny_model_config(compression=compression, compressed_memory_length=6,
-                          positions=positions, compressed_keys_values=keys_values)
+  cfg = tiny_model_config(
+    compression=compression,
+    compressed_memory_length=6,
+    positions=positions,
+    compressed_keys_values=keys_values,
+  )
   model = make_model(cfg, seed=1)
   model.eval()
   rng = np.random.default_rng(0)
@@ -39,9 +49,13 @@ def test_cached_keys_values_give_the_uncached_logits(compression, positions, key
     fresh = model.cache_keys_values(cached.replace(cache=None)).cache
     mask = np.concatenate([cached.cmem_mask, cached.mem_mask], -1)  # [L, B, C + M]
     for name in "kv":
-      np.testing.assert_allclose(np.asarray(getattr(cached.cache, name))[mask],
-                                 np.asarray(getattr(fresh, name))[mask],
-                                 atol=2e-5, rtol=2e-5, err_msg=name)
+      np.testing.assert_allclose(
+        np.asarray(getattr(cached.cache, name))[mask],
+        np.asarray(getattr(fresh, name))[mask],
+        atol=2e-5,
+        rtol=2e-5,
+        err_msg=name,
+      )
 
 
 def test_eval_step_with_and_without_the_cache_agree():
@@ -57,8 +71,12 @@ def test_eval_step_with_and_without_the_cache_agree():
     total = 0.0
     for s in range(8):
       tokens = data.integers(0, cfg.vocab_size, (b, t + 1)).astype(np.int32)
-      batch = dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], mask=np.ones((b, t), bool),
-                   start_of_sequence=np.full((b,), s == 0))
+      batch = dict(
+        inputs=tokens[:, :-1],
+        targets=tokens[:, 1:],
+        mask=np.ones((b, t), bool),
+        start_of_sequence=np.full((b,), s == 0),
+      )
       carry, nats, count = step(carry, batch)
       assert float(count) == b * t
       total += float(nats)

@@ -29,9 +29,12 @@ def test_facts_are_planted_at_the_stated_distances():
     assert docs.queries(i), "every document has queries"
     for q in docs.queries(i):
       query_start = q.answer_start - 6
-      key, value = text[query_start + 1:query_start + 5], text[q.answer_start:q.answer_start + 4]
+      key, value = (
+        text[query_start + 1 : query_start + 5],
+        text[q.answer_start : q.answer_start + 4],
+      )
       assert text[query_start + 5] == "?"
-      fact = text[query_start - q.distance:query_start - q.distance + 11]
+      fact = text[query_start - q.distance : query_start - q.distance + 11]
       assert fact == f"<{key}={value}>"
       assert q.distance in (20, 60)
 
@@ -55,8 +58,11 @@ def test_a_requeried_fact_is_measured_from_its_latest_occurrence():
     text = docs.text(i)
     for q in docs.queries(i):
       query_start = q.answer_start - 6
-      key, value = text[query_start + 1:query_start + 5], text[q.answer_start:q.answer_start + 4]
-      before = text[query_start - q.distance:query_start - q.distance + 11]
+      key, value = (
+        text[query_start + 1 : query_start + 5],
+        text[q.answer_start : q.answer_start + 4],
+      )
+      before = text[query_start - q.distance : query_start - q.distance + 11]
       if q.first:
         assert q.distance in (15, 25) and before == f"<{key}={value}>"
       else:
@@ -64,7 +70,7 @@ def test_a_requeried_fact_is_measured_from_its_latest_occurrence():
         assert q.distance in (20, 60) and before == f"<{key}?{value}>"
       # No other occurrence of the value's key in between: the distance is
       # the reach the answer needs.
-      assert f"<{key}" not in text[query_start - q.distance + 1:query_start]
+      assert f"<{key}" not in text[query_start - q.distance + 1 : query_start]
   assert seconds > 0
 
 
@@ -79,10 +85,11 @@ def test_a_value_of_any_length_is_planted_and_scored_whole(value_len):
     for q in docs.queries(i):
       assert q.value_len == value_len
       query_start = q.answer_start - 6
-      value = text[q.answer_start:q.answer_start + value_len]
+      value = text[q.answer_start : q.answer_start + value_len]
       assert value.isdigit() and text[q.answer_start + value_len] == ">"
-      assert text[query_start - q.distance:][:7 + value_len] == (
-          f"<{text[query_start + 1:query_start + 5]}={value}>")
+      assert text[query_start - q.distance :][: 7 + value_len] == (
+        f"<{text[query_start + 1 : query_start + 5]}={value}>"
+      )
       answers += 1
   assert answers
   # Scored on exactly value_len bytes per query: a model that predicts every
@@ -112,14 +119,22 @@ def test_requery_distances_are_checked():
 
 def test_the_study_pools_accuracy_over_the_distances_beyond_a_reach():
   from experiments import recall_study as run
-  acc = {"distance": [100, 200, 300], "byte_accuracy": [0.9, 0.5, 0.2],
-         "exact_match": [0.8, 0.25, 0.0], "queries": [10, 30, 10]}
+
+  acc = {
+    "distance": [100, 200, 300],
+    "byte_accuracy": [0.9, 0.5, 0.2],
+    "exact_match": [0.8, 0.25, 0.0],
+    "queries": [10, 30, 10],
+  }
   far = run.beyond(acc, 150)
   assert far["queries"] == 40
   assert abs(far["answer_byte_accuracy"] - (0.5 * 30 + 0.2 * 10) / 40) < 1e-12
   assert abs(far["whole_answer_accuracy"] - 0.25 * 30 / 40) < 1e-12
-  assert run.beyond(acc, 300) == {"queries": 0, "answer_byte_accuracy": None,
-                                  "whole_answer_accuracy": None}
+  assert run.beyond(acc, 300) == {
+    "queries": 0,
+    "answer_byte_accuracy": None,
+    "whole_answer_accuracy": None,
+  }
 
 
 def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_step(tmp_path):
@@ -129,15 +144,21 @@ def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_st
   import json
 
   from experiments import children
+
   def workdir(name, segments, rows):
     wd = tmp_path / name
     wd.mkdir()
-    (wd / "config.json").write_text(json.dumps(
-        {"batch_size": 2, "segments_per_step": segments, "model": {"segment_length": 10}}))
-    (wd / "metrics_train.jsonl").write_text("".join(
+    (wd / "config.json").write_text(
+      json.dumps({"batch_size": 2, "segments_per_step": segments, "model": {"segment_length": 10}})
+    )
+    (wd / "metrics_train.jsonl").write_text(
+      "".join(
         json.dumps({"step": s, "tokens_per_second": tps, "bits_per_byte": 1.0}) + "\n"
-        for s, tps in rows))
+        for s, tps in rows
+      )
+    )
     return str(wd)
+
   before = [(2, 40.0), (4, 40.0)]
   source = workdir("source", 4, before)
   copy = workdir("copy", 8, before + [(5, 80.0), (6, 160.0)])
@@ -152,6 +173,7 @@ def test_a_warm_started_runs_summary_counts_each_part_at_its_own_segments_per_st
 
 def test_the_documents_are_generated_once_per_config_and_read_back(tmp_path, monkeypatch):
   from compressive.data import generated
+
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   c = recall_config()
   c.data.recall.num_docs = (5, 2, 2)
@@ -159,15 +181,18 @@ def test_the_documents_are_generated_once_per_config_and_read_back(tmp_path, mon
   made = {s: data_lib.get_documents(data_of(c.data), s, tokenizer) for s in data_lib.SPLITS}
   cached = sorted(p.name for p in (tmp_path / "compressive" / "generated").iterdir())
   assert len(cached) == 3 and all(n.startswith("recall-") for n in cached)
+
   # Read back: nothing generated, every text and query the same.
   def never(*args, **kwargs):
     raise AssertionError("generated again")
+
   monkeypatch.setattr(recall_source, "make_document", never)
   for split, docs in made.items():
     again = data_lib.get_documents(data_of(c.data), split, tokenizer)
     assert [again.text(i) for i in range(len(again))] == [docs.text(i) for i in range(len(docs))]
-    assert [again.queries(i) for i in range(len(again))] == \
-        [docs.queries(i) for i in range(len(docs))]
+    assert [again.queries(i) for i in range(len(again))] == [
+      docs.queries(i) for i in range(len(docs))
+    ]
     assert [q.first for i in range(len(again)) for q in again.queries(i)]  # booleans kept
   # Another config (its seed) is other documents: generated, not read.
   c.data.recall.seed = 1
@@ -182,6 +207,7 @@ def test_the_documents_are_generated_once_per_config_and_read_back(tmp_path, mon
   for name in cached:
     (folder / name).write_bytes(b"not an npz")
   again = data_lib.get_documents(data_of(c.data), "test", tokenizer)
-  assert [again.text(i) for i in range(len(again))] == \
-      [made["test"].text(i) for i in range(len(made["test"]))]
+  assert [again.text(i) for i in range(len(again))] == [
+    made["test"].text(i) for i in range(len(made["test"]))
+  ]
   assert sum((folder / name).read_bytes().startswith(b"PK") for name in cached) == 1

@@ -55,11 +55,15 @@ def test_pooling_loses_part_of_a_digit_and_the_probe_says_so():
 
 
 def test_the_study_pools_only_the_distances_beyond_a_reach():
-  layer = {k: [0.2, 0.8] for k in ("probe", "probe_control", "found", "value_weight",
-                                   "other_weight")}
+  layer = {
+    k: [0.2, 0.8] for k in ("probe", "probe_control", "found", "value_weight", "other_weight")
+  }
   r = {"distance": [100, 300], "samples": [10, 30], "accuracy": [0.5, 0.1], "layers": [layer]}
-  assert pooled_probe(r, 200) == {"samples": 30, "accuracy": 0.1,
-                                  "layers": [{k: 0.8 for k in layer}]}
+  assert pooled_probe(r, 200) == {
+    "samples": 30,
+    "accuracy": 0.1,
+    "layers": [{k: 0.8 for k in layer}],
+  }
   whole = pooled_probe(r, 0)
   assert whole["accuracy"] == pytest.approx((0.5 * 10 + 0.1 * 30) / 40)
   assert pooled_probe(r, 300) == {"samples": 0}
@@ -77,6 +81,7 @@ def test_per_query_weights_are_what_the_mean_weights_average():
   """aux.attention_weights [L, B, H, T, K] averaged over heads and queries
   is aux.attention_by_key, whole or in chunks of queries."""
   import jax.numpy as jnp
+
   c = probe_config("max_pool", 2)
   model = make_model(c.model)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 8)), jnp.int32)
@@ -85,10 +90,12 @@ def test_per_query_weights_are_what_the_mean_weights_average():
     _, memory, _ = model(tokens, memory)
   _, _, aux = model(tokens, memory, collect_attention=True, attention_weights=True)
   assert aux.attention_weights.shape == (2, 2, 2, 8, 16 + 8 + 8)
-  np.testing.assert_allclose(aux.attention_weights.mean((2, 3)), aux.attention_by_key,
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    aux.attention_weights.mean((2, 3)), aux.attention_by_key, rtol=1e-5, atol=1e-7
+  )
   c.model.attention_chunk_size = 4
   chunked = make_model(c.model)
   _, _, aux_chunked = chunked(tokens, memory, attention_weights=True)
-  np.testing.assert_allclose(aux_chunked.attention_weights, aux.attention_weights,
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    aux_chunked.attention_weights, aux.attention_weights, rtol=1e-5, atol=1e-6
+  )

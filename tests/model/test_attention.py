@@ -27,19 +27,23 @@ def test_rel_shift_matches_gather(t, k):
 def test_causal_mask_bottom_right_and_validity():
   valid = jnp.array([[False, True, True, True, True, True]])  # S = 3, T = 3
   m = np.asarray(causal_mask(valid, 3))[0, 0]
-  expected = np.array([
+  expected = np.array(
+    [
       [0, 1, 1, 1, 0, 0],
       [0, 1, 1, 1, 1, 0],
       [0, 1, 1, 1, 1, 1],
-  ], bool)
+    ],
+    bool,
+  )
   np.testing.assert_array_equal(m, expected)
 
 
 @pytest.mark.parametrize("memory", [0, 8])
 def test_causality_inside_a_segment(memory):
   t = 8
-  cfg = tiny_model_config(segment_length=t, memory_length=memory,
-                          compressed_memory_length=4 if memory else 0)
+  cfg = tiny_model_config(
+    segment_length=t, memory_length=memory, compressed_memory_length=4 if memory else 0
+  )
   state, forward = jitted_forward(make_model(cfg))
   rows = t + 1  # row 0 unchanged, row 1 + p perturbs position p
   key = jax.random.PRNGKey(1)
@@ -68,6 +72,7 @@ def test_layer_norm_hand_written_gradient_matches_autodiff(frozen):
   of the textbook formula, for x and, unless frozen, for scale and bias."""
   from compressive.model.attention import LayerNorm
   from compressive.model.transformer import merge_params
+
   keys = jax.random.split(jax.random.PRNGKey(1), 4)
   x = 3.0 * jax.random.normal(keys[0], (2, 5, 16)) + 1.0
   w = jax.random.normal(keys[1], (2, 5, 16))  # a cotangent that is not all ones
@@ -99,6 +104,7 @@ def test_masked_softmax_value_and_gradient_match_autodiff():
   """The attention softmax's custom backward equals autodiff of softmax
   over masked logits; masked entries get weight 0 and gradient 0."""
   from compressive.model.attention import masked_softmax
+
   logits = 4.0 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4, 6))
   mask = causal_mask(jnp.array([[True] * 6, [False, True] + [True] * 4]), 4)  # [2, 1, 4, 6]
   w = jax.random.normal(jax.random.PRNGKey(3), logits.shape)

@@ -50,15 +50,22 @@ def _assert_close_in_ulps(got, want, ulps: float, what: str) -> None:
   scale = float(np.max(np.abs(want), initial=0.0))
   err = float(np.max(np.abs(got - want), initial=0.0))
   assert err <= ulps * np.finfo(np.float32).eps * scale, (
-      f"{what}: {err:.2e} = {err / (np.finfo(np.float32).eps * scale or 1):.1f} ulps of "
-      f"its scale {scale:.2e} (at most {ulps})")
+    f"{what}: {err:.2e} = {err / (np.finfo(np.float32).eps * scale or 1):.1f} ulps of "
+    f"its scale {scale:.2e} (at most {ulps})"
+  )
 
 
 def _attention(positions, chunk_size, *, d_model=8, num_heads=2, dropout_rate=0.0):
   """A module whose u, v (relative) are random, not zero, so that their
   gradients and their place in the scores are tested."""
-  att = RelativeAttention(d_model, num_heads, dropout_rate=dropout_rate, rngs=nnx.Rngs(0),
-                          positions=positions, chunk_size=chunk_size)
+  att = RelativeAttention(
+    d_model,
+    num_heads,
+    dropout_rate=dropout_rate,
+    rngs=nnx.Rngs(0),
+    positions=positions,
+    chunk_size=chunk_size,
+  )
   if positions == "relative":
     hd = d_model // num_heads
     att.u[...] = jax.random.normal(jax.random.PRNGKey(10), (num_heads, hd))
@@ -97,8 +104,10 @@ def test_chunked_output_and_received_match_dense(positions, chunk, q_last_back):
   chunked = _attention(positions, chunk)
   want, want_received = dense(q, k, v, valid, q_last, r)
   got, got_received = chunked(q, k, v, valid, q_last, r)
-  print(f"\n{positions} chunk={chunk}: output {_max_err(got, want):.2e}, "
-        f"received {_max_err(got_received, want_received):.2e}")
+  print(
+    f"\n{positions} chunk={chunk}: output {_max_err(got, want):.2e}, "
+    f"received {_max_err(got_received, want_received):.2e}"
+  )
   assert got.shape == want.shape == q.shape[:2] + (8,)
   assert got_received.shape == want_received.shape == valid.shape
   assert got_received.dtype == jnp.float32
@@ -149,9 +158,12 @@ def test_chunked_gradients_match_dense(positions, chunk, need_weights):
   if positions == "rope":
     pairs = pairs[:-1]  # r is unused in rope mode
   errs = {n: _max_err(g, x) for n, g, x in pairs}
-  print(f"\n{positions} chunk={chunk} need_weights={need_weights}: gradient errors",
-        {n: f"{e:.1e}" for n, e in errs.items()},
-        "max |grad|", f"{max(float(np.abs(np.asarray(x)).max()) for _, _, x in pairs):.1f}")
+  print(
+    f"\n{positions} chunk={chunk} need_weights={need_weights}: gradient errors",
+    {n: f"{e:.1e}" for n, e in errs.items()},
+    "max |grad|",
+    f"{max(float(np.abs(np.asarray(x)).max()) for _, _, x in pairs):.1f}",
+  )
   for name, g, x in pairs:
     assert np.any(np.asarray(x)), f"{name}: the dense gradient is zero; the test would be vacuous"
     np.testing.assert_allclose(g, x, rtol=0, atol=GRAD_ATOL, err_msg=name)
@@ -165,8 +177,9 @@ def test_chunked_dropout_rate_per_chunk_and_received_before_dropout():
   b, t, s, h, rate, chunk = 2, 8, 8, 2, 0.5, 4
   kk = s + t
   d_model = h * kk
-  att = RelativeAttention(d_model, h, dropout_rate=rate, rngs=nnx.Rngs(0), positions="relative",
-                          chunk_size=chunk)
+  att = RelativeAttention(
+    d_model, h, dropout_rate=rate, rngs=nnx.Rngs(0), positions="relative", chunk_size=chunk
+  )
   att.wo[...] = jnp.eye(d_model).reshape(h, kk, d_model)
   q = jnp.zeros((b, t, h, kk))  # u = v = 0 too: every score 0, uniform weights
   k = jax.random.normal(jax.random.PRNGKey(1), (b, kk, h, kk))
@@ -189,7 +202,7 @@ def test_chunked_dropout_rate_per_chunk_and_received_before_dropout():
   np.testing.assert_allclose(out[kept], clean[kept] / (1 - rate), rtol=1e-5)
   # Chunk 0's and chunk 1's first queries (queries 0 and 4) both see keys
   # 0 .. s: different masks there, as each chunk folds in its index.
-  assert np.any(dropped[:, 0, :, :s + 1] != dropped[:, chunk, :, :s + 1])
+  assert np.any(dropped[:, 0, :, : s + 1] != dropped[:, chunk, :, : s + 1])
 
 
 def _model_step(cfg, tokens_per_segment, seed=0):
@@ -204,6 +217,7 @@ def _model_step(cfg, tokens_per_segment, seed=0):
       logits, new_memory, aux = nnx.merge(graphdef, params, rest)(tokens[:, :-1], memory)
       nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1).mean()
       return nll + aux.reconstruction_loss, (logits, new_memory)
+
     return jax.grad(loss, has_aux=True)(params)
 
   memory = compressive.init_memory(cfg, tokens_per_segment[0].shape[0])
@@ -215,9 +229,16 @@ def _model_step(cfg, tokens_per_segment, seed=0):
 
 
 @pytest.mark.slow  # the whole model's gradient step, compiled twice per case
-@pytest.mark.parametrize("positions,compression,keys_values", [
-    ("relative", "conv", "shared"), ("rope", "conv", "shared"), ("rope", "most_used", "shared"),
-    ("relative", "overlap_max_pool", "shared"), ("relative", "conv", "own")])
+@pytest.mark.parametrize(
+  "positions,compression,keys_values",
+  [
+    ("relative", "conv", "shared"),
+    ("rope", "conv", "shared"),
+    ("rope", "most_used", "shared"),
+    ("relative", "overlap_max_pool", "shared"),
+    ("relative", "conv", "own"),
+  ],
+)
 def test_model_chunked_matches_dense(positions, compression, keys_values):
   """The whole model with attention_chunk_size=2 (4 chunks of a segment of
   8) against 0: the same logits, memory and parameter gradients over 3
@@ -225,26 +246,35 @@ def test_model_chunked_matches_dense(positions, compression, keys_values):
   reads `received` into the memory's usage."""
   t, b = 8, 2
   segments = [jax.random.randint(jax.random.PRNGKey(20 + i), (b, t + 1), 0, 32) for i in range(3)]
-  config = functools.partial(tiny_model_config, segment_length=t, positions=positions,
-                             compression=compression, compressed_keys_values=keys_values)
+  config = functools.partial(
+    tiny_model_config,
+    segment_length=t,
+    positions=positions,
+    compression=compression,
+    compressed_keys_values=keys_values,
+  )
   dense = _model_step(config(attention_chunk_size=0), segments)
   chunked = _model_step(config(attention_chunk_size=2), segments)
   for i, ((logits, mem, grads), (want_logits, want_mem, want_grads)) in enumerate(
-      zip(chunked, dense)):
-    errs = (_max_err(logits, want_logits),
-            max(_max_err(a, x) for a, x in zip(jax.tree.leaves(mem), jax.tree.leaves(want_mem))),
-            max(_max_err(a, x) for a, x in zip(jax.tree.leaves(grads),
-                                               jax.tree.leaves(want_grads))))
+    zip(chunked, dense)
+  ):
+    errs = (
+      _max_err(logits, want_logits),
+      max(_max_err(a, x) for a, x in zip(jax.tree.leaves(mem), jax.tree.leaves(want_mem))),
+      max(_max_err(a, x) for a, x in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads))),
+    )
     print(f"\nsegment {i}: logits {errs[0]:.1e}, memory {errs[1]:.1e}, gradients {errs[2]:.1e}")
     _assert_close_in_ulps(logits, want_logits, MODEL_VALUE_ULPS, f"segment {i} logits")
     assert jax.tree.structure(mem) == jax.tree.structure(want_mem)
     for a, x in zip(jax.tree.leaves(mem), jax.tree.leaves(want_mem)):
       _assert_close_in_ulps(a, x, MODEL_VALUE_ULPS, f"segment {i} memory")
     assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
-    for (path, a), x in zip(jax.tree_util.tree_leaves_with_path(grads),
-                            jax.tree.leaves(want_grads)):
-      _assert_close_in_ulps(a, x, MODEL_GRAD_ULPS,
-                            f"segment {i} gradient {jax.tree_util.keystr(path)}")
+    for (path, a), x in zip(
+      jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want_grads)
+    ):
+      _assert_close_in_ulps(
+        a, x, MODEL_GRAD_ULPS, f"segment {i} gradient {jax.tree_util.keystr(path)}"
+      )
 
 
 def _large_arrays(compiled, numel: int) -> list[str]:
@@ -282,8 +312,10 @@ def test_chunked_relative_attention_does_not_materialise_the_scores():
   dense_bytes = dense.memory_analysis().temp_size_in_bytes
   chunked_bytes = chunked.memory_analysis().temp_size_in_bytes
   scores = b * h * t * kk
-  print(f"\ntemporaries: dense {dense_bytes / 2**20:.1f} MiB, chunked {chunked_bytes / 2**20:.1f} "
-        f"MiB; one [B, H, T, K] float32 array is {scores * 4 / 2**20:.1f} MiB")
+  print(
+    f"\ntemporaries: dense {dense_bytes / 2**20:.1f} MiB, chunked {chunked_bytes / 2**20:.1f} "
+    f"MiB; one [B, H, T, K] float32 array is {scores * 4 / 2**20:.1f} MiB"
+  )
   assert _large_arrays(dense, scores), "the dense path should hold [B, H, T, K] arrays"
   assert not _large_arrays(chunked, scores), "the chunked path holds [B, H, T, K]-sized arrays"
   assert chunked_bytes < dense_bytes / 2

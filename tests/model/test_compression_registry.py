@@ -43,11 +43,19 @@ def registered():
 
 @pytest.mark.slow
 def test_a_compression_registered_here_trains_and_restores(registered, tmp_path):
-  config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
-                           log_every_steps=1, **{"model.compression": registered})
+  config = tiny_experiment(
+    num_train_steps=2,
+    checkpoint_every_steps=2,
+    eval_every_steps=0,
+    log_every_steps=1,
+    **{"model.compression": registered},
+  )
   # Its parameter has logical axes, so every mesh can place it.
-  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
-      ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(
+    lambda: compressive.CompressiveTransformer(
+      ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)
+    )
+  )
   table = sharding.logical_axes(nnx.state(model))
   assert table["blocks/0/compressor/fn/gain"] == ("norm",)
   train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
@@ -59,8 +67,9 @@ def test_a_compression_registered_here_trains_and_restores(registered, tmp_path)
 
 
 def test_an_unknown_compression_is_named_with_the_registered_ones():
-  with pytest.raises(compressive.ConfigError,
-                     match="model.compression='nope' is unknown; choose one of max_pool"):
+  with pytest.raises(
+    compressive.ConfigError, match="model.compression='nope' is unknown; choose one of max_pool"
+  ):
     config_lib.check(tiny_experiment(**{"model.compression": "nope"}), here=False)
 
 
@@ -77,6 +86,7 @@ def test_a_name_is_registered_once():
 
 class Uncompressed(Compression):
   """Returns every slot: [B, N, d] where [B, N/c, d] is due."""
+
   name = "test_uncompressed"
 
   def __call__(self, slots, mask, usage):
@@ -104,14 +114,20 @@ class FloatMask(Compression):
     return self.groups(slots).mean(2), self.groups(mask).any(-1).astype(jnp.float32)
 
 
-@pytest.mark.parametrize("cls,said", [
-    (Uncompressed, r"returned \(float32\[2, 4, 16\], bool\[2, 4\]\) for \[2, 4, 16\] slots at "
-                   r"rate 2; a compression returns \(\[2, 2, 16\] floating slots, "
-                   r"\[2, 2\] bool mask\)"),
+@pytest.mark.parametrize(
+  "cls,said",
+  [
+    (
+      Uncompressed,
+      r"returned \(float32\[2, 4, 16\], bool\[2, 4\]\) for \[2, 4, 16\] slots at "
+      r"rate 2; a compression returns \(\[2, 2, 16\] floating slots, "
+      r"\[2, 2\] bool mask\)",
+    ),
     (Raising, r"raised ValueError on \[2, 4, 16\] slots: my own bug"),
     (AsList, r"returned a list of 2; a compression returns a tuple"),
     (FloatMask, r"returned \(float32\[2, 2, 16\], float32\[2, 2\]\)"),
-])
+  ],
+)
 def test_a_compression_that_breaks_its_contract_is_one_line_naming_it(cls, said):
   register(cls)
   try:

@@ -11,19 +11,19 @@ import compressive
 from helpers import tiny_model_config
 
 BAD = [
-    (dict(segment_length=5, compression_rate=2), "model.segment_length=5"),
-    (dict(d_model=10, num_heads=4), "model.d_model=10"),
-    (dict(memory_length=-1), "model.memory_length=-1"),
-    (dict(compressed_memory_length=-2), "model.compressed_memory_length=-2"),
-    (dict(num_layers=0), "model.num_layers=0"),
-    (dict(vocab_size=0), "model.vocab_size=0"),
-    (dict(compression_rate=0), "model.compression_rate=0"),
-    (dict(compression="avg_pool"), "model.compression='avg_pool'"),
-    (dict(reconstruction_loss="l2"), "model.reconstruction_loss='l2'"),
-    (dict(memory_length=0, compressed_memory_length=4), "model.compressed_memory_length=4"),
-    (dict(dropout_rate=1.5), "model.dropout_rate=1.5"),
-    (dict(dtype="float64"), "model.dtype='float64'"),
-    (dict(d_ff=2.5), "model.d_ff=2.5"),
+  (dict(segment_length=5, compression_rate=2), "model.segment_length=5"),
+  (dict(d_model=10, num_heads=4), "model.d_model=10"),
+  (dict(memory_length=-1), "model.memory_length=-1"),
+  (dict(compressed_memory_length=-2), "model.compressed_memory_length=-2"),
+  (dict(num_layers=0), "model.num_layers=0"),
+  (dict(vocab_size=0), "model.vocab_size=0"),
+  (dict(compression_rate=0), "model.compression_rate=0"),
+  (dict(compression="avg_pool"), "model.compression='avg_pool'"),
+  (dict(reconstruction_loss="l2"), "model.reconstruction_loss='l2'"),
+  (dict(memory_length=0, compressed_memory_length=4), "model.compressed_memory_length=4"),
+  (dict(dropout_rate=1.5), "model.dropout_rate=1.5"),
+  (dict(dtype="float64"), "model.dtype='float64'"),
+  (dict(d_ff=2.5), "model.d_ff=2.5"),
 ]
 
 
@@ -45,10 +45,15 @@ def test_missing_field_is_named():
 def test_the_model_takes_a_model_config_only():
   # A config's model section is read once, checked, by ModelConfig.from_config.
   section = ml_collections.ConfigDict(dataclasses.asdict(tiny_model_config()))
-  for build in (lambda: compressive.CompressiveTransformer(section, rngs=nnx.Rngs(0)),
-                lambda: compressive.init_memory(section, 2)):
-    with pytest.raises(TypeError, match=r"takes a ModelConfig, not ConfigDict: "
-                                        r"ModelConfig.from_config\(config.model\)"):
+  for build in (
+    lambda: compressive.CompressiveTransformer(section, rngs=nnx.Rngs(0)),
+    lambda: compressive.init_memory(section, 2),
+  ):
+    with pytest.raises(
+      TypeError,
+      match=r"takes a ModelConfig, not ConfigDict: "
+      r"ModelConfig.from_config\(config.model\)",
+    ):
       build()
 
 

@@ -15,12 +15,13 @@ from helpers import make_model, tiny_model_config
 
 
 def run_segments(model, cfg, n, batch=2, seed=0):
-  tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch, n * cfg.segment_length), 0,
-                              cfg.vocab_size)
+  tokens = jax.random.randint(
+    jax.random.PRNGKey(seed), (batch, n * cfg.segment_length), 0, cfg.vocab_size
+  )
   memory, out = compressive.init_memory(cfg, batch), []
   t = cfg.segment_length
   for s in range(n):
-    out.append(model(tokens[:, s * t:(s + 1) * t], memory))
+    out.append(model(tokens[:, s * t : (s + 1) * t], memory))
     memory = out[-1][1]
   return out
 
@@ -56,8 +57,7 @@ def test_post_norm_has_no_layer_norm_inside_the_attention_nor_a_final_one():
 
 
 def test_post_norm_matches_a_hand_written_layer():
-  cfg = tiny_model_config(norm="post", num_layers=1, compressed_memory_length=0,
-                          memory_length=0)
+  cfg = tiny_model_config(norm="post", num_layers=1, compressed_memory_length=0, memory_length=0)
   model = make_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, cfg.segment_length), 0, cfg.vocab_size)
   logits, _, _ = model(tokens, compressive.init_memory(cfg, 2))
@@ -65,8 +65,9 @@ def test_post_norm_matches_a_hand_written_layer():
   x = model.embed(tokens)
   att = block.attention
   k, v = att.keys_values(x)
-  r = att.position_keys(compressive.model.attention.sinusoids(
-      np.arange(cfg.segment_length - 1, -1, -1), cfg.d_model))
+  r = att.position_keys(
+    compressive.model.attention.sinusoids(np.arange(cfg.segment_length - 1, -1, -1), cfg.d_model)
+  )
   a, _ = att(att.query(x), k, v, jnp.ones(tokens.shape, bool), cfg.segment_length - 1, r)
   ln = lambda y: (y - y.mean(-1, keepdims=True)) / jnp.sqrt(y.var(-1, keepdims=True) + 1e-6)
   h = ln(x + a)
@@ -124,8 +125,9 @@ def test_evaluation_mode_traces_no_reconstruction_attention():
   memory = run_segments(model, cfg, 3)[-1][1]
   tokens = jnp.zeros((2, cfg.segment_length), jnp.int32)
   graphdef, state = nnx.split(model)
-  count = lambda: str(jax.make_jaxpr(
-      lambda s: nnx.merge(graphdef, s)(tokens, memory)[0])(state)).count("exp")
+  count = lambda: str(
+    jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(tokens, memory)[0])(state)
+  ).count("exp")
   in_training = count()
   model.eval()
   graphdef, state = nnx.split(model)
@@ -160,6 +162,7 @@ def _count(jaxpr, primitive: str) -> int:
 
 def test_streaming_evaluation_computes_position_keys_once_per_stream():
   from compressive.evaluation import evaluate as eval_lib
+
   cfg = tiny_model_config(num_layers=3)
   model = make_model(cfg)
   model.eval()
@@ -169,8 +172,9 @@ def test_streaming_evaluation_computes_position_keys_once_per_stream():
   carry = init(memory)
   np.testing.assert_array_equal(carry.position_keys, model.position_keys(memory, t))
   tokens = np.zeros((b, t), np.int32)
-  batch = dict(inputs=tokens, targets=tokens, mask=np.ones((b, t), bool),
-               start_of_sequence=np.ones((b,), bool))
+  batch = dict(
+    inputs=tokens, targets=tokens, mask=np.ones((b, t), bool), start_of_sequence=np.ones((b,), bool)
+  )
   dots = lambda c: _count(jax.make_jaxpr(step)(c, batch).jaxpr, "dot_general")
   # Without the carried keys every layer would project its sinusoids itself.
   assert dots(carry.replace(position_keys=None)) - dots(carry) == cfg.num_layers

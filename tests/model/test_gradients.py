@@ -25,9 +25,9 @@ def loss_grads(cfg, n_before=3):
   memory = compressive.init_memory(cfg, 2)
   forward = jax.jit(lambda p, x, mem: nnx.merge(graphdef, p, rest)(x, mem))
   for s in range(n_before):  # fill memory so that the next segment evicts
-    _, memory, _ = forward(params, tokens[:, s * t:(s + 1) * t], memory)
-  seg = tokens[:, n_before * t:(n_before + 1) * t]
-  targets = tokens[:, n_before * t + 1:(n_before + 1) * t + 1]
+    _, memory, _ = forward(params, tokens[:, s * t : (s + 1) * t], memory)
+  seg = tokens[:, n_before * t : (n_before + 1) * t]
+  targets = tokens[:, n_before * t + 1 : (n_before + 1) * t + 1]
 
   def losses_of(params):
     logits, _, aux = nnx.merge(graphdef, params, rest)(seg, memory)
@@ -40,17 +40,28 @@ def loss_grads(cfg, n_before=3):
   return flat(lm), flat(rec), float(losses_of(params)[1])
 
 
-@pytest.mark.parametrize("compression,loss,norm", [
-    ("conv", "attention", "pre"), ("dilated_conv", "attention", "pre"),
-    ("conv", "autoencoding", "pre"), ("dilated_conv", "autoencoding", "pre"),
-    ("conv", "attention", "post"), ("conv", "attention", "own"), ("conv", "autoencoding", "own")])
+@pytest.mark.parametrize(
+  "compression,loss,norm",
+  [
+    ("conv", "attention", "pre"),
+    ("dilated_conv", "attention", "pre"),
+    ("conv", "autoencoding", "pre"),
+    ("dilated_conv", "autoencoding", "pre"),
+    ("conv", "attention", "post"),
+    ("conv", "attention", "own"),
+    ("conv", "autoencoding", "own"),
+  ],
+)
 def test_each_loss_reaches_only_its_parameters(compression, loss, norm):
   # "own": pre-norm with the compressed slots' own projections
   # (model.compressed_keys_values), read by the reconstruction loss frozen.
   own = norm == "own"
-  cfg = tiny_model_config(compression=compression, reconstruction_loss=loss,
-                          norm="pre" if own else norm,
-                          compressed_keys_values="own" if own else "shared")
+  cfg = tiny_model_config(
+    compression=compression,
+    reconstruction_loss=loss,
+    norm="pre" if own else norm,
+    compressed_keys_values="own" if own else "shared",
+  )
   lm, rec, rec_value = loss_grads(cfg)
   assert rec_value > 0  # an eviction happened
   compressor = [k for k in lm if "compressor" in k]
@@ -96,8 +107,8 @@ def test_memories_are_stop_gradient_between_segments():
     m = nnx.merge(graphdef, params, rest)
     if memory is None:  # the first segment runs inside the differentiated function
       _, memory, _ = m(tokens[:, :t], compressive.init_memory(cfg, 2))
-    logits, _, _ = m(tokens[:, t:2 * t], memory)
-    nats, count = losses.cross_entropy(logits, tokens[:, t + 1:2 * t + 1])
+    logits, _, _ = m(tokens[:, t : 2 * t], memory)
+    nats, count = losses.cross_entropy(logits, tokens[:, t + 1 : 2 * t + 1])
     return nats / count
 
   _, memory, _ = model(tokens[:, :t], compressive.init_memory(cfg, 2))

@@ -22,10 +22,12 @@ def initializers(shape, rows):
   """(as a matrix, N-D with the matrix's in-axes) pairs of initializers."""
   fan_in, fan_out = tuple(range(rows)), tuple(range(rows, len(shape)))
   return [
-      (nnx.initializers.lecun_normal(), nnx.initializers.lecun_normal(fan_in, fan_out)),
-      (nnx.initializers.variance_scaling(2.0, "fan_avg", "uniform"),
-       nnx.initializers.variance_scaling(2.0, "fan_avg", "uniform", fan_in, fan_out)),
-      (nnx.initializers.normal(0.02), nnx.initializers.normal(0.02)),
+    (nnx.initializers.lecun_normal(), nnx.initializers.lecun_normal(fan_in, fan_out)),
+    (
+      nnx.initializers.variance_scaling(2.0, "fan_avg", "uniform"),
+      nnx.initializers.variance_scaling(2.0, "fan_avg", "uniform", fan_in, fan_out),
+    ),
+    (nnx.initializers.normal(0.02), nnx.initializers.normal(0.02)),
   ]
 
 
@@ -50,8 +52,10 @@ def test_a_traced_or_bfloat16_matrix_draw_equals_the_n_d_draw_too():
   assert_same(drawn(matrix, shape, jnp.bfloat16, rows), n_d(key, shape, jnp.bfloat16))
   # Traced, against the traced N-D draw (XLA may fuse the scaling otherwise
   # than the eager multiply does: 1 ulp apart, whatever the shape).
-  assert_same(jax.jit(lambda: drawn(matrix, shape, jnp.float32, rows))(),
-              jax.jit(lambda: n_d(key, shape, jnp.float32))())
+  assert_same(
+    jax.jit(lambda: drawn(matrix, shape, jnp.float32, rows))(),
+    jax.jit(lambda: n_d(key, shape, jnp.float32))(),
+  )
 
 
 def test_the_dilated_convolution_kernel_is_the_n_d_draw():
@@ -66,7 +70,8 @@ def test_the_conv_compression_kernel_is_the_identity_taps_plus_the_n_d_noise():
   rate, d = 3, 8
   fn = compression.Conv(rate, d, rngs=nnx.Rngs(4))
   noise = nnx.initializers.normal(fn.NOISE / (rate * np.sqrt(d)))(
-      nnx.Rngs(4).params(), (rate, d, d), jnp.float32)
+    nnx.Rngs(4).params(), (rate, d, d), jnp.float32
+  )
   assert_same(fn.kernel[...], jnp.eye(d, dtype=jnp.float32)[None] / rate + noise)
 
 
@@ -85,7 +90,7 @@ def random_draw_shapes(cfg):
       if eqn.primitive.name == "random_bits":
         shapes.append(tuple(eqn.params["shape"]))
       for value in eqn.params.values():
-        for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
           if hasattr(sub, "eqns"):
             walk(sub)
           elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
@@ -95,11 +100,14 @@ def random_draw_shapes(cfg):
   return shapes
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize(
+  "overrides",
+  [
     dict(compression="conv"),
     dict(compression="dilated_conv", compression_rate=4, positions="rope"),
     dict(reconstruction_loss="autoencoding", scan_layers=True),
-])
+  ],
+)
 def test_every_random_draw_of_a_models_initialisation_is_a_matrix(overrides):
   shapes = random_draw_shapes(tiny_model_config(**overrides))
   assert len(shapes) >= 10  # the walk reached the draws

@@ -37,17 +37,27 @@ def simulate(num_segments, most_used=False, window=1):
       k = min(sum(i >= 0 for i in evicted), T // RATE)
       new = [(j >= T // RATE - k, tuple(evicted)) for j in range(T // RATE)]
     else:
-      new = [(any(i >= 0 for i in evicted[i:i + RATE]),
-              tuple(evicted[max(0, i - (window - 1) * RATE):i + RATE])) for i in range(0, T, RATE)]
+      new = [
+        (
+          any(i >= 0 for i in evicted[i : i + RATE]),
+          tuple(evicted[max(0, i - (window - 1) * RATE) : i + RATE]),
+        )
+        for i in range(0, T, RATE)
+      ]
     cmem = (cmem + new)[-C:]
     yield list(mem), list(evicted), list(cmem)
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_fifo_order_and_masks_step_by_step(compression):
-  cfg = tiny_model_config(num_layers=1, segment_length=T, memory_length=M,
-                          compressed_memory_length=C, compression_rate=RATE,
-                          compression=compression)
+  cfg = tiny_model_config(
+    num_layers=1,
+    segment_length=T,
+    memory_length=M,
+    compressed_memory_length=C,
+    compression_rate=RATE,
+    compression=compression,
+  )
   model = make_model(cfg)
   state, forward = jitted_forward(model)
   emb = np.asarray(model.embed.embedding[...])
@@ -56,12 +66,13 @@ def test_fifo_order_and_masks_step_by_step(compression):
   vec = lambda i: emb[tokens[0, i]] if i >= 0 else np.zeros(cfg.d_model, np.float32)
   sim = simulate(5, compression == "most_used", COMPRESSIONS[compression].window)
   for s, (mem_ids, evicted_ids, cmem_groups) in enumerate(sim):
-    _, memory, _ = forward(state, tokens[:, s * T:(s + 1) * T], memory, None)
+    _, memory, _ = forward(state, tokens[:, s * T : (s + 1) * T], memory, None)
     layer = memory.layer(0)
     # Memory: the newest M layer inputs, oldest first; empty slots masked.
     np.testing.assert_array_equal(np.asarray(layer.mem_mask[0]), [i >= 0 for i in mem_ids])
-    np.testing.assert_allclose(np.asarray(layer.mem[0]), np.stack([vec(i) for i in mem_ids]),
-                               rtol=0, atol=0)
+    np.testing.assert_allclose(
+      np.asarray(layer.mem[0]), np.stack([vec(i) for i in mem_ids]), rtol=0, atol=0
+    )
     # Compressed memory: a slot is valid when any of its group was.
     np.testing.assert_array_equal(np.asarray(layer.cmem_mask[0]), [v for v, _ in cmem_groups])
     cmem = np.asarray(layer.cmem[0])
@@ -80,15 +91,17 @@ def test_fifo_order_and_masks_step_by_step(compression):
       # The newest T / c slots are f_c of exactly the evicted block.
       block = np.stack([vec(i) for i in evicted_ids])[None]
       bmask = np.array([[i >= 0 for i in evicted_ids]])
-      comp, comp_mask = model.blocks[0].compressor.fn(jnp.asarray(block), jnp.asarray(bmask),
-                                                    jnp.zeros(bmask.shape))
-      got = cmem[-(T // RATE):]
+      comp, comp_mask = model.blocks[0].compressor.fn(
+        jnp.asarray(block), jnp.asarray(bmask), jnp.zeros(bmask.shape)
+      )
+      got = cmem[-(T // RATE) :]
       want = np.where(np.asarray(comp_mask[0])[:, None], np.asarray(comp[0]), 0.0)
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_most_used_keeps_the_most_attended_in_order():
   from flax import nnx
+
   comp = COMPRESSIONS["most_used"](2, 3, rngs=nnx.Rngs(0))
   slots = jnp.arange(6 * 3, dtype=jnp.float32).reshape(1, 6, 3)
   usage = jnp.array([[0.9, 0.1, 0.5, 0.7, 0.2, 0.3]])
@@ -124,9 +137,13 @@ def _eviction_after(received_per_segment, memory_length, t):
   memory_length, each segment's memory and tokens receiving the given
   attention; returns the last push's Eviction."""
   layer = memory_lib.Memory(
-      mem=jnp.zeros((1, memory_length, 1)), mem_mask=jnp.zeros((1, memory_length), bool),
-      cmem=jnp.zeros((1, 0, 1)), cmem_mask=jnp.zeros((1, 0), bool),
-      usage=jnp.zeros((1, memory_length)), visits=jnp.zeros((1, memory_length)))
+    mem=jnp.zeros((1, memory_length, 1)),
+    mem_mask=jnp.zeros((1, memory_length), bool),
+    cmem=jnp.zeros((1, 0, 1)),
+    cmem_mask=jnp.zeros((1, 0), bool),
+    usage=jnp.zeros((1, memory_length)),
+    visits=jnp.zeros((1, memory_length)),
+  )
   kv = jnp.zeros((1, memory_length + t, 1, 1))
   for s, received in enumerate(received_per_segment):
     inputs = jnp.arange(s * t + 1, s * t + t + 1, dtype=jnp.float32).reshape(1, t, 1)
@@ -143,8 +160,7 @@ def test_most_used_ranks_by_attention_received_while_in_memory():
   # M = T = 4: slots 1-4 are evicted by the second segment. As segment
   # tokens (first segment) 1 and 2 drew the most attention; in memory (the
   # second segment) 3 and 4 did. Only the memory's counts.
-  ev = _eviction_after([[0, 0, 0, 0, 9, 9, 0, 0],
-                        [0, 0, 1, 1, 0, 0, 0, 0]], memory_length=4, t=4)
+  ev = _eviction_after([[0, 0, 0, 0, 9, 9, 0, 0], [0, 0, 1, 1, 0, 0, 0, 0]], memory_length=4, t=4)
   assert _kept(ev, 2) == [3, 4]
 
 
@@ -152,10 +168,12 @@ def test_most_used_ranks_by_the_average_over_visits():
   # M = 6, T = 4: the third segment evicts 3, 4 (in memory for two
   # segments) and 5, 6 (for one). By sum 3 and 4 lead (0.7, 0.6); by the
   # average per visit 5 (0.5) and 3 (0.35) do.
-  ev = _eviction_after([[0] * 10,
-                        [0, 0, 0, 0, .35, .3, 0, 0, 0, 0],
-                        [.35, .3, .5, .1, 0, 0, 0, 0, 0, 0]], memory_length=6, t=4)
-  np.testing.assert_allclose(ev.usage[0], [.35, .3, .5, .1], rtol=1e-6)
+  ev = _eviction_after(
+    [[0] * 10, [0, 0, 0, 0, 0.35, 0.3, 0, 0, 0, 0], [0.35, 0.3, 0.5, 0.1, 0, 0, 0, 0, 0, 0]],
+    memory_length=6,
+    t=4,
+  )
+  np.testing.assert_allclose(ev.usage[0], [0.35, 0.3, 0.5, 0.1], rtol=1e-6)
   assert _kept(ev, 2) == [3, 5]
 
 
@@ -166,8 +184,8 @@ def test_per_row_reset_matches_fresh_memory_and_leaves_other_rows():
   tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 5 * t), 0, cfg.vocab_size)
   memory = compressive.init_memory(cfg, 3)
   for s in range(4):  # fill memory and compressed memory
-    _, memory, _ = forward(state, tokens[:, s * t:(s + 1) * t], memory, None)
-  seg = tokens[:, 4 * t:]
+    _, memory, _ = forward(state, tokens[:, s * t : (s + 1) * t], memory, None)
+  seg = tokens[:, 4 * t :]
   sos = jnp.array([False, True, False])
   logits_reset, mem_reset, _ = forward(state, seg, memory, sos)
   logits_keep, mem_keep, _ = forward(state, seg, memory, None)
@@ -192,15 +210,21 @@ def test_attention_keys_whole_segment_and_decoding():
   """[cmem; mem; segment so far]: the slots' keys (computed, or the cache's)
   before the segment's, validity from the masks, and the last query's key
   index; decoding puts its tokens' keys into the cache's segment."""
-  cfg = tiny_model_config(segment_length=T, memory_length=M, compressed_memory_length=C,
-                          compression_rate=RATE, num_layers=1)
+  cfg = tiny_model_config(
+    segment_length=T,
+    memory_length=M,
+    compressed_memory_length=C,
+    compression_rate=RATE,
+    num_layers=1,
+  )
   layer = memory_lib.init_memory(cfg, 2).layer(0)
   rng = np.random.default_rng(0)
   layer = layer.replace(
-      mem=jnp.asarray(rng.normal(size=layer.mem.shape), jnp.float32),
-      cmem=jnp.asarray(rng.normal(size=layer.cmem.shape), jnp.float32),
-      mem_mask=jnp.asarray(rng.random(layer.mem_mask.shape) < 0.5),
-      cmem_mask=jnp.asarray(rng.random(layer.cmem_mask.shape) < 0.5))
+    mem=jnp.asarray(rng.normal(size=layer.mem.shape), jnp.float32),
+    cmem=jnp.asarray(rng.normal(size=layer.cmem.shape), jnp.float32),
+    mem_mask=jnp.asarray(rng.random(layer.mem_mask.shape) < 0.5),
+    cmem_mask=jnp.asarray(rng.random(layer.cmem_mask.shape) < 0.5),
+  )
   both = lambda cmem, mem: jnp.concatenate([cmem, mem], 1)[:, :, None]  # H = 1
   keys_values = lambda cmem, mem: (2 * both(cmem, mem), 3 * both(cmem, mem))
   x = jnp.asarray(rng.normal(size=(2, T, 1, cfg.d_model)), jnp.float32)
@@ -209,7 +233,8 @@ def test_attention_keys_whole_segment_and_decoding():
   np.testing.assert_array_equal(k, jnp.concatenate([2 * slots, x], 1))
   np.testing.assert_array_equal(v, jnp.concatenate([3 * slots, -x], 1))
   np.testing.assert_array_equal(
-      valid, jnp.concatenate([layer.cmem_mask, layer.mem_mask, jnp.ones((2, T), bool)], 1))
+    valid, jnp.concatenate([layer.cmem_mask, layer.mem_mask, jnp.ones((2, T), bool)], 1)
+  )
   assert q_last == C + M + T - 1 and same is layer
 
   k_past, v_past = keys_values(layer.cmem, layer.mem)
@@ -217,10 +242,12 @@ def test_attention_keys_whole_segment_and_decoding():
   cached = layer.replace(cache=memory_lib.KeysValues(k=k_past, v=v_past, seg_k=seg, seg_v=seg))
   for p in range(T):  # one token at a time, as sampling decodes
     k, v, valid, q_last, cached = memory_lib.attention_keys(
-        cached, keys_values, x[:, p:p + 1], -x[:, p:p + 1], jnp.asarray(p))
+      cached, keys_values, x[:, p : p + 1], -x[:, p : p + 1], jnp.asarray(p)
+    )
     assert int(q_last) == C + M + p
-    np.testing.assert_array_equal(k[:, :C + M + p + 1],
-                                  jnp.concatenate([2 * slots, x[:, :p + 1]], 1))
-    np.testing.assert_array_equal(v[:, C + M:C + M + p + 1], -x[:, :p + 1])
-    np.testing.assert_array_equal(valid[:, C + M:], jnp.broadcast_to(jnp.arange(T) <= p, (2, T)))
+    np.testing.assert_array_equal(
+      k[:, : C + M + p + 1], jnp.concatenate([2 * slots, x[:, : p + 1]], 1)
+    )
+    np.testing.assert_array_equal(v[:, C + M : C + M + p + 1], -x[:, : p + 1])
+    np.testing.assert_array_equal(valid[:, C + M :], jnp.broadcast_to(jnp.arange(T) <= p, (2, T)))
   np.testing.assert_array_equal(cached.cache.seg_k, x)

@@ -15,14 +15,17 @@ from helpers import jitted_forward, make_model, run_segments, tiny_model_config
 # new one is held to the temporal range without being listed here (a toy one
 # a test file registers is not the package's).
 BUILT_IN_COMPRESSIONS = sorted(
-    name for name, cls in compression_lib.COMPRESSIONS.items()
-    if cls.__module__ == compression_lib.__name__)
+  name
+  for name, cls in compression_lib.COMPRESSIONS.items()
+  if cls.__module__ == compression_lib.__name__
+)
 
 
 def test_the_built_in_compressions_are_all_here():
   # The temporal-range test below runs over this list: it is the registry's.
   assert {"max_pool", "mean_pool", "conv", "dilated_conv", "most_used"} <= set(
-      BUILT_IN_COMPRESSIONS)
+    BUILT_IN_COMPRESSIONS
+  )
 
 
 @pytest.mark.parametrize("compression", BUILT_IN_COMPRESSIONS)
@@ -39,9 +42,14 @@ def test_temporal_range_of_one_layer(compression):
   # contents are bounded, which tests/model/test_memory.py checks slot by slot.
   t, m, cm, c = 4, 4, 3, 2
   reach = m + c * cm  # 10
-  cfg = tiny_model_config(num_layers=1, segment_length=t, memory_length=m,
-                          compressed_memory_length=cm, compression_rate=c,
-                          compression=compression)
+  cfg = tiny_model_config(
+    num_layers=1,
+    segment_length=t,
+    memory_length=m,
+    compressed_memory_length=cm,
+    compression_rate=c,
+    compression=compression,
+  )
   state, forward = jitted_forward(make_model(cfg))
   n_seg = 6
   start = (n_seg - 1) * t  # first token of the last segment
@@ -50,7 +58,8 @@ def test_temporal_range_of_one_layer(compression):
   distances = np.arange(1, start + 1)
   batch = jnp.repeat(base, len(distances) + 1, 0)
   batch = batch.at[distances, start - distances].set(
-      (base[0, start - distances] + 7) % cfg.vocab_size)
+    (base[0, start - distances] + 7) % cfg.vocab_size
+  )
   logits, _ = run_segments(forward, state, batch, compressive.init_memory(cfg, batch.shape[0]), t)
   last = np.asarray(logits[:, start:])
   changed = np.abs(last[1:] - last[:1]).max(axis=(1, 2)) > 0
@@ -75,8 +84,9 @@ def test_segment_by_segment_equals_whole_sequence(layers):
   # must reproduce one pass over the whole sequence (positions and masks).
   t, n_seg = 4, 5
   total = t * n_seg
-  cfg = tiny_model_config(num_layers=layers, segment_length=t, memory_length=total,
-                          compressed_memory_length=0)
+  cfg = tiny_model_config(
+    num_layers=layers, segment_length=t, memory_length=total, compressed_memory_length=0
+  )
   state, forward = jitted_forward(make_model(cfg))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, total), 0, cfg.vocab_size)
   seg_logits, _ = run_segments(forward, state, tokens, compressive.init_memory(cfg, 2), t)
@@ -115,8 +125,9 @@ def test_scan_under_jit_matches_eager_and_does_not_retrace():
   for s in range(n_seg):
     want, memory, aux = model(segments[s], memory, sos[s])
     np.testing.assert_allclose(np.asarray(logits[s]), np.asarray(want), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(recon[s]), float(aux.reconstruction_loss), rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+      float(recon[s]), float(aux.reconstruction_loss), rtol=1e-5, atol=1e-7
+    )
   for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(memory)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -157,8 +168,9 @@ def test_evaluation_may_use_longer_memories_and_other_segment_lengths():
   tokens = jnp.ones((1, 8), jnp.int32)
   for _ in range(6):  # 16 memory slots fill after 2 segments; then 4 slots a segment
     logits, memory, aux = forward(state, tokens, memory, None)
-  assert (bool(memory.cmem_mask.all())
-          and float(aux.scalars()["attention_mass/compressed_memory"]) > 0)
+  assert (
+    bool(memory.cmem_mask.all()) and float(aux.scalars()["attention_mass/compressed_memory"]) > 0
+  )
   with pytest.raises(ValueError, match="multiple of compression_rate"):
     forward(state, jnp.ones((1, 5), jnp.int32), memory, None)
 
@@ -169,8 +181,9 @@ def test_attention_mass_sums_to_one():
   memory = compressive.init_memory(cfg, 2)
   for _ in range(5):
     _, memory, aux = forward(state, jnp.ones((2, 4), jnp.int32), memory, None)
-  total = sum(float(aux.scalars()[f"attention_mass/{k}"])
-              for k in ("compressed_memory", "memory", "segment"))
+  total = sum(
+    float(aux.scalars()[f"attention_mass/{k}"]) for k in ("compressed_memory", "memory", "segment")
+  )
   assert abs(total - 1.0) < 1e-5
 
 
@@ -201,11 +214,14 @@ def test_own_compressed_projections_read_the_compressed_slots_only():
   # centres them), and would change the keys by rounding only.
   noise = lambda a: 0.5 * jax.random.normal(jax.random.PRNGKey(7), a.shape, a.dtype)
   other = jax.tree_util.tree_map_with_path(
-      lambda path, a: a + noise(a) if any(getattr(k, "key", None) in ("wkc", "wvc") for k in path)
-      else a, state)
+    lambda path, a: (
+      a + noise(a) if any(getattr(k, "key", None) in ("wkc", "wvc") for k in path) else a
+    ),
+    state,
+  )
   memory = model.init_memory(2)
   for s in range(8):
-    seg = tokens[:, s * t:(s + 1) * t]
+    seg = tokens[:, s * t : (s + 1) * t]
     want, next_memory, _ = forward(state, seg, memory, None)
     got, _, _ = forward(other, seg, memory, None)
     if bool(memory.cmem_mask.any()):  # far above float rounding (~1e-6)
@@ -217,6 +233,7 @@ def test_own_compressed_projections_read_the_compressed_slots_only():
 
 
 def test_own_compressed_projections_need_a_compressed_memory():
-  with pytest.raises(compressive.ConfigError, match="compressed_keys_values='own' needs a "
-                                                     "compressed memory"):
+  with pytest.raises(
+    compressive.ConfigError, match="compressed_keys_values='own' needs a compressed memory"
+  ):
     tiny_model_config(compressed_keys_values="own", compressed_memory_length=0)

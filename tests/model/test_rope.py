@@ -45,8 +45,9 @@ def test_rotary_scores_depend_only_on_the_index_distance():
   i, j = jnp.arange(5) + 7, jnp.arange(5)
 
   def scores(shift):
-    return jnp.einsum("bihe,bjhe->bhij", attention_lib.rotate(q, i + shift),
-                      attention_lib.rotate(k, j + shift))
+    return jnp.einsum(
+      "bihe,bjhe->bhij", attention_lib.rotate(q, i + shift), attention_lib.rotate(k, j + shift)
+    )
 
   np.testing.assert_allclose(scores(0), scores(1000), atol=1e-4)
   assert not np.allclose(scores(0), jnp.einsum("bihe,bjhe->bhij", q, k), atol=1e-3)
@@ -63,15 +64,28 @@ def test_rope_has_no_position_parameters_and_partitions():
   # The default rules name attention/wr, u, v; with none of them present the
   # rest must still partition, heads on 'tensor' and width on 'fsdp'.
   config = importlib.import_module("compressive.configs.default_rope").get_config()
-  config.model.update(dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, segment_length=4,
-                           memory_length=8, compressed_memory_length=4))
+  config.model.update(
+    dict(
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+      d_ff=32,
+      segment_length=4,
+      memory_length=8,
+      compressed_memory_length=4,
+    )
+  )
   config.batch_size = 4
   config.mesh.shape = (1, 2, 2)
   model = ModelConfig.from_config(config.model)
-  state = nnx.state(nnx.eval_shape(
-      lambda: compressive.CompressiveTransformer(model, rngs=nnx.Rngs(0))))
-  assert sharding.validate(mesh_of(config), state, batch_size=4, model=model,
-                           num_devices=4) == (1, 2, 2)
+  state = nnx.state(
+    nnx.eval_shape(lambda: compressive.CompressiveTransformer(model, rngs=nnx.Rngs(0)))
+  )
+  assert sharding.validate(mesh_of(config), state, batch_size=4, model=model, num_devices=4) == (
+    1,
+    2,
+    2,
+  )
   att = sharding.param_specs(mesh_of(config), state)["blocks"][0]["attention"]
   P = jax.sharding.PartitionSpec
   assert att["wq"] == P("fsdp", "tensor", None) and att["wo"] == P("tensor", None, "fsdp")
@@ -87,8 +101,9 @@ def test_default_rope_config_differs_from_default_only_in_positions():
 
 
 def test_bad_positions_are_config_errors():
-  with pytest.raises(ConfigError,
-                     match=r"model.positions='alibi' is unknown; choose one of relative, rope"):
+  with pytest.raises(
+    ConfigError, match=r"model.positions='alibi' is unknown; choose one of relative, rope"
+  ):
     ModelConfig.from_config(tiny_model_config(positions="alibi"))
   with pytest.raises(ConfigError, match="model.positions='rope'.*even"):
     ModelConfig.from_config(tiny_model_config(positions="rope", d_model=6, num_heads=2))
@@ -127,8 +142,9 @@ def test_rope_segment_by_segment_equals_whole_sequence():
 def test_fused_output_equals_explicit_weights(monkeypatch):
   calls = []
   fused = jax.nn.dot_product_attention
-  monkeypatch.setattr(jax.nn, "dot_product_attention",
-                      lambda *a, **k: calls.append(1) or fused(*a, **k))
+  monkeypatch.setattr(
+    jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
+  )
   cfg = rope_config(num_layers=2)
   model = make_model(cfg, seed=4)
   memory = explicit = compressive.init_memory(cfg, 2)
@@ -141,13 +157,18 @@ def test_fused_output_equals_explicit_weights(monkeypatch):
     want, explicit, aux_w = model(tokens, explicit, collect_attention=True)
     assert len(calls) == n + cfg.num_layers  # ... and not when weights are read
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"segment {s}")
-    np.testing.assert_allclose(aux.reconstruction_loss, aux_w.reconstruction_loss,
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+      aux.reconstruction_loss, aux_w.reconstruction_loss, rtol=1e-5, atol=1e-7
+    )
     # Fused: no weights, so no attention mass; explicit: it sums to one.
-    assert all(np.isnan(aux.scalars()[f"attention_mass/{k}"])
-               for k in ("compressed_memory", "memory", "segment"))
-    assert sum(float(aux_w.scalars()[f"attention_mass/{k}"]) for k in
-               ("compressed_memory", "memory", "segment")) == pytest.approx(1.0, abs=1e-5)
+    assert all(
+      np.isnan(aux.scalars()[f"attention_mass/{k}"])
+      for k in ("compressed_memory", "memory", "segment")
+    )
+    assert sum(
+      float(aux_w.scalars()[f"attention_mass/{k}"])
+      for k in ("compressed_memory", "memory", "segment")
+    ) == pytest.approx(1.0, abs=1e-5)
   # The same memory; only `usage` differs: it is accumulated from the
   # weights, so it stays zero when they are not computed (only most_used reads it).
   for name in ("mem", "cmem", "mem_mask", "cmem_mask"):
@@ -172,19 +193,26 @@ def test_reconstruction_sees_unrotated_queries_and_keys():
   relative = make_model(tiny_model_config(num_layers=1), seed=5)
 
   def overlay(mine, theirs):  # theirs wherever they have it
-    return {k: overlay(v, theirs[k]) if isinstance(v, dict) else theirs.get(k, v)
-            for k, v in mine.items()} if isinstance(theirs, dict) else theirs
+    return (
+      {
+        k: overlay(v, theirs[k]) if isinstance(v, dict) else theirs.get(k, v)
+        for k, v in mine.items()
+      }
+      if isinstance(theirs, dict)
+      else theirs
+    )
 
   state = nnx.state(relative)
-  nnx.replace_by_pure_dict(state,
-                           overlay(nnx.to_pure_dict(state), nnx.to_pure_dict(nnx.state(rope))))
+  nnx.replace_by_pure_dict(
+    state, overlay(nnx.to_pure_dict(state), nnx.to_pure_dict(nnx.state(rope)))
+  )
   nnx.update(relative, state)
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 24), 0, 32)
   losses = []
   for model in (rope, relative):
     memory, recon = model.init_memory(2), []
     for s in range(0, 24, model.config.segment_length):
-      _, memory, aux = model(tokens[:, s:s + model.config.segment_length], memory)
+      _, memory, aux = model(tokens[:, s : s + model.config.segment_length], memory)
       recon.append(float(aux.reconstruction_loss))
     losses.append(recon)
   assert max(losses[0]) > 0
@@ -206,20 +234,23 @@ def test_rope_greedy_cached_decoding_equals_uncached():
 def test_resuming_with_other_positions_names_the_field(tmp_path):
   from compressive.configs import default, default_rope
   from compressive.training import runconfig
+
   runconfig.save_config(str(tmp_path), checked(default.get_config()))
   with pytest.raises(ConfigError, match=r"model.positions 'relative' -> 'rope'"):
     runconfig.check_resume_config(str(tmp_path), checked(default_rope.get_config()))
 
 
 def test_attention_implementation_is_checked_before_anything_runs():
-  with pytest.raises(ConfigError,
-                     match="attention_implementation='cudnn' needs model.positions='rope'"):
+  with pytest.raises(
+    ConfigError, match="attention_implementation='cudnn' needs model.positions='rope'"
+  ):
     ModelConfig.from_config(tiny_model_config(attention_implementation="cudnn"))
   with pytest.raises(ConfigError, match="attention_implementation='flash' is unknown"):
     ModelConfig.from_config(rope_config(attention_implementation="flash"))
   # cuDNN on a machine without a GPU: one line at validation, not a trace
   # error from inside jax (aot.py passes num_devices and compiles for a GPU).
   from helpers import tiny_experiment
+
   config = tiny_experiment(**{"model.positions": "rope", "model.attention_implementation": "cudnn"})
   if jax.default_backend() != "gpu":
     with pytest.raises(ConfigError, match="needs a GPU"):

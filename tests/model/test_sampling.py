@@ -10,11 +10,13 @@ from compressive.model.sampling import Sampler, choose
 from helpers import greedy_without_cache, jitted_forward, make_model, tiny_model_config
 
 
-@pytest.mark.parametrize("compression,keys_values",
-                         [("conv", "shared"), ("most_used", "shared"), ("conv", "own")])
+@pytest.mark.parametrize(
+  "compression,keys_values", [("conv", "shared"), ("most_used", "shared"), ("conv", "own")]
+)
 def test_greedy_cached_decoding_equals_uncached(compression, keys_values):
-  cfg = tiny_model_config(vocab_size=32, compression=compression, num_layers=2,
-                          compressed_keys_values=keys_values)
+  cfg = tiny_model_config(
+    vocab_size=32, compression=compression, num_layers=2, compressed_keys_values=keys_values
+  )
   model = make_model(cfg, seed=3)
   prompt = [int(x) for x in jax.random.randint(jax.random.PRNGKey(0), (6,), 0, 32)]
   n = 30  # crosses several segment boundaries and compressions (T = 4)
@@ -33,13 +35,13 @@ def test_cached_logits_match_a_full_segment():
   want, _ = [], None
   memory = compressive.init_memory(cfg, 2)
   for s in range(3):
-    logits, memory, _ = forward(state, tokens[:, s * 4:(s + 1) * 4], memory, None)
+    logits, memory, _ = forward(state, tokens[:, s * 4 : (s + 1) * 4], memory, None)
     want.append(logits)
   want = np.asarray(jnp.concatenate(want, 1))
   sampler = Sampler(model, batch_size=2)
   got = []
   for i in range(tokens.shape[1]):
-    sampler.feed(np.asarray(tokens[:, i:i + 1]))
+    sampler.feed(np.asarray(tokens[:, i : i + 1]))
     got.append(np.asarray(sampler.logits))
   np.testing.assert_allclose(np.stack(got, 1), want, rtol=1e-4, atol=1e-4)
 
@@ -59,6 +61,7 @@ def test_top_k_and_top_p_restrict_the_choice():
 def test_text_stream_reassembles_utf8_and_subwords():
   from compressive.data import ByteTokenizer
   from compressive.model.sampling import TextStream
+
   text = "naïve café — 東京 ok"
   tok = ByteTokenizer()
   stream = TextStream(tok, context=4)
@@ -70,6 +73,7 @@ def test_text_stream_shows_a_character_cut_short_at_the_end():
   # the bytes of an unfinished character are flushed as U+FFFD, not lost.
   from compressive.data import ByteTokenizer
   from compressive.model.sampling import TextStream
+
   tok = ByteTokenizer()
   stream = TextStream(tok)
   ids = tok.encode("ab東")[:-1]  # the last character's third byte never comes

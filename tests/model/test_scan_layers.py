@@ -62,7 +62,7 @@ def run(cfg, params_of=None, segments=4, dropout=False, seed=0):
   step = jax.jit(jax.value_and_grad(loss, has_aux=True))
   outs = []
   for s in range(segments):
-    seg, targets = tokens[:, s * t:(s + 1) * t], tokens[:, s * t + 1:(s + 1) * t + 1]
+    seg, targets = tokens[:, s * t : (s + 1) * t], tokens[:, s * t + 1 : (s + 1) * t + 1]
     sos = jnp.asarray([s == 0, s in (0, 2)])  # row 1 restarts mid-stream
     (_, (logits, memory, aux)), grads = step(params, seg, targets, memory, sos)
     outs.append((logits, aux))
@@ -71,34 +71,49 @@ def run(cfg, params_of=None, segments=4, dropout=False, seed=0):
 
 def assert_close(a, b, what):
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=RTOL,
-                               err_msg=f"{what} {jax.tree_util.keystr(path)}")
+    np.testing.assert_allclose(
+      np.asarray(x),
+      np.asarray(y),
+      atol=ATOL,
+      rtol=RTOL,
+      err_msg=f"{what} {jax.tree_util.keystr(path)}",
+    )
 
 
 def test_scanned_layers_initialise_to_the_unrolled_weights():
   cfg = tiny_model_config(num_layers=3)
   unrolled = pure_params(compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0)))
-  scanned = pure_params(compressive.CompressiveTransformer(
-      tiny_model_config(num_layers=3, scan_layers=True), rngs=nnx.Rngs(0)))
+  scanned = pure_params(
+    compressive.CompressiveTransformer(
+      tiny_model_config(num_layers=3, scan_layers=True), rngs=nnx.Rngs(0)
+    )
+  )
   assert scanned["blocks"]["attention"]["wq"].shape[0] == 3
   assert_close(scanned, stacked(unrolled), "initial parameter")
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize(
+  "overrides",
+  [
     dict(),
     dict(positions="rope", compression="most_used"),
     dict(compression="dilated_conv", reconstruction_loss="autoencoding"),
     dict(compression="overlap_max_pool"),
     dict(compressed_keys_values="own"),
     dict(dropout_rate=0.2),
-])
+  ],
+)
 def test_scanned_equals_unrolled_in_values_and_gradients(overrides):
   cfg = tiny_model_config(num_layers=3, **overrides)
   dropout = cfg.dropout_rate > 0
   unrolled = pure_params(compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(3)))
   want, want_memory, want_grads = run(cfg, dropout=dropout, seed=3)
-  got, got_memory, got_grads = run(tiny_model_config(num_layers=3, scan_layers=True, **overrides),
-                                   params_of=stacked(unrolled), dropout=dropout, seed=3)
+  got, got_memory, got_grads = run(
+    tiny_model_config(num_layers=3, scan_layers=True, **overrides),
+    params_of=stacked(unrolled),
+    dropout=dropout,
+    seed=3,
+  )
   for s, ((lw, aw), (lg, ag)) in enumerate(zip(want, got)):
     assert_close(lg, lw, f"segment {s} logits")
     assert_close(ag, aw, f"segment {s} aux")
@@ -113,8 +128,9 @@ def test_scanned_equals_unrolled_in_values_and_gradients(overrides):
 def test_remat_changes_no_value_or_gradient(scan, remat):
   cfg = tiny_model_config(num_layers=2, scan_layers=scan, dropout_rate=0.1)
   want, want_memory, want_grads = run(cfg, dropout=True)
-  got, got_memory, got_grads = run(tiny_model_config(num_layers=2, scan_layers=scan,
-                                                     dropout_rate=0.1, remat=remat), dropout=True)
+  got, got_memory, got_grads = run(
+    tiny_model_config(num_layers=2, scan_layers=scan, dropout_rate=0.1, remat=remat), dropout=True
+  )
   for (lw, _), (lg, _) in zip(want, got):
     assert_close(lg, lw, "logits")
   assert_close(got_memory, want_memory, "memory")
@@ -127,9 +143,16 @@ def test_remat_keeps_less_for_the_backward_pass():
   # full 11. XLA:CPU does not shrink the unrolled model's, 35 -> 38: its
   # buffer assignment keeps the recomputed values alive alongside.)
   def temp_bytes(remat):
-    cfg = tiny_model_config(num_layers=4, d_model=64, d_ff=256, segment_length=64,
-                            memory_length=64, compressed_memory_length=32, remat=remat,
-                            scan_layers=True)
+    cfg = tiny_model_config(
+      num_layers=4,
+      d_model=64,
+      d_ff=256,
+      segment_length=64,
+      memory_length=64,
+      compressed_memory_length=32,
+      remat=remat,
+      scan_layers=True,
+    )
     model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     memory = compressive.init_memory(cfg, 16)
@@ -151,7 +174,8 @@ def test_scanned_cached_evaluation_and_decoding_equal_unrolled():
   cfg = tiny_model_config(num_layers=3, compression="most_used")
   model = compressive.CompressiveTransformer(cfg, rngs=nnx.Rngs(5))
   scanned = compressive.CompressiveTransformer(
-      tiny_model_config(num_layers=3, compression="most_used", scan_layers=True), rngs=nnx.Rngs(5))
+    tiny_model_config(num_layers=3, compression="most_used", scan_layers=True), rngs=nnx.Rngs(5)
+  )
   for m in (model, scanned):
     m.eval()
   rng = np.random.default_rng(0)
@@ -166,15 +190,20 @@ def test_scanned_cached_evaluation_and_decoding_equal_unrolled():
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"segment {s}")
   # Greedy decoding through the cache, scanned against unrolled.
   prompt = rng.integers(0, cfg.vocab_size, 3 * t + 1)
-  texts = [np.stack(list(Sampler(m, 1).generate(prompt, 2 * t + 1, temperature=0.0)))
-           for m in (model, scanned)]
+  texts = [
+    np.stack(list(Sampler(m, 1).generate(prompt, 2 * t + 1, temperature=0.0)))
+    for m in (model, scanned)
+  ]
   np.testing.assert_array_equal(texts[1], texts[0])
 
 
 def test_scanned_parameters_have_a_leading_layers_axis():
   cfg = tiny_model_config(num_layers=3, scan_layers=True)
-  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
-      compressive.ModelConfig.from_config(cfg), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(
+    lambda: compressive.CompressiveTransformer(
+      compressive.ModelConfig.from_config(cfg), rngs=nnx.Rngs(0)
+    )
+  )
   table = sharding.logical_axes(nnx.state(model))
   blocks = {k: v for k, v in table.items() if k.startswith("blocks/")}
   assert blocks and all(axes[0] == "layers" for axes in blocks.values())

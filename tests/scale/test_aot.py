@@ -29,8 +29,14 @@ def aot(*args, env=None):
   with an environment that changes how JAX starts (fake devices)."""
   if not inprocess.needs_a_process(env):
     return inprocess.run("aot.py", list(args), env=env)
-  return subprocess.run([sys.executable, os.path.join(ROOT, "aot.py"), *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300, env=env)
+  return subprocess.run(
+    [sys.executable, os.path.join(ROOT, "aot.py"), *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
 
 
 @pytest.mark.slow
@@ -39,12 +45,23 @@ def test_cpu_target_prints_one_json_report(config_file, step):
   r = aot(f"--config={config_file}", "--target=cpu", f"--step={step}")
   assert r.returncode == 0, r.stderr[-2000:]
   report = json.loads(r.stdout.strip().splitlines()[-1])
-  assert {"target", "devices", "processes", "mesh", "compile_seconds", "per_device",
-          "device_memory_bytes", "fits", "flops_per_step", "model_flops_per_step",
-          "collectives"} <= set(report)
+  assert {
+    "target",
+    "devices",
+    "processes",
+    "mesh",
+    "compile_seconds",
+    "per_device",
+    "device_memory_bytes",
+    "fits",
+    "flops_per_step",
+    "model_flops_per_step",
+    "collectives",
+  } <= set(report)
   per = report["per_device"]
-  assert per["total"] == (per["arguments"] + per["outputs"] - per["aliased"]
-                          + per["temporaries"] + per["code"])
+  assert per["total"] == (
+    per["arguments"] + per["outputs"] - per["aliased"] + per["temporaries"] + per["code"]
+  )
   assert report["fits"] is True and report["target"] == "cpu" and report["step"] == step
   assert per["arguments"] > 0 and report["model_flops_per_step"] > 0
   assert "compiling" in r.stderr  # progress on stderr, the result alone on stdout
@@ -73,14 +90,20 @@ def test_sharded_train_step_reports_its_collectives(config_file):
   # 8 fake CPU devices, parameters split 8 ways (FSDP): the step must gather
   # them and reduce their gradients.
   env = process_env(8)
-  r = aot(f"--config={config_file}", "--target=cpu", "--config.mesh.shape=(1,8,1)",
-          "--config.batch_size=8", env=env)
+  r = aot(
+    f"--config={config_file}",
+    "--target=cpu",
+    "--config.mesh.shape=(1,8,1)",
+    "--config.batch_size=8",
+    env=env,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   report = json.loads(r.stdout.strip().splitlines()[-1])
   assert report["devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
   assert report["collectives"].get("all-gather", 0) > 0
-  assert (report["collectives"].get("all-reduce", 0)
-          + report["collectives"].get("reduce-scatter", 0)) > 0
+  assert (
+    report["collectives"].get("all-reduce", 0) + report["collectives"].get("reduce-scatter", 0)
+  ) > 0
 
 
 def test_reading_compiler_output():
@@ -93,8 +116,10 @@ def test_reading_compiler_output():
   """
   assert aot_lib.collectives(text) == {"all-gather": 1, "all-reduce": 1, "reduce-scatter": 1}
   # libtpu 0.0.42's words for a program over a v5e chip's HBM.
-  message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
-             "temporaries (20.07G) exceeds available HBM (15.75G).")
+  message = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+    "temporaries (20.07G) exceeds available HBM (15.75G)."
+  )
   need, have = aot_lib.parse_out_of_memory(message)
   assert abs(need / 1024**3 - 20.07) < 1e-9 and abs(have / 1024**3 - 15.75) < 1e-9
   assert aot_lib.parse_out_of_memory("INTERNAL: something else") is None

@@ -89,14 +89,22 @@ def abstract_training(config):
   state = abstract_state(config)
   params = nnx.to_pure_dict(state)
   train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
-  return state, params, train_step.abstract_train_state(
-      train, params, train_step.make_optimizer(train, params))
+  return (
+    state,
+    params,
+    train_step.abstract_train_state(train, params, train_step.make_optimizer(train, params)),
+  )
 
 
 def validate(config, state, num_devices):
   """sharding.validate of a config's mesh, batch and model."""
-  return sharding.validate(mesh_of(config), state, batch_size=config.batch_size,
-                           model=ModelConfig.from_config(config.model), num_devices=num_devices)
+  return sharding.validate(
+    mesh_of(config),
+    state,
+    batch_size=config.batch_size,
+    model=ModelConfig.from_config(config.model),
+    num_devices=num_devices,
+  )
 
 
 def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
@@ -109,8 +117,11 @@ def test_default_rules_put_heads_and_hidden_on_tensor_and_width_on_fsdp():
   assert att["wo"] == P("tensor", None, "fsdp")  # [H, D, d]
   assert att["u"] == att["v"] == P("tensor", None)
   ffn = specs["blocks"][1]["ffn"]
-  assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (P("fsdp", "tensor"), P("tensor"),
-                                               P("tensor", "fsdp"))
+  assert (ffn["w1"], ffn["b1"], ffn["w2"]) == (
+    P("fsdp", "tensor"),
+    P("tensor"),
+    P("tensor", "fsdp"),
+  )
   assert specs["blocks"][0]["compressor"]["fn"]["kernel"] == P(None, "fsdp", None)  # conv [c, d, d]
   assert specs["embed"]["embedding"] == P("tensor", "fsdp")  # [V, d]
   assert specs["head"] == P("fsdp", "tensor")
@@ -131,47 +142,68 @@ def test_optimizer_state_follows_its_parameter():
   assert specs.params["blocks"][0]["attention"]["wq"] == P("fsdp", "tensor", None)
   found = {}
   for path, spec in jax.tree_util.tree_leaves_with_path(
-      specs.opt_state, is_leaf=lambda x: isinstance(x, P)):
+    specs.opt_state, is_leaf=lambda x: isinstance(x, P)
+  ):
     name = sharding.path_str(path)
     if name.endswith("blocks/0/attention/wq") or name.endswith("blocks/1/compressor/fn/kernel"):
       found[name.split("/inner_state/")[1]] = spec
     if name.endswith("count"):
       assert spec == P()
   assert found == {
-      "1/0/mu/blocks/0/attention/wq": P("fsdp", "tensor", None),
-      "1/0/nu/blocks/0/attention/wq": P("fsdp", "tensor", None),
-      "1/0/mu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
-      "1/0/nu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
+    "1/0/mu/blocks/0/attention/wq": P("fsdp", "tensor", None),
+    "1/0/nu/blocks/0/attention/wq": P("fsdp", "tensor", None),
+    "1/0/mu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
+    "1/0/nu/blocks/1/compressor/fn/kernel": P(None, "fsdp", None),
   }
   assert specs.step == specs.rng == P()
 
 
-@pytest.mark.parametrize("shape,resolved", [
-    ((-1, 1, 1), (8, 1, 1)), ((2, -1, 2), (2, 2, 2)), ((1, 8, 1), (1, 8, 1))])
+@pytest.mark.parametrize(
+  "shape,resolved", [((-1, 1, 1), (8, 1, 1)), ((2, -1, 2), (2, 2, 2)), ((1, 8, 1), (1, 8, 1))]
+)
 def test_minus_one_takes_the_remaining_devices(shape, resolved):
   config = sharding_experiment(**{"mesh.shape": shape})
   assert sharding.mesh_shape(mesh_of(config), num_devices=8) == resolved
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
     ({"mesh.shape": (4, 1, 1)}, "mesh.shape=(4, 1, 1) needs 4 devices but 8 are available"),
     ({"mesh.shape": (-1, 3, 1)}, "mesh.shape=(-1, 3, 1)"),
     ({"mesh.shape": (-1, -1, 1)}, "more than one -1"),
     ({"mesh.shape": (8, 1)}, "mesh.shape=(8, 1) has 2 entries"),
     ({"batch_size": 4, "mesh.shape": (8, 1, 1)}, "batch_size=4 is not divisible by 8"),
     ({"batch_size": 4, "mesh.shape": (1, 8, 1)}, "batch_size=4 is not divisible by 8"),
-    ({"mesh.shape": (2, 1, 4)},
-     "model.num_heads=2 does not divide along mesh axes ('tensor',) of size 4"),
+    (
+      {"mesh.shape": (2, 1, 4)},
+      "model.num_heads=2 does not divide along mesh axes ('tensor',) of size 4",
+    ),
     ({"model.num_heads": 4, "model.d_ff": 66, "mesh.shape": (2, 1, 4)}, "model.d_ff=66"),
     ({"model.d_model": 36, "model.num_heads": 2, "mesh.shape": (1, 8, 1)}, "model.d_model=36"),
     ({"mesh.data_axes": ("data", "pipeline")}, "mesh.data_axes"),
-    ({"mesh.logical_axis_rules": (("embed", "fsdp"),), "mesh.shape": (1, 2, 4)},
-     "mesh.logical_axis_rules has no rule for logical axis"),
-    ({"mesh.logical_axis_rules": (("embed", "fsdp"), ("embed_out", "fsdp"), ("heads", None),
-                                  ("head_dim", None), ("mlp", None), ("vocab", None),
-                                  ("norm", None), ("window", None)),
-      "mesh.shape": (1, 2, 4)}, "a mesh axis may split only one of its dimensions"),
-])
+    (
+      {"mesh.logical_axis_rules": (("embed", "fsdp"),), "mesh.shape": (1, 2, 4)},
+      "mesh.logical_axis_rules has no rule for logical axis",
+    ),
+    (
+      {
+        "mesh.logical_axis_rules": (
+          ("embed", "fsdp"),
+          ("embed_out", "fsdp"),
+          ("heads", None),
+          ("head_dim", None),
+          ("mlp", None),
+          ("vocab", None),
+          ("norm", None),
+          ("window", None),
+        ),
+        "mesh.shape": (1, 2, 4),
+      },
+      "a mesh axis may split only one of its dimensions",
+    ),
+  ],
+)
 def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
   config = sharding_experiment(**overrides)
   with pytest.raises(compressive.ConfigError) as info:
@@ -183,8 +215,9 @@ def test_a_mesh_that_does_not_fit_is_a_config_error(overrides, message):
 def test_validate_config_checks_the_mesh_against_this_machine():
   # One device here: a two-device mesh fails before anything is built.
   config = sharding_experiment(**{"mesh.shape": (2, 1, 1)})
-  with pytest.raises(compressive.ConfigError,
-                     match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"):
+  with pytest.raises(
+    compressive.ConfigError, match=r"mesh.shape=\(2, 1, 1\) needs 2 devices but 1"
+  ):
     config_lib.check(config)
 
 
@@ -192,15 +225,27 @@ def test_validate_config_checks_the_mesh_against_this_machine():
 def test_cli_mesh_override_and_its_error(tmp_path):
   cfg = write_config_file(tmp_path / "cfg.py", factory="helpers:sharding_experiment")
   r = subprocess.run(
-      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={tmp_path / 'wd'}",
-       "--config.mesh.shape=(1,2,1)"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "train.py",
+      f"--config={cfg}",
+      f"--workdir={tmp_path / 'wd'}",
+      "--config.mesh.shape=(1,2,1)",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 2
   assert r.stderr.strip().splitlines()[-1].startswith("error: mesh.shape=(1, 2, 1) needs 2 devices")
   assert not os.path.exists(tmp_path / "wd" / "checkpoints")
 
 
-@pytest.mark.parametrize("preset,devices,shape", [
-    ("gpu1", 1, (1, 1, 1)), ("gpu8", 8, (8, 1, 1)), ("tpu_v5e8", 8, (1, 8, 1))])
+@pytest.mark.parametrize(
+  "preset,devices,shape",
+  [("gpu1", 1, (1, 1, 1)), ("gpu8", 8, (8, 1, 1)), ("tpu_v5e8", 8, (1, 8, 1))],
+)
 @pytest.mark.parametrize("experiment", ["default", "enwik8", "pg19"])
 def test_presets_fit_their_machines(preset, devices, shape, experiment):
   config = importlib.import_module(f"compressive.configs.{preset}").get_config(experiment)
@@ -234,12 +279,26 @@ def cpu_env(devices=None, **extra):
 def two_trainers(cfg, workdir) -> list[subprocess.Popen]:
   """train.py as two processes of 2 CPU devices each on localhost, mesh (2, 1, 2)."""
   port = free_port()
-  return [subprocess.Popen(
-      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={workdir}",
-       "--config.mesh.shape=(2,1,2)", f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=cpu_env(2)) for i in range(2)]
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "train.py",
+        f"--config={cfg}",
+        f"--workdir={workdir}",
+        "--config.mesh.shape=(2,1,2)",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=cpu_env(2),
+    )
+    for i in range(2)
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -257,9 +316,13 @@ def runs(tmp_path_factory):
   plan = [{"workdir": wd[n], "mesh": list(shape)} for n, shape in MESHES.items()]
   plan.append({"workdir": wd["from1"], "mesh": [4, 1, 2]})
   r = subprocess.run(
-      [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
-      cwd=ROOT, capture_output=True, text=True, timeout=900,
-      env=cpu_env(8))
+    [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=cpu_env(8),
+  )
   assert r.returncode == 0, r.stderr[-4000:]
   worker = json.loads(r.stdout.strip().splitlines()[-1])
   assert worker["devices"] == 8
@@ -360,11 +423,13 @@ def test_a_model_trained_on_8_devices_evaluates_on_1(runs):
   # falls back to data parallel over what there is.
   from compressive import data as data_lib
   from compressive.evaluation import evaluate as eval_lib
+
   wd = runs["workdirs"]["m222"]
   experiment, model = compressive.load(wd)
   assert tuple(experiment.mesh.shape) == (-1, 1, 1)
-  docs = data_lib.get_documents(experiment.data, experiment.eval.split,
-                                data_lib.get_tokenizer(experiment.data))
+  docs = data_lib.get_documents(
+    experiment.data, experiment.eval.split, data_lib.get_tokenizer(experiment.data)
+  )
   # The same quick estimate the training run logged at its last step.
   result = eval_lib.evaluate(model, docs, experiment, max_segments=experiment.eval.max_segments)
   trained = read_jsonl(os.path.join(wd, "metrics_eval.jsonl"))[-1]
@@ -379,11 +444,14 @@ def test_two_processes_train_like_one(runs):
   records = read_jsonl(os.path.join(wd["mp"], "metrics_train.jsonl"))
   assert [r["step"] for r in records] == list(range(1, 21))
   assert max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref) <= TOLERANCE
-  allowed_params = noise_bound(max(max(parameter_differences(wd[n], wd["ref"]).values())
-                                   for n in MESHES), PARAM_TOLERANCE)
+  allowed_params = noise_bound(
+    max(max(parameter_differences(wd[n], wd["ref"]).values()) for n in MESHES), PARAM_TOLERANCE
+  )
   diffs = parameter_differences(wd["mp"], wd["ref"])
-  assert max(diffs.values()) <= allowed_params, (allowed_params,
-                                                 max(diffs.items(), key=lambda kv: kv[1]))
+  assert max(diffs.values()) <= allowed_params, (
+    allowed_params,
+    max(diffs.items(), key=lambda kv: kv[1]),
+  )
   (out0, _), (out1, _) = runs["mp_outputs"]
   assert "final evaluation" in out0 and "final evaluation" not in out1
 
@@ -405,9 +473,11 @@ def test_two_processes_train_like_one(runs):
 def test_a_sigterm_to_one_process_stops_both_at_the_same_checkpoint(tmp_path):
   # JAX's preemption service carries the notice to the other process and
   # both agree on the step, with no collective in an ordinary step.
-  cfg = write_config_file(tmp_path / "cfg.py", {"num_train_steps": 3000,
-                                                "checkpoint_every_steps": 0},
-                          factory="helpers:sharding_experiment")
+  cfg = write_config_file(
+    tmp_path / "cfg.py",
+    {"num_train_steps": 3000, "checkpoint_every_steps": 0},
+    factory="helpers:sharding_experiment",
+  )
   procs = two_trainers(cfg, tmp_path / "wd")
   try:
     seen = []
@@ -479,8 +549,10 @@ def test_every_parameter_declares_its_logical_axes(compression, positions, loss)
   from flax import nnx
 
   from compressive.model.transformer import CompressiveTransformer
-  cfg = ModelConfig.from_config(tiny_model_config(
-      compression=compression, positions=positions, reconstruction_loss=loss))
+
+  cfg = ModelConfig.from_config(
+    tiny_model_config(compression=compression, positions=positions, reconstruction_loss=loss)
+  )
   model = nnx.eval_shape(lambda: CompressiveTransformer(cfg, rngs=nnx.Rngs(0)))
   table = sharding.logical_axes(nnx.state(model))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
@@ -494,6 +566,7 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   from flax import nnx
 
   from compressive.model import layers
+
   made = layers.FeedForward.__init__
 
   def with_a_bare_parameter(self, *args, **kwargs):
@@ -503,10 +576,14 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
   monkeypatch.setattr(layers.FeedForward, "__init__", with_a_bare_parameter)
   config = sharding_experiment()
   state = abstract_state(config)
-  for read in (sharding.logical_axes, lambda s: sharding.param_specs(mesh_of(config), s),
-               lambda s: validate(config, s, num_devices=1)):
-    with pytest.raises(compressive.ConfigError,
-                       match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"):
+  for read in (
+    sharding.logical_axes,
+    lambda s: sharding.param_specs(mesh_of(config), s),
+    lambda s: validate(config, s, num_devices=1),
+  ):
+    with pytest.raises(
+      compressive.ConfigError, match=r"blocks/0/ffn/gate \(3,\) declares no logical axes"
+    ):
       read(state)
 
 
@@ -522,24 +599,30 @@ def test_a_parameter_without_logical_axes_is_named(monkeypatch):
 
 def _declared_axes(model_config):
   from compressive.model.transformer import CompressiveTransformer
+
   model = nnx.eval_shape(lambda: CompressiveTransformer(model_config, rngs=nnx.Rngs(0)))
-  return {"/".join(str(k) for k in path): tuple(var.get_metadata()["out_sharding"])
-          for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  return {
+    "/".join(str(k) for k in path): tuple(var.get_metadata()["out_sharding"])
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+  }
 
 
 def _expected_param_specs(config, params):
   table = _declared_axes(ModelConfig.from_config(config.model))
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""),
-      params)
+    lambda path, _: sharding.spec_for_axes(mesh_of(config), table[sharding.path_str(path)], ""),
+    params,
+  )
 
 
 def _expected_state_specs(config, params, tree):
   P = jax.sharding.PartitionSpec
   table = {}
   specs = _expected_param_specs(config, params)
-  for (path, x), p in zip(jax.tree_util.tree_leaves_with_path(params),
-                          jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P))):
+  for (path, x), p in zip(
+    jax.tree_util.tree_leaves_with_path(params),
+    jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, P)),
+  ):
     table[sharding.path_str(path)] = (tuple(x.shape), p)
 
   def spec(path, x):
@@ -563,8 +646,9 @@ def spec_cases():
   cases["scan_layers"] = sharding_experiment(**{"model.scan_layers": True, "mesh.shape": (2, 2, 2)})
   cases["adam"] = sharding_experiment(**{"optimizer.name": "adam", "mesh.shape": (1, 4, 2)})
   for c in COMPRESSIONS:
-    cases[f"compression_{c}"] = sharding_experiment(**{"model.compression": c,
-                                                       "mesh.shape": (2, 2, 2)})
+    cases[f"compression_{c}"] = sharding_experiment(
+      **{"model.compression": c, "mesh.shape": (2, 2, 2)}
+    )
   return cases
 
 
@@ -578,17 +662,19 @@ def compare_specs(config, mesh=None):
   want_state = _expected_state_specs(config, params, state)
   assert sharding.param_specs(mesh_of(config), template) == want_params
   got_state = sharding.state_specs(mesh_of(config), template, state)
-  assert (jax.tree.structure(got_state, is_leaf=is_spec)
-          == jax.tree.structure(want_state, is_leaf=is_spec))
-  assert (jax.tree.leaves(got_state, is_leaf=is_spec)
-          == jax.tree.leaves(want_state, is_leaf=is_spec))
+  assert jax.tree.structure(got_state, is_leaf=is_spec) == jax.tree.structure(
+    want_state, is_leaf=is_spec
+  )
+  assert jax.tree.leaves(got_state, is_leaf=is_spec) == jax.tree.leaves(want_state, is_leaf=is_spec)
   if mesh is not None:
-    memory = jax.eval_shape(lambda: compressive.init_memory(ModelConfig.from_config(config.model),
-                                                            config.batch_size))
+    memory = jax.eval_shape(
+      lambda: compressive.init_memory(ModelConfig.from_config(config.model), config.batch_size)
+    )
     layout = train_step.make_layout(mesh_of(config), mesh, template, state, memory)
     assert layout.state == sharding.shardings(mesh, want_state)
     assert layout.compute_params == sharding.shardings(
-        mesh, sharding.gathered_specs(mesh_of(config), want_params))
+      mesh, sharding.gathered_specs(mesh_of(config), want_params)
+    )
   return len(jax.tree.leaves(got_state, is_leaf=is_spec))
 
 
@@ -610,11 +696,18 @@ def compare_all_specs_on_eight_devices():
 
 @pytest.mark.slow
 def test_every_leaf_is_laid_out_by_its_parameters_declared_spec_on_eight_devices():
-  code = (f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
-          "test_sharding.compare_all_specs_on_eight_devices()")
-  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                     timeout=900,
-                     env=cpu_env(8))
+  code = (
+    f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
+    "test_sharding.compare_all_specs_on_eight_devices()"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=cpu_env(8),
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   names = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("same ")]
   assert names == list(spec_cases())

@@ -43,8 +43,15 @@ PLACEHOLDER = re.compile(r"\$|\.\.\.|<[^>]*>|(?<![A-Za-z0-9])[A-Z][A-Z0-9_]*(?![
 
 # Imported once, before the forks, so that each tool's process finds them
 # loaded (the slow part: JAX); none of them defines a flag of a tool.
-PRELOADED = ("jax", "flax", "optax", "orbax.checkpoint", "absl.app",
-             "ml_collections.config_flags", "compressive")
+PRELOADED = (
+  "jax",
+  "flax",
+  "optax",
+  "orbax.checkpoint",
+  "absl.app",
+  "ml_collections.config_flags",
+  "compressive",
+)
 
 # Flags that act while they are parsed (print help and exit, read a file):
 # commands using them are checked by flag names only.
@@ -67,8 +74,7 @@ def fork(fn: Callable[[], Any]) -> tuple[int, int]:
     try:
       result = fn()
     except BaseException as e:
-      result = {"error": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(limit=-3)}
+      result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=-3)}
     with os.fdopen(write, "w") as f:
       json.dump(result, f)
     os._exit(0)
@@ -128,20 +134,27 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def flag_names(kind: str, parser: Any) -> dict[str, list[str]]:
   if kind == "argparse":
-    return {"names": sorted(o[2:] for o in _options(parser) if o.startswith("--")),
-            "booleans": [], "config_flags": []}
+    return {
+      "names": sorted(o[2:] for o in _options(parser) if o.startswith("--")),
+      "booleans": [],
+      "config_flags": [],
+    }
   from absl import flags
+
   fv = flags.FLAGS
-  return {"names": sorted(fv), "booleans": sorted(n for n in fv if fv[n].boolean),
-          "config_flags": sorted(n for n in fv
-                                 if type(fv[n].parser).__name__ == "ConfigFileFlagParser")}
+  return {
+    "names": sorted(fv),
+    "booleans": sorted(n for n in fv if fv[n].boolean),
+    "config_flags": sorted(n for n in fv if type(fv[n].parser).__name__ == "ConfigFileFlagParser"),
+  }
 
 
 def report_tool(tool: str, commands: list[list[str]]) -> dict[str, Any]:
   kind, parser = load_tool(tool)
   report = flag_names(kind, parser)
-  report["results"] = [collect(fork(lambda args=args: parse_command(tool, kind, parser, args)))
-                       for args in commands]
+  report["results"] = [
+    collect(fork(lambda args=args: parse_command(tool, kind, parser, args))) for args in commands
+  ]
   return report
 
 
@@ -172,6 +185,7 @@ def _absl_args(args: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
   overrides whose value is a placeholder taken out: (flag, field) pairs,
   whose field is checked to exist once the config is loaded."""
   from absl import flags
+
   fv = flags.FLAGS
   out, fields = [], []
   for arg in args:
@@ -242,6 +256,7 @@ def parse_command(tool: str, kind: str, parser: Any, args: list[str]) -> dict[st
   except SystemExit:
     return {"error": _error_line(stderr.getvalue())}
   from absl import flags
+
   for flag, field in fields:
     if not _has_field(flags.FLAGS[flag].value, field):
       return {"error": f"--{flag}.{field}: no such field in the config"}
@@ -257,6 +272,7 @@ def config_fields() -> list[str]:
   import ml_collections
 
   from compressive.data import config as data_config
+
   fields = set()
 
   def walk(config, prefix):
@@ -265,8 +281,11 @@ def config_fields() -> list[str]:
       if isinstance(value, ml_collections.ConfigDict):
         walk(value, f"{prefix}{key}.")
 
-  for name in sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
-                     if f.endswith(".py") and not f.startswith("_")):
+  for name in sorted(
+    f[:-3]
+    for f in os.listdir(os.path.join(REPO, "configs"))
+    if f.endswith(".py") and not f.startswith("_")
+  ):
     module = importlib.import_module(f"compressive.configs.{name}")
     if hasattr(module, "get_config"):
       walk(module.get_config(), "")
@@ -280,11 +299,15 @@ def main() -> None:
   sys.path[0] = REPO  # as `python train.py` from the repository root: this tree's package
   for name in PRELOADED:
     importlib.import_module(name)
-  children = {tool: fork(lambda tool=tool: report_tool(tool, request["commands"].get(tool, [])))
-              for tool in request["tools"]}
+  children = {
+    tool: fork(lambda tool=tool: report_tool(tool, request["commands"].get(tool, [])))
+    for tool in request["tools"]
+  }
   fields = fork(lambda: {"fields": config_fields()})
-  result = {"tools": {tool: collect(child) for tool, child in children.items()},
-            "fields": collect(fields)}
+  result = {
+    "tools": {tool: collect(child) for tool, child in children.items()},
+    "fields": collect(fields),
+  }
   print(json.dumps(result))
 
 

@@ -30,30 +30,39 @@ def run(script, *args, cwd=ROOT):
 @pytest.fixture
 def tiny_config_file(tmp_path):
   path = tmp_path / "tiny.py"
-  path.write_text(textwrap.dedent(f"""
+  path.write_text(
+    textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {TESTS!r})
       from helpers import tiny_experiment
 
       def get_config():
         return tiny_experiment()
-      """))
+      """)
+  )
   return str(path)
 
 
 def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   workdir = str(tmp_path / "wd")
-  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
-          "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
-          "--config.model.compression=mean_pool")
+  r = run(
+    "train.py",
+    f"--config={tiny_config_file}",
+    f"--workdir={workdir}",
+    "--config.num_train_steps=4",
+    "--config.checkpoint_every_steps=2",
+    "--config.model.compression=mean_pool",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "final evaluation" in r.stdout
   # The console: the time, then the line (absl's prefix only at -v 1); counts as integers.
-  assert re.search(rf"^\d\d:\d\d:\d\d config {re.escape(tiny_config_file)}: [\d,]+ parameters",
-                   r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(
+    rf"^\d\d:\d\d:\d\d config {re.escape(tiny_config_file)}: [\d,]+ parameters", r.stderr, re.M
+  ), r.stderr[-3000:]
   assert re.search(r"^\d\d:\d\d:\d\d step 4/4  loss ", r.stderr, re.M), r.stderr[-3000:]
-  assert re.search(r"^\d\d:\d\d:\d\d eval at step 4 on validation: .*  tokens \d+  ",
-                   r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(
+    r"^\d\d:\d\d:\d\d eval at step 4 on validation: .*  tokens \d+  ", r.stderr, re.M
+  ), r.stderr[-3000:]
   assert re.search(r"^final evaluation: .*tokens=\d+  ", r.stdout, re.M), r.stdout
   saved = json.load(open(os.path.join(workdir, "config.json")))
   assert saved["model"]["compression"] == "mean_pool"
@@ -62,16 +71,25 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   # exits 0 (a retry loop stops; a stopped run exits 128 + its signal). At
   # absl's debug verbosity (-v 1) its own prefix comes back: level, date,
   # thread, file and line.
-  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
-          "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
-          "--config.model.compression=mean_pool", "-v=1")
+  r = run(
+    "train.py",
+    f"--config={tiny_config_file}",
+    f"--workdir={workdir}",
+    "--config.num_train_steps=4",
+    "--config.checkpoint_every_steps=2",
+    "--config.model.compression=mean_pool",
+    "-v=1",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
-  assert re.search(r"^I\d{4} [\d:.]+ +\d+ runlog\.py:\d+\] the run is finished: step 4 of 4 "
-                   "is checkpointed", r.stderr, re.M), r.stderr[-3000:]
+  assert re.search(
+    r"^I\d{4} [\d:.]+ +\d+ runlog\.py:\d+\] the run is finished: step 4 of 4 "
+    "is checkpointed",
+    r.stderr,
+    re.M,
+  ), r.stderr[-3000:]
   assert "final evaluation" not in r.stdout and "resumed from" not in r.stderr
 
-  r = run("eval.py", f"--workdir={workdir}", "--split=validation",
-          "--compressed_memory_length=16")
+  r = run("eval.py", f"--workdir={workdir}", "--split=validation", "--compressed_memory_length=16")
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads(r.stdout.strip().splitlines()[-1])
   assert result["compressed_memory_length"] == 16 and result["step"] == 4
@@ -79,11 +97,18 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   assert os.path.exists(os.path.join(workdir, "eval_validation_step4.json"))
 
   # analyze.py takes evaluation memory sizes too, and names its output by them.
-  r = run("analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
-          "--split=validation", "--compressed_memory_length=0", "--max_segments=3")
+  r = run(
+    "analyze.py",
+    f"--workdir={workdir}",
+    "--analysis=loss_by_position",
+    "--split=validation",
+    "--compressed_memory_length=0",
+    "--max_segments=3",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
-  assert os.path.exists(os.path.join(
-      workdir, "analysis_loss_by_position_validation_compressed_memory_length0.json"))
+  assert os.path.exists(
+    os.path.join(workdir, "analysis_loss_by_position_validation_compressed_memory_length0.json")
+  )
   assert json.loads(r.stdout.strip().splitlines()[-1])["bits"]
 
   # The training curve, drawn again from the metrics alone (no model loaded).
@@ -91,28 +116,43 @@ def test_train_then_eval_then_resume(tmp_path, tiny_config_file):
   r = run("analyze.py", f"--workdir={workdir}", "--analysis=curves")
   assert r.returncode == 0, r.stderr[-3000:]
   drawn = json.loads(r.stdout.strip().splitlines()[-1])
-  steps = [r["step"] for r in map(json.loads, open(os.path.join(workdir,
-                                                                  "metrics_train.jsonl")))]
-  assert drawn == {"figure": os.path.join(workdir, "curves.png"),
-                   "title": f"training curve of {workdir}", "train_points": len(steps),
-                   "eval_points": 1} and steps[-1] == 4
+  steps = [r["step"] for r in map(json.loads, open(os.path.join(workdir, "metrics_train.jsonl")))]
+  assert (
+    drawn
+    == {
+      "figure": os.path.join(workdir, "curves.png"),
+      "title": f"training curve of {workdir}",
+      "train_points": len(steps),
+      "eval_points": 1,
+    }
+    and steps[-1] == 4
+  )
   assert open(drawn["figure"], "rb").read(4) == b"\x89PNG"
 
   # A finished run resumed with a longer schedule goes on from its last
   # checkpoint and keeps the checkpoints it had (3 are kept: 2, 4 and 6).
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   assert before == ["2", "4", "workdir.json"]  # and the record of the workdir whose run they are
-  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
-          "--config.num_train_steps=6", "--config.checkpoint_every_steps=2",
-          "--config.model.compression=mean_pool")
+  r = run(
+    "train.py",
+    f"--config={tiny_config_file}",
+    f"--workdir={workdir}",
+    "--config.num_train_steps=6",
+    "--config.checkpoint_every_steps=2",
+    "--config.model.compression=mean_pool",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from step 4" in r.stderr
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(before + ["6"])
 
 
 def test_inconsistent_override_is_one_line_and_exit_2(tmp_path, tiny_config_file):
-  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={tmp_path / 'wd'}",
-          "--config.model.compression_rate=3")
+  r = run(
+    "train.py",
+    f"--config={tiny_config_file}",
+    f"--workdir={tmp_path / 'wd'}",
+    "--config.model.compression_rate=3",
+  )
   assert r.returncode == 2
   assert r.stderr.strip().splitlines()[-1].startswith("error: model.segment_length=8")
   assert "Traceback" not in r.stderr
@@ -123,13 +163,23 @@ def test_a_repeated_override_trains_on_its_last_value(tmp_path, tiny_config_file
   # One rule for every type: a tuple given twice once trained on both
   # (its elements joined), while a scalar's last value won.
   workdir = tmp_path / "wd"
-  r = run("train.py", f"--config={tiny_config_file}", f"--workdir={workdir}",
-          "--config.data.synthetic.num_docs=(99,9,9)", "--config.data.synthetic.num_docs=(16,4,4)",
-          "--config.model.compression=conv", "--config.model.compression=mean_pool",
-          "--config.num_train_steps=50", "--config.num_train_steps=2",
-          "--config.optimizer.learning_rate=0.5", "--config.optimizer.learning_rate=0.001",
-          "--config.model.scan_layers=true", "--noconfig.model.scan_layers",
-          "--config.checkpoint_every_steps=2", "--config.eval.max_segments=1")
+  r = run(
+    "train.py",
+    f"--config={tiny_config_file}",
+    f"--workdir={workdir}",
+    "--config.data.synthetic.num_docs=(99,9,9)",
+    "--config.data.synthetic.num_docs=(16,4,4)",
+    "--config.model.compression=conv",
+    "--config.model.compression=mean_pool",
+    "--config.num_train_steps=50",
+    "--config.num_train_steps=2",
+    "--config.optimizer.learning_rate=0.5",
+    "--config.optimizer.learning_rate=0.001",
+    "--config.model.scan_layers=true",
+    "--noconfig.model.scan_layers",
+    "--config.checkpoint_every_steps=2",
+    "--config.eval.max_segments=1",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   saved = json.load(open(workdir / "config.json"))
   assert saved["data"]["synthetic"]["num_docs"] == [16, 4, 4]
@@ -144,11 +194,13 @@ def test_eval_of_a_missing_workdir(tmp_path):
   assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("script,extra", [("eval.py", []), ("sample.py", ["--prompt=x"]),
-                                          ("analyze.py", [])])
+@pytest.mark.parametrize(
+  "script,extra", [("eval.py", []), ("sample.py", ["--prompt=x"]), ("analyze.py", [])]
+)
 def test_entry_points_run_from_another_directory(tmp_path, script, extra):
-  r = run(os.path.join(ROOT, script), f"--workdir={tmp_path / 'nothing'}", *extra,
-          cwd=str(tmp_path))
+  r = run(
+    os.path.join(ROOT, script), f"--workdir={tmp_path / 'nothing'}", *extra, cwd=str(tmp_path)
+  )
   assert r.returncode == 2, r.stderr[-3000:]
   assert r.stderr.strip().startswith("error: ") and "not a training workdir" in r.stderr
 
@@ -157,13 +209,31 @@ def test_entry_points_run_from_another_directory(tmp_path, script, extra):
 # --help lists them with their help (train.py's multi-host help in full, the
 # others' referring to it).
 SHARED_FLAGS = {
-    "train.py": ["workdir", "multihost", "coordinator_address", "num_processes", "process_id"],
-    "eval.py": ["workdir", "step", "split", "max_segments", "progress_seconds", "memory_length",
-                "compressed_memory_length", "mesh_shape", "multihost", "process_id"],
-    "analyze.py": ["workdir", "step", "split", "max_segments", "progress_seconds",
-                   "memory_length", "compressed_memory_length", "mesh_shape"],
-    "sample.py": ["workdir", "step", "memory_length", "compressed_memory_length", "mesh_shape"],
-    "export.py": ["workdir", "step", "output"],
+  "train.py": ["workdir", "multihost", "coordinator_address", "num_processes", "process_id"],
+  "eval.py": [
+    "workdir",
+    "step",
+    "split",
+    "max_segments",
+    "progress_seconds",
+    "memory_length",
+    "compressed_memory_length",
+    "mesh_shape",
+    "multihost",
+    "process_id",
+  ],
+  "analyze.py": [
+    "workdir",
+    "step",
+    "split",
+    "max_segments",
+    "progress_seconds",
+    "memory_length",
+    "compressed_memory_length",
+    "mesh_shape",
+  ],
+  "sample.py": ["workdir", "step", "memory_length", "compressed_memory_length", "mesh_shape"],
+  "export.py": ["workdir", "step", "output"],
 }
 
 
@@ -188,8 +258,9 @@ def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
   # What config.json records: JSON, every field, evaluation's sizes resolved.
   printed = json.loads(r.stdout)
   want = config_lib.check(default.get_config(), training=False, here=False, num_devices=1)
-  assert printed == json.loads(json.dumps(dict(want.to_dict(), batch_size=8,
-                                              eval=dict(want.to_dict()["eval"], batch_size=8))))
+  assert printed == json.loads(
+    json.dumps(dict(want.to_dict(), batch_size=8, eval=dict(want.to_dict()["eval"], batch_size=8)))
+  )
   assert printed["model"]["compression_rate"] == 2 and printed["eval"]["memory_length"] == 128
   r = run("train.py", f"--workdir={tmp_path}/wd", "--print_config", "--config.batch_size=0")
   assert r.returncode == 2 and "batch_size" in r.stderr.strip().splitlines()[-1]
@@ -198,10 +269,14 @@ def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
   assert r.returncode == 0 and json.loads(r.stdout)["batch_size"] == 16, r.stderr[-3000:]
   r = run("train.py", "--config=default")
   assert r.returncode == 2 and r.stderr.strip() == (
-      "error: --workdir is required (only --print_config runs without one)"), r.stderr
+    "error: --workdir is required (only --print_config runs without one)"
+  ), r.stderr
   # One input.txt too short for a batch of 64 rows, then long enough.
-  own = ("--dry_run", "--config.data.source=text_files",
-         f"--config.data.text_files.path={tmp_path}/input.txt")
+  own = (
+    "--dry_run",
+    "--config.data.source=text_files",
+    f"--config.data.text_files.path={tmp_path}/input.txt",
+  )
   (tmp_path / "input.txt").write_text("".join(f"line {i} of my own text\n" for i in range(4000)))
   r = run("train.py", f"--workdir={tmp_path}/wd", *own, "--config.batch_size=64")
   assert r.returncode == 2 and "documents but the batch has 64 rows" in r.stderr
@@ -212,12 +287,26 @@ def test_print_config_and_dry_run_check_and_write_nothing(tmp_path):
   line = r.stdout.strip().splitlines()[-1]
   assert line.startswith(f"dry run: would start {tmp_path}/wd afresh: ") and " cpu devices" in line
   # The corpus: its source, where it is, and its documents per split.
-  docs = {s: len(data_lib.get_documents(data_lib.DataConfig.from_dict(
-      dict(default.get_config().data.to_dict(), source="text_files",
-           text_files=dict(path=f"{tmp_path}/input.txt"))), s, data_lib.ByteTokenizer()))
-          for s in data_lib.SPLITS}
-  assert f"; data.source=text_files ({tmp_path}/input.txt): train {docs['train']}, validation " \
-      f"{docs['validation']}, test {docs['test']} documents; nothing trained or written" in line
+  docs = {
+    s: len(
+      data_lib.get_documents(
+        data_lib.DataConfig.from_dict(
+          dict(
+            default.get_config().data.to_dict(),
+            source="text_files",
+            text_files=dict(path=f"{tmp_path}/input.txt"),
+          )
+        ),
+        s,
+        data_lib.ByteTokenizer(),
+      )
+    )
+    for s in data_lib.SPLITS
+  }
+  assert (
+    f"; data.source=text_files ({tmp_path}/input.txt): train {docs['train']}, validation "
+    f"{docs['validation']}, test {docs['test']} documents; nothing trained or written" in line
+  )
   assert not os.path.lexists(tmp_path / "wd")
 
 

@@ -54,11 +54,17 @@ def test_config_validates_and_builds(name):
   # A preset's mesh states its devices (8 for gpu8 and tpu_v5e8; -1: any).
   shape = tuple(config.mesh.shape)
   config_lib.check(config, here=False, num_devices=None if -1 in shape else math.prod(shape))
-  model = nnx.eval_shape(lambda: compressive.CompressiveTransformer(
-      compressive.ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(
+    lambda: compressive.CompressiveTransformer(
+      compressive.ModelConfig.from_config(config.model), rngs=nnx.Rngs(0)
+    )
+  )
   # What was built is what the file asks for.
-  assert built_shape(model) == (config.model.num_layers, config.model.d_model,
-                                config.model.vocab_size)
+  assert built_shape(model) == (
+    config.model.num_layers,
+    config.model.d_model,
+    config.model.vocab_size,
+  )
 
 
 def _config_dicts(value, name="experiment"):
@@ -79,20 +85,33 @@ def _config_dicts(value, name="experiment"):
 
 def test_check_builds_the_typed_frozen_groups_once():
   # What the layers below the entry points read: typed, frozen, resolved.
-  config = helpers.tiny_experiment(**{"grad_accum_steps": 2, "eval.batch_size": 3,
-                                      "eval.memory_length": -1, "eval.split": "test"})
+  config = helpers.tiny_experiment(
+    **{"grad_accum_steps": 2, "eval.batch_size": 3, "eval.memory_length": -1, "eval.split": "test"}
+  )
   e = config_lib.check(config)
   t = e.train
-  assert (t.seed, t.batch_size, t.num_train_steps, t.segments_per_step, t.grad_accum_steps,
-          t.log_every_steps, t.eval_every_steps, t.checkpoint_every_steps, t.keep_checkpoints,
-          t.prefetch_steps) == (config.seed, 4, 12, 2, 2, 2, 6, 3, config.keep_checkpoints,
-                                config.prefetch_steps)
+  assert (
+    t.seed,
+    t.batch_size,
+    t.num_train_steps,
+    t.segments_per_step,
+    t.grad_accum_steps,
+    t.log_every_steps,
+    t.eval_every_steps,
+    t.checkpoint_every_steps,
+    t.keep_checkpoints,
+    t.prefetch_steps,
+  ) == (config.seed, 4, 12, 2, 2, 2, 6, 3, config.keep_checkpoints, config.prefetch_steps)
   assert t.optimizer.learning_rate == config.optimizer.learning_rate
   assert t.optimizer.warmup_steps == 2 and t.optimizer.name == config.optimizer.name
   assert (t.micro_batch_rows, t.tokens_per_step, t.num_updates) == (2, 2 * 4 * 8, 24)
   # -1 takes training's size; a size given is kept.
-  assert e.eval.sizes == {"batch_size": 3, "segment_length": 8, "memory_length": 8,
-                          "compressed_memory_length": 4}
+  assert e.eval.sizes == {
+    "batch_size": 3,
+    "segment_length": 8,
+    "memory_length": 8,
+    "compressed_memory_length": 4,
+  }
   assert (e.eval.split, e.eval.max_segments) == ("test", 4)
   assert e.mesh.axes == tuple(config.mesh.axes) and e.mesh.data_axes == ("data", "fsdp")
   assert e.mesh_shape == (1, 1, 1)
@@ -100,8 +119,13 @@ def test_check_builds_the_typed_frozen_groups_once():
   # DataConfig, each source's section an instance of its schema.
   assert list(_config_dicts(e)) == []
   assert type(e.data).__name__ == "DataConfig" and e.data.synthetic.period == 12
-  for group, field in ((e.train, "batch_size"), (e.train.optimizer, "b1"), (e.eval, "split"),
-                       (e.mesh, "axes"), (e.model, "d_model")):
+  for group, field in (
+    (e.train, "batch_size"),
+    (e.train.optimizer, "b1"),
+    (e.eval, "split"),
+    (e.mesh, "axes"),
+    (e.model, "d_model"),
+  ):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(group, field, getattr(group, field))
 
@@ -111,13 +135,15 @@ def test_what_a_run_records_is_its_groups_and_reads_back_to_the_same_experiment(
   # every field of every group (the ones the config left out at their
   # defaults, evaluation's sizes resolved), and checking it again gives it back.
   from compressive.training import runconfig
+
   config = helpers.tiny_experiment()
   del config.gradient_window, config.optimizer.b1
   e = config_lib.check(config)
   written = e.to_dict()
   assert written["gradient_window"] == 1 and written["optimizer"]["b1"] == 0.9
   assert written["eval"]["memory_length"] == 8 and "segment_length" not in {
-      k for k, v in written.items() if not isinstance(v, dict)}
+    k for k, v in written.items() if not isinstance(v, dict)
+  }
   runconfig.save_config(str(tmp_path), e)
   saved = runconfig.load_config(str(tmp_path))
   assert config_lib.check(saved).to_dict() == written == saved.to_dict()
@@ -131,29 +157,46 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_by_check(tmp_path):
   vocab = data.get_tokenizer(data_of(helpers.tiny_experiment(**fields).data)).vocab_size
   assert 256 < vocab <= 320
   config = helpers.tiny_experiment(**dict(fields, **{"model.vocab_size": vocab - 1}))
-  with pytest.raises(compressive.ConfigError, match=rf"model.vocab_size={vocab - 1} is smaller "
-                     rf"than the tokenizer's vocabulary \({vocab}\)"):
+  with pytest.raises(
+    compressive.ConfigError,
+    match=rf"model.vocab_size={vocab - 1} is smaller "
+    rf"than the tokenizer's vocabulary \({vocab}\)",
+  ):
     config_lib.check(config)
   config_lib.check(config, here=False, num_devices=1)  # its file is another machine's
   config_lib.check(helpers.tiny_experiment(**fields))  # model.vocab_size=320: fits
   for here in (True, False):
     with pytest.raises(compressive.ConfigError, match=r"model.vocab_size=200 .*256"):
-      config_lib.check(helpers.tiny_experiment(**{"model.vocab_size": 200}), here=here,
-                       num_devices=None if here else 1)
+      config_lib.check(
+        helpers.tiny_experiment(**{"model.vocab_size": 200}),
+        here=here,
+        num_devices=None if here else 1,
+      )
 
 
 def test_paper_settings():
   e = importlib.import_module("configs.enwik8").get_config()
   m = e.model
-  assert (m.num_layers, m.segment_length, m.memory_length, m.compressed_memory_length,
-          m.compression_rate) == (24, 768, 768, 1152, 3)
+  assert (
+    m.num_layers,
+    m.segment_length,
+    m.memory_length,
+    m.compressed_memory_length,
+    m.compression_rate,
+  ) == (24, 768, 768, 1152, 3)
   assert e.eval.compressed_memory_length == 3072
   assert (e.optimizer.learning_rate, e.optimizer.grad_clip_norm) == (3e-4, 0.1)
   p = importlib.import_module("configs.pg19").get_config().model
   for baseline in ("enwik8", "enwik8_txl", "pg19", "pg19_txl"):  # Alg. 1's post-norm layers
     assert importlib.import_module(f"configs.{baseline}").get_config().model.norm == "post"
-  assert (p.num_layers, p.segment_length, p.memory_length, p.compressed_memory_length,
-          p.compression_rate, p.vocab_size) == (36, 512, 512, 512, 2, 32000)
+  assert (
+    p.num_layers,
+    p.segment_length,
+    p.memory_length,
+    p.compressed_memory_length,
+    p.compression_rate,
+    p.vocab_size,
+  ) == (36, 512, 512, 512, 2, 32000)
 
 
 @pytest.mark.parametrize("paper,baseline", [("enwik8", "enwik8_txl"), ("pg19", "pg19_txl")])
@@ -189,9 +232,20 @@ def test_the_default_config_writes_only_its_model():
   # type included, is the declared default: a field added to a group is in
   # the default config, and overridable, without a line here.
   from compressive.configs import default
+
   written, declared = default.get_config(), config_lib.default_config()
-  chosen = {"vocab_size", "num_layers", "num_heads", "d_model", "d_ff", "segment_length",
-            "memory_length", "compressed_memory_length", "compression_rate", "norm"}
+  chosen = {
+    "vocab_size",
+    "num_layers",
+    "num_heads",
+    "d_model",
+    "d_ff",
+    "segment_length",
+    "memory_length",
+    "compressed_memory_length",
+    "compression_rate",
+    "norm",
+  }
   model = written.model.to_dict()
   assert {k for k in model if model[k] != declared.model.get(k)} == chosen
   for k in chosen - {"norm"}:  # the sizes: no group declares them
@@ -201,8 +255,11 @@ def test_the_default_config_writes_only_its_model():
   assert list(_structure(declared.data)) == list(_structure(data.default_data_config()))
   assert declared.mesh.to_dict() == values_lib.to_dict(MeshConfig())
   top = {k: v for k, v in declared.items() if not isinstance(v, ml_collections.ConfigDict)}
-  for section, group in ((top, TrainConfig()), (declared.optimizer.to_dict(), OptimizerConfig()),
-                         (declared.eval.to_dict(), EvalConfig())):
+  for section, group in (
+    (top, TrainConfig()),
+    (declared.optimizer.to_dict(), OptimizerConfig()),
+    (declared.eval.to_dict(), EvalConfig()),
+  ):
     expected = values_lib.to_dict(group)
     expected.pop("optimizer", None)
     assert section == expected, type(group).__name__
@@ -211,8 +268,11 @@ def test_the_default_config_writes_only_its_model():
 def test_the_structure_sees_a_changed_type_order_and_lock():
   c = ml_collections.ConfigDict({"a": 1, "b": {"c": (1, 2)}})
   same = list(_structure(c))
-  for changed in ({"a": 1.0, "b": {"c": (1, 2)}}, {"a": 1, "b": {"c": [1, 2]}},
-                  {"b": {"c": (1, 2)}, "a": 1}):
+  for changed in (
+    {"a": 1.0, "b": {"c": (1, 2)}},
+    {"a": 1, "b": {"c": [1, 2]}},
+    {"b": {"c": (1, 2)}, "a": 1},
+  ):
     assert list(_structure(ml_collections.ConfigDict(changed))) != same
   c.lock()
   assert list(_structure(c)) != same
@@ -235,8 +295,17 @@ def test_config_files_import_only_ml_collections_and_each_other():
         names = [node.module or ""] if not node.level else ["(relative)"]
       else:
         continue
-      wrong += [f"{path.name} imports {n}" for n in names
-                if n not in ("ml_collections", "importlib", "os", "compressive.configs",
-                             "compressive.config.default_config")
-                and not n.startswith("compressive.configs.")]
+      wrong += [
+        f"{path.name} imports {n}"
+        for n in names
+        if n
+        not in (
+          "ml_collections",
+          "importlib",
+          "os",
+          "compressive.configs",
+          "compressive.config.default_config",
+        )
+        and not n.startswith("compressive.configs.")
+      ]
   assert wrong == []

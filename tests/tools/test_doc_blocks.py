@@ -24,19 +24,31 @@ import pytest
 
 from helpers import ROOT, generated_texts, process_env
 
-DOCS = ("README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/docs/*.md")),
-        "benchmarks/README.md")
+DOCS = (
+  "README.md",
+  *sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/docs/*.md")),
+  "benchmarks/README.md",
+)
 SHELL = ("", "sh", "bash", "shell", "console")
 TIMEOUT = 600
 # Appended to a training command the tests run, so that it trains in
 # seconds (the last value of a field wins).
-TINY = ["--config.batch_size=4", "--config.segments_per_step=1",
-        "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
-        "--config.model.num_heads=2", "--config.model.segment_length=16",
-        "--config.model.memory_length=16", "--config.model.compressed_memory_length=8",
-        "--config.log_every_steps=2", "--config.eval_every_steps=0",
-        "--config.eval.max_segments=2", "--config.num_train_steps=4",
-        "--config.checkpoint_every_steps=2"]
+TINY = [
+  "--config.batch_size=4",
+  "--config.segments_per_step=1",
+  "--config.model.num_layers=1",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_heads=2",
+  "--config.model.segment_length=16",
+  "--config.model.memory_length=16",
+  "--config.model.compressed_memory_length=8",
+  "--config.log_every_steps=2",
+  "--config.eval_every_steps=0",
+  "--config.eval.max_segments=2",
+  "--config.num_train_steps=4",
+  "--config.checkpoint_every_steps=2",
+]
 
 
 @dataclasses.dataclass
@@ -62,7 +74,7 @@ def blocks() -> list[Block]:
       j = i + 1
       while j < len(lines) and not lines[j].strip().startswith(ticks):
         j += 1
-      body = [line[indent:] if line[:indent].strip() == "" else line for line in lines[i + 1:j]]
+      body = [line[indent:] if line[:indent].strip() == "" else line for line in lines[i + 1 : j]]
       found.append(Block(doc, i + 1, lang, "\n".join(body) + "\n"))
       i = j + 1
   return found
@@ -115,8 +127,11 @@ QUOTED_TILDE = re.compile(r"""['"]~""")
 
 
 def test_no_shell_block_quotes_a_tilde():
-  found = [f"{b.doc}:{b.line}: {m.group(0)}..." for b in shell_blocks()
-           for m in QUOTED_TILDE.finditer(b.text)]
+  found = [
+    f"{b.doc}:{b.line}: {m.group(0)}..."
+    for b in shell_blocks()
+    for m in QUOTED_TILDE.finditer(b.text)
+  ]
   assert found == []
   assert QUOTED_TILDE.search("~/venv/bin/pip install '~/compressive[pg19]'")
 
@@ -124,8 +139,11 @@ def test_no_shell_block_quotes_a_tilde():
 @pytest.mark.slow
 def test_the_checker_finds_what_bash_would_refuse(tmp_path):
   # The docs' own mistakes, planted: each is a syntax error bash reports.
-  for text in ("gcloud ssh --command=\"python -m x\n", "python -m x --a=(1,2)\n",
-               "if true; then echo\n"):
+  for text in (
+    'gcloud ssh --command="python -m x\n',
+    "python -m x --a=(1,2)\n",
+    "if true; then echo\n",
+  ):
     (tmp_path / "b.sh").write_text(text)
     r = subprocess.run(["bash", "-n", str(tmp_path / "b.sh")], capture_output=True, timeout=60)
     assert r.returncode != 0, text
@@ -141,8 +159,15 @@ def test_output_blocks_are_fenced_as_text_not_as_shell():
 
 # -- The commands that need nothing but the package, as written. ---------------------
 
-ROOT_TOOLS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "aot.py",
-              "train_tokenizer.py")
+ROOT_TOOLS = (
+  "train.py",
+  "eval.py",
+  "sample.py",
+  "analyze.py",
+  "export.py",
+  "aot.py",
+  "train_tokenizer.py",
+)
 QUICK = ("--help", "--print_config", "--dry_run", "--target=list")
 
 
@@ -153,8 +178,11 @@ def argv(words: list[str]) -> list[str] | None:
   if not words or not re.fullmatch(r"(\.venv/bin/)?python3?", words[0]):
     return None
   rest = words[1:]
-  if rest[:1] == ["-m"] and len(rest) > 1 and (rest[1] == "compressive"
-                                               or rest[1].startswith("compressive.")):
+  if (
+    rest[:1] == ["-m"]
+    and len(rest) > 1
+    and (rest[1] == "compressive" or rest[1].startswith("compressive."))
+  ):
     return [sys.executable, *rest]
   if rest and rest[0] in ROOT_TOOLS:
     return [sys.executable, os.path.join(ROOT, rest[0]), *rest[1:]]
@@ -177,8 +205,10 @@ def runs_here(words: list[str], trained: set[str]) -> bool:
   file (input.txt) and no minutes: the package's index, a tool asked to
   check or show rather than to work, a training on local data (made tiny:
   TINY), and a reader of a workdir such a training made."""
-  if argv(words) is None or any(w.startswith(("--config.data.pg19.", "--config.data.enwik8.path",
-                                              "--workdir=gs://")) for w in words):
+  if argv(words) is None or any(
+    w.startswith(("--config.data.pg19.", "--config.data.enwik8.path", "--workdir=gs://"))
+    for w in words
+  ):
     return False
   if words[1:] == ["-m", "compressive"] or any(w in QUICK for w in words):
     return True
@@ -204,8 +234,14 @@ def test_the_local_commands_run_as_written(tmp_path):
         continue
       quick = any(w in QUICK for w in words)
       extra = TINY if tool_of(words) == "train" and not quick else []
-      r = subprocess.run(argv(words) + extra, cwd=folder, capture_output=True, text=True,
-                         env=process_env(), timeout=TIMEOUT)
+      r = subprocess.run(
+        argv(words) + extra,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=process_env(),
+        timeout=TIMEOUT,
+      )
       ran.append(f"{block.doc}:{block.line}: {' '.join(words)}")
       if r.returncode != 0:
         failed.append(f"{ran[-1]}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
@@ -226,14 +262,18 @@ EMULATOR = re.compile(r"^docker run .*fake-gcs-server")
 
 
 def laptop_block() -> Block:
-  [block] = [b for b in shell_blocks() if b.doc == "docs/SCALING.md"
-             and "export STORAGE_EMULATOR_HOST" in b.text]
+  [block] = [
+    b
+    for b in shell_blocks()
+    if b.doc == "docs/SCALING.md" and "export STORAGE_EMULATOR_HOST" in b.text
+  ]
   return block
 
 
 @pytest.mark.slow
 def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
   import gcs_server
+
   block = laptop_block()
   steps = commands(block)
   assert EMULATOR.match(" ".join(steps[0])), steps[0]
@@ -241,9 +281,16 @@ def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
   # The environment: this one without anything of Cloud Storage's, then
   # only what the block exports.
   env = process_env()
-  for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-               "GOOGLE_AUTH_TOKEN_FOR_TESTING", "EPATH_USE_TF", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-               "no_proxy", "NO_PROXY", "GOOGLE_APPLICATION_CREDENTIALS"):
+  for name in (
+    "STORAGE_EMULATOR_HOST",
+    "TENSORSTORE_GCS_HTTP_URL",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+    "EPATH_USE_TF",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+    "no_proxy",
+    "NO_PROXY",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+  ):
     env.pop(name, None)
   env["HOME"] = str(tmp_path)  # no credentials of the machine's
   with gcs_server.serve() as server:
@@ -264,13 +311,22 @@ def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
       command = argv(words)
       assert command is not None, words
       extra = TINY if words[2] == "compressive.train" else []
-      r = subprocess.run(command + extra, cwd=tmp_path, env={**env, **said}, capture_output=True,
-                         text=True, timeout=TIMEOUT)
+      r = subprocess.run(
+        command + extra,
+        cwd=tmp_path,
+        env={**env, **said},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+      )
       assert r.returncode == 0, (words, r.stderr[-3000:])
       assert "google_auth_provider" not in r.stderr, r.stderr[-2000:]
       ran.append((words[2], r))
-  assert set(said) >= {"STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                       "GOOGLE_AUTH_TOKEN_FOR_TESTING"}
+  assert set(said) >= {
+    "STORAGE_EMULATOR_HOST",
+    "TENSORSTORE_GCS_HTTP_URL",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+  }
   tools = [name for name, _ in ran]
   assert tools == ["compressive.train", "compressive.eval", "compressive.export"], tools
   result = json.loads(ran[1][1].stdout.strip().splitlines()[-1])
@@ -285,8 +341,10 @@ def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
 
 def _tables():
   import importlib.util
-  spec = importlib.util.spec_from_file_location("doc_tables", os.path.join(ROOT, "docs",
-                                                                          "tables.py"))
+
+  spec = importlib.util.spec_from_file_location(
+    "doc_tables", os.path.join(ROOT, "docs", "tables.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -308,7 +366,8 @@ def test_a_table_is_rewritten_between_its_markers_only():
   tables = _tables()
   text = "intro\n<!-- table: t -->\n| old |\n<!-- end table -->\nafter\n"
   assert tables.render(text, {"t": lambda: ["| a |", "| b |"]}) == (
-      "intro\n<!-- table: t -->\n| a |\n| b |\n<!-- end table -->\nafter\n")
+    "intro\n<!-- table: t -->\n| a |\n| b |\n<!-- end table -->\nafter\n"
+  )
   with pytest.raises(KeyError):
     tables.render(text, {})
   rows = tables.data_fields()

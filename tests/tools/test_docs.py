@@ -86,11 +86,21 @@ if __name__ == "__main__":  # run as a script (see the end): helpers.py is in th
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import ROOT as REPO  # noqa: E402
 
-DOCS = ("README.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")),
-        "benchmarks/README.md")
+DOCS = (
+  "README.md",
+  *sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")),
+  "benchmarks/README.md",
+)
 
-ROOT_TOOLS = ("train.py", "eval.py", "sample.py", "analyze.py", "export.py", "aot.py",
-              "train_tokenizer.py")
+ROOT_TOOLS = (
+  "train.py",
+  "eval.py",
+  "sample.py",
+  "analyze.py",
+  "export.py",
+  "aot.py",
+  "train_tokenizer.py",
+)
 
 
 def _reads_command_line(path: str) -> bool:
@@ -100,9 +110,13 @@ def _reads_command_line(path: str) -> bool:
 
 # The benchmarks that read a command line (absl or argparse), but the
 # PyTorch peer: it runs in its own venv (torch), started by compare_peer.py.
-BENCHMARKS = tuple(sorted(
-    os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/benchmarks/*.py")
-    if _reads_command_line(p) and not p.endswith("peer_pytorch.py")))
+BENCHMARKS = tuple(
+  sorted(
+    os.path.relpath(p, REPO)
+    for p in glob.glob(f"{REPO}/benchmarks/*.py")
+    if _reads_command_line(p) and not p.endswith("peer_pytorch.py")
+  )
+)
 TOOLS = (*ROOT_TOOLS, "experiments/run.py", *BENCHMARKS)
 # `python -m compressive.train` etc.: the package's tools, which the root
 # scripts run (the same flags).
@@ -110,8 +124,26 @@ MODULE_TOOLS = {f"compressive.{tool[:-3]}": tool for tool in ROOT_TOOLS}
 
 SHELL_LANGUAGES = frozenset(("", "sh", "bash", "shell", "console", "zsh"))
 ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
-COMMANDS = frozenset(("make", "bash", "sh", "cd", "srun", "gcloud", "taskset", "time", "nohup",
-                      "timeout", "tensorboard", "git", "env", "source", "ssh", "mpirun"))
+COMMANDS = frozenset(
+  (
+    "make",
+    "bash",
+    "sh",
+    "cd",
+    "srun",
+    "gcloud",
+    "taskset",
+    "time",
+    "nohup",
+    "timeout",
+    "tensorboard",
+    "git",
+    "env",
+    "source",
+    "ssh",
+    "mpirun",
+  )
+)
 TOOL_MENTION = re.compile(r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b|-m\s+(compressive\.\w+)")
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs_worker.py")
 
@@ -122,6 +154,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs_worker.p
 @dataclasses.dataclass
 class Block:
   """Consecutive lines: a code block (lang None when indented) or a paragraph."""
+
   lines: list[tuple[int, str]]
   lang: Optional[str] = None
 
@@ -147,11 +180,13 @@ def _fenced(lines: list[str], i: int) -> Optional[tuple[Block, int]]:
   if not m:
     return None
   end = i + 1
-  while end < len(lines) and not re.fullmatch(rf"\s*{m.group(1)[0]}{{{len(m.group(1))},}}\s*",
-                                               lines[end]):
+  while end < len(lines) and not re.fullmatch(
+    rf"\s*{m.group(1)[0]}{{{len(m.group(1))},}}\s*", lines[end]
+  ):
     end += 1
-  return Block([(n + 1, lines[n]) for n in range(i + 1, min(end, len(lines)))],
-               m.group(2).lower()), end + 1
+  return Block(
+    [(n + 1, lines[n]) for n in range(i + 1, min(end, len(lines)))], m.group(2).lower()
+  ), end + 1
 
 
 def _indented(lines: list[str], i: int, indent: int) -> tuple[Block, int]:
@@ -262,6 +297,7 @@ def heading_match(words: list[str], headings: list[str]) -> int:
 class Invocation:
   """One command the docs show: a tool with its arguments, `make` with its
   targets, a shell script, or a problem found while reading it."""
+
   kind: str  # "tool" | "make" | "script" | "problem" | "skip" | "flags" (a span's bare flags)
   name: str
   args: tuple[str, ...] = ()
@@ -333,7 +369,7 @@ def python_invocation(words: list[str]) -> Invocation:
   if i < len(words) and words[i] == "-c":
     return Invocation("skip", "python -c")
   if i + 1 < len(words) and words[i] == "-m":
-    module, rest = words[i + 1], words[i + 2:]
+    module, rest = words[i + 1], words[i + 2 :]
     if module in MODULE_TOOLS:
       return Invocation("tool", MODULE_TOOLS[module], doc_args(rest))
     if module.startswith("compressive."):
@@ -343,7 +379,7 @@ def python_invocation(words: list[str]) -> Invocation:
     return Invocation("skip", " ".join(words[:2]))
   tool = resolve_script(words[i])
   if tool is not None:
-    return Invocation("tool", tool, doc_args(words[i + 1:]))
+    return Invocation("tool", tool, doc_args(words[i + 1 :]))
   if not os.path.exists(os.path.join(REPO, words[i])):
     return Invocation("problem", f"{words[i]}: no such script in the repository")
   return Invocation("skip", words[i])
@@ -367,14 +403,15 @@ def invocations(line: str) -> Iterator[Invocation]:
       continue
     first = os.path.basename(command[0])
     if first == "make":
-      yield Invocation("make", "make", tuple(w for w in command[1:]
-                                             if not w.startswith("-") and "=" not in w))
+      yield Invocation(
+        "make", "make", tuple(w for w in command[1:] if not w.startswith("-") and "=" not in w)
+      )
     elif first in ("bash", "sh") and len(command) > 1 and command[1].endswith(".sh"):
       yield Invocation("script", command[1])
     elif re.fullmatch(r"pip[\d.]*", first):
       continue
     elif any(is_python(w) for w in command):  # also after a wrapper: srun ... python
-      yield python_invocation(command[next(i for i, w in enumerate(command) if is_python(w)):])
+      yield python_invocation(command[next(i for i, w in enumerate(command) if is_python(w)) :])
     else:  # a command held in a quoted argument: gcloud ... --command="..."
       for word in command[1:]:
         if re.search(r"\s", word):
@@ -385,16 +422,22 @@ def looks_like_command(line: str) -> bool:
   words = line.split()
   while words and ENV_ASSIGNMENT.fullmatch(words[0]):
     words = words[1:]
-  return bool(words) and (os.path.basename(words[0]) in COMMANDS or is_python(words[0])
-                          or bool(re.fullmatch(r"pip[\d.]*", os.path.basename(words[0]))))
+  return bool(words) and (
+    os.path.basename(words[0]) in COMMANDS
+    or is_python(words[0])
+    or bool(re.fullmatch(r"pip[\d.]*", os.path.basename(words[0])))
+  )
 
 
 def shell_commands(block: Block) -> Iterator[tuple[int, int, str]]:
   """(first line, last line, text) of each command of a shell code block;
   nothing for another block. A `$ ` prompt, where used, marks the commands."""
   lines = [(n, t) for n, t in block.lines if t.strip()]
-  if not lines or (block.lang is None and not looks_like_command(lines[0][1])) or (
-      block.lang is not None and block.lang not in SHELL_LANGUAGES):
+  if (
+    not lines
+    or (block.lang is None and not looks_like_command(lines[0][1]))
+    or (block.lang is not None and block.lang not in SHELL_LANGUAGES)
+  ):
     return
   prompted = any(t.lstrip().startswith("$ ") for _, t in lines)
   i = 0
@@ -448,8 +491,13 @@ def link_problem(doc: str, target: str) -> Optional[str]:
     return None
   path, _, anchor = target.partition("#")
   path = urllib.parse.unquote(path)
-  file = (path.lstrip("/") if path.startswith("/") else
-          os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc)
+  file = (
+    path.lstrip("/")
+    if path.startswith("/")
+    else os.path.normpath(os.path.join(os.path.dirname(doc), path))
+    if path
+    else doc
+  )
   if file.startswith("..") or not exists(file):
     return f"link ({target}): no such file {file}"
   if anchor and file.endswith(".md") and anchor not in anchors(get_doc(file)):
@@ -462,10 +510,15 @@ def link_problems(doc: Doc) -> Iterator[str]:
     text = para.text
     for start, end, _ in inline_spans(para):  # no links inside code
       text = text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:]
-    links = [(m.start(), m.group(1)) for m in re.finditer(
-        r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)]
-    links += [(m.start(), m.group(1)) for m in re.finditer(
-        r"^\s{0,3}\[[^\]]+\]:\s*<?([^\s>]+)", text, re.M)]  # [ref]: target
+    links = [
+      (m.start(), m.group(1))
+      for m in re.finditer(
+        r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text
+      )
+    ]
+    links += [
+      (m.start(), m.group(1)) for m in re.finditer(r"^\s{0,3}\[[^\]]+\]:\s*<?([^\s>]+)", text, re.M)
+    ]  # [ref]: target
     for start, target in links:
       problem = link_problem(doc.path, target)
       if problem:
@@ -478,25 +531,32 @@ def referenced_file(doc: str, ref: str, linked: bool) -> Optional[str]:
   if ref == "README":
     return "README.md"
   here = os.path.normpath(os.path.join(os.path.dirname(doc), ref))
-  for file in ((here,) if linked else (os.path.normpath(ref), here)):
+  for file in (here,) if linked else (os.path.normpath(ref), here):
     if exists(file):
       return file
   return None
 
 
-SECTION_FILE = re.compile(r"(?:\[[^\]]*\]\(([^)\s#]+\.md)(?:#[^)]*)?\)|(?<![\w/.-])"
-                          r"((?:[\w.-]+/)*[\w.-]+\.md)|\b(README))\s+$")
+SECTION_FILE = re.compile(
+  r"(?:\[[^\]]*\]\(([^)\s#]+\.md)(?:#[^)]*)?\)|(?<![\w/.-])"
+  r"((?:[\w.-]+/)*[\w.-]+\.md)|\b(README))\s+$"
+)
 
 
 def section_problems(doc: Doc) -> Iterator[str]:
   for m in re.finditer("§", doc.text):
     line = doc.text.count("\n", 0, m.start()) + 1
-    before = doc.text[max(0, m.start() - 200):m.start()]
-    raw = doc.text[m.end():m.end() + 300].split()[:12]
+    before = doc.text[max(0, m.start() - 200) : m.start()]
+    raw = doc.text[m.end() : m.end() + 300].split()[:12]
     first = norm_word(raw[0]) if raw and not raw[0].startswith("<") else ""
     named = SECTION_FILE.search(before)
-    if not first or (not named and (re.search(r"paper(?:'s)?\s+$", before, re.I) or (
-        doc.path == "docs/PAPER.md" and first[0].isdigit()))):
+    if not first or (
+      not named
+      and (
+        re.search(r"paper(?:'s)?\s+$", before, re.I)
+        or (doc.path == "docs/PAPER.md" and first[0].isdigit())
+      )
+    ):
       continue  # not a reference, a placeholder, or the paper's own section
     ref = named and next(g for g in named.groups() if g)
     file = referenced_file(doc.path, ref, bool(named.group(1))) if named else doc.path
@@ -505,33 +565,33 @@ def section_problems(doc: Doc) -> Iterator[str]:
       yield f"{doc.path}:{line}: {shown}: no such file {ref}"
       continue
     words = [norm_word(w) for w in raw]
-    words = words[:words.index("")] if "" in words else words
+    words = words[: words.index("")] if "" in words else words
     span = re.fullmatch(r"(\d+(?:\.\d+)*)-(\d+(?:\.\d+)*)", first)  # §1-2
-    for ref_words in ([[span.group(1)], [span.group(2)]] if span else [words]):
+    for ref_words in [[span.group(1)], [span.group(2)]] if span else [words]:
       if heading_match(ref_words, get_doc(file).headings) < 1:
-        yield f"{doc.path}:{line}: {shown}: no heading of {file} starts with \"{ref_words[0]}\""
+        yield f'{doc.path}:{line}: {shown}: no heading of {file} starts with "{ref_words[0]}"'
 
 
 def quoted_section_problems(doc: Doc) -> Iterator[str]:
   """README "Title" (or PATH.md "Title"): Title must be a heading there."""
-  for m in re.finditer(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md|README)\s+\"([^\"]{1,100})\"",
-                       doc.text):
+  for m in re.finditer(
+    r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md|README)\s+\"([^\"]{1,100})\"", doc.text
+  ):
     line = doc.text.count("\n", 0, m.start()) + 1
     title = " ".join(m.group(2).split())
     file = referenced_file(doc.path, m.group(1), False)
     words = [w for w in map(norm_word, title.split()) if w]
     if file is None:
-      yield f"{doc.path}:{line}: {m.group(1)} \"{title}\": no such file {m.group(1)}"
+      yield f'{doc.path}:{line}: {m.group(1)} "{title}": no such file {m.group(1)}'
     elif heading_match(words, get_doc(file).headings) < len(words):
-      yield f"{doc.path}:{line}: {m.group(1)} \"{title}\": no heading of {file} is \"{title}\""
+      yield f'{doc.path}:{line}: {m.group(1)} "{title}": no heading of {file} is "{title}"'
 
 
 @functools.lru_cache(maxsize=None)
 def is_make_target(target: str) -> bool:
   """make itself says (a dry run: nothing is built), so that targets made by
   pattern rules (test-jax012: test-%) count."""
-  r = subprocess.run(["make", "-n", "-C", REPO, target], capture_output=True, text=True,
-                     timeout=60)
+  r = subprocess.run(["make", "-n", "-C", REPO, target], capture_output=True, text=True, timeout=60)
   return r.returncode == 0
 
 
@@ -573,9 +633,14 @@ def tools_report() -> dict:
     for c in doc_commands(doc):
       if c.inv.kind == "tool" and list(c.inv.args) not in commands.setdefault(c.inv.name, []):
         commands[c.inv.name].append(list(c.inv.args))
-  proc = subprocess.run([sys.executable, WORKER], cwd=REPO, capture_output=True,
-                        text=True, timeout=300,
-                        input=json.dumps({"tools": TOOLS, "commands": commands}))
+  proc = subprocess.run(
+    [sys.executable, WORKER],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    input=json.dumps({"tools": TOOLS, "commands": commands}),
+  )
   assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-4000:]
   report = json.loads(proc.stdout.splitlines()[-1])
   assert "fields" in report["fields"], report["fields"]
@@ -599,13 +664,19 @@ def flag_problem(flag: str, tools: list[str], named: bool = True) -> Optional[st
   for tool, info in infos.items():
     if "names" not in info:
       return f"{tool}: cannot read its flags: {info.get('error')}"
-  config_flags = {f for info in (infos if named else report["tools"]).values()
-                  for f in info["config_flags"]}
+  config_flags = {
+    f for info in (infos if named else report["tools"]).values() for f in info["config_flags"]
+  }
   if field and head in config_flags:
-    return (None if field in report["fields"]["fields"] else
-            f"--{name}: no field {field} in any config of configs/")
-  if any(name in info["names"] or (name.startswith("no") and name[2:] in info["booleans"])
-         for info in infos.values()):
+    return (
+      None
+      if field in report["fields"]["fields"]
+      else f"--{name}: no field {field} in any config of configs/"
+    )
+  if any(
+    name in info["names"] or (name.startswith("no") and name[2:] in info["booleans"])
+    for info in infos.values()
+  ):
     return None
   if len(tools) == len(TOOLS):
     return f"--{name}: not a flag of any tool"
@@ -624,13 +695,17 @@ def command_problems(doc: Doc) -> Iterator[str]:
       result = info.get("parsed", {}).get(c.inv.args, {"error": info.get("error")})
       problem = result["error"]
       if result.get("names_only"):
-        problem = next(filter(None, (flag_problem(a, [c.inv.name]) for a in c.inv.args
-                                     if a.startswith("--"))), None)
+        problem = next(
+          filter(None, (flag_problem(a, [c.inv.name]) for a in c.inv.args if a.startswith("--"))),
+          None,
+        )
     if problem:
       names = [a.lstrip("-").split("=")[0] for a in c.inv.args if a.startswith("-")]
       culprit = next((n for n in names if n and n in problem), None)
-      line = next((n for n in range(c.first, c.last + 1)
-                   if culprit and f"-{culprit}" in lines[n - 1]), c.first)
+      line = next(
+        (n for n in range(c.first, c.last + 1) if culprit and f"-{culprit}" in lines[n - 1]),
+        c.first,
+      )
       name = f"{c.inv.name}: " if c.inv.kind == "tool" else ""
       yield f"{doc.path}:{line}: {name}{problem}"
 
@@ -656,17 +731,21 @@ def span_invocations(span: str) -> list[Invocation]:
 
 def prose_problems(doc: Doc) -> Iterator[str]:
   for para in doc.paragraphs:
-    mentions = [(m.start(), tool) for m in TOOL_MENTION.finditer(para.text)
-                for tool in [resolve_script(m.group(1)) if m.group(1) else
-                             MODULE_TOOLS.get(m.group(2))] if tool]
+    mentions = [
+      (m.start(), tool)
+      for m in TOOL_MENTION.finditer(para.text)
+      for tool in [resolve_script(m.group(1)) if m.group(1) else MODULE_TOOLS.get(m.group(2))]
+      if tool
+    ]
     for start, _, span in inline_spans(para):
       for inv in span_invocations(span):
         if inv.kind == "tool" or inv.kind == "flags":
           before = [t for p, t in reversed(mentions) if p < start]
           named = list(dict.fromkeys(before + [t for _, t in mentions]))
           tools = [inv.name] if inv.kind == "tool" else named or list(TOOLS)
-          problems = [flag_problem(a, tools, inv.kind == "tool") for a in inv.args
-                      if a.startswith("--")]
+          problems = [
+            flag_problem(a, tools, inv.kind == "tool") for a in inv.args if a.startswith("--")
+          ]
         else:
           problems = [invocation_problem(inv)]
         for problem in filter(None, problems):
@@ -684,8 +763,7 @@ def problems_of(*checks, docs=None) -> list[str]:
 
 def fail_on(problems: list[str]) -> None:
   if problems:
-    pytest.fail(f"{len(problems)} problem(s) in the docs:\n" + "\n".join(problems),
-                pytrace=False)
+    pytest.fail(f"{len(problems)} problem(s) in the docs:\n" + "\n".join(problems), pytrace=False)
 
 
 def test_links_resolve():
@@ -708,17 +786,39 @@ def test_prose_flags_exist():
 
 @pytest.mark.slow
 def test_checker_catches_planted_mistakes():
-  problems = problems_of(link_problems, section_problems, quoted_section_problems,
-                         command_problems, prose_problems, docs=list(_PLANTED.values()))
+  problems = problems_of(
+    link_problems,
+    section_problems,
+    quoted_section_problems,
+    command_problems,
+    prose_problems,
+    docs=list(_PLANTED.values()),
+  )
   text = "\n".join(problems)
-  for expected in ("docs/NO_SUCH.md", "#no-such-heading", "§99", "§Unreal", "No such section",
-                   "'no_such_flag'", "sideways", "--config.model.no_such_field", "norm_typo",
-                   "no-such-target", "--no_such_sample_flag", "config.model.nope"):
+  for expected in (
+    "docs/NO_SUCH.md",
+    "#no-such-heading",
+    "§99",
+    "§Unreal",
+    "No such section",
+    "'no_such_flag'",
+    "sideways",
+    "--config.model.no_such_field",
+    "norm_typo",
+    "no-such-target",
+    "--no_such_sample_flag",
+    "config.model.nope",
+  ):
     assert expected in text, f"not reported: {expected}\n{text}"
   assert len(problems) == 12, text  # and nothing else: the correct uses pass
   assert all(p.startswith("PLANTED.md:") for p in problems), text
 
 
 if __name__ == "__main__":  # the problems, without pytest
-  print("\n".join(problems_of(link_problems, section_problems, quoted_section_problems,
-                              command_problems, prose_problems)))
+  print(
+    "\n".join(
+      problems_of(
+        link_problems, section_problems, quoted_section_problems, command_problems, prose_problems
+      )
+    )
+  )

@@ -20,21 +20,33 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 600
 
 # The default config made tiny on the command line: it is found by name.
-TINY = ["--config=default", "--config.data.source=synthetic",
-        "--config.data.synthetic.num_docs=(16,4,4)", "--config.model.num_layers=2",
-        "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
-        "--config.model.segment_length=8", "--config.model.memory_length=8",
-        "--config.model.compressed_memory_length=4", "--config.batch_size=4",
-        "--config.segments_per_step=2", "--config.optimizer.warmup_steps=1",
-        "--config.log_every_steps=1", "--config.eval_every_steps=0",
-        "--config.checkpoint_every_steps=3", "--config.num_train_steps=3"]
+TINY = [
+  "--config=default",
+  "--config.data.source=synthetic",
+  "--config.data.synthetic.num_docs=(16,4,4)",
+  "--config.model.num_layers=2",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_heads=2",
+  "--config.model.segment_length=8",
+  "--config.model.memory_length=8",
+  "--config.model.compressed_memory_length=4",
+  "--config.batch_size=4",
+  "--config.segments_per_step=2",
+  "--config.optimizer.warmup_steps=1",
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=0",
+  "--config.checkpoint_every_steps=3",
+  "--config.num_train_steps=3",
+]
 
 
 def python(*args, cwd):
   # Without PYTHONPATH: the package is the installed one, wherever cwd is.
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=TIMEOUT)
+  return subprocess.run(
+    [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
+  )
 
 
 def test_train_then_eval_as_modules_from_another_directory(tmp_path):
@@ -42,8 +54,14 @@ def test_train_then_eval_as_modules_from_another_directory(tmp_path):
   r = python("-m", "compressive.train", f"--workdir={workdir}", *TINY, cwd=tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]
   assert (workdir / "checkpoints" / "3").is_dir(), os.listdir(workdir / "checkpoints")
-  r = python("-m", "compressive.eval", f"--workdir={workdir}", "--split=test",
-             "--max_segments=2", cwd=tmp_path)
+  r = python(
+    "-m",
+    "compressive.eval",
+    f"--workdir={workdir}",
+    "--split=test",
+    "--max_segments=2",
+    cwd=tmp_path,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads(r.stdout.strip().splitlines()[-1])
   assert result["step"] == 3 and result["split"] == "test"

@@ -28,8 +28,9 @@ TIMEOUT = 600
 
 
 def python(*args, cwd, env=None):
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=TIMEOUT)
+  return subprocess.run(
+    [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
+  )
 
 
 # -- Configs by name. -----------------------------------------------------------
@@ -39,24 +40,37 @@ def test_a_bare_name_is_a_shipped_config(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert {"default", "enwik8", "gpu8"} <= set(cli_config.config_names())
   assert cli_config.resolve_config("default") == os.path.join(cli_config.CONFIG_DIR, "default.py")
-  assert (cli_config.resolve_config("gpu8:pg19")
-          == os.path.join(cli_config.CONFIG_DIR, "gpu8.py") + ":pg19")
+  assert (
+    cli_config.resolve_config("gpu8:pg19")
+    == os.path.join(cli_config.CONFIG_DIR, "gpu8.py") + ":pg19"
+  )
   # configs/paper.py is what the paper's configs share, with no get_config:
   # not a name a user can train.
   assert "paper" not in cli_config.config_names()
-  for value in ("configs/default.py", "default.py", "nope", "/x/default", "", "gpu8.py:pg19",
-                "paper"):
+  for value in (
+    "configs/default.py",
+    "default.py",
+    "nope",
+    "/x/default",
+    "",
+    "gpu8.py:pg19",
+    "paper",
+  ):
     assert cli_config.resolve_config(value) == value
   (tmp_path / "default").write_text("")  # a file of that name here is the file
   assert cli_config.resolve_config("default") == "default"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize(
+  "args,message",
+  [
     (["--config=enwik8", "--config.model.num_layerz=2"], "cannot apply --config.model.num_layerz"),
     (["--config", "gpu1:recall", "--config.batch_sizee=2"], "cannot apply --config.batch_sizee"),
     (["--config=enwik9"], "--config=enwik9: no such config name (default, "),
-], ids=["name", "name with argument", "unknown name"])
+  ],
+  ids=["name", "name with argument", "unknown name"],
+)
 def test_train_finds_a_config_by_name_from_another_directory(tmp_path, args, message):
   # The config is loaded (the override of a field it lacks is the error), from
   # a directory without configs/.
@@ -75,7 +89,8 @@ def _shadow(folder, kind):
     os.makedirs(folder / "configs")
     (folder / "configs" / "__init__.py").write_text("")
     (folder / "configs" / "default.py").write_text(
-        "raise ImportError('the folder configs/default.py was imported')\n")
+      "raise ImportError('the folder configs/default.py was imported')\n"
+    )
   else:
     (folder / "configs.py").write_text("raise ImportError('the folder configs.py was imported')\n")
 
@@ -95,17 +110,22 @@ def test_no_folder_shadows_the_shipped_configs(tmp_path, monkeypatch, kind):
   _shadow(tmp_path, kind)
   monkeypatch.chdir(tmp_path)
   monkeypatch.syspath_prepend(str(tmp_path))
-  for name in [m for m in sys.modules if m in ("configs", "compressive.configs")
-               or m.startswith("compressive.configs.")]:
+  for name in [
+    m
+    for m in sys.modules
+    if m in ("configs", "compressive.configs") or m.startswith("compressive.configs.")
+  ]:
     monkeypatch.delitem(sys.modules, name)
   for name in cli_config.config_names():
     module = _load_file(cli_config.resolve_config(name))
-    config = module.get_config("recall") if name in ("gpu1", "gpu8", "tpu_v5e8") else \
-        module.get_config()
+    config = (
+      module.get_config("recall") if name in ("gpu1", "gpu8", "tpu_v5e8") else module.get_config()
+    )
     assert config.model.d_model > 0
   assert "configs" not in sys.modules
-  assert (sys.modules["compressive.configs.default"].__file__
-          == os.path.join(cli_config.CONFIG_DIR, "default.py"))
+  assert sys.modules["compressive.configs.default"].__file__ == os.path.join(
+    cli_config.CONFIG_DIR, "default.py"
+  )
 
 
 @pytest.mark.slow
@@ -113,8 +133,14 @@ def test_python_m_from_a_folder_with_its_own_configs(tmp_path):
   # The tool as a user runs it: its config (which builds on default) loads,
   # and the mistyped override is the one line.
   _shadow(tmp_path, "package")
-  r = python("-m", "compressive.train", f"--workdir={tmp_path}/wd", "--config=gpu1:default_rope",
-             "--config.batch_sizee=2", cwd=tmp_path)
+  r = python(
+    "-m",
+    "compressive.train",
+    f"--workdir={tmp_path}/wd",
+    "--config=gpu1:default_rope",
+    "--config.batch_sizee=2",
+    cwd=tmp_path,
+  )
   lines = r.stderr.strip().splitlines()
   assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
   assert "cannot apply --config.batch_sizee" in lines[0], r.stderr[-3000:]
@@ -124,7 +150,9 @@ def test_python_m_from_a_folder_with_its_own_configs(tmp_path):
 # -- The persistent compilation cache. --------------------------------------------
 
 
-@pytest.mark.parametrize("flag,environ,expected", [
+@pytest.mark.parametrize(
+  "flag,environ,expected",
+  [
     (None, {}, cli.default_compilation_cache()),
     (None, {"COMPRESSIVE_COMPILATION_CACHE": "/c"}, "/c"),
     (None, {"COMPRESSIVE_COMPILATION_CACHE": ""}, ""),
@@ -132,14 +160,16 @@ def test_python_m_from_a_folder_with_its_own_configs(tmp_path):
     (None, {"JAX_COMPILATION_CACHE_DIR": "/j", "COMPRESSIVE_COMPILATION_CACHE": "/c"}, None),
     ("/f", {"JAX_COMPILATION_CACHE_DIR": "/j", "COMPRESSIVE_COMPILATION_CACHE": "/c"}, "/f"),
     ("", {"COMPRESSIVE_COMPILATION_CACHE": "/c"}, ""),
-])
+  ],
+)
 def test_where_the_compilation_cache_goes(flag, environ, expected):
   assert cli.compilation_cache_dir(flag, environ) == expected
 
 
 def test_default_compilation_cache_is_under_the_users_cache():
   assert cli.default_compilation_cache() == os.path.join(
-      os.path.expanduser("~"), ".cache", "compressive", "jax")
+    os.path.expanduser("~"), ".cache", "compressive", "jax"
+  )
 
 
 def test_an_unusable_compilation_cache_is_a_warning(tmp_path, capsys):
@@ -197,7 +227,8 @@ def cache_entries(path) -> set[str]:
 @pytest.mark.slow
 def test_a_warm_run_compiles_nothing(tmp_path):
   config = tmp_path / "tiny.py"
-  config.write_text(textwrap.dedent(f"""
+  config.write_text(
+    textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {TESTS!r})
       from helpers import tiny_experiment
@@ -205,11 +236,16 @@ def test_a_warm_run_compiles_nothing(tmp_path):
       def get_config():
         return tiny_experiment(num_train_steps=2, checkpoint_every_steps=2,
                                eval_every_steps=0, log_every_steps=1)
-      """))
+      """)
+  )
   cache, jax_cache, ours = tmp_path / "cache", tmp_path / "jax_env", tmp_path / "ours_env"
   # Every program is written, however fast it compiled: counts, not timings.
-  env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             COMPRESSIVE_COMPILATION_CACHE=str(ours), JAX_COMPILATION_CACHE_DIR=str(cache))
+  env = dict(
+    os.environ,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    COMPRESSIVE_COMPILATION_CACHE=str(ours),
+    JAX_COMPILATION_CACHE_DIR=str(cache),
+  )
   train = [os.path.join(ROOT, "train.py"), f"--config={config}"]
 
   # Cold: JAX's own JAX_COMPILATION_CACHE_DIR wins over the default and
@@ -224,8 +260,15 @@ def test_a_warm_run_compiles_nothing(tmp_path):
   # Warm, in a new workdir: --compilation_cache wins over everything; every
   # program comes from the cache and nothing new is written.
   env["JAX_COMPILATION_CACHE_DIR"] = str(jax_cache)
-  r = python("-c", COUNTING_TRAIN, *train, f"--workdir={tmp_path}/wd2",
-             f"--compilation_cache={cache}", cwd=tmp_path, env=env)
+  r = python(
+    "-c",
+    COUNTING_TRAIN,
+    *train,
+    f"--workdir={tmp_path}/wd2",
+    f"--compilation_cache={cache}",
+    cwd=tmp_path,
+    env=env,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   warm_hits, warm_misses = cache_counts(r.stderr)
   assert warm_hits > 0 and warm_misses == 0, (misses, warm_hits, warm_misses)
@@ -235,8 +278,16 @@ def test_a_warm_run_compiles_nothing(tmp_path):
   # Off: the evaluation of the first run, its programs compiled and none of
   # them looked up or written (an evaluation, not a third training: the
   # same flag: 11 s of CPU here where a training took 33 s).
-  r = python("-c", COUNTING_TRAIN, os.path.join(ROOT, "eval.py"), f"--workdir={tmp_path}/wd1",
-             "--max_segments=1", "--compilation_cache=", cwd=tmp_path, env=env)
+  r = python(
+    "-c",
+    COUNTING_TRAIN,
+    os.path.join(ROOT, "eval.py"),
+    f"--workdir={tmp_path}/wd1",
+    "--max_segments=1",
+    "--compilation_cache=",
+    cwd=tmp_path,
+    env=env,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   hits, misses, programs = program_counts(r.stderr)
   assert (hits, misses) == (0, 0) and programs > 0, (hits, misses, programs)
@@ -267,23 +318,47 @@ def installed(tmp_path_factory):
     os.makedirs(src, exist_ok=True)
     shutil.copy(os.path.join(ROOT, name), src / name)
   for name in ("compressive", "configs"):
-    shutil.copytree(os.path.join(ROOT, name), src / name,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-  r = python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-             "-w", str(tmp / "wheels"), str(src), cwd=tmp)
+    shutil.copytree(
+      os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__")
+    )
+  r = python(
+    "-m",
+    "pip",
+    "wheel",
+    "--no-deps",
+    "--no-build-isolation",
+    "--no-index",
+    "-w",
+    str(tmp / "wheels"),
+    str(src),
+    cwd=tmp,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   [wheel] = os.listdir(tmp / "wheels")
   venv = tmp / "venv"
   r = python("-m", "venv", "--without-pip", str(venv), cwd=tmp)
   assert r.returncode == 0, r.stderr[-3000:]
   exe = str(venv / "bin" / "python")
-  site = subprocess.run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                        capture_output=True, text=True, check=True).stdout.strip()
+  site = subprocess.run(
+    [exe, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.strip()
   deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
   with open(os.path.join(site, "_dependencies.pth"), "w") as f:
     f.write("\n".join(sorted(deps)) + "\n")
-  r = python("-m", "pip", "install", "--no-deps", "--no-index", "--target", site,
-             str(tmp / "wheels" / wheel), cwd=tmp)
+  r = python(
+    "-m",
+    "pip",
+    "install",
+    "--no-deps",
+    "--no-index",
+    "--target",
+    site,
+    str(tmp / "wheels" / wheel),
+    cwd=tmp,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   return exe, site
 
@@ -292,8 +367,13 @@ def installed(tmp_path_factory):
 def trained(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("trained") / "wd")
   train_lib.train_and_evaluate(
-      to_train(tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0,
-                      log_every_steps=1)), workdir)
+    to_train(
+      tiny_experiment(
+        num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0, log_every_steps=1
+      )
+    ),
+    workdir,
+  )
   return workdir
 
 
@@ -337,8 +417,9 @@ def test_the_python_snippet_runs_from_an_installed_wheel_elsewhere(installed, tr
       print("OK")
       """)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  r = subprocess.run([exe, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                     timeout=TIMEOUT)
+  r = subprocess.run(
+    [exe, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().splitlines()[-1] == "OK"
 
@@ -352,18 +433,22 @@ def test_the_readmes_first_steps_from_an_installed_wheel_elsewhere(installed, tm
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
   def tool(*args):
-    return subprocess.run([exe, "-m", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    return subprocess.run(
+      [exe, "-m", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+
   r = tool("compressive")
   assert r.returncode == 0 and "python -m compressive.train" in r.stdout, r.stderr[-2000:]
   r = tool("compressive.train", "--help")
   assert r.returncode == 0 and r.stdout.splitlines()[2].strip() == (
-      "python -m compressive.train --config=NAME --workdir=DIR"), r.stdout[:500]
+    "python -m compressive.train --config=NAME --workdir=DIR"
+  ), r.stdout[:500]
   r = tool("compressive.train", "--config=default", "--workdir=runs/default", "--print_config")
   assert r.returncode == 0 and json.loads(r.stdout)["model"]["d_model"] == 256, r.stderr[-2000:]
   r = tool("compressive.train", "--config=configs/default.py", "--workdir=runs/default")
   assert r.returncode == 2 and r.stderr.strip().endswith(
-      "; the shipped config of that name is --config=default"), r.stderr
+    "; the shipped config of that name is --config=default"
+  ), r.stderr
 
 
 # -- The package's metadata: ranges that the tested stacks reach. -------------------
@@ -386,8 +471,9 @@ def _declared() -> dict[str, SpecifierSet]:
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     project = tomllib.load(f)["project"]
   requirements = [Requirement(r) for r in project["dependencies"]]
-  requirements += [Requirement(r) for extra in project["optional-dependencies"].values()
-                   for r in extra]
+  requirements += [
+    Requirement(r) for extra in project["optional-dependencies"].values() for r in extra
+  ]
   return {canonicalize_name(r.name): r.specifier for r in requirements}
 
 
@@ -403,8 +489,9 @@ def test_the_metadata_declares_ranges_whose_ends_the_stacks_test():
   # inside each range. No range is a pin, so `pip install .` keeps the JAX a
   # user installed for their hardware.
   declared = _declared()
-  lowest = _pins("requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt",
-                 "requirements-extras.txt")
+  lowest = _pins(
+    "requirements.txt", "requirements-pg19.txt", "requirements-gcs.txt", "requirements-extras.txt"
+  )
   newest = {**lowest, **_pins("requirements-jax012.txt")}
   assert set(lowest) <= set(declared) and set(declared) <= set(lowest)
   for name, spec in declared.items():

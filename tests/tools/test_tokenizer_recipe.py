@@ -30,9 +30,10 @@ def test_an_id_past_the_pieces_is_one_line(tmp_path):
   with pytest.raises(DataError) as e:
     tokenizer.decode([5, pieces + 7])
   assert str(e.value) == (
-      f"token id {pieces + 7} is not a piece of {str(model)!r} (data.spm_model: {pieces} "
-      f"pieces, ids 0-{pieces - 1}); a model whose model.vocab_size is larger than its "
-      "tokenizer's pieces emitted it")
+    f"token id {pieces + 7} is not a piece of {str(model)!r} (data.spm_model: {pieces} "
+    f"pieces, ids 0-{pieces - 1}); a model whose model.vocab_size is larger than its "
+    "tokenizer's pieces emitted it"
+  )
 
 
 def test_the_sampler_never_emits_an_id_past_the_tokenizer_pieces():
@@ -43,15 +44,20 @@ def test_the_sampler_never_emits_an_id_past_the_tokenizer_pieces():
   prompt = [1, 2, 3]
   plain = {int(t[0]) for t in Sampler(model).generate(prompt, 40, temperature=3.0, seed=2)}
   assert max(plain) >= 5  # the test can fail
-  for kwargs in ({"temperature": 3.0}, {"temperature": 0.0}, {"temperature": 2.0, "top_k": 20},
-                 {"temperature": 2.0, "top_p": 0.99}):
+  for kwargs in (
+    {"temperature": 3.0},
+    {"temperature": 0.0},
+    {"temperature": 2.0, "top_k": 20},
+    {"temperature": 2.0, "top_p": 0.99},
+  ):
     held = PiecesSampler(model, pieces=5)
     ids = [int(t[0]) for t in held.generate(prompt, 40, seed=2, **kwargs)]
     assert len(ids) == 40 and max(ids) < 5, (kwargs, ids)
   # Where the pieces are the whole vocabulary, it is the Sampler.
   same = PiecesSampler(model, pieces=32)
-  assert [int(t[0]) for t in same.generate(prompt, 20, temperature=1.0, seed=3)] == \
-      [int(t[0]) for t in Sampler(model).generate(prompt, 20, temperature=1.0, seed=3)]
+  assert [int(t[0]) for t in same.generate(prompt, 20, temperature=1.0, seed=3)] == [
+    int(t[0]) for t in Sampler(model).generate(prompt, 20, temperature=1.0, seed=3)
+  ]
 
 
 def test_a_vocabulary_larger_than_the_pieces_is_warned_at_the_start(tmp_path, caplog):
@@ -61,16 +67,21 @@ def test_a_vocabulary_larger_than_the_pieces_is_warned_at_the_start(tmp_path, ca
     (texts / f"book{i}.txt").write_text(text)
   model = tmp_path / "m.model"
   pieces = data_lib.train_sentencepiece(generated_texts(20), 4096, str(model)).vocab_size
-  fields = {"data.source": "text_files", "data.text_files.path": str(texts),
-            "data.tokenizer": "sentencepiece", "data.spm_model": str(model),
-            "model.vocab_size": 4096}
+  fields = {
+    "data.source": "text_files",
+    "data.text_files.path": str(texts),
+    "data.tokenizer": "sentencepiece",
+    "data.spm_model": str(model),
+    "model.vocab_size": 4096,
+  }
   with caplog.at_level(logging.WARNING, logger="compressive"):
     config_lib.check(tiny_experiment(**fields))
   [warning] = [r.getMessage() for r in caplog.records]
   assert warning == (
-      f"model.vocab_size=4096 is larger than the tokenizer's {pieces} pieces "
-      f"(data.spm_model={model}): ids {pieces}-4095 never occur in the data and are never "
-      f"sampled; --config.model.vocab_size={pieces} trains the vocabulary there is")
+    f"model.vocab_size=4096 is larger than the tokenizer's {pieces} pieces "
+    f"(data.spm_model={model}): ids {pieces}-4095 never occur in the data and are never "
+    f"sampled; --config.model.vocab_size={pieces} trains the vocabulary there is"
+  )
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger="compressive"):
     config_lib.check(tiny_experiment(**dict(fields, **{"model.vocab_size": pieces})))
@@ -82,12 +93,22 @@ def test_a_vocabulary_larger_than_the_pieces_is_warned_at_the_start(tmp_path, ca
 
 # The recipe's commands at a size that trains in seconds: appended to its
 # train command (the last value of a field wins).
-TINY = ["--config.num_train_steps=2", "--config.batch_size=4", "--config.segments_per_step=1",
-        "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
-        "--config.model.num_heads=2", "--config.model.segment_length=16",
-        "--config.model.memory_length=16", "--config.model.compressed_memory_length=8",
-        "--config.log_every_steps=1", "--config.eval_every_steps=0",
-        "--config.checkpoint_every_steps=2", "--config.eval.max_segments=2"]
+TINY = [
+  "--config.num_train_steps=2",
+  "--config.batch_size=4",
+  "--config.segments_per_step=1",
+  "--config.model.num_layers=1",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_heads=2",
+  "--config.model.segment_length=16",
+  "--config.model.memory_length=16",
+  "--config.model.compressed_memory_length=8",
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=0",
+  "--config.checkpoint_every_steps=2",
+  "--config.eval.max_segments=2",
+]
 
 
 def recipe() -> list[list[str]]:
@@ -117,26 +138,35 @@ def test_the_data_md_tokenizer_recipe_trains_and_samples(tmp_path):
   pieces = int(re.search(r": (\d+) pieces", wrote).group(1))
   assert pieces < 4096 and wrote.endswith(f"--config.model.vocab_size={pieces}"), wrote
   assert "I0" not in outputs[0].stderr  # no absl prefix
-  assert f"model.vocab_size=4096 is larger than the tokenizer's {pieces} pieces" in \
-      outputs[1].stderr
+  assert (
+    f"model.vocab_size=4096 is larger than the tokenizer's {pieces} pieces" in outputs[1].stderr
+  )
   # The sample: the prompt and 200 tokens' text, every one a piece.
   text = outputs[2].stdout
-  prompt = [w for w in commands[2] if w.startswith("--prompt=")][0][len("--prompt="):]
+  prompt = [w for w in commands[2] if w.startswith("--prompt=")][0][len("--prompt=") :]
   assert text.startswith(prompt) and len(text) > len(prompt) + 50, text
   assert outputs[2].stderr.count("\n") <= 2, outputs[2].stderr  # no traceback
 
 
 def test_train_tokenizer_prints_its_pieces_and_the_vocab_size_to_train_with(tmp_path):
   (tmp_path / "input.txt").write_text("\n\n".join(generated_texts(60)))
-  r = inprocess.run("train_tokenizer.py", [
-      "--config=default", "--config.data.source=text_files",
-      "--config.data.text_files.path=input.txt", "--config.data.spm_model=m.model",
-      "--config.data.spm_vocab_size=4096"], cwd=str(tmp_path))
+  r = inprocess.run(
+    "train_tokenizer.py",
+    [
+      "--config=default",
+      "--config.data.source=text_files",
+      "--config.data.text_files.path=input.txt",
+      "--config.data.spm_model=m.model",
+      "--config.data.spm_vocab_size=4096",
+    ],
+    cwd=str(tmp_path),
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   pieces = data_lib.SentencePieceTokenizer(str(tmp_path / "m.model")).vocab_size
   assert r.stdout.strip().splitlines()[-1] == (
-      f"wrote m.model: {pieces} pieces (fewer than data.spm_vocab_size=4096: the corpus has no "
-      f"more); train with --config.data.tokenizer=sentencepiece --config.data.spm_model=m.model "
-      f"--config.model.vocab_size={pieces}")
+    f"wrote m.model: {pieces} pieces (fewer than data.spm_vocab_size=4096: the corpus has no "
+    f"more); train with --config.data.tokenizer=sentencepiece --config.data.spm_model=m.model "
+    f"--config.model.vocab_size={pieces}"
+  )
   # Its log lines carry the tools' short prefix, not absl's.
   assert not re.search(r"^[IWE]\d{4} ", r.stderr, re.M), r.stderr

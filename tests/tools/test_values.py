@@ -52,16 +52,28 @@ def refused(config, field):
 
 
 def test_the_float_fields_are_found_in_every_section():
-  assert {"optimizer.learning_rate", "optimizer.eps", "optimizer.b2", "model.dropout_rate",
-          "data.books.heldout_fraction", "data.text_files.heldout_fraction",
-          "data.hf_datasets.heldout_fraction", "data.spm_character_coverage"} <= set(FLOAT_FIELDS)
+  assert {
+    "optimizer.learning_rate",
+    "optimizer.eps",
+    "optimizer.b2",
+    "model.dropout_rate",
+    "data.books.heldout_fraction",
+    "data.text_files.heldout_fraction",
+    "data.hf_datasets.heldout_fraction",
+    "data.spm_character_coverage",
+  } <= set(FLOAT_FIELDS)
 
 
 @pytest.mark.parametrize("field", FLOAT_FIELDS)
-@pytest.mark.parametrize("bad, what", [(1e39, "overflows to inf in float32"),
-                                       (1e-300, "underflows to 0 in float32"),
-                                       (-1e-41, "underflows to the subnormal"),
-                                       (float("nan"), "must be")])
+@pytest.mark.parametrize(
+  "bad, what",
+  [
+    (1e39, "overflows to inf in float32"),
+    (1e-300, "underflows to 0 in float32"),
+    (-1e-41, "underflows to the subnormal"),
+    (float("nan"), "must be"),
+  ],
+)
 def test_every_float_field_is_checked_as_float32(field, bad, what):
   # Every float field of the config, found by walking it: a field added
   # later is checked by its group (values.check_fields: its range, or
@@ -88,8 +100,11 @@ def test_a_float_a_schema_declares_by_its_annotation_alone_is_held_to_float32():
   class Schema:
     scale: float = 1.0
 
-  for bad, what in ((1e39, "overflows to inf in float32"), (1e-300, "underflows to 0"),
-                    (float("nan"), "must be a number that float32 holds")):
+  for bad, what in (
+    (1e39, "overflows to inf in float32"),
+    (1e-300, "underflows to 0"),
+    (float("nan"), "must be a number that float32 holds"),
+  ):
     with pytest.raises(ConfigError) as raised:
       values.from_dict(Schema, {"scale": bad}, "data.toy.")
     assert str(raised.value).startswith("data.toy.scale=") and what in str(raised.value)
@@ -97,9 +112,15 @@ def test_a_float_a_schema_declares_by_its_annotation_alone_is_held_to_float32():
 
 
 def test_a_field_no_group_has_is_refused_by_name():
-  for section, where in ((None, "top level"), ("optimizer", "optimizer"), ("eval", "eval"),
-                         ("mesh", "mesh"), ("model", "model"), ("data.synthetic", "data.synthetic"),
-                         ("data.books", "data.books")):
+  for section, where in (
+    (None, "top level"),
+    ("optimizer", "optimizer"),
+    ("eval", "eval"),
+    ("mesh", "mesh"),
+    ("model", "model"),
+    ("data.synthetic", "data.synthetic"),
+    ("data.books", "data.books"),
+  ):
     config = tiny_experiment()
     target = config
     for part in (section or "").split(".") if section else ():
@@ -109,51 +130,74 @@ def test_a_field_no_group_has_is_refused_by_name():
     with pytest.raises(ConfigError) as raised:
       config_lib.check(config)
     name = "new_scale" if section is None else f"{section}.new_scale"
-    assert str(raised.value).startswith(f"{name} is not a field of this version's config "
-                                        f"({where}: "), str(raised.value)
+    assert str(raised.value).startswith(
+      f"{name} is not a field of this version's config ({where}: "
+    ), str(raised.value)
 
 
-@pytest.mark.parametrize("field, value, expected", [
+@pytest.mark.parametrize(
+  "field, value, expected",
+  [
     ("optimizer.learning_rate", 1e39, "overflows to inf in float32"),
     ("optimizer.weight_decay", 1e39, "overflows to inf in float32"),
     ("optimizer.eps", 1e-300, "underflows to 0 in float32"),
     ("optimizer.eps", 1e-40, "underflows to the subnormal"),
-    ("optimizer.b2", 0.9999999999, "(it is 1.0 in float32, the dtype it has on the device) "
-                                   "must be in [0, 1)"),
+    (
+      "optimizer.b2",
+      0.9999999999,
+      "(it is 1.0 in float32, the dtype it has on the device) must be in [0, 1)",
+    ),
     ("optimizer.b1", 0.99999999999, "(it is 1.0 in float32"),
     ("model.dropout_rate", 0.99999999999, "(it is 1.0 in float32"),
     ("optimizer.learning_rate", 0.0, "must be a finite number > 0"),
     ("optimizer.grad_clip_norm", -math.inf, "must be > 0 (inf: no clipping)"),
-])
+  ],
+)
 def test_values_the_device_would_change_are_refused_naming_the_field(field, value, expected):
   assert expected in refused(tiny_experiment(**{field: value}), field)
 
 
 def test_the_products_the_optimizer_computes_are_checked_too():
-  message = refused(tiny_experiment(**{"optimizer.learning_rate": 1e20,
-                                       "optimizer.weight_decay": 1e20}),
-                    "optimizer.learning_rate x optimizer.weight_decay")
+  message = refused(
+    tiny_experiment(**{"optimizer.learning_rate": 1e20, "optimizer.weight_decay": 1e20}),
+    "optimizer.learning_rate x optimizer.weight_decay",
+  )
   assert "overflows to inf in float32" in message
-  message = refused(tiny_experiment(**{"optimizer.learning_rate": 1e-30,
-                                       "optimizer.final_lr_fraction": 1e-10}),
-                    "optimizer.learning_rate x optimizer.final_lr_fraction")
+  message = refused(
+    tiny_experiment(**{"optimizer.learning_rate": 1e-30, "optimizer.final_lr_fraction": 1e-10}),
+    "optimizer.learning_rate x optimizer.final_lr_fraction",
+  )
   assert "underflows" in message
 
 
 def test_values_float32_holds_and_infinite_clipping_are_accepted():
   # Accepted as given: a check that clamped or rounded them would fail here.
-  optimizer = config_lib.check(tiny_experiment(**{
-      "optimizer.grad_clip_norm": math.inf, "optimizer.eps": 1e-37,
-      "optimizer.b2": 0.9999999})).train.optimizer
+  optimizer = config_lib.check(
+    tiny_experiment(
+      **{"optimizer.grad_clip_norm": math.inf, "optimizer.eps": 1e-37, "optimizer.b2": 0.9999999}
+    )
+  ).train.optimizer
   assert (optimizer.grad_clip_norm, optimizer.eps, optimizer.b2) == (math.inf, 1e-37, 0.9999999)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("seed", -1), ("seed", 2**32 - 1), ("seed", 2**32), ("seed", 2**64), ("seed", True),
-    ("data.synthetic.seed", -1), ("data.recall.seed", -1), ("data.spm_train_seed", 2**32),
-    ("data.cache_tokens", -1), ("optimizer.warmup_steps", 2**31), ("eval.max_segments", 2**31),
-    ("eval.memory_length", 2**31), ("eval.batch_size", -2),
-])
+@pytest.mark.parametrize(
+  "field, value",
+  [
+    ("seed", -1),
+    ("seed", 2**32 - 1),
+    ("seed", 2**32),
+    ("seed", 2**64),
+    ("seed", True),
+    ("data.synthetic.seed", -1),
+    ("data.recall.seed", -1),
+    ("data.spm_train_seed", 2**32),
+    ("data.cache_tokens", -1),
+    ("optimizer.warmup_steps", 2**31),
+    ("eval.max_segments", 2**31),
+    ("eval.memory_length", 2**31),
+    ("eval.batch_size", -2),
+  ],
+)
 def test_integers_are_checked_against_the_range_their_use_allows(field, value):
   config = tiny_experiment()
   config.data.recall.seed = 0
@@ -186,13 +230,16 @@ def flag():
     delattr(flags.FLAGS, name)
 
 
-@pytest.mark.parametrize("value, interval, expected", [
+@pytest.mark.parametrize(
+  "value, interval, expected",
+  [
     (1e39, "[0, inf)", "--h31_float=1e+39 overflows to inf in float32"),
     (1e-300, "(0, 1]", "--h31_float=1e-300 underflows to 0 in float32"),
     (0.99999999999, "(0, 1)", "--h31_float=0.99999999999 (it is 1.0 in float32"),
     (float("nan"), "[0, inf)", "--h31_float=nan must be a number in [0, inf)"),
     (-0.5, "[0, inf)", "--h31_float=-0.5 must be a number in [0, inf)"),
-])
+  ],
+)
 def test_a_float_flag_is_checked_as_float32(flag, value, interval, expected):
   cli_flags.validate_number_flag("h31_float", interval)
   with pytest.raises(flags.IllegalFlagValueError) as raised:
@@ -203,8 +250,10 @@ def test_a_float_flag_is_checked_as_float32(flag, value, interval, expected):
 
 def test_an_integer_flag_is_checked_against_its_range(flag):
   cli_flags.validate_int_flag("h31_int", "[-1, 2**31)")
-  with pytest.raises(flags.IllegalFlagValueError,
-                     match=r": --h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)"):
+  with pytest.raises(
+    flags.IllegalFlagValueError,
+    match=r": --h31_int=2147483648 must be an integer in \[-1, 2\*\*31\)",
+  ):
     flag.h31_int = 2**31
   flag.h31_int = -1
   cli_flags.validate_number_flag("h31_float", "[0, inf)", dtype="float64")  # a host-only value
@@ -250,8 +299,11 @@ def test_every_numeric_flag_of_every_tool_checks_its_own_value(tool, tool_flags)
   # defined (cli_flags.validate_int_flag, cli_flags.validate_number_flag): absl runs it
   # as the command line is parsed. A value beyond every range is refused,
   # naming the flag, so the check is a real one.
-  numeric = {name: flag for name, flag in tool_flags(tool).items()
-             if isinstance(flag.parser, (flags.IntegerParser, flags.FloatParser))}
+  numeric = {
+    name: flag
+    for name, flag in tool_flags(tool).items()
+    if isinstance(flag.parser, (flags.IntegerParser, flags.FloatParser))
+  }
   unchecked = {name for name, flag in numeric.items() if not flag.validators} - CHECKED_TOGETHER
   assert not unchecked, f"{tool}: numeric flags without a check: {sorted(unchecked)}"
   for name, flag in numeric.items():
@@ -267,36 +319,47 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
   # entry points print the message alone (the table of user messages in
   # test_entry_point_errors.py runs the tools).
   error = flags.IllegalFlagValueError("flag --step=-1: --step=-1 must be >= 0, below 2**31")
-  assert (cli_config.parse_failure(["eval.py", "--step=-1"], error)
-          == "--step=-1 must be >= 0, below 2**31")
+  assert (
+    cli_config.parse_failure(["eval.py", "--step=-1"], error)
+    == "--step=-1 must be >= 0, below 2**31"
+  )
 
 
-@pytest.mark.parametrize("address, processes, process, expected", [
+@pytest.mark.parametrize(
+  "address, processes, process, expected",
+  [
     ("localhost", 2, 0, "coordinator_address='localhost' must be HOST:PORT"),
     ("localhost:99999", 2, 0, "with a port in [1, 65535]"),
     ("localhost:1234", 0, 0, "num_processes=0 must be an integer >= 1"),
     ("localhost:1234", 2, 2, "process_id=2 must be an integer in [0, num_processes=2)"),
     ("localhost:1234", 2, -1, "process_id=-1 must be"),
-])
+  ],
+)
 def test_the_multi_host_values_are_checked_before_jax_waits_for_peers(
-    address, processes, process, expected):
+  address, processes, process, expected
+):
   with pytest.raises(ConfigError, match=re.escape(expected)):
-    processes_lib.initialize_distributed(coordinator_address=address, num_processes=processes,
-                                    process_id=process)
+    processes_lib.initialize_distributed(
+      coordinator_address=address, num_processes=processes, process_id=process
+    )
 
 
 # -- Sizes of every kind go through the memory estimate, before anything is built. --
 
 
-@pytest.mark.parametrize("field, value, expected", [
+@pytest.mark.parametrize(
+  "field, value, expected",
+  [
     ("model.d_ff", 2**31 - 1, "training this config needs at least"),
     ("model.vocab_size", 2**31 - 1, "training this config needs at least"),
     ("eval.memory_length", 10**9, "evaluating this config needs at least"),
     ("eval.batch_size", 2**30, "evaluating this config needs at least"),
-])
+  ],
+)
 def test_every_size_is_estimated_before_the_model_is_built(field, value, expected, monkeypatch):
   def never(*args):
     raise AssertionError("the model was built before the estimate")
+
   monkeypatch.setattr(config_lib, "abstract_model", never)
   with pytest.raises(ConfigError, match=expected):
     config_lib.check(tiny_experiment(**{field: value}))
@@ -309,10 +372,13 @@ def test_evaluation_sizes_are_estimated_for_the_tools_too():
     config_lib.check_saved(tiny_experiment(), sizes={"memory_length": 2**31 - 1})
 
 
-@pytest.mark.parametrize("shape,said", [
+@pytest.mark.parametrize(
+  "shape,said",
+  [
     (("0", "1", "1"), "entries must be positive integers or -1"),
     (("-1", "-1", "1"), "has more than one -1"),
-])
+  ],
+)
 def test_a_bad_mesh_shape_for_a_saved_config_points_at_mesh_shape(shape, said):
   # A mesh.shape entry is refused as a mesh error (MeshError): a tool reading
   # a saved config (its --mesh_shape) says how to choose this machine's mesh.
@@ -326,18 +392,25 @@ def test_a_targets_memory_bounds_the_size_before_the_model_is_built(monkeypatch)
   # refused in a moment, not after minutes of building it.
   monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
   with pytest.raises(ConfigError, match=r"needs at least .* of cpu's memory"):
-    config_lib.check(tiny_experiment(**{"model.num_layers": 64, "model.d_model": 4096}),
-                     num_devices=1, capacity=(2**30, "cpu's memory"))
+    config_lib.check(
+      tiny_experiment(**{"model.num_layers": 64, "model.d_model": 4096}),
+      num_devices=1,
+      capacity=(2**30, "cpu's memory"),
+    )
 
 
-@pytest.mark.parametrize("layers, scan, expected", [
+@pytest.mark.parametrize(
+  "layers, scan, expected",
+  [
     (20000, False, "unrolled layers is more than 64, .* set model.scan_layers=True"),
     (MAX_UNROLLED_LAYERS + 1, False, "set model.scan_layers=True"),
     (20000, True, "more than 128 layers, which take minutes to build even scanned"),
     (2**31 - 1, True, "more than 128 layers"),
-])
+  ],
+)
 def test_a_model_too_deep_to_build_in_time_is_refused_before_it_is_built(
-    layers, scan, expected, monkeypatch):
+  layers, scan, expected, monkeypatch
+):
   # A tiny model of 20,000 layers fits any memory, but building it (every
   # layer's initialisers traced: time growing as the layers squared) and
   # compiling it unrolled takes minutes to hours: train.py, the tools that
@@ -347,10 +420,12 @@ def test_a_model_too_deep_to_build_in_time_is_refused_before_it_is_built(
   monkeypatch.setattr(config_lib, "abstract_model", lambda *a: pytest.fail("built"))
   config = lambda: tiny_experiment(**{"model.num_layers": layers, "model.scan_layers": scan})
   start = time.monotonic()
-  for check in (lambda: config_lib.check(config()),
-                lambda: config_lib.check_saved(config()),
-                lambda: config_lib.check(config(), num_devices=1, capacity=(2**40, "cpu's memory")),
-                lambda: ModelConfig.from_config(config().model)):
+  for check in (
+    lambda: config_lib.check(config()),
+    lambda: config_lib.check_saved(config()),
+    lambda: config_lib.check(config(), num_devices=1, capacity=(2**40, "cpu's memory")),
+    lambda: ModelConfig.from_config(config().model),
+  ):
     with pytest.raises(ConfigError, match=expected) as e:
       check()
     assert "\n" not in str(e.value)
@@ -361,7 +436,8 @@ def test_the_deepest_allowed_models_pass_the_model_check():
   # The bounds leave room above the paper's deepest model (36 layers).
   for layers, scan in ((36, False), (MAX_UNROLLED_LAYERS, False), (MAX_LAYERS, True)):
     assert ModelConfig.from_config(
-        tiny_experiment(**{"model.num_layers": layers, "model.scan_layers": scan}).model)
+      tiny_experiment(**{"model.num_layers": layers, "model.scan_layers": scan}).model
+    )
   assert MAX_UNROLLED_LAYERS >= 36
 
 
@@ -371,25 +447,30 @@ def test_the_deepest_allowed_models_pass_the_model_check():
 def strict_json(text):
   def refuse(constant):
     raise AssertionError(f"{constant} is not JSON")
+
   return json.loads(text, parse_constant=refuse)
 
 
 def test_non_finite_results_are_named_or_written_as_null():
   result = {"loss": float("nan"), "bits": [1.0, float("inf")], "split": "test", "n": 3}
   assert values.non_finite(result) == ["loss=nan", "bits[1]=inf"]
-  assert values.finite_or_null(result) == {"loss": None, "bits": [1.0, None], "split": "test",
-                                          "n": 3}
+  assert values.finite_or_null(result) == {
+    "loss": None,
+    "bits": [1.0, None],
+    "split": "test",
+    "n": 3,
+  }
   strict_json(json.dumps(values.finite_or_null(result), allow_nan=False))
 
 
 def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):
   from compressive.training.metrics import MetricWriter
+
   writer = MetricWriter(str(tmp_path), "eval")
   writer.write(6, {"loss": float("nan"), "bits_per_token": 1.5})
   writer.close()
   lines = (tmp_path / "metrics_eval.jsonl").read_text().splitlines()
-  assert [strict_json(line) for line in lines] == [{"step": 6, "loss": None,
-                                                    "bits_per_token": 1.5}]
+  assert [strict_json(line) for line in lines] == [{"step": 6, "loss": None, "bits_per_token": 1.5}]
 
 
 def test_the_tools_write_results_only_through_the_one_writer_that_refuses_nan():
@@ -420,9 +501,13 @@ runpy.run_module("compressive.eval", run_name="__main__")
 def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
   workdir = untrained_workdir(tmp_path / "wd")
   before = sorted(p.name for p in pathlib.Path(workdir).iterdir())
-  r = subprocess.run([sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test",
-                      "--max_segments=1"], capture_output=True, text=True, timeout=300,
-                     cwd=ROOT)
+  r = subprocess.run(
+    [sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test", "--max_segments=1"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
   lines = r.stderr.strip().splitlines()
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert lines[-1].startswith("error: ") and "loss=nan" in lines[-1], lines[-3:]
@@ -430,9 +515,17 @@ def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
   assert sorted(p.name for p in pathlib.Path(workdir).iterdir()) == before
 
 
-@pytest.mark.parametrize("seconds,shown", [(0, "0:00:00"), (59.9, "0:00:59"), (61, "0:01:01"),
-                                           (3 * 3600 + 125, "3:02:05"), (-5, "0:00:00"),
-                                           (100 * 3600, "100:00:00")])
+@pytest.mark.parametrize(
+  "seconds,shown",
+  [
+    (0, "0:00:00"),
+    (59.9, "0:00:59"),
+    (61, "0:01:01"),
+    (3 * 3600 + 125, "3:02:05"),
+    (-5, "0:00:00"),
+    (100 * 3600, "100:00:00"),
+  ],
+)
 def test_a_duration_is_shown_as_hours_minutes_seconds(seconds, shown):
   assert values.hms(seconds) == shown
 

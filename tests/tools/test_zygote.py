@@ -42,8 +42,9 @@ def script(tmp_path):
 
 
 def run(script, *args, **kwargs):
-  return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                        timeout=120, **kwargs)
+  return subprocess.run(
+    [sys.executable, script, *args], capture_output=True, text=True, timeout=120, **kwargs
+  )
 
 
 @pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
@@ -59,8 +60,13 @@ def test_a_forked_child_is_a_process_as_python_starts_it(script, tmp_path):
 
 @pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
 def test_a_forked_child_takes_signals_and_reports_them(script):
-  p = subprocess.Popen([sys.executable, script, "wait"], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  p = subprocess.Popen(
+    [sys.executable, script, "wait"],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   assert p.stdout.readline().startswith("argv ['wait']")
   p.send_signal(signal.SIGTERM)
   p.communicate(timeout=60)
@@ -68,10 +74,13 @@ def test_a_forked_child_takes_signals_and_reports_them(script):
 
 
 @pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
-@pytest.mark.parametrize("variable, forked", [
+@pytest.mark.parametrize(
+  "variable, forked",
+  [
     ("JAX_DEBUG_NANS", True),  # a JAX option: set in the forked child
     ("JAX_DISABLE_MOST_OPTIMIZATIONS", False),  # a flag JAX reads at import: a new interpreter
-])
+  ],
+)
 def test_a_jax_variable_reaches_the_child_as_jax_reads_it(script, variable, forked):
   option = variable.lower()
   value = os.environ.get(variable, "0").lower() not in ("1", "true")  # the other one

@@ -24,8 +24,12 @@ from helpers import checked, run_identity_of, tiny_experiment, to_train, tree_di
 
 
 def config(**overrides):
-  values = {"num_train_steps": 6, "checkpoint_every_steps": 2, "eval_every_steps": 0,
-            "keep_checkpoints": 3}
+  values = {
+    "num_train_steps": 6,
+    "checkpoint_every_steps": 2,
+    "eval_every_steps": 0,
+    "keep_checkpoints": 3,
+  }
   values.update(overrides)
   return tiny_experiment(**values)
 
@@ -52,13 +56,17 @@ def params_of(model):
 def flip_bytes(step_dir, fraction, count=8):
   """XORs `count` bytes at `fraction` of the largest data file of a
   checkpoint's state, as a bad disk or a stray write would."""
-  files = [os.path.join(root, name) for root, _, names in os.walk(step_dir / "state")
-           for name in names if os.sep + "d" + os.sep in os.path.join(root, name)]
+  files = [
+    os.path.join(root, name)
+    for root, _, names in os.walk(step_dir / "state")
+    for name in names
+    if os.sep + "d" + os.sep in os.path.join(root, name)
+  ]
   path = max(files, key=os.path.getsize)
   with open(path, "rb") as f:
     data = bytearray(f.read())
   at = int(len(data) * fraction)
-  data[at:at + count] = bytes(b ^ 0x5A for b in data[at:at + count])
+  data[at : at + count] = bytes(b ^ 0x5A for b in data[at : at + count])
   with open(path, "wb") as f:
     f.write(data)
 
@@ -66,14 +74,16 @@ def flip_bytes(step_dir, fraction, count=8):
 def abstract_state():
   experiment = config_lib.check(config())
   params = train_step.abstract_model(experiment)[2]
-  return train_step.abstract_train_state(experiment.train, params,
-                                         train_step.make_optimizer(experiment.train, params))
+  return train_step.abstract_train_state(
+    experiment.train, params, train_step.make_optimizer(experiment.train, params)
+  )
 
 
 def orbax_alone(step_dir):
   """What Orbax itself restores, with no checks of ours: the arrays' bytes."""
-  state = ocp.StandardCheckpointer().restore(str(step_dir / "state"),
-                                             trees.abstract(abstract_state()))
+  state = ocp.StandardCheckpointer().restore(
+    str(step_dir / "state"), trees.abstract(abstract_state())
+  )
   return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
@@ -103,11 +113,13 @@ def test_flipped_bytes_are_named_never_restored(trained, tmp_path):
 
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_it(
-    workdir, trained, tmp_path):
+  workdir, trained, tmp_path
+):
   flip_bytes(workdir / "checkpoints" / "6", 0.5)
   longer = config(num_train_steps=8)
-  with pytest.raises(integrity.DamagedCheckpointError,
-                     match="checkpoints/6 is damaged.*--restore_intact"):
+  with pytest.raises(
+    integrity.DamagedCheckpointError, match="checkpoints/6 is damaged.*--restore_intact"
+  ):
     train_lib.train_and_evaluate(to_train(longer), str(workdir))
   # --restore_intact resumes from step 4, and the damaged step is kept aside
   # (rotation would otherwise delete it as the oldest).
@@ -124,8 +136,9 @@ def test_a_damaged_newest_checkpoint_stops_the_resume_and_restore_intact_skips_i
 
 @pytest.mark.slow
 def test_a_missing_step_is_named_with_the_saved_ones(workdir):
-  with pytest.raises(ckpt_lib.MissingStepError,
-                     match=r"no checkpoint of step 5 in .*; saved steps are \[2, 4, 6\]") as info:
+  with pytest.raises(
+    ckpt_lib.MissingStepError, match=r"no checkpoint of step 5 in .*; saved steps are \[2, 4, 6\]"
+  ) as info:
     compressive.load(str(workdir), 5)
   assert "restore_intact" not in str(info.value) and "damaged" not in str(info.value)
 
@@ -142,8 +155,11 @@ def test_another_model_is_a_shape_mismatch_and_restore_intact_keeps_every_checkp
       train_lib.train_and_evaluate(to_train(narrow), str(workdir), restore_intact=intact)
     message = str(info.value)
     assert "parameter shapes differ" in message and "restore_intact" not in message
-    assert re.search(r"\(\d+ of \d+ have other shapes, saved -> config: "
-                     r"blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)", message)
+    assert re.search(
+      r"\(\d+ of \d+ have other shapes, saved -> config: "
+      r"blocks/0/\S+ \([\d, ]+\) -> \([\d, ]+\)",
+      message,
+    )
   assert tree_digest(workdir / "checkpoints") == before  # nothing skipped, deleted or trained
 
 
@@ -153,11 +169,14 @@ def test_restore_intact_stops_when_no_checkpoint_restores(workdir):
     for root, _, files in os.walk(workdir / "checkpoints" / str(step) / "state"):
       for name in files:
         open(os.path.join(root, name), "wb").close()
-  with pytest.raises(CheckpointError,
-                     match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged"
-                           r".*nothing was trained"):
-    train_lib.train_and_evaluate(to_train(config(num_train_steps=8)), str(workdir),
-                                 restore_intact=True)
+  with pytest.raises(
+    CheckpointError,
+    match=r"no checkpoint in .* restores: steps \[6, 4, 2\] are damaged"
+    r".*nothing was trained",
+  ):
+    train_lib.train_and_evaluate(
+      to_train(config(num_train_steps=8)), str(workdir), restore_intact=True
+    )
   assert sorted(os.listdir(workdir / "checkpoints" / "skipped")) == ["2", "4", "6"]
   assert not os.path.exists(workdir / "checkpoints" / "8")
 
@@ -181,8 +200,9 @@ def test_a_reader_that_loses_a_race_with_rotation_reads_the_newest(workdir, monk
 
 
 @pytest.mark.slow
-def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(tmp_path,
-                                                                              monkeypatch):
+def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
+  tmp_path, monkeypatch
+):
   # Step 4's state holds a NaN (as a silent overflow would leave it) while
   # its loss is finite: the save refuses it, and the stop names step 2, the
   # newest checkpoint that verifies (a NaN-holding step 4 was once saved, and
@@ -191,13 +211,15 @@ def test_a_non_finite_state_is_never_saved_and_the_stop_names_the_newest_intact(
 
   def poisoned(self, step, state, *rest):
     if step == 4:
-      state = state.replace(params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(np.nan),
-                                                state.params))
+      state = state.replace(
+        params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(np.nan), state.params)
+      )
     return real(self, step, state, *rest)
 
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", poisoned)
-  with pytest.raises(NonFiniteError,
-                     match="at step 4 .* not saved; the newest intact checkpoint is step 2"):
+  with pytest.raises(
+    NonFiniteError, match="at step 4 .* not saved; the newest intact checkpoint is step 2"
+  ):
     train_lib.train_and_evaluate(to_train(config()), str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "workdir.json"]
 
@@ -223,6 +245,7 @@ def test_a_checkpoint_from_before_a_memory_field_existed_restores_it_empty(tmp_p
   # Checkpoints written before the memory counted `visits` still resume:
   # the saved fields come back, the new one starts empty.
   from helpers import tiny_model_config
+
   memory = compressive.init_memory(tiny_model_config(), 2)
   memory = jax.tree.map(lambda x: x + np.ones_like(x), memory)  # nothing empty
   state = {"w": np.arange(3.0, dtype=np.float32)}

@@ -38,8 +38,13 @@ def folder_bytes(path) -> int:
 def workdir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("export") / "wd")
   train_lib.train_and_evaluate(
-      to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2, eval_every_steps=0,
-                      log_every_steps=2)), path)
+    to_train(
+      tiny_experiment(
+        num_train_steps=4, checkpoint_every_steps=2, eval_every_steps=0, log_every_steps=2
+      )
+    ),
+    path,
+  )
   return path
 
 
@@ -55,8 +60,9 @@ def exported(workdir, tmp_path_factory):
 
 
 def logits(model, config):
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, config.model.segment_length), 0,
-                              config.model.vocab_size)
+  tokens = jax.random.randint(
+    jax.random.PRNGKey(1), (2, config.model.segment_length), 0, config.model.vocab_size
+  )
   memory = compressive.init_memory(compressive.ModelConfig.from_config(config.model), batch_size=2)
   out, _, _ = model(tokens, memory, jnp.array([True, True]))
   return np.asarray(out)
@@ -92,6 +98,7 @@ def test_export_of_an_older_step_into_an_empty_folder(workdir, tmp_path):
 
 def test_damaged_export_is_refused(exported, tmp_path):
   import shutil
+
   copy = tmp_path / "copy"
   shutil.copytree(exported, copy)
   files = [os.path.join(d, f) for d, _, fs in os.walk(copy / "params") for f in fs]
@@ -108,7 +115,9 @@ def test_damaged_export_is_refused(exported, tmp_path):
     compressive.load(str(copy))
 
 
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize(
+  "args,message",
+  [
     (["--output={tmp}/o"], "--workdir is required"),
     (["--workdir={wd}"], "--output is required"),
     (["--workdir={tmp}/nowhere", "--output={tmp}/o"], "is not a training workdir"),
@@ -119,9 +128,20 @@ def test_damaged_export_is_refused(exported, tmp_path):
     (["--workdir={wd}", "--output={tmp}/o", "--step=-1"], "--step=-1 must be >= 0"),
     (["--workdir={export}", "--output={tmp}/o"], "is an export already"),
     (["--workdir={wd}", "--output={tmp}/o", "extra"], "unexpected arguments: extra"),
-], ids=["no workdir", "no output", "missing workdir", "output not empty", "output a file",
-        "output in checkpoints", "step not saved", "negative step", "export of an export",
-        "positional argument"])
+  ],
+  ids=[
+    "no workdir",
+    "no output",
+    "missing workdir",
+    "output not empty",
+    "output a file",
+    "output in checkpoints",
+    "step not saved",
+    "negative step",
+    "export of an export",
+    "positional argument",
+  ],
+)
 def test_mistakes_are_one_line_and_exit_2(workdir, exported, tmp_path, args, message):
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "x").write_text("")
@@ -152,19 +172,32 @@ def test_the_round_trip_runs_from_another_folder_with_relative_paths(workdir, tm
   # As a newcomer types it, in a project folder: every tool as a module, every
   # path relative (runs/tiny, exports/tiny, cfg.py).
   shutil.copytree(workdir, tmp_path / "runs" / "tiny")
-  write_config_file(tmp_path / "cfg.py", dict(num_train_steps=6, checkpoint_every_steps=2,
-                                              eval_every_steps=0, log_every_steps=1))
+  write_config_file(
+    tmp_path / "cfg.py",
+    dict(num_train_steps=6, checkpoint_every_steps=2, eval_every_steps=0, log_every_steps=1),
+  )
 
   def tool(name, *args):
-    r = subprocess.run([sys.executable, "-m", f"compressive.{name}", *args], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+      [sys.executable, "-m", f"compressive.{name}", *args],
+      cwd=tmp_path,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     assert r.returncode == 0, (name, r.stderr[-3000:])
     return r
 
   tool("train", "--config=cfg.py", "--workdir=runs/tiny")  # resumes 4 -> 6
   tool("export", "--workdir=runs/tiny", "--output=exports/tiny")
-  assert json.loads(tool("eval", "--workdir=exports/tiny", "--split=validation",
-                         "--max_segments=2").stdout.strip().splitlines()[-1])["step"] == 6
+  assert (
+    json.loads(
+      tool("eval", "--workdir=exports/tiny", "--split=validation", "--max_segments=2")
+      .stdout.strip()
+      .splitlines()[-1]
+    )["step"]
+    == 6
+  )
   assert tool("sample", "--workdir=exports/tiny", "--prompt=ab", "--num_tokens=4").stdout
   tool("analyze", "--workdir=exports/tiny", "--max_segments=8", "--buckets=2")
   _, model, step = compressive.load_with_step(str(tmp_path / "exports" / "tiny"))

@@ -57,11 +57,16 @@ ADAM_TOLERANCE = 1e-4
 
 def _batches(config, steps):
   tokenizer = data_lib.get_tokenizer(data_of(config.data))
-  it = data_lib.SegmentIterator(data_lib.get_documents(data_of(config.data), "train", tokenizer),
-                                batch_size=config.batch_size,
-                                segment_length=config.model.segment_length, seed=0)
-  return [prefetch.stack_segments([next(it) for _ in range(config.segments_per_step)])
-          for _ in range(steps)]
+  it = data_lib.SegmentIterator(
+    data_lib.get_documents(data_of(config.data), "train", tokenizer),
+    batch_size=config.batch_size,
+    segment_length=config.model.segment_length,
+    seed=0,
+  )
+  return [
+    prefetch.stack_segments([next(it) for _ in range(config.segments_per_step)])
+    for _ in range(steps)
+  ]
 
 
 def _one_step(accum, recon, sgd, warmup=2):
@@ -70,9 +75,13 @@ def _one_step(accum, recon, sgd, warmup=2):
   state they reached, on a batch where row 0 starts a new document: its
   micro-batch then evicts fewer valid memory slots, so the reconstruction
   loss's micro-batches weigh differently."""
-  config = tiny_experiment(**{
+  config = tiny_experiment(
+    **{
       "model.memory_length": 12,  # T=8: the evicted slots are partly empty
-      "model.reconstruction_loss": recon, "optimizer.eps": 1e-6})
+      "model.reconstruction_loss": recon,
+      "optimizer.eps": 1e-6,
+    }
+  )
   train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   model = ModelConfig.from_config(config.model)
   graphdef, template, params = train_step.build_model(model, config.seed)
@@ -90,12 +99,15 @@ def _one_step(accum, recon, sgd, warmup=2):
     s, m = jax.tree.map(jnp.copy, (state, memory))  # a step donates its inputs
     s, m, metrics = step(s, m, batches[-1])
     return jax.device_get((s.params, m, metrics))
+
   return last(full), last(accumulated)
 
 
 def _max_abs(a, b):
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)),
-                          initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
 @pytest.mark.slow  # three whole train steps compiled per case
@@ -106,8 +118,13 @@ def test_accumulated_step_equals_the_full_batch_step(accum, recon):
   assert _max_abs(ref[1], got[1]) < MEMORY_TOLERANCE  # every row keeps its own memory
   assert set(ref[2]) == set(got[2])
   for k in ref[2]:
-    np.testing.assert_allclose(np.asarray(got[2][k], np.float64), np.asarray(ref[2][k], np.float64),
-                               rtol=METRIC_RTOL, atol=1e-7, err_msg=k)
+    np.testing.assert_allclose(
+      np.asarray(got[2][k], np.float64),
+      np.asarray(ref[2][k], np.float64),
+      rtol=METRIC_RTOL,
+      atol=1e-7,
+      err_msg=k,
+    )
   assert float(ref[2]["reconstruction_loss"][-1]) > 0  # the weighting was exercised
   # The config's optimizer (Adam) too: the same new parameters.
   ref, got = _one_step(accum, recon, sgd=False)
@@ -125,9 +142,15 @@ def test_micro_batches_take_rows_from_every_data_shard():
 
 @pytest.mark.slow
 def test_resume_with_accumulation_is_bit_identical(tmp_path):
-  config = tiny_experiment(**{"grad_accum_steps": 2, "num_train_steps": 6,
-                              "checkpoint_every_steps": 3, "eval_every_steps": 0,
-                              "model.dropout_rate": 0.1})
+  config = tiny_experiment(
+    **{
+      "grad_accum_steps": 2,
+      "num_train_steps": 6,
+      "checkpoint_every_steps": 3,
+      "eval_every_steps": 0,
+      "model.dropout_rate": 0.1,
+    }
+  )
   # Step 4's log window (steps 3-4) straddles the restart.
   assert assert_stopped_and_resumed_like_straight(config, tmp_path, 3, 4) == [2, 4, 6]
 
@@ -138,13 +161,19 @@ def test_a_run_resumes_with_another_grad_accum_steps(tmp_path):
   # depend on the micro-batches) not the maths: a run checkpointed with 2
   # resumes with 1 and ends where a run with 2 throughout ends, within the
   # float noise of Adam over 12 updates (eps raised as in ADAM_TOLERANCE).
-  values = {"grad_accum_steps": 2, "num_train_steps": 6, "checkpoint_every_steps": 3,
-            "eval_every_steps": 0, "optimizer.eps": 1e-6}
+  values = {
+    "grad_accum_steps": 2,
+    "num_train_steps": 6,
+    "checkpoint_every_steps": 3,
+    "eval_every_steps": 0,
+    "optimizer.eps": 1e-6,
+  }
   config = tiny_experiment(**values)
   train_lib.train_and_evaluate(to_train(config), str(tmp_path / "straight"))
   train_lib.train_and_evaluate(to_train(config), str(tmp_path / "other"), stop_at_step=3)
-  train_lib.train_and_evaluate(to_train(tiny_experiment(**dict(values, grad_accum_steps=1))),
-                               str(tmp_path / "other"))
+  train_lib.train_and_evaluate(
+    to_train(tiny_experiment(**dict(values, grad_accum_steps=1))), str(tmp_path / "other")
+  )
   a = read_jsonl(str(tmp_path / "straight" / "metrics_train.jsonl"))
   c = read_jsonl(str(tmp_path / "other" / "metrics_train.jsonl"))
   assert [r["step"] for r in c] == [r["step"] for r in a] == [2, 4, 6]
@@ -208,12 +237,15 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
   # process): each micro-batch's rows split over both devices, and the memory
   # rows come back where they were.
   script = tmp_path / "dp.py"
-  script.write_text(textwrap.dedent(
-      DATA_PARALLEL.format(root=ROOT, tests=TESTS,
-                           here=os.path.dirname(os.path.abspath(__file__)))))
+  script.write_text(
+    textwrap.dedent(
+      DATA_PARALLEL.format(root=ROOT, tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)))
+    )
+  )
   env = process_env(devices=2, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-                     env=env, timeout=600)
+  r = subprocess.run(
+    [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   worst, rel = (float(v) for v in r.stdout.split("WORST")[1].split())
   assert worst < MEMORY_TOLERANCE and rel < METRIC_RTOL * 10, (worst, rel)

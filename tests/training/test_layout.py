@@ -19,19 +19,31 @@ from helpers import ROOT, tiny_experiment, to_train
 @pytest.mark.slow
 def test_a_finished_run_leaves_only_what_the_layout_names(tmp_path):
   workdir = tmp_path / "wd"
-  config = tiny_experiment(**{"num_train_steps": 4, "checkpoint_every_steps": 2,
-                              "eval_every_steps": 2})
+  config = tiny_experiment(
+    **{"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 2}
+  )
   loop.train_and_evaluate(to_train(config), str(workdir), profile_steps=(2, 3))
   run = layout.Workdir(str(workdir))
 
-  named = {run.config, run.lock, run.log, run.checkpoints, run.owner, run.profile,
-           run.curves, run.tensorboard(), *run.side_files, *run.side_folders,
-           *(run.metrics(name) for name in layout.METRICS)}
+  named = {
+    run.config,
+    run.lock,
+    run.log,
+    run.checkpoints,
+    run.owner,
+    run.profile,
+    run.curves,
+    run.tensorboard(),
+    *run.side_files,
+    *run.side_folders,
+    *(run.metrics(name) for name in layout.METRICS),
+  }
   for path in sorted(named):
     assert os.path.lexists(path), f"{path}: named by the layout, not written by a run"
   assert {os.path.join(workdir, n) for n in os.listdir(workdir)} <= named
   assert {os.path.join(run.tensorboard(), n) for n in os.listdir(run.tensorboard())} == {
-      run.tensorboard(name) for name in layout.METRICS}
+    run.tensorboard(name) for name in layout.METRICS
+  }
   for name in layout.METRICS:  # tensorboardX's names after the layout's prefix
     prefix = os.path.basename(run.events(name)) + ".out.tfevents."
     assert [n for n in os.listdir(run.tensorboard(name)) if not n.startswith(prefix)] == []
@@ -39,49 +51,108 @@ def test_a_finished_run_leaves_only_what_the_layout_names(tmp_path):
   steps = ckpt_lib.Checkpointer(str(workdir), read_only=True).all_steps()
   assert steps == [2, 4]
   assert sorted(os.listdir(run.checkpoints)) == sorted(
-      [layout.OWNER_FILE] + [str(step) for step in steps])
+    [layout.OWNER_FILE] + [str(step) for step in steps]
+  )
 
 
 def test_the_names_are_the_ones_on_disk():
   run, export = layout.Workdir("wd"), layout.Export("out")
-  assert [run.config, run.lock, run.log, run.checkpoints, run.owner, run.skipped,
-          run.tensorboard(), run.tensorboard("eval"), run.events("train"), run.profile,
-          run.curves, run.wandb] == [
-      "wd/config.json", "wd/train.lock", "wd/train.log", "wd/checkpoints",
-      "wd/checkpoints/workdir.json", "wd/checkpoints/skipped", "wd/tensorboard",
-      "wd/tensorboard/eval", "wd/tensorboard/train/events", "wd/profile", "wd/curves.png",
-      "wd/wandb"]
+  assert [
+    run.config,
+    run.lock,
+    run.log,
+    run.checkpoints,
+    run.owner,
+    run.skipped,
+    run.tensorboard(),
+    run.tensorboard("eval"),
+    run.events("train"),
+    run.profile,
+    run.curves,
+    run.wandb,
+  ] == [
+    "wd/config.json",
+    "wd/train.lock",
+    "wd/train.log",
+    "wd/checkpoints",
+    "wd/checkpoints/workdir.json",
+    "wd/checkpoints/skipped",
+    "wd/tensorboard",
+    "wd/tensorboard/eval",
+    "wd/tensorboard/train/events",
+    "wd/profile",
+    "wd/curves.png",
+    "wd/wandb",
+  ]
   assert [run.metrics(name) for name in layout.METRICS] == [
-      "wd/metrics_train.jsonl", "wd/metrics_eval.jsonl"]
-  assert run.side_files == ("wd/config.json", "wd/train.log", "wd/metrics_train.jsonl",
-                            "wd/metrics_eval.jsonl")
+    "wd/metrics_train.jsonl",
+    "wd/metrics_eval.jsonl",
+  ]
+  assert run.side_files == (
+    "wd/config.json",
+    "wd/train.log",
+    "wd/metrics_train.jsonl",
+    "wd/metrics_eval.jsonl",
+  )
   assert run.side_folders == ("wd/tensorboard", "wd/tensorboard/train", "wd/tensorboard/eval")
   assert run.eval_result("validation", 4) == "wd/eval_validation_step4.json"
-  assert (run.analysis_result("loss_by_position", "test", "_memory_length4", "png")
-          == "wd/analysis_loss_by_position_test_memory_length4.png")
+  assert (
+    run.analysis_result("loss_by_position", "test", "_memory_length4", "png")
+    == "wd/analysis_loss_by_position_test_memory_length4.png"
+  )
   assert [export.config, export.manifest, export.params, layout.Export.partial("p", 7)] == [
-      "out/config.json", "out/export.json", "out/params", "p/.compressive-export-partial-7"]
-  assert [layout.set_aside_lock(3), layout.aside("wd/train.log"), layout.aside("wd/train.log", 2),
-          layout.damaged("wd/config.json")] == [
-      "train.lock.set-aside-3", "wd/train.log.aside", "wd/train.log.aside.2",
-      "wd/config.json.damaged"]
+    "out/config.json",
+    "out/export.json",
+    "out/params",
+    "p/.compressive-export-partial-7",
+  ]
+  assert [
+    layout.set_aside_lock(3),
+    layout.aside("wd/train.log"),
+    layout.aside("wd/train.log", 2),
+    layout.damaged("wd/config.json"),
+  ] == [
+    "train.lock.set-aside-3",
+    "wd/train.log.aside",
+    "wd/train.log.aside.2",
+    "wd/config.json.damaged",
+  ]
 
 
 # Every name of the layout, whole: a string constant (or a path component of
 # one, or of an f-string's text) equal to one is a module spelling it.
-NAMES = {layout.CONFIG_FILE, layout.LOCK_FILE, layout.LOG_FILE, layout.CHECKPOINT_DIR,
-         layout.OWNER_FILE, layout.SKIPPED_DIR, layout.TENSORBOARD_DIR, layout.PROFILE_DIR,
-         layout.EXPORT_FILE, layout.PARAMS_DIR, layout.PARTIAL_EXPORT_PREFIX,
-         layout.WANDB_DIR, os.path.basename(layout.Workdir("").events("train"))}
+NAMES = {
+  layout.CONFIG_FILE,
+  layout.LOCK_FILE,
+  layout.LOG_FILE,
+  layout.CHECKPOINT_DIR,
+  layout.OWNER_FILE,
+  layout.SKIPPED_DIR,
+  layout.TENSORBOARD_DIR,
+  layout.PROFILE_DIR,
+  layout.EXPORT_FILE,
+  layout.PARAMS_DIR,
+  layout.PARTIAL_EXPORT_PREFIX,
+  layout.WANDB_DIR,
+  os.path.basename(layout.Workdir("").events("train")),
+}
 # The names made from values, as their f-string reads with each {value} as {}.
-PATTERNS = (r"^metrics_.*\.jsonl$", r"^metrics_\{\}", r"^eval_.*_step.*\.json$", r"^eval_\{\}_step",
-            r"^analysis_.*\.(json|png)$", r"^analysis_\{\}",
-            r"\.set-aside-", r"\.aside(\.|$)", r"\.damaged$",
-            "^" + re.escape(layout.PARTIAL_EXPORT_PREFIX))
+PATTERNS = (
+  r"^metrics_.*\.jsonl$",
+  r"^metrics_\{\}",
+  r"^eval_.*_step.*\.json$",
+  r"^eval_\{\}_step",
+  r"^analysis_.*\.(json|png)$",
+  r"^analysis_\{\}",
+  r"\.set-aside-",
+  r"\.aside(\.|$)",
+  r"\.damaged$",
+  "^" + re.escape(layout.PARTIAL_EXPORT_PREFIX),
+)
 # Strings that hold a name but are no path on disk, each with why.
 NOT_PATHS = {
-    "params/": "the parameters' prefix of a train state's tree paths (trees.py), not the "
-               "export's folder",
+  "params/": "the parameters' prefix of a train state's tree paths (trees.py), not the "
+  "export's folder",
 }
 # The metric writers' names (metric_writers), spelled as names, not folders,
 # where they are declared: the config's default and the writers' registry.
@@ -91,24 +162,34 @@ WRITER_NAMES_IN = ("compressive/experiment.py", "compressive/training/writers.py
 
 def _docstrings(tree: ast.AST) -> set[int]:
   kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-  return {id(node.body[0].value) for node in ast.walk(tree)
-          if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
-          and isinstance(node.body[0].value, ast.Constant)
-          and isinstance(node.body[0].value.value, str)}
+  return {
+    id(node.body[0].value)
+    for node in ast.walk(tree)
+    if isinstance(node, kinds)
+    and node.body
+    and isinstance(node.body[0], ast.Expr)
+    and isinstance(node.body[0].value, ast.Constant)
+    and isinstance(node.body[0].value.value, str)
+  }
 
 
 def _texts(tree: ast.AST):
   """(line, text) of each string in the code that is not a docstring: a
   constant as it is, an f-string with each replacement field as {}."""
   docs = _docstrings(tree)
-  parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-           for v in node.values}
+  parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
   for node in ast.walk(tree):
     if isinstance(node, ast.JoinedStr):
-      yield node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}"
-                                 for v in node.values)
-    elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-          and id(node) not in docs and id(node) not in parts):
+      yield (
+        node.lineno,
+        "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values),
+      )
+    elif (
+      isinstance(node, ast.Constant)
+      and isinstance(node.value, str)
+      and id(node) not in docs
+      and id(node) not in parts
+    ):
       yield node.lineno, node.value
 
 
@@ -120,8 +201,9 @@ def spelled_names(source: str, where: str) -> list[str]:
     components = re.split(r"[/\\]", text)
     if text in NOT_PATHS or (text in WRITER_NAMES and where in WRITER_NAMES_IN):
       continue
-    if (any(c in NAMES for c in components)
-        or any(re.search(p, c) for p in PATTERNS for c in components)):
+    if any(c in NAMES for c in components) or any(
+      re.search(p, c) for p in PATTERNS for c in components
+    ):
       found.append(f"{where}:{line} {text!r}")
   return found
 
@@ -130,17 +212,24 @@ def _sources():
   root = pathlib.Path(ROOT)
   paths = sorted((root / "compressive").rglob("*.py"))
   paths += sorted(root.glob("*.py"))  # the root scripts, which only run the tools
-  return {str(p.relative_to(root)): p.read_text() for p in paths
-          if p != root / "compressive" / "training" / "layout.py"}
+  return {
+    str(p.relative_to(root)): p.read_text()
+    for p in paths
+    if p != root / "compressive" / "training" / "layout.py"
+  }
 
 
 def test_no_module_but_the_layout_spells_a_name():
   found = [hit for where, source in _sources().items() for hit in spelled_names(source, where)]
-  assert found == [], ("take these paths from compressive/training/layout.py (Workdir, "
-                       "Export), or list a string that is no path in NOT_PATHS with why")
+  assert found == [], (
+    "take these paths from compressive/training/layout.py (Workdir, "
+    "Export), or list a string that is no path in NOT_PATHS with why"
+  )
 
 
-@pytest.mark.parametrize("statement", [
+@pytest.mark.parametrize(
+  "statement",
+  [
     'path = os.path.join(workdir, "train.log")',
     'LOCK = "train.lock"',
     'logdir = os.path.join(workdir, "tensorboard", name)',
@@ -154,15 +243,18 @@ def test_no_module_but_the_layout_spells_a_name():
     'aside = path + ".damaged"',
     'manifest = os.path.join(path, "export.json")',
     'record = os.path.join(workdir, CHECKPOINT_DIR, "workdir.json")',
-])
+  ],
+)
 def test_the_check_names_a_module_that_spells_one(statement):
   [found] = spelled_names(f"import os\n\n{statement}\n", "m.py")
   assert found.startswith("m.py:3 ")
 
 
 def test_the_check_leaves_prose_and_docstrings_alone():
-  source = ('"""Writes config.json and train.log."""\n'
-            'def f():\n  """Reads metrics_train.jsonl."""\n'
-            '  raise ValueError("restore the run\'s config.json from a copy")\n'
-            'KEY = "eval_every_steps"\n')
+  source = (
+    '"""Writes config.json and train.log."""\n'
+    'def f():\n  """Reads metrics_train.jsonl."""\n'
+    '  raise ValueError("restore the run\'s config.json from a copy")\n'
+    'KEY = "eval_every_steps"\n'
+  )
   assert spelled_names(source, "m.py") == []

@@ -36,8 +36,15 @@ def model_config(mode, **overrides):
   compressed memory holds the last four segments' compressions (8 slots at
   rate 2): a segment's compression is attended by the next four segments.
   No reconstruction loss: every gradient the compressor gets is the LM's."""
-  values = dict(num_layers=1, segment_length=T, memory_length=T, compressed_memory_length=8,
-                compression_rate=2, reconstruction_loss="none", memory_gradient=mode)
+  values = dict(
+    num_layers=1,
+    segment_length=T,
+    memory_length=T,
+    compressed_memory_length=8,
+    compression_rate=2,
+    reconstruction_loss="none",
+    memory_gradient=mode,
+  )
   values.update(overrides)
   return tiny_model_config(**values)
 
@@ -53,14 +60,21 @@ def segments(n, mask_at=None, seed=1):
     mask[mask_at] = True
   sos = np.zeros((n, B), bool)
   sos[0] = True
-  return {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.asarray(mask),
-          "start_of_sequence": jnp.asarray(sos)}
+  return {
+    "inputs": tokens[..., :-1],
+    "targets": tokens[..., 1:],
+    "mask": jnp.asarray(mask),
+    "start_of_sequence": jnp.asarray(sos),
+  }
 
 
 def norms_by_segment(grads, part):
   """|gradient| of the parameters whose path holds `part`, per segment copy."""
-  leaves = [x for path, x in jax.tree_util.tree_leaves_with_path(grads)
-            if any(getattr(k, "key", None) == part for k in path)]
+  leaves = [
+    x
+    for path, x in jax.tree_util.tree_leaves_with_path(grads)
+    if any(getattr(k, "key", None) == part for k in path)
+  ]
   assert leaves, part
   return np.sqrt(sum(np.square(np.asarray(x)).reshape(x.shape[0], -1).sum(-1) for x in leaves))
 
@@ -80,8 +94,11 @@ def reach(mode, window=4):
     return train_step._forward(model, seg, memory, None)
 
   memory = memory_lib.init_memory(cfg, B)
-  grad = jax.jit(jax.grad(lambda c, segs: train_step.window_loss(
-      c, forward, segs, memory, jax.random.PRNGKey(0))[0]))
+  grad = jax.jit(
+    jax.grad(
+      lambda c, segs: train_step.window_loss(c, forward, segs, memory, jax.random.PRNGKey(0))[0]
+    )
+  )
   out = {"compressor": np.zeros((window, window), bool), "embed": np.zeros((window, window), bool)}
   for j in range(window):
     segs = dict(segments(window, mask_at=j), index=jnp.arange(window))
@@ -117,23 +134,35 @@ def compressor_learns_from(mode, window, steps=6):
   graphdef, template, params = train_step.build_model(cfg, 0)
   tx = optax.sgd(1.0)
   step = train_step.make_train_step(graphdef, template, tx, False, gradient_window=window)
-  before = [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(params)
-            if "compressor" in jax.tree_util.keystr(path)]
+  before = [
+    np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(params)
+    if "compressor" in jax.tree_util.keystr(path)
+  ]
   learned = []
   for j in range(steps):
     fresh = jax.tree.map(jnp.array, params)  # the step donates its state
-    state = train_step.TrainState(step=jnp.zeros((), jnp.int32), params=fresh,
-                                  opt_state=tx.init(fresh), rng=jax.random.PRNGKey(0))
+    state = train_step.TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=fresh,
+      opt_state=tx.init(fresh),
+      rng=jax.random.PRNGKey(0),
+    )
     state, _, metrics = step(state, memory_lib.init_memory(cfg, B), segments(steps, mask_at=j))
     assert np.asarray(metrics["tokens"]).shape == (steps,)
-    after = [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(state.params)
-             if "compressor" in jax.tree_util.keystr(path)]
+    after = [
+      np.asarray(x)
+      for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+      if "compressor" in jax.tree_util.keystr(path)
+    ]
     if any(not np.array_equal(a, b) for a, b in zip(before, after)):
       learned.append(j)
   return learned
 
 
-@pytest.mark.parametrize("mode,window,want", [
+@pytest.mark.parametrize(
+  "mode,window,want",
+  [
     # Windows [0, 3) and [3, 6): segment 3 opens the second window, so the
     # compressions of segments 1-2 are out of its reach and its own comes
     # after its queries.
@@ -142,7 +171,8 @@ def compressor_learns_from(mode, window, steps=6):
     ("memories", 6, [2, 3, 4, 5]),  # one window
     ("compressor", 1, []),  # one segment per update: the paper's reach
     ("none", 3, []),
-])
+  ],
+)
 def test_the_step_cuts_the_gradient_at_each_window(mode, window, want):
   assert compressor_learns_from(mode, window) == want
 
@@ -152,8 +182,12 @@ def trained(mode, window, steps=3, **overrides):
   graphdef, template, params = train_step.build_model(cfg, 0)
   tx = optax.sgd(0.1)
   step = train_step.make_train_step(graphdef, template, tx, False, gradient_window=window)
-  state = train_step.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=tx.init(params), rng=jax.random.PRNGKey(0))
+  state = train_step.TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.PRNGKey(0),
+  )
   memory = memory_lib.init_memory(cfg, B)
   for s in range(steps):
     state, memory, metrics = step(state, memory, segments(4, seed=s))
@@ -187,14 +221,20 @@ def window_loss_and_grads(cfg, params=None, window=4):
     return train_step._forward(merge_params(graphdef, template, params), seg, memory, None)
 
   memory = memory_lib.init_memory(cfg, B)
-  return jax.jit(jax.value_and_grad(lambda p: train_step.window_loss(
-      p, forward, segments(window), memory, jax.random.PRNGKey(0))[0]))(params)
+  return jax.jit(
+    jax.value_and_grad(
+      lambda p: train_step.window_loss(p, forward, segments(window), memory, jax.random.PRNGKey(0))[
+        0
+      ]
+    )
+  )(params)
 
 
 def stack_layers(params):
   blocks = params["blocks"]
-  return dict(params, blocks=jax.tree.map(lambda *a: jnp.stack(a),
-                                          *[blocks[i] for i in sorted(blocks)]))
+  return dict(
+    params, blocks=jax.tree.map(lambda *a: jnp.stack(a), *[blocks[i] for i in sorted(blocks)])
+  )
 
 
 @pytest.mark.slow  # compiles the window's gradient three times
@@ -204,32 +244,52 @@ def test_chunked_and_scanned_windows_equal_the_plain_one():
   mode, base = "memories", dict(num_layers=2, reconstruction_loss="attention")
   loss, grads = window_loss_and_grads(model_config(mode, **base))
   assert np.isfinite(loss)
-  chunked_loss, chunked = window_loss_and_grads(
-      model_config(mode, attention_chunk_size=2, **base))
+  chunked_loss, chunked = window_loss_and_grads(model_config(mode, attention_chunk_size=2, **base))
   _, _, params = train_step.build_model(model_config(mode, **base), 0)
   scanned_loss, scanned = window_loss_and_grads(
-      model_config(mode, scan_layers=True, **base), stack_layers(params))
-  for got_loss, got, want in ((chunked_loss, chunked, grads),
-                              (scanned_loss, scanned, stack_layers(grads))):
+    model_config(mode, scan_layers=True, **base), stack_layers(params)
+  )
+  for got_loss, got, want in (
+    (chunked_loss, chunked, grads),
+    (scanned_loss, scanned, stack_layers(grads)),
+  ):
     np.testing.assert_allclose(got_loss, loss, rtol=TOLERANCE)
     for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-      np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=TOLERANCE, rtol=TOLERANCE,
-                                 err_msg=jax.tree_util.keystr(path))
+      np.testing.assert_allclose(
+        np.asarray(x),
+        np.asarray(y),
+        atol=TOLERANCE,
+        rtol=TOLERANCE,
+        err_msg=jax.tree_util.keystr(path),
+      )
 
 
 @pytest.mark.slow
 def test_a_windowed_run_resumes_bit_for_bit(tmp_path):
-  config = tiny_experiment(**{
-      "segments_per_step": 4, "gradient_window": 2, "model.memory_gradient": "memories",
-      "num_train_steps": 6, "checkpoint_every_steps": 3, "eval_every_steps": 0,
-      "model.dropout_rate": 0.1})
+  config = tiny_experiment(
+    **{
+      "segments_per_step": 4,
+      "gradient_window": 2,
+      "model.memory_gradient": "memories",
+      "num_train_steps": 6,
+      "checkpoint_every_steps": 3,
+      "eval_every_steps": 0,
+      "model.dropout_rate": 0.1,
+    }
+  )
   assert assert_stopped_and_resumed_like_straight(config, tmp_path, 3, 4) == [2, 4, 6]
 
 
 def test_the_schedule_counts_one_update_per_window():
-  config = tiny_experiment(**{"segments_per_step": 4, "gradient_window": 2,
-                              "model.memory_gradient": "compressor", "num_train_steps": 10,
-                              "optimizer.warmup_steps": 3})
+  config = tiny_experiment(
+    **{
+      "segments_per_step": 4,
+      "gradient_window": 2,
+      "model.memory_gradient": "compressor",
+      "num_train_steps": 10,
+      "optimizer.warmup_steps": 3,
+    }
+  )
   train = experiment_lib.TrainConfig.from_dict(config, config.model.segment_length)
   assert (train.updates_per_step, train.num_updates) == (2, 20)
   schedule = train_step.learning_rate_schedule(train)
@@ -237,15 +297,20 @@ def test_the_schedule_counts_one_update_per_window():
   assert float(schedule(5)) < peak and float(schedule(6)) == pytest.approx(peak)
 
 
-@pytest.mark.parametrize("overrides,fragment", [
+@pytest.mark.parametrize(
+  "overrides,fragment",
+  [
     ({"gradient_window": 3}, "segments_per_step=2 is not a multiple of gradient_window=3"),
     ({"gradient_window": 0}, "gradient_window=0 must be a positive integer"),
     ({"gradient_window": -2}, "gradient_window=-2 must be a positive integer"),
     ({"gradient_window": 2, "grad_accum_steps": 2}, "set one of them to 1"),
     ({"model.memory_gradient": "all"}, "model.memory_gradient='all' is unknown"),
-    ({"model.memory_gradient": "compressor", "model.compressed_memory_length": 0},
-     "needs a compressed memory"),
-])
+    (
+      {"model.memory_gradient": "compressor", "model.compressed_memory_length": 0},
+      "needs a compressed memory",
+    ),
+  ],
+)
 def test_bad_windows_and_modes_are_one_line(overrides, fragment):
   with pytest.raises(ConfigError) as e:
     config_lib.check(tiny_experiment(**overrides))

@@ -19,8 +19,14 @@ from helpers import ROOT, TESTS, checked, tiny_experiment
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
-TRAIN_SCALARS = {"loss", "bits_per_byte", "reconstruction_loss", "grad_norm", "learning_rate",
-                 "tokens_per_second"}
+TRAIN_SCALARS = {
+  "loss",
+  "bits_per_byte",
+  "reconstruction_loss",
+  "grad_norm",
+  "learning_rate",
+  "tokens_per_second",
+}
 
 TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
     import sys
@@ -56,11 +62,13 @@ TRAIN_WITHOUT_TENSORFLOW = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   wd = tmp_path_factory.mktemp("metrics") / "wd"
-  code = (f"ROOT = {ROOT!r}\nTESTS = {TESTS!r}\n"
-          f"WORKDIR = {str(wd)!r}\nOVERRIDES = {OVERRIDES!r}\n"
-          + TRAIN_WITHOUT_TENSORFLOW)
-  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+  code = (
+    f"ROOT = {ROOT!r}\nTESTS = {TESTS!r}\n"
+    f"WORKDIR = {str(wd)!r}\nOVERRIDES = {OVERRIDES!r}\n" + TRAIN_WITHOUT_TENSORFLOW
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   return result, wd
 
 
@@ -84,6 +92,7 @@ def workdir(trained):
 
 def _accumulator(path):
   from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
   acc = EventAccumulator(str(path))
   acc.Reload()
   return acc
@@ -101,7 +110,8 @@ def test_event_files_hold_the_jsonl_scalars(workdir, name):
   for tag in tags:
     # Event files hold float32.
     assert [(e.step, e.value) for e in acc.Scalars(tag)] == [
-        (r["step"], float(np.float32(r[tag]))) for r in rows], tag
+      (r["step"], float(np.float32(r[tag]))) for r in rows
+    ], tag
 
 
 def _hparams_plugin_session_groups(logdir):
@@ -110,14 +120,17 @@ def _hparams_plugin_session_groups(logdir):
   from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
   from tensorboard.plugins import base_plugin
   from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
   mux = plugin_event_multiplexer.EventMultiplexer()
   mux.AddRunsFromDirectory(str(logdir))
   mux.Reload()
   provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
-  ctx = backend_context.Context(base_plugin.TBContext(
-      logdir=str(logdir), data_provider=provider, multiplexer=mux))
+  ctx = backend_context.Context(
+    base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=mux)
+  )
   request = api_pb2.ListSessionGroupsRequest(
-      start_index=0, slice_size=100, allowed_statuses=api_pb2.Status.values())
+    start_index=0, slice_size=100, allowed_statuses=api_pb2.Status.values()
+  )
   handler = list_session_groups.Handler(context.RequestContext(), ctx, "", request)
   return handler.run().session_groups
 
@@ -153,21 +166,45 @@ def test_tensorboard_shows_the_first_hparams_of_a_run_directory(tmp_path):
   assert len(os.listdir(tmp_path / "tensorboard" / "train")) == 2  # neither file overwritten
   groups = _hparams_plugin_session_groups(tmp_path / "tensorboard")
   assert [_hparams(g) for g in groups] == [
-      {"optimizer.learning_rate": 0.1, "model.sizes": "(1, 2)", "x": "None"}]
+    {"optimizer.learning_rate": 0.1, "model.sizes": "(1, 2)", "x": "None"}
+  ]
   acc = _accumulator(tmp_path / "tensorboard" / "train")
   assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
-      (1, float(np.float32(0.1))), (2, float(np.float32(0.2)))]
+    (1, float(np.float32(0.1))),
+    (2, float(np.float32(0.2))),
+  ]
 
 
 def test_flatten_and_hparam_values():
-  c = ml_collections.ConfigDict({"a": 1, "b": {"c": (2, 3), "d": None, "e": {"f": "x"}},
-                                 "g": [1.5], "h": True, "i": np.float32(0.5)})
+  c = ml_collections.ConfigDict(
+    {
+      "a": 1,
+      "b": {"c": (2, 3), "d": None, "e": {"f": "x"}},
+      "g": [1.5],
+      "h": True,
+      "i": np.float32(0.5),
+    }
+  )
   flat = values.flatten(c)
-  assert flat == {"a": 1, "b.c": (2, 3), "b.d": None, "b.e.f": "x", "g": [1.5], "h": True,
-                  "i": np.float32(0.5)}
+  assert flat == {
+    "a": 1,
+    "b.c": (2, 3),
+    "b.d": None,
+    "b.e.f": "x",
+    "g": [1.5],
+    "h": True,
+    "i": np.float32(0.5),
+  }
   assert values.flatten(flat) == flat
   assert {k: hparam_value(v) for k, v in flat.items()} == {
-      "a": 1, "b.c": "(2, 3)", "b.d": "None", "b.e.f": "x", "g": "[1.5]", "h": True, "i": 0.5}
+    "a": 1,
+    "b.c": "(2, 3)",
+    "b.d": "None",
+    "b.e.f": "x",
+    "g": "[1.5]",
+    "h": True,
+    "i": 0.5,
+  }
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
@@ -182,7 +219,8 @@ def test_the_hparams_are_the_config_flattened_once():
   # One function (writers.hparams) for the hparams a run logs: a numpy
   # scalar, a tuple and None come out as TensorBoard takes them, from the
   # nested config or from one already flat.
-  c = ml_collections.ConfigDict({"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None,
-                                 "e": {}, "f": True})
+  c = ml_collections.ConfigDict(
+    {"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None, "e": {}, "f": True}
+  )
   assert hparams(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
   assert hparams(hparams(c)) == hparams(c) == hparams(values.flatten(c))

@@ -28,8 +28,12 @@ STEPS = 12
 
 def config(**overrides):
   # Due steps: logs at 4, 8 and 12, saves at 6 and 12 (the end); no evaluation.
-  values = {"num_train_steps": STEPS, "log_every_steps": 4, "checkpoint_every_steps": 6,
-            "eval_every_steps": 0}
+  values = {
+    "num_train_steps": STEPS,
+    "log_every_steps": 4,
+    "checkpoint_every_steps": 6,
+    "eval_every_steps": 0,
+  }
   values.update(overrides)
   return tiny_experiment(**values)
 
@@ -75,8 +79,11 @@ class StepWatch:
       def busy_step(state, memory, batch):
         state, memory, metrics = real_step(state, memory, batch)
         extra = spin(jnp.eye(256, dtype=jnp.float32) * metrics["nats"][0], n).sum() * 0
-        return state, memory, {k: v + extra.astype(v.dtype) if v.dtype != jnp.bool_ else v
-                               for k, v in metrics.items()}
+        return (
+          state,
+          memory,
+          {k: v + extra.astype(v.dtype) if v.dtype != jnp.bool_ else v for k, v in metrics.items()},
+        )
 
       def wrapped(state, memory, batch):
         if self._previous is not None:
@@ -86,6 +93,7 @@ class StepWatch:
         state, memory, metrics = (busy_step if n else real_step)(state, memory, batch)
         self._previous = (self.step, metrics)
         return state, memory, metrics
+
       return wrapped
 
     monkeypatch.setattr(train_step, "make_train_step", patched)
@@ -124,8 +132,9 @@ def test_an_ordinary_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
   real_block = jax.block_until_ready
   monkeypatch.setattr(array_lib.ArrayImpl, "_value", property(recorded))
   monkeypatch.setattr(array_lib.ArrayImpl, "block_until_ready", wait)
-  monkeypatch.setattr(jax, "block_until_ready",
-                      lambda x: (waits.append(watch.step), real_block(x))[1])
+  monkeypatch.setattr(
+    jax, "block_until_ready", lambda x: (waits.append(watch.step), real_block(x))[1]
+  )
   train_lib.train_and_evaluate(to_train(config()), str(tmp_path))
   in_steps = {s for s in reads + waits if s is not None}
   assert in_steps and all(due(s) for s in in_steps), sorted(in_steps)
@@ -134,8 +143,14 @@ def test_an_ordinary_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
 
 def test_one_transfer_reads_the_metric_window(monkeypatch):
   window = runlog.MetricWindow()
-  metrics = [{"nats": jnp.array([1.0, 2.0]) * s, "tokens": jnp.array([3.0, 4.0]),
-              "finite": jnp.array([True, s != 3])} for s in range(1, 6)]
+  metrics = [
+    {
+      "nats": jnp.array([1.0, 2.0]) * s,
+      "tokens": jnp.array([3.0, 4.0]),
+      "finite": jnp.array([True, s != 3]),
+    }
+    for s in range(1, 6)
+  ]
   for s, m in enumerate(metrics, start=1):
     window.add(s, m)
   transfers = []
@@ -156,9 +171,11 @@ def test_the_prefetcher_runs_ahead_and_reports_what_was_consumed():
 
   def steps():
     return prefetch.StepIterator(
-        data_lib.SegmentIterator(docs, batch_size=cfg.batch_size,
-                                 segment_length=cfg.model.segment_length, seed=cfg.seed),
-        cfg.segments_per_step)
+      data_lib.SegmentIterator(
+        docs, batch_size=cfg.batch_size, segment_length=cfg.model.segment_length, seed=cfg.seed
+      ),
+      cfg.segments_per_step,
+    )
 
   plain = steps()
   expected = [(next(plain), plain.get_state()) for _ in range(5)]
@@ -212,8 +229,9 @@ def test_an_error_in_the_prefetcher_reaches_the_loop_and_leaves_no_thread(tmp_pa
   monkeypatch.setattr(data_lib.TokenDocuments, "_load_tokens", failing)
   before = set(threading.enumerate())
   with pytest.raises(DataError, match=r"cannot read \(Input/output error\)"):
-    train_lib.train_and_evaluate(to_train(config(checkpoint_every_steps=2, num_train_steps=60)),
-                                 str(tmp_path))
+    train_lib.train_and_evaluate(
+      to_train(config(checkpoint_every_steps=2, num_train_steps=60)), str(tmp_path)
+    )
   assert set(threading.enumerate()) <= before
   saved = ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps()
   assert saved and not [n for n in (tmp_path / "checkpoints").iterdir() if "tmp" in n.name]

@@ -27,8 +27,12 @@ import inprocess
 
 
 def config(**overrides):
-  values = {"num_train_steps": 6, "checkpoint_every_steps": 2, "eval_every_steps": 0,
-            "log_every_steps": 1}
+  values = {
+    "num_train_steps": 6,
+    "checkpoint_every_steps": 2,
+    "eval_every_steps": 0,
+    "log_every_steps": 1,
+  }
   values.update(overrides)
   return tiny_experiment(**values)
 
@@ -73,13 +77,24 @@ def test_a_step_deleted_while_it_is_read_is_not_called_damaged(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
-  cfg = write_config_file(tmp_path / "rotate.py", {
-      "num_train_steps": 400, "checkpoint_every_steps": 1, "keep_checkpoints": 1,
-      "eval_every_steps": 0, "log_every_steps": 1})
+  cfg = write_config_file(
+    tmp_path / "rotate.py",
+    {
+      "num_train_steps": 400,
+      "checkpoint_every_steps": 1,
+      "keep_checkpoints": 1,
+      "eval_every_steps": 0,
+      "log_every_steps": 1,
+    },
+  )
   workdir = tmp_path / "wd"
   trainer = subprocess.Popen(
-      [sys.executable, "train.py", f"--config={cfg}", f"--workdir={workdir}"], cwd=ROOT,
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    [sys.executable, "train.py", f"--config={cfg}", f"--workdir={workdir}"],
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     for line in trainer.stderr:
       if "checkpoint of step 3" in line:
@@ -89,9 +104,15 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
     evals = []
     while trainer.poll() is None and loads < 16:
       if loads % 8 == 0:
-        evals.append(subprocess.Popen(
-            [sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=2"], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        evals.append(
+          subprocess.Popen(
+            [sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=2"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+          )
+        )
       compressive.load(str(workdir))  # never DamagedCheckpointError
       loads += 1
     results = [p.communicate(timeout=300) for p in evals]
@@ -138,6 +159,7 @@ def test_an_edited_config_is_named_by_every_reader(tmp_path):
 @pytest.mark.slow
 def test_a_tokenizer_retrained_in_place_is_named(tmp_path):
   from helpers import generated_texts, sentencepiece_run_fields
+
   fields = sentencepiece_run_fields(tmp_path)
   model = tmp_path / "m.model"
   workdir = half_trained(tmp_path, **fields)
@@ -183,8 +205,10 @@ def test_an_edited_export_is_refused(tmp_path, straight):
   out = tmp_path / "export"
   exporting.export(str(straight), str(out))
   compressive.load(str(out))
-  for name, edit in (("export.json", lambda m: m.update(step=5)),
-                     ("config.json", lambda c: c["model"].update(dropout_rate=0.5))):
+  for name, edit in (
+    ("export.json", lambda m: m.update(step=5)),
+    ("config.json", lambda c: c["model"].update(dropout_rate=0.5)),
+  ):
     copy = tmp_path / f"edited_{name}"
     shutil.copytree(out, copy)
     record = json.loads((copy / name).read_text())
@@ -219,6 +243,7 @@ def test_a_damaged_config_json_is_set_aside_and_the_run_resumes(tmp_path, straig
 
 def test_a_refused_metrics_write_leaves_whole_lines(tmp_path, monkeypatch):
   from compressive.training import metrics
+
   path = tmp_path / "m.jsonl"
   metrics.append_line(str(path), '{"step": 1}')
   real = os.write
@@ -285,9 +310,14 @@ print("went on", flush=True)
 
 def start_runner(saved):
   """RUNNER started, once its child has said it is ready."""
-  p = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=dict(os.environ,
-                       SAVED=str(saved), PYTHONPATH=ROOT), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
+  p = subprocess.Popen(
+    [sys.executable, "-c", RUNNER],
+    cwd=ROOT,
+    env=dict(os.environ, SAVED=str(saved), PYTHONPATH=ROOT),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   for line in p.stderr:
     if line.strip() == "ready":  # the child's own line, not the command the runner echoes
       break
@@ -331,9 +361,14 @@ def caught(pid, signum) -> bool:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_in_train_pys_first_second_is_one_line(tmp_path, signum):
-  p = subprocess.Popen([sys.executable, "train.py", f"--workdir={tmp_path / 'wd'}"], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
+  p = subprocess.Popen(
+    [sys.executable, "train.py", f"--workdir={tmp_path / 'wd'}"],
+    cwd=ROOT,
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   # Once the script catches the signal (its first lines), while JAX is
   # still being imported: /proc tells when.
   deadline = time.time() + 30
@@ -344,5 +379,8 @@ def test_a_signal_in_train_pys_first_second_is_one_line(tmp_path, signum):
   out, err = p.communicate(timeout=120)
   assert p.returncode == 128 + signum, (p.returncode, err[-2000:])  # as a shell reports it
   assert "Traceback" not in err
-  assert err.strip().splitlines()[-1].startswith(
-      f"error: stopped at once by {signal.Signals(signum).name}"), err
+  assert (
+    err.strip()
+    .splitlines()[-1]
+    .startswith(f"error: stopped at once by {signal.Signals(signum).name}")
+  ), err

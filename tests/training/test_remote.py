@@ -64,7 +64,7 @@ def new_url() -> str:
 def under(server, url: str) -> list[str]:
   """The objects under `url` (gs://runs/PREFIX), relative to it."""
   prefix = url.removeprefix("gs://runs/") + "/"
-  return [n[len(prefix):] for n in server.objects("runs") if n.startswith(prefix)]
+  return [n[len(prefix) :] for n in server.objects("runs") if n.startswith(prefix)]
 
 
 def steps_logged(lines: str) -> list[int]:
@@ -78,7 +78,8 @@ def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_
   caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
   url = new_url()
   train_lib.train_and_evaluate(
-      to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url)
+    to_train(tiny_experiment(num_train_steps=4, checkpoint_every_steps=2)), url
+  )
   objects = under(gcs, url)
   for name in ("config.json", "train.log", "metrics_train.jsonl", "curves.png"):
     assert name in objects, objects
@@ -152,20 +153,26 @@ def test_tools_name_the_url_in_their_one_line_errors(gcs):
   [line] = r.stderr.strip().splitlines()
   assert line.startswith("error: ") and missing in line and "compressive-mirror-" not in line
   for flag, what in (("workdir", "a workdir"), ("output", "an export")):
-    args = ["--workdir=s3://b/run"] if flag == "workdir" else [
-        f"--workdir={missing}", "--output=s3://b/export"]
+    args = (
+      ["--workdir=s3://b/run"]
+      if flag == "workdir"
+      else [f"--workdir={missing}", "--output=s3://b/export"]
+    )
     r = inprocess.run("export.py", args + (["--output=/tmp/x"] if flag == "workdir" else []))
     assert r.returncode == 2 and "gs://" in r.stderr and what in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(gcs, tmp_path):
-  r = inprocess.run("train.py", [f"--config={write_config_file(tmp_path / 'c.py')}",
-                                 "--workdir=gs://no-such-bucket/run"])
+  r = inprocess.run(
+    "train.py",
+    [f"--config={write_config_file(tmp_path / 'c.py')}", "--workdir=gs://no-such-bucket/run"],
+  )
   assert r.returncode == 2 and r.stderr.strip() == (
-      "error: gs://no-such-bucket/run: the bucket no-such-bucket does not exist, or these "
-      "credentials cannot see it; create it first (gcloud storage buckets create "
-      "gs://no-such-bucket)"), r.stderr
+    "error: gs://no-such-bucket/run: the bucket no-such-bucket does not exist, or these "
+    "credentials cannot see it; create it first (gcloud storage buckets create "
+    "gs://no-such-bucket)"
+  ), r.stderr
   assert gcs.buckets() == ["runs"]  # none was made
 
 
@@ -174,7 +181,8 @@ def test_an_export_to_a_place_on_cloud_storage_that_holds_something_is_refused(g
   remote._epath(f"{url}/something").write_text("x")
   r = inprocess.run("export.py", [f"--workdir={new_url()}", f"--output={url}"])
   assert r.returncode == 2 and r.stderr.strip() == (
-      f"error: --output={url} exists and is not empty: give a new or empty place"), r.stderr
+    f"error: --output={url} exists and is not empty: give a new or empty place"
+  ), r.stderr
   assert under(gcs, url) == ["something"]
 
 
@@ -196,26 +204,39 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
   env = process_env()
   for name in gcs.env():
     env.pop(name, None)
-  env.update(STORAGE_EMULATOR_HOST=gcs.url, EPATH_USE_TF="false",
-             GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", no_proxy="127.0.0.1,localhost",
-             NO_PROXY="127.0.0.1,localhost", GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no"),
-             HOME=str(tmp_path))
+  env.update(
+    STORAGE_EMULATOR_HOST=gcs.url,
+    EPATH_USE_TF="false",
+    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+    no_proxy="127.0.0.1,localhost",
+    NO_PROXY="127.0.0.1,localhost",
+    GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no"),
+    HOME=str(tmp_path),
+  )
   config = write_config_file(tmp_path / "c.py")
   url = new_url()
   start = time.monotonic()
-  p = subprocess.run([sys.executable, "-c", HALF_CONFIGURED, f"--config={config}",
-                      f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=300)
+  p = subprocess.run(
+    [sys.executable, "-c", HALF_CONFIGURED, f"--config={config}", f"--workdir={url}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   # The run hung 8 min 50 s after its last step; now: the probe's bound (6 s
   # here), and a loaded machine's start.
   assert time.monotonic() - start < 6 + 120
   lines = p.stderr.strip().splitlines()
   assert p.returncode == 2, p.stderr[-3000:]
-  assert lines[-1].startswith(f"error: cannot read {url}: TensorStore, which writes the "
-                              "checkpoints: "), lines[-1]
-  assert lines[-1].endswith("; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL "
-                            "to the same URL (and GOOGLE_AUTH_TOKEN_FOR_TESTING for an "
-                            "emulator)"), lines[-1]
+  assert lines[-1].startswith(
+    f"error: cannot read {url}: TensorStore, which writes the checkpoints: "
+  ), lines[-1]
+  assert lines[-1].endswith(
+    "; with STORAGE_EMULATOR_HOST set, set TENSORSTORE_GCS_HTTP_URL "
+    "to the same URL (and GOOGLE_AUTH_TOKEN_FOR_TESTING for an "
+    "emulator)"
+  ), lines[-1]
   waited = [line for line in lines if "still waiting for Cloud Storage" in line]
   assert waited and all(f"({url}): " in line for line in waited), lines
   assert not any(line.startswith(("I", "E")) and "] " in line for line in lines), lines
@@ -226,8 +247,9 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
 
 
 def tool(script, *args, env):
-  p = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
+  p = subprocess.run(
+    [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   return p.stdout
 
@@ -237,16 +259,27 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   and export.py on it: the same parameters, evaluation and metrics as a
   straight run in a local workdir; sample.py and analyze.py read there."""
   env = process_env(**gcs.env())
-  config = write_config_file(tmp_path / "c.py", {"num_train_steps": STEPS,
-                                                  "checkpoint_every_steps": 2})
+  config = write_config_file(
+    tmp_path / "c.py", {"num_train_steps": STEPS, "checkpoint_every_steps": 2}
+  )
   local = tmp_path / "local"
   straight = subprocess.Popen(  # beside the stopped one
-      [sys.executable, "train.py", f"--config={config}", f"--workdir={local}"], cwd=ROOT,
-      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    [sys.executable, "train.py", f"--config={config}", f"--workdir={local}"],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   url = new_url()
-  p = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
-                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+  p = subprocess.Popen(
+    [sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   for line in p.stderr:
     if "step 6/" in line:
       break
@@ -256,9 +289,14 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   stopped = int(err.strip().splitlines()[-1].split("after step ")[1].split()[0])
   assert 6 <= stopped < STEPS and f"{url}" in err and "compressive-mirror-" not in err
   assert steps_logged(remote.read_bytes(f"{url}/metrics_train.jsonl").decode())[-1] >= 6
-  resumed = subprocess.run([sys.executable, "train.py", f"--config={config}",
-                            f"--workdir={url}"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
+  resumed = subprocess.run(
+    [sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert resumed.returncode == 0 and f"resumed from step {stopped}" in resumed.stderr
   # TensorStore's own log line (the credentials it uses) is not the console's.
   assert "google_auth_provider" not in resumed.stderr + err, resumed.stderr[-3000:]
@@ -270,16 +308,16 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   on_disk = json.loads(tool("eval.py", f"--workdir={local}", env=env))
   assert on_gcs == on_disk
   assert json.loads(remote.read_bytes(f"{url}/eval_validation_step{STEPS}.json")) == on_gcs
-  exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export",
-                             env=env))
+  exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export", env=env))
   assert exported["workdir"] == url and exported["output"] == f"{url}-export"
   manifest = json.loads(remote.read_bytes(f"{url}-export/export.json"))
   assert manifest["source"] == url  # the workdir's URL, never its local copy
   assert_same_params(f"{url}-export", local)
   # The other tools on the bucket: a sample from the export, the curve
   # redrawn from the workdir's metrics there.
-  assert tool("sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4",
-              env=env).startswith("ab")
+  assert tool(
+    "sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4", env=env
+  ).startswith("ab")
   curve = json.loads(tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env))
   assert curve["figure"] == f"{url}/curves.png" and remote.size(curve["figure"]) > 0
   assert curve["title"] == f"training curve of {url}"  # the URL, not the mirror's folder
@@ -310,7 +348,8 @@ def test_a_mirror_copies_only_the_run_files_by_name_never_a_stray_object(gcs):
 
 
 def test_an_object_over_its_bound_is_found_over_it_and_set_aside_whole_in_the_bucket(
-    gcs, monkeypatch):
+  gcs, monkeypatch
+):
   url = new_url()
   whole = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 200))
   remote._epath(f"{url}/metrics_train.jsonl").write_text(whole)
@@ -329,8 +368,7 @@ def test_an_object_over_its_bound_is_found_over_it_and_set_aside_whole_in_the_bu
   assert remote.read_bytes(f"{url}/metrics_train.jsonl") == b'{"step": 1}\n'
 
 
-@pytest.mark.parametrize("url", ["gs://runs/a/../b", "gs://runs/a/./b", "gs://runs//b",
-                                 "gs:///b"])
+@pytest.mark.parametrize("url", ["gs://runs/a/../b", "gs://runs/a/./b", "gs://runs//b", "gs:///b"])
 def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url):
   # gs://runs/a/../b trained with exit 0, its side files under a/../b/ and
   # its checkpoints under b/: every step then read as damaged.
@@ -346,20 +384,38 @@ def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url)
 
 
 def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_nothing_lost(
-    gcs, tmp_path):
+  gcs, tmp_path
+):
   """The server stopped (SIGSTOP) while a save is in flight, then SIGTERM:
   the trainer waited for the save with no deadline and did not act on the
   signal until storage answered. Now it ends within --storage_deadline
   with one line, and every checkpoint saved before reads back."""
   deadline = 15
   env = process_env(**gcs.env())
-  config = write_config_file(tmp_path / "c.py", {"num_train_steps": 200,
-                                                  "checkpoint_every_steps": 1,
-                                                  "eval_every_steps": 0, "log_every_steps": 1})
+  config = write_config_file(
+    tmp_path / "c.py",
+    {
+      "num_train_steps": 200,
+      "checkpoint_every_steps": 1,
+      "eval_every_steps": 0,
+      "log_every_steps": 1,
+    },
+  )
   url = new_url()
-  p = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={url}",
-                        f"--storage_deadline={deadline}"], cwd=ROOT, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  p = subprocess.Popen(
+    [
+      sys.executable,
+      "train.py",
+      f"--config={config}",
+      f"--workdir={url}",
+      f"--storage_deadline={deadline}",
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   lines = []
   for line in p.stderr:
     lines.append(line)
@@ -386,8 +442,13 @@ def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_not
   # Nothing lost: each save finished before the stall (Orbax begins a save
   # once the one before is whole: steps 1 and 2 at least) is there, and the
   # newest reads back, verified; the one the stall cut short is not read.
-  saved = {int(n.split("/")[1]) for n in under(gcs, url) if n.startswith("checkpoints/")
-           and n.split("/")[1].isdigit() and n.endswith("/commit_success.txt")}
+  saved = {
+    int(n.split("/")[1])
+    for n in under(gcs, url)
+    if n.startswith("checkpoints/")
+    and n.split("/")[1].isdigit()
+    and n.endswith("/commit_success.txt")
+  }
   assert {1, 2} <= saved, sorted(saved)
   experiment, model = compressive.load(url)
   assert model is not None and experiment.train.num_train_steps == 200
@@ -401,8 +462,10 @@ def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(gcs, mon
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
   monkeypatch.setattr(remote, "_copy", full)
-  with pytest.raises(remote.StorageError, match=re.escape(
-      f"cannot copy {url}/config.json to this machine's temporary folder ")) as e:
+  with pytest.raises(
+    remote.StorageError,
+    match=re.escape(f"cannot copy {url}/config.json to this machine's temporary folder "),
+  ) as e:
     with remote.Mirror(url):
       pass
   assert "No space left on device (free space there, or set TMPDIR" in str(e.value)

@@ -22,24 +22,31 @@ def test_the_wait_for_an_answer_is_bounded_and_says_that_it_waits(monkeypatch):
     reach.bounded(lambda: release.wait(30), "gs://b/run", 0.45, said.append)
   release.set()
   assert time.monotonic() - start < 5
-  assert str(e.value) == ("reading gs://b/run: Cloud Storage did not answer within 0.45 s "
-                          "(--storage_deadline); what was saved before is intact")
-  assert 3 <= len(said) <= 5 and all(line.startswith("still waiting for Cloud Storage "
-                                                     "(gs://b/run): ") for line in said), said
+  assert str(e.value) == (
+    "reading gs://b/run: Cloud Storage did not answer within 0.45 s "
+    "(--storage_deadline); what was saved before is intact"
+  )
+  assert 3 <= len(said) <= 5 and all(
+    line.startswith("still waiting for Cloud Storage (gs://b/run): ") for line in said
+  ), said
   monkeypatch.setattr(storage, "_stalled", [])
   # An answer in time is the answer; a client's error is its own.
   assert reach.bounded(lambda: 7, "gs://b/run", 5, said.append) == 7
 
   def refuses():
     raise PermissionError("403 Forbidden")
+
   with pytest.raises(PermissionError, match="403 Forbidden"):
     reach.bounded(refuses, "gs://b/run", 5)
 
 
 def test_tensorstores_lines_stay_off_the_console_and_the_rest_gets_through(capfd):
   with reach.captured_stderr() as (lines, say):
-    os.write(2, b"I1205 09:10:57.054914    1948 google_auth_provider.cc:136] Using "
-                b"GOOGLE_AUTH_TOKEN_FOR_TESTING\n")
+    os.write(
+      2,
+      b"I1205 09:10:57.054914    1948 google_auth_provider.cc:136] Using "
+      b"GOOGLE_AUTH_TOKEN_FOR_TESTING\n",
+    )
     os.write(2, b"a line of someone else\n")
     say("still waiting for Cloud Storage (gs://b/run): 10 s of at most 90")
   err = capfd.readouterr().err

@@ -37,9 +37,15 @@ STEPS = 24
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
   return write_config_file(
-      tmp_path_factory.mktemp("cfg") / "robust.py",
-      {"num_train_steps": STEPS, "checkpoint_every_steps": 2, "log_every_steps": 3,
-       "eval_every_steps": 0, "model.dropout_rate": 0.1})
+    tmp_path_factory.mktemp("cfg") / "robust.py",
+    {
+      "num_train_steps": STEPS,
+      "checkpoint_every_steps": 2,
+      "log_every_steps": 3,
+      "eval_every_steps": 0,
+      "model.dropout_rate": 0.1,
+    },
+  )
 
 
 # The many train.py processes below share compiled programs through the
@@ -50,8 +56,13 @@ def config_file(tmp_path_factory):
 
 def train(config_file, workdir, *extra, env=None):
   return subprocess.Popen(
-      [sys.executable, "train.py", f"--config={config_file}", f"--workdir={workdir}", *extra],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    [sys.executable, "train.py", f"--config={config_file}", f"--workdir={workdir}", *extra],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +97,9 @@ def stop_by_sigterm_and_resume(config_file, workdir, env=None):
   stopped = ckpt_lib.Checkpointer(str(workdir), read_only=True).latest_step()
   assert 6 <= stopped < STEPS
   assert err.strip().splitlines()[-1] == (
-      f"error: stopped by SIGTERM after step {stopped} of {STEPS} (checkpointed); the same "
-      "command resumes from there"), err[-3000:]
+    f"error: stopped by SIGTERM after step {stopped} of {STEPS} (checkpointed); the same "
+    "command resumes from there"
+  ), err[-3000:]
   assert "final evaluation" not in out
   p = train(config_file, workdir, env=env)
   out, err = p.communicate(timeout=600)
@@ -97,7 +109,8 @@ def stop_by_sigterm_and_resume(config_file, workdir, env=None):
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes_bit_identically_at_xlas_default_level(
-    config_file, reference, tmp_path):
+  config_file, reference, tmp_path
+):
   # The suite compiles with JAX's jax_disable_most_optimizations, XLA's
   # level 0 (conftest.py); users' runs compile at XLA's default level, whose
   # vectorised code rounds otherwise. A bit-identical resume is a promise
@@ -115,10 +128,12 @@ def test_sigterm_checkpoints_and_resumes_bit_identically_at_xlas_default_level(
   # The processes did compile at another level than the suite's (whose
   # reference run rounds otherwise), unless the suite runs at it too.
   if os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == "1":
-    assert any((a != b).any()
-               for a, b in zip(params_of(tmp_path / "straight"), params_of(reference))), (
-        "the default-level run equals the suite's level-0 run bit for bit: it did not "
-        "compile at the default level")
+    assert any(
+      (a != b).any() for a, b in zip(params_of(tmp_path / "straight"), params_of(reference))
+    ), (
+      "the default-level run equals the suite's level-0 run bit for bit: it did not "
+      "compile at the default level"
+    )
 
 
 @pytest.mark.slow
@@ -143,13 +158,13 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
   killed = 0
   for pair in range(0, runs_count, 2):
     started = time.monotonic()
-    procs = [train(config_file, wd) for wd in runs[pair:pair + 2]]
-    for proc, moment in zip(procs, moments[pair:pair + 2]):
+    procs = [train(config_file, wd) for wd in runs[pair : pair + 2]]
+    for proc, moment in zip(procs, moments[pair : pair + 2]):
       time.sleep(max(0.0, started + moment - time.monotonic()))
       proc.kill()
       proc.communicate()
       killed += proc.returncode == -signal.SIGKILL
-    procs = [train(config_file, wd) for wd in runs[pair:pair + 2]]
+    procs = [train(config_file, wd) for wd in runs[pair : pair + 2]]
     for proc in procs:
       _, err = proc.communicate(timeout=600)
       assert proc.returncode == 0, err[-3000:]
@@ -161,8 +176,9 @@ def test_sigkill_at_random_moments_loses_nothing(config_file, reference, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(config_file, reference,
-                                                                   tmp_path):
+def test_sigkill_with_the_prefetcher_far_ahead_resumes_identically(
+  config_file, reference, tmp_path
+):
   # Eight steps' batches made ahead when the run is killed: the checkpoints
   # hold the position after the batches the steps consumed.
   workdir = tmp_path / "wd"
@@ -192,7 +208,9 @@ ocp.CheckpointManager._finalize = slow_finalize
 # A document's tokens fail to load in the prefetch thread, as a book on a
 # disk that went away would, once training is under way; every save takes
 # half a second more to finish in the background.
-FAILING_READ = slow_saves(0.5) + """
+FAILING_READ = (
+  slow_saves(0.5)
+  + """
 import threading
 from compressive.data import documents
 from compressive.errors import DataError
@@ -207,13 +225,16 @@ def failing(self, i):
   return _load(self, i)
 documents.TokenDocuments._load_tokens = failing
 """
+)
 
 
 @pytest.mark.slow
 def test_an_error_in_the_prefetch_thread_is_one_line_and_the_save_finishes(tmp_path):
-  cfg = write_config_file(tmp_path / "failing.py",
-                          {"num_train_steps": 60, "checkpoint_every_steps": 2,
-                           "eval_every_steps": 0}, preamble=FAILING_READ)
+  cfg = write_config_file(
+    tmp_path / "failing.py",
+    {"num_train_steps": 60, "checkpoint_every_steps": 2, "eval_every_steps": 0},
+    preamble=FAILING_READ,
+  )
   p = train(cfg, tmp_path / "wd")
   _, err = p.communicate(timeout=600)
   last = err.strip().splitlines()[-1]
@@ -240,19 +261,23 @@ def test_a_non_finite_loss_is_one_line_and_exit_code_1(capsys):
   # The entry points' user_errors() knows the error from compressive.errors,
   # whether or not the training loop was imported.
   from compressive import cli
+
   with pytest.raises(SystemExit) as stopped:
     with cli.user_errors():
-      raise NonFiniteError("non-finite loss or gradient at step 5; the newest intact "
-                           "checkpoint is step 4 in wd")
+      raise NonFiniteError(
+        "non-finite loss or gradient at step 5; the newest intact checkpoint is step 4 in wd"
+      )
   assert stopped.value.code == 1
-  assert capsys.readouterr().err == ("error: non-finite loss or gradient at step 5; the newest "
-                                     "intact checkpoint is step 4 in wd\n")
+  assert capsys.readouterr().err == (
+    "error: non-finite loss or gradient at step 5; the newest intact checkpoint is step 4 in wd\n"
+  )
 
 
 @pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_named_and_intact_one_resumes(tmp_path):
-  config = tiny_experiment(**{"num_train_steps": 9, "checkpoint_every_steps": 3,
-                              "eval_every_steps": 0})
+  config = tiny_experiment(
+    **{"num_train_steps": 9, "checkpoint_every_steps": 3, "eval_every_steps": 0}
+  )
   straight = tmp_path / "straight"
   train_lib.train_and_evaluate(to_train(config), str(straight))
   broken = tmp_path / "broken"
@@ -282,8 +307,7 @@ def test_resuming_with_other_shapes_names_the_fields(tmp_path):
 @pytest.mark.slow
 def test_evaluation_never_modifies_checkpoints(reference):
   before = tree_digest(reference / "checkpoints")
-  r = inprocess.run("eval.py", [f"--workdir={reference}", "--split=validation",
-                                "--max_segments=2"])
+  r = inprocess.run("eval.py", [f"--workdir={reference}", "--split=validation", "--max_segments=2"])
   assert r.returncode == 0, r.stderr[-3000:]
   compressive.load(str(reference))
   assert tree_digest(reference / "checkpoints") == before
@@ -317,6 +341,7 @@ def test_a_second_trainer_on_the_same_workdir_is_refused(config_file, reference,
 @pytest.mark.slow
 def test_the_lock_is_held_in_process_and_released_after(tmp_path):
   from compressive.training.lock import WorkdirBusyError, WorkdirLock
+
   config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0})
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(WorkdirBusyError, match=r"in use by another trainer \(pid \d+ on host"):
@@ -337,7 +362,9 @@ def test_the_lock_is_held_in_process_and_released_after(tmp_path):
 # Every save takes two seconds to finish in the background, and the first
 # evaluation (right after the step-2 save) raises, as a corpus file that
 # cannot be read would.
-SLOW_SAVE_AND_FAIL = slow_saves(2.0) + """
+SLOW_SAVE_AND_FAIL = (
+  slow_saves(2.0)
+  + """
 from compressive.evaluation import evaluate as eval_lib
 from compressive.errors import DataError
 
@@ -345,19 +372,22 @@ def failing_evaluate(*args, **kwargs):
   raise DataError(REASON)
 eval_lib.evaluate = failing_evaluate
 """
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("reason", ["book 7 of the train split cannot be read"])
 def test_an_error_during_an_async_save_still_finishes_the_save(tmp_path, reason):
   cfg = write_config_file(
-      tmp_path / "slow.py", {"num_train_steps": 6, "checkpoint_every_steps": 2,
-                             "eval_every_steps": 2},
-      preamble=f"REASON = {reason!r}\n" + SLOW_SAVE_AND_FAIL)
+    tmp_path / "slow.py",
+    {"num_train_steps": 6, "checkpoint_every_steps": 2, "eval_every_steps": 2},
+    preamble=f"REASON = {reason!r}\n" + SLOW_SAVE_AND_FAIL,
+  )
   p = train(cfg, tmp_path / "wd")
   _, err = p.communicate(timeout=600)
-  lines = [line for line in err.strip().splitlines()
-           if line.startswith(("error", "Traceback", "  File"))]
+  lines = [
+    line for line in err.strip().splitlines() if line.startswith(("error", "Traceback", "  File"))
+  ]
   assert p.returncode == 2 and lines == [f"error: {reason}"], err[-3000:]
   assert "cannot schedule new futures" not in err
   names = sorted(os.listdir(tmp_path / "wd" / "checkpoints"))
@@ -400,14 +430,23 @@ else:  # the second signal arrives while a checkpoint save starts
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where,lines", [
+@pytest.mark.parametrize(
+  "where,lines",
+  [
     ("gc", ["the collection finished", "the next poll raised it"]),
-    ("deferred", ["the deferred stretch finished", "its end raised it"])])
+    ("deferred", ["the deferred stretch finished", "its end raised it"]),
+  ],
+)
 def test_a_second_signal_is_neither_lost_nor_let_into_a_save(where, lines):
   # Python drops an exception raised in a gc callback and prints a traceback;
   # one raised while Orbax starts a save would leave a half-made checkpoint.
-  r = subprocess.run([sys.executable, "-c", SECOND_SIGNAL, where], cwd=ROOT,
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [sys.executable, "-c", SECOND_SIGNAL, where],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.splitlines() == lines
   assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
@@ -415,7 +454,8 @@ def test_a_second_signal_is_neither_lost_nor_let_into_a_save(where, lines):
 
 @pytest.mark.slow
 def test_a_second_signal_stops_at_once_with_one_line_and_a_whole_checkpoint(
-    config_file, reference, tmp_path):
+  config_file, reference, tmp_path
+):
   workdir = tmp_path / "wd"
   p = train(config_file, workdir)
   wait_for_step(p, 6)
@@ -444,8 +484,11 @@ def small_disk(tmp_path, request):
   mount_point = tmp_path / "disk"
   mount_point.mkdir()
   size = getattr(request, "param", "1200k")
-  r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                     capture_output=True, text=True)
+  r = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+    capture_output=True,
+    text=True,
+  )
   if r.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
   yield mount_point
@@ -457,9 +500,15 @@ def small_disk(tmp_path, request):
 @pytest.mark.slow
 @pytest.mark.parametrize("small_disk,saves", [("1200k", 1), ("16k", 0)], indirect=["small_disk"])
 def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoints(small_disk, saves, tmp_path):
-  cfg = write_config_file(tmp_path / "disk_cfg.py", {
-      "num_train_steps": 8, "checkpoint_every_steps": 2, "eval_every_steps": 0,
-      "log_every_steps": 1})
+  cfg = write_config_file(
+    tmp_path / "disk_cfg.py",
+    {
+      "num_train_steps": 8,
+      "checkpoint_every_steps": 2,
+      "eval_every_steps": 0,
+      "log_every_steps": 1,
+    },
+  )
   workdir = small_disk / "wd"
   p = train(cfg, workdir)
   _, err = p.communicate(timeout=600)
@@ -497,8 +546,14 @@ def test_a_bad_file_deep_in_a_text_split_stops_before_anything_compiles(tmp_path
   for i in range(40):
     (folder / f"book{i:02d}.txt").write_text(("a fine sentence of text. " * 40 + "\n") * 4)
   (folder / "zz_bad.txt").write_bytes(b"fine so far \xff\xfe and then not")
-  config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(folder),
-                              "num_train_steps": 30, "eval_every_steps": 0})
+  config = tiny_experiment(
+    **{
+      "data.source": "text_files",
+      "data.text_files.path": str(folder),
+      "num_train_steps": 30,
+      "eval_every_steps": 0,
+    }
+  )
   compiled = []
   real = train_step.make_train_step
   monkey = pytest.MonkeyPatch()

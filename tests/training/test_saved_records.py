@@ -41,9 +41,11 @@ def exported(run, tmp_path_factory):
 
 def reseal(export):
   """An export's digests written again, as someone crafting one would."""
+
   def fix(manifest):
     manifest["config_sha256"] = export_lib.file_digest(os.path.join(export, "config.json"))
     manifest["sha256"] = export_lib.manifest_digest(manifest)
+
   edit_json(os.path.join(export, "export.json"), fix)
 
 
@@ -51,7 +53,9 @@ def one_line(result, *expected):
   """The tool's result is one `error:` line holding each of `expected`, exit 2."""
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (
-      result.returncode, result.stderr[-3000:])
+    result.returncode,
+    result.stderr[-3000:],
+  )
   assert all(e in lines[0] for e in expected), lines[0]
   return lines[0]
 
@@ -59,9 +63,10 @@ def one_line(result, *expected):
 def mine(tmp_path, body):
   """A config file built on the shipped default, as docs/TRAINING.md shows."""
   path = tmp_path / "mine.py"
-  path.write_text("from compressive.configs import default\n\n\ndef get_config():\n"
-                  "  c = default.get_config()\n" + textwrap.indent(textwrap.dedent(body), "  ")
-                  + "  return c\n")
+  path.write_text(
+    "from compressive.configs import default\n\n\ndef get_config():\n"
+    "  c = default.get_config()\n" + textwrap.indent(textwrap.dedent(body), "  ") + "  return c\n"
+  )
   return str(path)
 
 
@@ -71,31 +76,46 @@ def mine(tmp_path, body):
 def test_a_config_file_with_a_field_the_model_does_not_know_is_one_line(tmp_path):
   # The issue's: `dropout` meant dropout_rate, `compression_rte` compression_rate;
   # they trained the defaults, and --print_config showed the typos as set.
-  config = mine(tmp_path, """
+  config = mine(
+    tmp_path,
+    """
       c.model.dropout = 0.3
       c.model.compression_rte = 4
-      """)
-  for extra in (["--print_config"], [f"--workdir={tmp_path}/wd", "--dry_run"],
-                [f"--workdir={tmp_path}/wd"]):
-    line = one_line(inprocess.run("train.py", [f"--config={config}", *extra]),
-                    "model.compression_rte is not a field of this version's config (model: ")
+      """,
+  )
+  for extra in (
+    ["--print_config"],
+    [f"--workdir={tmp_path}/wd", "--dry_run"],
+    [f"--workdir={tmp_path}/wd"],
+  ):
+    line = one_line(
+      inprocess.run("train.py", [f"--config={config}", *extra]),
+      "model.compression_rte is not a field of this version's config (model: ",
+    )
     assert "compression_rate" in line  # the fields it has, to choose from
   assert not os.path.lexists(tmp_path / "wd")
 
 
-@pytest.mark.parametrize("body,named", [
+@pytest.mark.parametrize(
+  "body,named",
+  [
     ("c.mesh.unlock()\nc.mesh.axis = ('data',)\n", "mesh.axis is not a field"),
-    ("c.data.synthetic.unlock()\nc.data.synthetic.sede = 1\n",
-     "data.synthetic.sede is not a field"),
-    ("c.unlock()\nc.learning_rate = 0.1\n", "learning_rate is not a field of this version's "
-                                             "config (top level: "),
+    (
+      "c.data.synthetic.unlock()\nc.data.synthetic.sede = 1\n",
+      "data.synthetic.sede is not a field",
+    ),
+    (
+      "c.unlock()\nc.learning_rate = 0.1\n",
+      "learning_rate is not a field of this version's config (top level: ",
+    ),
     ("c.eval.unlock()\nc.eval.max_segment = 3\n", "eval.max_segment is not a field"),
-], ids=["mesh field", "data source field", "top level", "eval field"])
+  ],
+  ids=["mesh field", "data source field", "top level", "eval field"],
+)
 def test_every_group_refuses_a_field_it_does_not_know(tmp_path, body, named):
   # (A value of another kind than a field's the config file's ConfigDict
   # refuses itself.)
-  one_line(inprocess.run("train.py", [f"--config={mine(tmp_path, body)}", "--print_config"]),
-           named)
+  one_line(inprocess.run("train.py", [f"--config={mine(tmp_path, body)}", "--print_config"]), named)
 
 
 def test_a_ModelConfig_refuses_what_it_does_not_know_wherever_it_is_built():
@@ -109,28 +129,49 @@ def test_a_ModelConfig_refuses_what_it_does_not_know_wherever_it_is_built():
 # -- A workdir's config.json, as every reader and the trainer read it. ----------------
 
 
-@pytest.mark.parametrize("edit,named", [
+@pytest.mark.parametrize(
+  "edit,named",
+  [
     # The issue's: read with exit 0, the model built from the rest.
     (lambda c: c["model"].update(num_layerz=2, memory_len=4), "model.memory_len is not a field"),
-    (lambda c: c["data"]["synthetic"].update(max_length="256"),
-     "data.synthetic.max_length='256' must be an integer, not str"),
+    (
+      lambda c: c["data"]["synthetic"].update(max_length="256"),
+      "data.synthetic.max_length='256' must be an integer, not str",
+    ),
     (lambda c: c.update(eval=None), "eval must be a section of fields, not null"),
     (lambda c: c["mesh"].update(shape="x"), "mesh.shape='x' must be a tuple, not str"),
     (lambda c: c["data"].update(synthetc={"seed": 1}), "data.synthetc is not a field"),
     (lambda c: c["optimizer"].update(b1="0.9"), "optimizer.b1='0.9' must be a number, not str"),
     (lambda c: c.update(batch_size=True), "batch_size=True must be an integer, not bool"),
-], ids=["model fields", "a string for an int", "eval null", "a string for a tuple",
-        "a data section", "a string for a float", "a bool for an int"])
+  ],
+  ids=[
+    "model fields",
+    "a string for an int",
+    "eval null",
+    "a string for a tuple",
+    "a data section",
+    "a string for a float",
+    "a bool for an int",
+  ],
+)
 def test_a_config_json_holding_what_no_version_writes_is_damage_to_every_reader(
-    run, tmp_path, edit, named):
+  run, tmp_path, edit, named
+):
   workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "config.json", edit)
   with pytest.raises(CheckpointError, match=f"config.json is damaged .*{named}"):
     runconfig.load_config(str(workdir))
   for tool in ("eval.py", "sample.py"):
-    one_line(inprocess.run(tool, [f"--workdir={workdir}", "--max_segments=1"] if tool == "eval.py"
-                           else [f"--workdir={workdir}", "--prompt=ab", "--num_tokens=2"]),
-             f"{workdir}/config.json is damaged (", named)
+    one_line(
+      inprocess.run(
+        tool,
+        [f"--workdir={workdir}", "--max_segments=1"]
+        if tool == "eval.py"
+        else [f"--workdir={workdir}", "--prompt=ab", "--num_tokens=2"],
+      ),
+      f"{workdir}/config.json is damaged (",
+      named,
+    )
 
 
 def test_a_section_of_a_source_not_registered_here_is_left_to_that_sources_check(run, tmp_path):
@@ -144,7 +185,8 @@ def test_a_section_of_a_source_not_registered_here_is_left_to_that_sources_check
 
 
 def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoints(
-    run, tmp_path, caplog):
+  run, tmp_path, caplog
+):
   workdir = copy_tree(run, tmp_path)
   edit_json(workdir / "config.json", lambda c: c["model"].update(num_layerz=2))
   runconfig.check_resume_config(str(workdir), config_lib.check(tiny_experiment()))
@@ -155,34 +197,59 @@ def test_the_trainer_sets_such_a_config_json_aside_and_resumes_from_its_checkpoi
 # -- A checkpoint's identity, an export's. -------------------------------------------
 
 
-@pytest.mark.parametrize("edit,named", [
-    (lambda r: r["identity"]["model"].update(num_layerz=2),
-     "identity.model.num_layerz is not a field"),
-    (lambda r: r["identity"]["model"].update(num_layers="2"),
-     "identity.model.num_layers='2' must be an integer, not str"),
-    (lambda r: r["identity"]["data"]["synthetic"].update(sede=1),
-     "identity.data.synthetic.sede is not a field"),
-    (lambda r: r["identity"]["data"].update(books={}),
-     "identity.data.books is not the section of data.source='synthetic'"),
-], ids=["model field", "model kind", "data field", "data section"])
-def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(run, tmp_path, edit,
-                                                                         named):
+@pytest.mark.parametrize(
+  "edit,named",
+  [
+    (
+      lambda r: r["identity"]["model"].update(num_layerz=2),
+      "identity.model.num_layerz is not a field",
+    ),
+    (
+      lambda r: r["identity"]["model"].update(num_layers="2"),
+      "identity.model.num_layers='2' must be an integer, not str",
+    ),
+    (
+      lambda r: r["identity"]["data"]["synthetic"].update(sede=1),
+      "identity.data.synthetic.sede is not a field",
+    ),
+    (
+      lambda r: r["identity"]["data"].update(books={}),
+      "identity.data.books is not the section of data.source='synthetic'",
+    ),
+  ],
+  ids=["model field", "model kind", "data field", "data section"],
+)
+def test_a_checkpoint_identity_holding_what_no_version_records_is_damage(
+  run, tmp_path, edit, named
+):
   workdir = copy_tree(run, tmp_path)
   edit_json(workdir / RECORD, edit)
-  with pytest.raises(integrity.DamagedCheckpointError, match=f"is damaged: its integrity "
-                                                             f"record's {named}"):
+  with pytest.raises(
+    integrity.DamagedCheckpointError, match=f"is damaged: its integrity record's {named}"
+  ):
     compressive.load(str(workdir))
-  one_line(inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"]),
-           "is damaged: its integrity record's", named)
+  one_line(
+    inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"]),
+    "is damaged: its integrity record's",
+    named,
+  )
 
 
-@pytest.mark.parametrize("edit,named", [
-    (lambda m: m["identity"]["model"].update(memory_len=4),
-     "identity.model.memory_len is not a field"),
-    (lambda m: m["identity"]["data"]["synthetic"].update(seed="0"),
-     "identity.data.synthetic.seed='0' must be an integer, not str"),
+@pytest.mark.parametrize(
+  "edit,named",
+  [
+    (
+      lambda m: m["identity"]["model"].update(memory_len=4),
+      "identity.model.memory_len is not a field",
+    ),
+    (
+      lambda m: m["identity"]["data"]["synthetic"].update(seed="0"),
+      "identity.data.synthetic.seed='0' must be an integer, not str",
+    ),
     (lambda m: m.update(identity_v3={}), "'identity_v3', a field no export of version 2 holds"),
-], ids=["model field", "data kind", "export field"])
+  ],
+  ids=["model field", "data kind", "export field"],
+)
 def test_an_export_holding_what_no_version_records_is_damage(exported, tmp_path, edit, named):
   out = copy_tree(exported, tmp_path)
   edit_json(out / "export.json", edit)
@@ -213,23 +280,30 @@ def test_a_record_stripped_to_before_version_2_is_not_read(run, tmp_path):
   one_line(inprocess.run("eval.py", [f"--workdir={workdir}", "--max_segments=1"]), expected)
   config = write_config_file(tmp_path / "c.py", {"data.synthetic.seed": 1, "num_train_steps": 2})
   for extra in ([], ["--restore_intact"]):  # not damage: never moved aside
-    one_line(inprocess.run("train.py", [f"--config={config}", f"--workdir={workdir}", *extra]),
-             expected)
+    one_line(
+      inprocess.run("train.py", [f"--config={config}", f"--workdir={workdir}", *extra]), expected
+    )
     assert (workdir / RECORD).exists() and not (workdir / "checkpoints" / "skipped").exists()
 
 
-@pytest.mark.parametrize("version,error,expected", [
+@pytest.mark.parametrize(
+  "version,error,expected",
+  [
     (None, integrity.UnknownRecordError, "names no version"),  # the version alone removed
     (3, integrity.UnknownRecordError, "newer version of compressive (integrity record version 3"),
     (1, integrity.DamagedCheckpointError, "its integrity record's version is 1"),
     ("2", integrity.DamagedCheckpointError, "its integrity record's version is '2'"),
     (True, integrity.DamagedCheckpointError, "its integrity record's version is True"),
-], ids=["none", "newer", "one", "a string", "a bool"])
-def test_a_record_is_read_only_as_a_version_this_code_writes(run, tmp_path, version, error,
-                                                              expected):
+  ],
+  ids=["none", "newer", "one", "a string", "a bool"],
+)
+def test_a_record_is_read_only_as_a_version_this_code_writes(
+  run, tmp_path, version, error, expected
+):
   workdir = copy_tree(run, tmp_path)
-  edit_json(workdir / RECORD, lambda r: r.pop("version") if version is None else r.update(
-      version=version))
+  edit_json(
+    workdir / RECORD, lambda r: r.pop("version") if version is None else r.update(version=version)
+  )
   with pytest.raises(error, match=expected.replace("(", r"\(")):
     compressive.load(str(workdir))
 
@@ -241,18 +315,20 @@ def test_a_record_is_read_only_as_a_version_this_code_writes(run, tmp_path, vers
 def test_a_finished_run_keeps_its_config_json_when_run_again_with_other_values(tmp_path, caplog):
   from compressive.training import loop as train_lib
   from helpers import to_train
+
   workdir = str(tmp_path / "wd")
   config = tiny_experiment(num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=0)
   train_lib.train_and_evaluate(to_train(config), workdir)
   recorded = (tmp_path / "wd" / "config.json").read_bytes()
   # The issue's: trained nothing, exit 0, and config.json then held 0.5.
-  for changed in ({"optimizer.learning_rate": 0.5}, {"num_train_steps": 1},
-                  {"log_every_steps": 7}):
+  for changed in ({"optimizer.learning_rate": 0.5}, {"num_train_steps": 1}, {"log_every_steps": 7}):
     fields = {"num_train_steps": 2, "checkpoint_every_steps": 2, "eval_every_steps": 0, **changed}
     assert train_lib.train_and_evaluate(to_train(tiny_experiment(**fields)), workdir) == {}
     assert (tmp_path / "wd" / "config.json").read_bytes() == recorded, changed
-  assert "this command's config differs from the finished run's (optimizer.learning_rate " \
-         "0.002 -> 0.5)" in caplog.text
+  assert (
+    "this command's config differs from the finished run's (optimizer.learning_rate "
+    "0.002 -> 0.5)" in caplog.text
+  )
   # A record set aside as damaged is written again, from the run's own values.
   (tmp_path / "wd" / "config.json").write_text("{ damaged")
   train_lib.train_and_evaluate(to_train(config), workdir)

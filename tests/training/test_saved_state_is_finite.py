@@ -26,10 +26,14 @@ def test_a_save_of_non_finite_arrays_is_refused_and_writes_nothing(tmp_path, bad
   checkpointer = ckpt_lib.Checkpointer(str(tmp_path))
   checkpointer.save(1, good, {"m": jnp.zeros((2, 2))}, _data_state(), run_identity_of())
   checkpointer.wait()
-  state, memory = (poisoned, {"m": jnp.zeros((2, 2))}) if where == "state" else (
-      good, {"m": jnp.zeros((2, 2)).at[0, 0].set(bad)})
-  with pytest.raises(NonFiniteError, match=r"step 2 was not saved: 1 array\(s\) .*not finite \("
-                     + where) as raised:
+  state, memory = (
+    (poisoned, {"m": jnp.zeros((2, 2))})
+    if where == "state"
+    else (good, {"m": jnp.zeros((2, 2)).at[0, 0].set(bad)})
+  )
+  with pytest.raises(
+    NonFiniteError, match=r"step 2 was not saved: 1 array\(s\) .*not finite \(" + where
+  ) as raised:
     checkpointer.save(2, state, memory, _data_state(), run_identity_of())
   assert isinstance(raised.value, ckpt_lib.NonFiniteStateError)
   checkpointer.close()
@@ -39,16 +43,26 @@ def test_a_save_of_non_finite_arrays_is_refused_and_writes_nothing(tmp_path, bad
 
 @pytest.mark.slow
 def test_finite_loss_with_non_finite_parameters_stops_at_the_save_and_keeps_the_last(
-    tmp_path, monkeypatch):
-  config = tiny_experiment(**{"checkpoint_every_steps": 2, "eval_every_steps": 0,
-                              "log_every_steps": 100, "num_train_steps": 6})
+  tmp_path, monkeypatch
+):
+  config = tiny_experiment(
+    **{
+      "checkpoint_every_steps": 2,
+      "eval_every_steps": 0,
+      "log_every_steps": 100,
+      "num_train_steps": 6,
+    }
+  )
   # Its loss and gradient finite, its returned parameters inf.
   inject_nan_at(monkeypatch, 4, value=float("inf"), after=True)
   with pytest.raises(NonFiniteError) as raised:
     train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   message = str(raised.value)
   assert message.startswith("non-finite parameters or optimizer state at step 4 (state/params/")
-  assert "though its loss and gradient were finite: not saved; the newest intact checkpoint is " \
-         "step 2" in message and "optimizer.learning_rate" in message
+  assert (
+    "though its loss and gradient were finite: not saved; the newest intact checkpoint is step 2"
+    in message
+    and "optimizer.learning_rate" in message
+  )
   assert "\n" not in message
   assert ckpt_lib.Checkpointer(str(tmp_path), read_only=True).all_steps() == [2]

@@ -27,8 +27,10 @@ from helpers import checked, tiny_experiment, to_train
 @contextlib.contextmanager
 def no_waiting(seconds=60):
   """A FIFO's open() waits forever on the old code: fail instead."""
+
   def expire(signum, frame):
     raise TimeoutError("blocked: a side file's open() waited")
+
   old = signal.signal(signal.SIGALRM, expire)
   signal.alarm(seconds)
   try:
@@ -79,6 +81,7 @@ def use_metrics(name):
     runlog.truncate_metrics(path, 3)
     metrics.append_line(path, '{"step": 1}')
     assert metrics.read_jsonl(path) == [{"step": 1}]
+
   return use
 
 
@@ -89,11 +92,14 @@ def use_tensorboard(wd):
   assert len(os.listdir(os.path.join(wd, "tensorboard", "train"))) == 1
 
 
-SIDE_FILES = [("config.json", use_config), ("train.log", use_log),
-              ("metrics_train.jsonl", use_metrics("metrics_train.jsonl")),
-              ("metrics_eval.jsonl", use_metrics("metrics_eval.jsonl")),
-              ("tensorboard", use_tensorboard),
-              (os.path.join("tensorboard", "train"), use_tensorboard)]
+SIDE_FILES = [
+  ("config.json", use_config),
+  ("train.log", use_log),
+  ("metrics_train.jsonl", use_metrics("metrics_train.jsonl")),
+  ("metrics_eval.jsonl", use_metrics("metrics_eval.jsonl")),
+  ("tensorboard", use_tensorboard),
+  (os.path.join("tensorboard", "train"), use_tensorboard),
+]
 
 
 @pytest.mark.parametrize("kind", ["folder", "FIFO", "link"])
@@ -155,8 +161,14 @@ def test_side_files_are_read_only_up_to_a_bound(tmp_path, monkeypatch, caplog):
 
 @pytest.mark.slow
 def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
-  config = tiny_experiment(**{"num_train_steps": 4, "checkpoint_every_steps": 2,
-                              "eval_every_steps": 2, "log_every_steps": 1})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 4,
+      "checkpoint_every_steps": 2,
+      "eval_every_steps": 2,
+      "log_every_steps": 1,
+    }
+  )
   wd = tmp_path / "wd"
   train_lib.train_and_evaluate(to_train(config), str(wd), stop_at_step=2)
   outside = outside_things(tmp_path)
@@ -177,8 +189,13 @@ def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
     train_lib.train_and_evaluate(to_train(config), str(wd))
   assert ckpt_lib.Checkpointer(str(wd), read_only=True).all_steps() == [2, 4]
   assert [r["step"] for r in metrics.read_jsonl(str(wd / "metrics_train.jsonl"))] == [3, 4]
-  for name in ("metrics_train.jsonl", "metrics_eval.jsonl", "train.log", "config.json",
-               os.path.join("tensorboard", "train")):
+  for name in (
+    "metrics_train.jsonl",
+    "metrics_eval.jsonl",
+    "train.log",
+    "config.json",
+    os.path.join("tensorboard", "train"),
+  ):
     assert os.path.lexists(wd / (name + ".aside")), name
   assert (outside / "file").read_text() == "not the run's\n"
   assert os.listdir(outside / "folder") == []
@@ -190,10 +207,13 @@ def test_a_resume_goes_on_past_side_files_that_are_not_files(tmp_path):
 def full_disk_stream():
   """A file object whose every write and flush fails as a full disk does:
   an OSError that names no file."""
+
   class Full:
     def write(self, data):
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     flush = close = lambda self: self.write("")
+
   return Full()
 
 
@@ -231,11 +251,25 @@ DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion: RecursionError
 BIG_INT = "9" * 4301  # past Python's int-string limit: ValueError
 
 
-@pytest.mark.parametrize("text", [
-    DEEP, '{"seed": ' + BIG_INT + "}", '{"model.num_layers": 2}', '{"model": {"x": '
-    + "[" * 900 + "]" * 900 + "}}", '\ufeff{"seed": 0}', "[1, 2]"],
-    ids=["nested 100,000 deep", "an int of 4,301 digits", "a key with a dot",
-         "a field 900 deep", "a UTF-8 BOM", "a list"])
+@pytest.mark.parametrize(
+  "text",
+  [
+    DEEP,
+    '{"seed": ' + BIG_INT + "}",
+    '{"model.num_layers": 2}',
+    '{"model": {"x": ' + "[" * 900 + "]" * 900 + "}}",
+    '\ufeff{"seed": 0}',
+    "[1, 2]",
+  ],
+  ids=[
+    "nested 100,000 deep",
+    "an int of 4,301 digits",
+    "a key with a dot",
+    "a field 900 deep",
+    "a UTF-8 BOM",
+    "a list",
+  ],
+)
 def test_a_config_json_that_cannot_be_parsed_is_set_aside_by_a_resume(tmp_path, caplog, text):
   wd = tmp_path / "wd"
   wd.mkdir()
@@ -246,11 +280,23 @@ def test_a_config_json_that_cannot_be_parsed_is_set_aside_by_a_resume(tmp_path, 
   assert "config.json is damaged" in caplog.text and "set aside" in caplog.text
 
 
-@pytest.mark.parametrize("line", [
-    DEEP, '{"step": 2, "loss": ' + BIG_INT + "}", '[{"step": 2}]', '{"step": true}',
-    '{"step": 2, "x": ' + "[" * 900 + "]" * 900 + "}"],
-    ids=["nested 100,000 deep", "an int of 4,301 digits", "a list", "a step of true",
-         "a field 900 deep"])
+@pytest.mark.parametrize(
+  "line",
+  [
+    DEEP,
+    '{"step": 2, "loss": ' + BIG_INT + "}",
+    '[{"step": 2}]',
+    '{"step": true}',
+    '{"step": 2, "x": ' + "[" * 900 + "]" * 900 + "}",
+  ],
+  ids=[
+    "nested 100,000 deep",
+    "an int of 4,301 digits",
+    "a list",
+    "a step of true",
+    "a field 900 deep",
+  ],
+)
 def test_a_metrics_line_that_cannot_be_parsed_is_left_out_by_a_resume(tmp_path, caplog, line):
   path = tmp_path / "metrics_train.jsonl"
   path.write_text('{"step": 1, "loss": 1.5}\n' + line + '\n{"step": 3, "loss": 1.25}\n')
@@ -265,11 +311,16 @@ def test_non_finite_numbers_in_a_metrics_file_read_as_null_and_stay_valid_json(t
   # Files of older versions wrote NaN; a float beyond 1.8e308 overflows.
   path = tmp_path / "metrics_train.jsonl"
   path.write_text('{"step": 1, "loss": NaN}\n{"step": 2, "loss": 1e999, "x": -Infinity}\n')
-  assert metrics.read_jsonl(str(path)) == [{"step": 1, "loss": None},
-                                           {"step": 2, "loss": None, "x": None}]
+  assert metrics.read_jsonl(str(path)) == [
+    {"step": 1, "loss": None},
+    {"step": 2, "loss": None, "x": None},
+  ]
   runlog.truncate_metrics(str(path), 5)
 
   def refuse(constant):
     raise ValueError(constant)
+
   assert [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()] == [
-      {"step": 1, "loss": None}, {"step": 2, "loss": None, "x": None}]
+    {"step": 1, "loss": None},
+    {"step": 2, "loss": None, "x": None},
+  ]

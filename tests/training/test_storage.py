@@ -31,14 +31,20 @@ def fresh_store(monkeypatch):
 def test_a_call_that_never_answers_is_an_error_within_its_deadline():
   never = threading.Event()
   start = time.monotonic()
-  with pytest.raises(storage.StorageTimeout, match=r"^saving checkpoint 4 in gs://b/r: Cloud "
-                                                   r"Storage did not answer within 1 s"):
+  with pytest.raises(
+    storage.StorageTimeout,
+    match=r"^saving checkpoint 4 in gs://b/r: Cloud "
+    r"Storage did not answer within 1 s",
+  ):
     storage.within(1.0, "saving checkpoint 4 in gs://b/r", never.wait)
   assert 1.0 <= time.monotonic() - start < 1.0 + SLACK_S
   # The store is taken as gone: the next call ends at once, named.
   start = time.monotonic()
-  with pytest.raises(storage.StorageTimeout, match="not tried, Cloud Storage stopped answering "
-                                                   r"\(saving checkpoint 4"):
+  with pytest.raises(
+    storage.StorageTimeout,
+    match="not tried, Cloud Storage stopped answering "
+    r"\(saving checkpoint 4",
+  ):
     storage.within(60.0, "copying the run's files", lambda: None)
   assert time.monotonic() - start < SLACK_S and storage.stalled()
 
@@ -74,13 +80,16 @@ def test_a_signal_is_heard_while_a_call_waits():
 @pytest.mark.slow  # kill -9 of a process of its own
 def test_a_mirror_folder_its_tool_left_when_killed_is_cleared_by_the_next(tmp_path, monkeypatch):
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's temporary folder
-  code = ("import sys, time\nfrom compressive import storage\n"
-          "f = storage.LocalFolder('compressive-mirror-', 'run')\n"
-          "open(f.path + '/config.json', 'w').write('{}')\nprint(f.parent, flush=True)\n"
-          "time.sleep(600)\n")
+  code = (
+    "import sys, time\nfrom compressive import storage\n"
+    "f = storage.LocalFolder('compressive-mirror-', 'run')\n"
+    "open(f.path + '/config.json', 'w').write('{}')\nprint(f.parent, flush=True)\n"
+    "time.sleep(600)\n"
+  )
   env = dict(os.environ, TMPDIR=str(tmp_path))
-  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env=env)
+  holder = subprocess.Popen(
+    [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+  )
   try:
     left = holder.stdout.readline().strip()
     assert os.path.isdir(left)
@@ -103,5 +112,6 @@ def test_an_object_a_storage_client_did_not_find_is_named_as_such():
   # The second of two trainers on one bucket ended with
   # `error: gs://runs/two/checkpoints/110`, which said nothing.
   assert cli.describe_os_error(FileNotFoundError("gs://runs/two/checkpoints/110")) == (
-      "gs://runs/two/checkpoints/110: not found on Cloud Storage (a workdir there has no lock: "
-      "another process may have removed it)")
+    "gs://runs/two/checkpoints/110: not found on Cloud Storage (a workdir there has no lock: "
+    "another process may have removed it)"
+  )

@@ -22,6 +22,7 @@ def test_resume_is_bit_identical(tmp_path):
   train_lib.train_and_evaluate(to_train(config), str(straight))
   train_lib.train_and_evaluate(to_train(config), str(resumed), stop_at_step=7)  # checkpoint at 7
   from compressive.training import checkpoint
+
   assert checkpoint.Checkpointer(str(resumed)).latest_step() == 7
   train_lib.train_and_evaluate(to_train(config), str(resumed))
 
@@ -31,8 +32,14 @@ def test_resume_is_bit_identical(tmp_path):
 def test_training_reduces_the_loss_that_evaluation_measures(tmp_path):
   # 16 training documents of period-12 copies: a tiny model memorises them in
   # 60 steps, and evaluation on the same split must see it.
-  config = tiny_experiment(**{"num_train_steps": 60, "eval_every_steps": 0,
-                              "optimizer.learning_rate": 3e-3, "eval.split": "train"})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 60,
+      "eval_every_steps": 0,
+      "optimizer.learning_rate": 3e-3,
+      "eval.split": "train",
+    }
+  )
   result = train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   first = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))[0]
   assert result["bits_per_byte"] < 0.6 * first["bits_per_byte"]
@@ -42,12 +49,19 @@ def test_training_reduces_the_loss_that_evaluation_measures(tmp_path):
 @pytest.mark.parametrize("memory,compressed", [(8, 0), (0, 0)], ids=["transformer_xl", "local"])
 def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, compressed):
   # Their memory has zero-size fields, which Orbax will not save by itself.
-  config = tiny_experiment(**{
-      "model.memory_length": memory, "model.compressed_memory_length": compressed,
-      "model.reconstruction_loss": "none", "num_train_steps": 4,
-      "checkpoint_every_steps": 2, "eval_every_steps": 0})
+  config = tiny_experiment(
+    **{
+      "model.memory_length": memory,
+      "model.compressed_memory_length": compressed,
+      "model.reconstruction_loss": "none",
+      "num_train_steps": 4,
+      "checkpoint_every_steps": 2,
+      "eval_every_steps": 0,
+    }
+  )
   train_lib.train_and_evaluate(to_train(config), str(tmp_path), stop_at_step=2)
   from compressive.training import checkpoint
+
   assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 2
   train_lib.train_and_evaluate(to_train(config), str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4
@@ -55,12 +69,14 @@ def test_models_without_a_memory_bank_checkpoint_and_resume(tmp_path, memory, co
 
 
 @pytest.mark.parametrize("positions", ["relative", "rope"])
-def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(tmp_path, positions,
-                                                                         caplog):
+def test_logged_metrics_are_finite_and_attention_mass_only_when_computed(
+  tmp_path, positions, caplog
+):
   # Fused rope attention computes no weights (the model reports NaN mass);
   # training logs and writes no NaN, and leaves those scalars out.
-  config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 0,
-                              "model.positions": positions})
+  config = tiny_experiment(
+    **{"num_train_steps": 2, "eval_every_steps": 0, "model.positions": positions}
+  )
   with caplog.at_level(logging.INFO, logger="compressive"):
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   rows = read_jsonl(str(tmp_path / "wd" / "metrics_train.jsonl"))

@@ -39,14 +39,21 @@ class RecordingWriter(MetricWriter):
 def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, caplog, monkeypatch):
   monkeypatch.setattr(train_lib, "MetricWriter", RecordingWriter)
   RecordingWriter.hparams = []
-  config = tiny_experiment(**{"num_train_steps": 4, "log_every_steps": 1, "eval_every_steps": 0,
-                              "checkpoint_every_steps": 2})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 4,
+      "log_every_steps": 1,
+      "eval_every_steps": 0,
+      "checkpoint_every_steps": 2,
+    }
+  )
   workdir = tmp_path / "wd"
   with caplog.at_level(logging.INFO, logger="compressive"):
     train_lib.train_and_evaluate(to_train(config), str(workdir), stop_at_step=2)
     train_lib.train_and_evaluate(to_train(config), str(workdir))  # resumed in the same process
-  assert not [h for h in logging.getLogger("compressive").handlers
-              if isinstance(h, logging.FileHandler)]  # removed on return
+  assert not [
+    h for h in logging.getLogger("compressive").handlers if isinstance(h, logging.FileHandler)
+  ]  # removed on return
   lines = (workdir / "train.log").read_text().splitlines()
   logged = messages(caplog)
   for message in logged:  # every console line, in the file as often (once per run)
@@ -80,8 +87,12 @@ def test_the_log_file_holds_the_console_lines_once_across_a_resume(tmp_path, cap
 
 def test_the_eta_counts_the_evaluations_and_checkpoints_left():
   from compressive.training import runlog
-  train = to_train(tiny_experiment(**{"num_train_steps": 260, "eval_every_steps": 100,
-                                      "checkpoint_every_steps": 50})).train
+
+  train = to_train(
+    tiny_experiment(
+      **{"num_train_steps": 260, "eval_every_steps": 100, "checkpoint_every_steps": 50}
+    )
+  ).train
   clock = runlog.Clock()
   assert runlog.remaining_pauses(train, 25, 260, clock) == 0  # none measured yet
   clock.spent, clock.times = {"eval": 8.0, "save": 3.0}, {"eval": 2, "save": 3}
@@ -97,8 +108,14 @@ def test_the_eta_counts_the_evaluations_and_checkpoints_left():
 
 @pytest.mark.slow
 def test_evaluation_time_is_logged(tmp_path, caplog):
-  config = tiny_experiment(**{"num_train_steps": 2, "eval_every_steps": 1,
-                              "checkpoint_every_steps": 0, "eval.max_segments": 2})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 2,
+      "eval_every_steps": 1,
+      "checkpoint_every_steps": 0,
+      "eval.max_segments": 2,
+    }
+  )
   with caplog.at_level(logging.INFO, logger="compressive"):
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   evals = [m for m in messages(caplog) if m.startswith("eval at step")]
@@ -108,18 +125,24 @@ def test_evaluation_time_is_logged(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("dtype,warned", [("float32", False), ("bfloat16", True)])
-def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(tmp_path, caplog,
-                                                                          dtype, warned):
+def test_the_run_names_its_platform_and_an_accelerator_config_on_cpu_warns(
+  tmp_path, caplog, dtype, warned
+):
   config = tiny_experiment(**{"num_train_steps": 4, "model.dtype": dtype})
   with caplog.at_level(logging.INFO, logger="compressive"):
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"), stop_at_step=0)  # no step
-  assert any(re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
-             for m in messages(caplog)), messages(caplog)
+  assert any(
+    re.match(r"mesh \{.*\} over \d+ cpu devices \(cpu\) in 1 processes", m)
+    for m in messages(caplog)
+  ), messages(caplog)
   # And what it trains on: the source, where it is, the documents it reads.
-  assert "data.source=synthetic (generated): train 16, validation (evaluated) 4 documents" in \
-      messages(caplog)
-  found = [r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in
-           r.getMessage()]
+  assert (
+    "data.source=synthetic (generated): train 16, validation (evaluated) 4 documents"
+    in messages(caplog)
+  )
+  found = [
+    r for r in caplog.records if "on CPU devices: a config meant for a GPU or TPU" in r.getMessage()
+  ]
   assert len(found) == warned and all(r.levelno == logging.WARNING for r in found)
 
 
@@ -130,12 +153,19 @@ def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warne
   # names is the one the metrics log at the last step (the rate of that
   # step's update), below the peak.
   whole = warmup == 4
-  config = tiny_experiment(**{"num_train_steps": 4, "optimizer.warmup_steps": warmup,
-                              "log_every_steps": 1, "eval_every_steps": 0,
-                              "checkpoint_every_steps": 0})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 4,
+      "optimizer.warmup_steps": warmup,
+      "log_every_steps": 1,
+      "eval_every_steps": 0,
+      "checkpoint_every_steps": 0,
+    }
+  )
   with caplog.at_level(logging.INFO, logger="compressive"):
-    train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"),
-                                 stop_at_step=None if whole else 0)
+    train_lib.train_and_evaluate(
+      to_train(config), str(tmp_path / "wd"), stop_at_step=None if whole else 0
+    )
   found = [r for r in caplog.records if "warmup_steps" in r.getMessage()]
   assert len(found) == (1 if warned else 0)
   if warned:
@@ -146,16 +176,24 @@ def test_warmup_longer_than_the_run_is_a_warning(tmp_path, caplog, warmup, warne
     peak, updates = config.optimizer.learning_rate, 4 * config.segments_per_step
     assert last["step"] == 4  # one update per segment: the last one's rate is below the peak
     assert last["learning_rate"] == pytest.approx(peak * (updates - 1) / updates)
-    assert f"its last update's is {last['learning_rate']:.4g}, below " \
-        f"optimizer.learning_rate={peak:g}" in found[0].getMessage()
+    assert (
+      f"its last update's is {last['learning_rate']:.4g}, below "
+      f"optimizer.learning_rate={peak:g}" in found[0].getMessage()
+    )
 
 
 @pytest.mark.slow
 def test_mfu_is_logged_where_the_peak_is_known(tmp_path, caplog, monkeypatch):
   # CPU has no peak: pretend it is a 1 GFLOP/s chip.
   monkeypatch.setattr(flops, "PEAK_TFLOPS", (("cpu", (1e-3, 1e-3)),) + flops.PEAK_TFLOPS)
-  config = tiny_experiment(**{"num_train_steps": 3, "log_every_steps": 1, "eval_every_steps": 0,
-                              "checkpoint_every_steps": 0})
+  config = tiny_experiment(
+    **{
+      "num_train_steps": 3,
+      "log_every_steps": 1,
+      "eval_every_steps": 0,
+      "checkpoint_every_steps": 0,
+    }
+  )
   with caplog.at_level(logging.INFO, logger="compressive"):
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "wd"))
   steps = [m for m in messages(caplog) if m.startswith("step ")]
@@ -187,9 +225,14 @@ def test_peak_lookup_by_device_kind():
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
   return write_config_file(
-      tmp_path_factory.mktemp("cfg") / "tiny.py",
-      {"num_train_steps": 3, "eval_every_steps": 0, "checkpoint_every_steps": 0,
-       "log_every_steps": 1})
+    tmp_path_factory.mktemp("cfg") / "tiny.py",
+    {
+      "num_train_steps": 3,
+      "eval_every_steps": 0,
+      "checkpoint_every_steps": 0,
+      "log_every_steps": 1,
+    },
+  )
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +247,12 @@ def trained(config_file, tmp_path_factory):
 @pytest.mark.slow
 def test_profile_steps_writes_a_trace(trained):
   workdir, r = trained
-  traces = [os.path.join(root, name) for root, _, names in os.walk(workdir / "profile")
-            for name in names if name.endswith(".xplane.pb")]
+  traces = [
+    os.path.join(root, name)
+    for root, _, names in os.walk(workdir / "profile")
+    for name in names
+    if name.endswith(".xplane.pb")
+  ]
   assert traces, list(os.walk(workdir / "profile"))
   assert "profiling steps 2-2" in r.stderr
   assert "profiling steps 2-2" in (workdir / "train.log").read_text()
@@ -214,12 +261,16 @@ def test_profile_steps_writes_a_trace(trained):
 @pytest.mark.slow
 @pytest.mark.parametrize("value", ["3,1", "0,2", "2", "a,b", "1,2,3"])
 def test_a_bad_profile_steps_is_one_line_and_exit_2(config_file, tmp_path, value):
-  r = run("train.py", f"--config={config_file}", f"--workdir={tmp_path / 'wd'}",
-          f"--profile_steps={value}")
+  r = run(
+    "train.py",
+    f"--config={config_file}",
+    f"--workdir={tmp_path / 'wd'}",
+    f"--profile_steps={value}",
+  )
   assert r.returncode == 2, r.stderr[-3000:]
   assert r.stderr.strip().splitlines() == [
-      f"error: --profile_steps={value} must be START,END: two step numbers with "
-      "1 <= START <= END"]
+    f"error: --profile_steps={value} must be START,END: two step numbers with 1 <= START <= END"
+  ]
   assert not os.path.exists(tmp_path / "wd")
 
 
@@ -243,22 +294,36 @@ def test_eval_progress_goes_to_stderr_and_the_result_alone_to_stdout(trained):
 @pytest.mark.slow
 def test_analyze_and_sample_take_the_mesh_and_memory_flags(trained):
   workdir, _ = trained
-  r = run("analyze.py", f"--workdir={workdir}", "--analysis=loss_by_position",
-          "--progress_seconds=0", "--max_segments=3", "--mesh_shape=-1,1,1",
-          "--memory_length=4")
+  r = run(
+    "analyze.py",
+    f"--workdir={workdir}",
+    "--analysis=loss_by_position",
+    "--progress_seconds=0",
+    "--max_segments=3",
+    "--mesh_shape=-1,1,1",
+    "--memory_length=4",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "loss_by_position: segment 2/3," in r.stderr
   assert json.loads(r.stdout.strip().splitlines()[-1])["bits"]
   assert os.path.exists(workdir / "analysis_loss_by_position_validation_memory_length4.json")
 
-  r = run("sample.py", f"--workdir={workdir}", "--prompt=abc", "--num_tokens=3",
-          "--memory_length=4", "--compressed_memory_length=0", "--mesh_shape=1,1,1")
+  r = run(
+    "sample.py",
+    f"--workdir={workdir}",
+    "--prompt=abc",
+    "--num_tokens=3",
+    "--memory_length=4",
+    "--compressed_memory_length=0",
+    "--mesh_shape=1,1,1",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.startswith("abc")
 
   for script, extra in (("sample.py", ["--prompt=abc"]), ("analyze.py", []), ("eval.py", [])):
     r = run(script, f"--workdir={workdir}", "--mesh_shape=a,1,1", *extra)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: --mesh_shape=a,1,1 must be integers"], (script, r.stderr[-3000:])
+      "error: --mesh_shape=a,1,1 must be integers"
+    ], (script, r.stderr[-3000:])
   r = run("sample.py", f"--workdir={workdir}", "--prompt=abc", "--compressed_memory_length=-3")
   assert r.returncode == 2 and r.stderr.strip().startswith("error: --compressed_memory_length=-3")

@@ -93,8 +93,11 @@ def _fifo(tmp_path, wd):
   return []
 
 
-@pytest.mark.parametrize("make", [_link, _dangling_link, _hard_link, _folder, _fifo],
-                         ids=["link", "dangling-link", "hard-link", "folder", "fifo"])
+@pytest.mark.parametrize(
+  "make",
+  [_link, _dangling_link, _hard_link, _folder, _fifo],
+  ids=["link", "dangling-link", "hard-link", "folder", "fifo"],
+)
 def test_anything_but_a_file_of_its_own_in_the_lock_files_place_is_set_aside(tmp_path, make):
   wd = tmp_path / "wd"
   os.makedirs(wd)
@@ -168,6 +171,7 @@ def test_the_trainer_refuses_another_runs_checkpoints_before_it_writes(tmp_path)
 def test_a_lock_file_held_by_an_earlier_trainer_still_keeps_the_workdir(tmp_path):
   # Trainers of earlier versions lock only train.lock: they keep theirs.
   import fcntl
+
   fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -178,12 +182,17 @@ def test_a_lock_file_held_by_an_earlier_trainer_still_keeps_the_workdir(tmp_path
   assert_free(tmp_path)
 
 
-@pytest.mark.parametrize("make,cause", [
+@pytest.mark.parametrize(
+  "make,cause",
+  [
     (lambda wd: (wd / "checkpoints").write_text("a user's file\n"), "is not a folder"),
-    (lambda wd: os.symlink(wd / "gone", wd / "checkpoints"), "which does not exist")],
-    ids=["file", "dangling-link"])
+    (lambda wd: os.symlink(wd / "gone", wd / "checkpoints"), "which does not exist"),
+  ],
+  ids=["file", "dangling-link"],
+)
 def test_checkpoints_that_are_no_folder_are_one_line_and_left_alone(tmp_path, make, cause):
   from compressive.errors import UserError
+
   make(tmp_path)
   with pytest.raises(UserError, match=cause) as e:
     held(tmp_path)
@@ -215,8 +224,11 @@ def test_a_checkpoints_folder_of_a_finished_run_is_no_other_workdirs(tmp_path):
   os.makedirs(b)
   assert_free(a)
   os.symlink(a / "checkpoints", b / "checkpoints")
-  with pytest.raises(UserError, match=r"holds the run of another workdir \(.*/a\); a "
-                                      r"checkpoints folder belongs to one run") as e:
+  with pytest.raises(
+    UserError,
+    match=r"holds the run of another workdir \(.*/a\); a "
+    r"checkpoints folder belongs to one run",
+  ) as e:
     held(b)
   assert "\n" not in str(e.value)
   assert_free(a)  # a resumes as before
@@ -291,8 +303,9 @@ def test_a_start_that_fails_before_the_run_begins_leaves_no_stub(tmp_path):
   texts.mkdir()
   for i in range(14):
     (texts / f"t{i}.txt").write_text(f"text {i} " * 40)
-  config = tiny_experiment(**{"data.source": "text_files", "data.text_files.path": str(texts),
-                              "batch_size": 16})
+  config = tiny_experiment(
+    **{"data.source": "text_files", "data.text_files.path": str(texts), "batch_size": 16}
+  )
   with pytest.raises(UserError, match="documents but the batch has 16 rows"):
     train_lib.train_and_evaluate(to_train(config), str(tmp_path / "new"))
   assert not os.path.lexists(tmp_path / "new")

@@ -19,12 +19,17 @@ from compressive.training.metrics import read_jsonl
 from helpers import tiny_experiment, to_train
 import inprocess
 
-RUN = {"num_train_steps": 4, "log_every_steps": 1, "eval_every_steps": 2,
-       "checkpoint_every_steps": 2}
+RUN = {
+  "num_train_steps": 4,
+  "log_every_steps": 1,
+  "eval_every_steps": 2,
+  "checkpoint_every_steps": 2,
+}
 
 
 class Recorder:
   """A writer of the test's own: what it is told, in order."""
+
   told: list = []
 
   def __init__(self, run):
@@ -95,14 +100,19 @@ def test_a_writer_named_module_colon_name_is_imported_on_demand(tmp_path, monkey
   sys.modules.pop("my_writers", None)
 
 
-@pytest.mark.parametrize("names,said", [
+@pytest.mark.parametrize(
+  "names,said",
+  [
     (("nope",), "metric_writers='nope' is unknown; choose one of tensorboard, wandb"),
-    (("no_such_module:W",), "metric_writers='no_such_module:W': cannot import module "
-                            "'no_such_module'"),
+    (
+      ("no_such_module:W",),
+      "metric_writers='no_such_module:W': cannot import module 'no_such_module'",
+    ),
     (("json:nothing",), "metric_writers='json:nothing': module 'json' has no 'nothing'"),
     (("tensorboard", "tensorboard"), "must be a tuple of distinct writer names"),
     (("",), "must be a tuple of distinct writer names"),
-])
+  ],
+)
 def test_a_writer_that_cannot_be_had_is_one_line_before_anything(tmp_path, names, said):
   with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
     experiment = to_train(tiny_experiment(**RUN, metric_writers=names))
@@ -112,15 +122,19 @@ def test_a_writer_that_cannot_be_had_is_one_line_before_anything(tmp_path, names
 
 def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, monkeypatch):
   import importlib.util
+
   find = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, "find_spec",
-                      lambda name, *a: None if name == "wandb" else find(name, *a))
-  r = inprocess.run("train.py",
-                    [f"--workdir={tmp_path}/wd", "--config.metric_writers=(tensorboard,wandb)",
-                                 "--dry_run"])
+  monkeypatch.setattr(
+    importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find(name, *a)
+  )
+  r = inprocess.run(
+    "train.py",
+    [f"--workdir={tmp_path}/wd", "--config.metric_writers=(tensorboard,wandb)", "--dry_run"],
+  )
   assert r.returncode == 2 and r.stderr.strip() == (
-      "error: metric_writers names wandb, which needs the wandb package: pip install "
-      "\"compressive[wandb]\" (or pip install wandb)"), r.stderr
+    "error: metric_writers names wandb, which needs the wandb package: pip install "
+    '"compressive[wandb]" (or pip install wandb)'
+  ), r.stderr
 
 
 # -- Weights & Biases, offline. -------------------------------------------------
@@ -131,6 +145,7 @@ def wandb_records(path):
   blocks of 32 KiB after a 7-byte header, each record's chunks (full, or
   first/middle/last) holding one protobuf Record."""
   from wandb.proto import wandb_internal_pb2 as pb
+
   data = open(path, "rb").read()
   assert data[:4] == b":W&B"
   records, pos, pending, block = [], 7, b"", 32768
@@ -138,8 +153,8 @@ def wandb_records(path):
     if block - pos % block < 7:  # a block's tail too short for a header: padding
       pos += block - pos % block
       continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    pending += data[pos + 7:pos + 7 + length]
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+    pending += data[pos + 7 : pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):  # full, last
       record = pb.Record()
@@ -173,15 +188,18 @@ def test_a_wandb_offline_run_holds_the_config_and_the_logged_steps(tmp_path, mon
   history = []
   for r in records:
     if r.WhichOneof("record_type") == "history":
-      items = {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json)
-               for i in r.history.item}
+      items = {
+        i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item
+      }
       history.append((r.history.step.num, items))
   train = read_jsonl(str(workdir / "metrics_train.jsonl"))
   evals = read_jsonl(str(workdir / "metrics_eval.jsonl"))
-  logged = {(step, key.split("/")[0]): None for step, items in history for key in items
-            if "/" in key}
-  assert sorted(logged) == sorted([(r["step"], "train") for r in train]
-                                  + [(r["step"], "eval") for r in evals])
+  logged = {
+    (step, key.split("/")[0]): None for step, items in history for key in items if "/" in key
+  }
+  assert sorted(logged) == sorted(
+    [(r["step"], "train") for r in train] + [(r["step"], "eval") for r in evals]
+  )
   for step, items in history:
     for r in train:
       if r["step"] == step and "train/loss" in items:
