@@ -121,7 +121,8 @@ class PeerProcess:
         self.proc.kill()
 
 
-def main(argv=None) -> int:
+def _arguments(argv: "list[str] | None") -> argparse.Namespace:
+  """The command line, parsed and checked (one line and exit 2 when bad)."""
   p = argparse.ArgumentParser(
     description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
   )
@@ -160,6 +161,72 @@ def main(argv=None) -> int:
       f"--train-updates {args.train_updates} is not a multiple of "
       f"--segments-per-step {args.segments_per_step}"
     )
+  return args
+
+
+def _environment(args: argparse.Namespace, peer_info: dict, cpus, load_start) -> dict:
+  """The result's `environment`: both sides' libraries and threads, the
+  machine, and its load at the start and the end."""
+  import jax
+
+  return dict(
+    jax=jax.__version__,
+    jax_backend=jax.default_backend(),
+    torch=peer_info["torch"],
+    compressive_transformer_pytorch=peer_info["compressive_transformer_pytorch"],
+    threads=args.threads,
+    torch_threads=peer_info["threads"],
+    cpus=cpus,
+    cpu_count=os.cpu_count(),
+    cpu_model=cpu_model(),
+    python=platform.python_version(),
+    load_average_start=load_start,
+    load_average_end=loadavg(),
+    xla_flags=os.environ.get("XLA_FLAGS", ""),
+  )
+
+
+def _configs(args: argparse.Namespace, config, peer_info: dict, last_train: dict) -> dict:
+  """The result's `config`: the reference model, each side's model,
+  batch and optimizer as it reports them, and the rounds' sizes."""
+  return dict(
+    reference=dict(
+      vocab=256,
+      d_model=512,
+      layers=8,
+      heads=8,
+      d_ff=2048,
+      segment=256,
+      memory=256,
+      compressed_memory=256,
+      rate=4,
+      batch=4,
+      dtype="float32",
+    ),
+    ours=dict(
+      model=config.model.to_dict(),
+      batch_size=config.batch_size,
+      segments_per_step=config.segments_per_step,
+      optimizer=config.optimizer.to_dict(),
+    ),
+    theirs=dict(
+      model=peer_info["model"],
+      batch_size=peer_info["batch_size"],
+      optimizer=peer_info["optimizer"],
+      enhanced_recurrence=peer_info["enhanced_recurrence"],
+      reconstruction_loss_weight=peer_info["reconstruction_loss_weight"],
+      kv_grad_patch=peer_info["kv_grad_patch"],
+      to_kv_requires_grad_after_training=last_train.get("to_kv_requires_grad"),
+    ),
+    rounds=args.rounds,
+    train_updates_per_round=args.train_updates,
+    eval_segments_per_round=args.eval_segments,
+    peer_warmup=args.warmup,
+  )
+
+
+def main(argv=None) -> int:
+  args = _arguments(argv)
 
   peer_python = os.path.join(args.peer_venv, "bin", "python")
   if not os.access(peer_python, os.X_OK):
@@ -276,55 +343,8 @@ def main(argv=None) -> int:
       train=round(med["ours_train"] * flops.train / 1e9, 1),
       eval=round(med["ours_eval"] * flops.forward / 1e9, 1),
     ),
-    environment=dict(
-      jax=jax.__version__,
-      jax_backend=jax.default_backend(),
-      torch=peer_info["torch"],
-      compressive_transformer_pytorch=peer_info["compressive_transformer_pytorch"],
-      threads=args.threads,
-      torch_threads=peer_info["threads"],
-      cpus=cpus,
-      cpu_count=os.cpu_count(),
-      cpu_model=cpu_model(),
-      python=platform.python_version(),
-      load_average_start=load_start,
-      load_average_end=loadavg(),
-      xla_flags=os.environ.get("XLA_FLAGS", ""),
-    ),
-    config=dict(
-      reference=dict(
-        vocab=256,
-        d_model=512,
-        layers=8,
-        heads=8,
-        d_ff=2048,
-        segment=256,
-        memory=256,
-        compressed_memory=256,
-        rate=4,
-        batch=4,
-        dtype="float32",
-      ),
-      ours=dict(
-        model=config.model.to_dict(),
-        batch_size=config.batch_size,
-        segments_per_step=config.segments_per_step,
-        optimizer=config.optimizer.to_dict(),
-      ),
-      theirs=dict(
-        model=peer_info["model"],
-        batch_size=peer_info["batch_size"],
-        optimizer=peer_info["optimizer"],
-        enhanced_recurrence=peer_info["enhanced_recurrence"],
-        reconstruction_loss_weight=peer_info["reconstruction_loss_weight"],
-        kv_grad_patch=peer_info["kv_grad_patch"],
-        to_kv_requires_grad_after_training=last_train.get("to_kv_requires_grad"),
-      ),
-      rounds=args.rounds,
-      train_updates_per_round=args.train_updates,
-      eval_segments_per_round=args.eval_segments,
-      peer_warmup=args.warmup,
-    ),
+    environment=_environment(args, peer_info, cpus, load_start),
+    config=_configs(args, config, peer_info, last_train),
   )
   print(json.dumps(result, default=str))
   return 0

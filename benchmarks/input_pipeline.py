@@ -251,6 +251,47 @@ def _loads(docs: TimedDocuments, first: int) -> dict:
   return out
 
 
+def _make_steps(step_iterator, steps: int, shape: tuple) -> tuple[list[float], dict]:
+  """`steps` + 1 steps' batches made in the calling thread: the seconds each
+  took, and the documents loaded (the first step's, the most in one step
+  after it, and in the slowest step). `shape`: a step's inputs' shape."""
+  batches, docs = step_iterator()
+  make, loads_per_step = [], []
+  for _ in range(steps + 1):
+    before = len(docs.loads)
+    begin = time.perf_counter()
+    batch = next(batches)
+    make.append(time.perf_counter() - begin)
+    loads_per_step.append(len(docs.loads) - before)
+  assert batch["inputs"].shape == shape, batch["inputs"].shape
+  make_loads = _loads(docs, loads_per_step[0])
+  make_loads["max_in_one_step"] = max(loads_per_step[1:], default=0)
+  slowest = 1 + int(np.argmax(make[1:]))
+  make_loads["in_slowest_step"] = loads_per_step[slowest]
+  return make, make_loads
+
+
+def _wait_steps(
+  step_iterator, steps: int, depth: int, step_s: float, rows: int
+) -> tuple[list[float], list[float], dict]:
+  """`steps` + 1 steps waited for through the prefetcher, the device
+  simulated by a sleep of `step_s`: each wait, how far each sleep overran
+  (module docstring), and the documents loaded."""
+  step_batches, docs = step_iterator()
+  wait, overrun = [], []
+  with prefetch.Prefetcher(step_batches, depth) as prefetched:
+    for _ in range(steps + 1):
+      begin = time.perf_counter()
+      next(prefetched)
+      woke = time.perf_counter()
+      wait.append(woke - begin)
+      time.sleep(step_s)
+      overrun.append(time.perf_counter() - woke - step_s)
+  # Not attributed to steps: the thread runs up to depth + 1 steps ahead.
+  # Each row loads its first document at the first step.
+  return wait, overrun, _loads(docs, rows)
+
+
 def measure_row(row: dict, steps: int, cache_dir: str) -> dict:
   """One AOT row: `steps` steps made in the calling thread, then as many
   waited for through the prefetcher (each after a first step, reported
@@ -290,35 +331,9 @@ def measure_row(row: dict, steps: int, cache_dir: str) -> dict:
     return prefetch.StepIterator(segments, s), docs
 
   # 1. Making each step's batch in the calling thread.
-  batches, docs = step_iterator()
-  make, loads_per_step = [], []
-  for _ in range(steps + 1):
-    before = len(docs.loads)
-    begin = time.perf_counter()
-    batch = next(batches)
-    make.append(time.perf_counter() - begin)
-    loads_per_step.append(len(docs.loads) - before)
-  assert batch["inputs"].shape == (s, rows, t), batch["inputs"].shape
-  make_loads = _loads(docs, loads_per_step[0])
-  make_loads["max_in_one_step"] = max(loads_per_step[1:], default=0)
-  slowest = 1 + int(np.argmax(make[1:]))
-  make_loads["in_slowest_step"] = loads_per_step[slowest]
-
+  make, make_loads = _make_steps(step_iterator, steps, (s, rows, t))
   # 2. Waiting for it with the prefetcher, the device simulated by a sleep.
-  # How far each sleep overran is kept too (module docstring).
-  step_batches, docs = step_iterator()
-  wait, overrun = [], []
-  with prefetch.Prefetcher(step_batches, depth) as prefetched:
-    for _ in range(steps + 1):
-      begin = time.perf_counter()
-      next(prefetched)
-      woke = time.perf_counter()
-      wait.append(woke - begin)
-      time.sleep(step_s)
-      overrun.append(time.perf_counter() - woke - step_s)
-  # Not attributed to steps: the thread runs up to depth + 1 steps ahead.
-  # Each row loads its first document at the first step.
-  wait_loads = _loads(docs, rows)
+  wait, overrun, wait_loads = _wait_steps(step_iterator, steps, depth, step_s, rows)
 
   made, waited = _ms(make[1:]), _ms(wait[1:])
   fraction = {k: v / 1e3 / step_s for k, v in waited.items()}

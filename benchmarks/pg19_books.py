@@ -126,6 +126,19 @@ def _books_complete(folder: str, manifest: Optional[dict], params: dict) -> bool
   return True
 
 
+def _empty_train_folder(folder: str, manifest_path: str) -> str:
+  """`<folder>/train/`, made, without the books of an earlier build and
+  without the manifest (incomplete or different until rewritten)."""
+  train = os.path.join(folder, "train")
+  os.makedirs(train, exist_ok=True)
+  if os.path.exists(manifest_path):
+    os.remove(manifest_path)
+  for name in os.listdir(train):  # books of an earlier, different build
+    if name.endswith(".txt"):
+      os.remove(os.path.join(train, name))
+  return train
+
+
 def build_books(
   folder: str,
   num_books: int = NUM_BOOKS,
@@ -148,13 +161,7 @@ def build_books(
     return manifest
   start = time.perf_counter()
   paragraphs = _paragraphs(books_cache_dir)
-  train = os.path.join(folder, "train")
-  os.makedirs(train, exist_ok=True)
-  if os.path.exists(manifest_path):
-    os.remove(manifest_path)  # incomplete or different until rewritten
-  for name in os.listdir(train):  # books of an earlier, different build
-    if name.endswith(".txt"):
-      os.remove(os.path.join(train, name))
+  train = _empty_train_folder(folder, manifest_path)
   sizes, digest = {}, hashlib.sha256()
   for i in range(num_books):
     rng = np.random.default_rng([seed, i])

@@ -53,6 +53,42 @@ def _overrides():
   return out
 
 
+def _model_entry(config, parameters: int, compile_s: float) -> dict:
+  """A model's entry in the result before its rounds: its config, size,
+  compile time and FLOPs per token, and empty lists for each round's speeds."""
+  flops = common.flops_per_token(common.ModelConfig.from_config(config.model), config.batch_size)
+  return {
+    "model": config.model.to_dict(),
+    "batch_size": config.batch_size,
+    "segments_per_step": config.segments_per_step,
+    "parameters": parameters,
+    "compile_train_step_s": compile_s,
+    "train_flops_per_token": flops.train,
+    "forward_flops_per_token": flops.forward,
+    "eval_flops_per_token": flops.evaluate,
+    "train_tokens_per_s": [],
+    "eval_tokens_per_s": [],
+    "eval_uncached_tokens_per_s": [],
+  }
+
+
+def _add_medians(entry: dict, peak: float) -> None:
+  """A model's entry after its rounds: each speed's median over the rounds,
+  and the share of the matmul peak (`peak` GFLOP/s) each median uses."""
+  tr = statistics.median(entry["train_tokens_per_s"])
+  ev = statistics.median(entry["eval_tokens_per_s"])
+  entry["train_tokens_per_s_median"] = tr
+  entry["eval_tokens_per_s_median"] = ev
+  entry["eval_uncached_tokens_per_s_median"] = statistics.median(
+    entry["eval_uncached_tokens_per_s"]
+  )
+  entry["train_mfu"] = tr * entry["train_flops_per_token"] / (peak * 1e9)
+  entry["eval_mfu"] = ev * entry["eval_flops_per_token"] / (peak * 1e9)
+  entry["eval_uncached_mfu"] = (
+    entry["eval_uncached_tokens_per_s_median"] * entry["forward_flops_per_token"] / (peak * 1e9)
+  )
+
+
 def measure_throughput() -> dict:
   configs = {
     k: common.reference_config(
@@ -74,21 +110,8 @@ def measure_throughput() -> dict:
     # The same evaluation recomputing every memory slot's keys and values
     # each segment, to show what evaluation's key/value cache buys.
     eb_plain = common.EvalBench(config, cache_keys_values=False)
-    flops = common.flops_per_token(common.ModelConfig.from_config(config.model), config.batch_size)
     benches[kind] = (tb, eb, eb_plain)
-    result["models"][kind] = {
-      "model": config.model.to_dict(),
-      "batch_size": config.batch_size,
-      "segments_per_step": config.segments_per_step,
-      "parameters": tb.num_params,
-      "compile_train_step_s": compile_s,
-      "train_flops_per_token": flops.train,
-      "forward_flops_per_token": flops.forward,
-      "eval_flops_per_token": flops.evaluate,
-      "train_tokens_per_s": [],
-      "eval_tokens_per_s": [],
-      "eval_uncached_tokens_per_s": [],
-    }
+    result["models"][kind] = _model_entry(config, tb.num_params, compile_s)
     print(f"{kind}: compiled the train step in {compile_s:.1f} s", file=sys.stderr)
   for r in range(FLAGS.rounds):
     for kind, (tb, eb, eb_plain) in benches.items():
@@ -109,18 +132,7 @@ def measure_throughput() -> dict:
   peak = max(peak, after)
   result["matmul_gflops"]["peak"] = peak
   for entry in result["models"].values():
-    tr = statistics.median(entry["train_tokens_per_s"])
-    ev = statistics.median(entry["eval_tokens_per_s"])
-    entry["train_tokens_per_s_median"] = tr
-    entry["eval_tokens_per_s_median"] = ev
-    entry["eval_uncached_tokens_per_s_median"] = statistics.median(
-      entry["eval_uncached_tokens_per_s"]
-    )
-    entry["train_mfu"] = tr * entry["train_flops_per_token"] / (peak * 1e9)
-    entry["eval_mfu"] = ev * entry["eval_flops_per_token"] / (peak * 1e9)
-    entry["eval_uncached_mfu"] = (
-      entry["eval_uncached_tokens_per_s_median"] * entry["forward_flops_per_token"] / (peak * 1e9)
-    )
+    _add_medians(entry, peak)
   result["peak_rss_mib"] = common.peak_rss_mib()
   if "ct" in benches and "txl" in benches:
     m = result["models"]
@@ -131,10 +143,21 @@ def measure_throughput() -> dict:
   return result
 
 
+def _one_document(config, length: int):
+  """The test split of the config's data made one synthetic document of
+  `length` tokens (the config's data section is changed to say so)."""
+  from compressive import data as data_lib
+
+  d = config.data
+  d.source = "synthetic"
+  d.synthetic.num_docs = (1, 1, 1)
+  d.synthetic.min_length = d.synthetic.max_length = length
+  return data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
+
+
 def measure_stream() -> dict:
   """Peak RSS while one long document streams through eval_lib.evaluate."""
   from compressive import config as config_lib
-  from compressive import data as data_lib
   from compressive.evaluation import evaluate as eval_lib
   from compressive.model.transformer import merge_params
   from compressive.training import step as train_step
@@ -143,11 +166,7 @@ def measure_stream() -> dict:
   kind = FLAGS.kinds[0]
   config = common.reference_config(kind, batch_size=1, dtype=FLAGS.dtype, **_overrides())
   config.eval.batch_size = 1
-  d = config.data
-  d.source = "synthetic"
-  d.synthetic.num_docs = (1, 1, 1)
-  d.synthetic.min_length = d.synthetic.max_length = counts[-1] + config.model.segment_length + 1
-  documents = data_lib.get_documents(d, "test", data_lib.get_tokenizer(d))
+  documents = _one_document(config, counts[-1] + config.model.segment_length + 1)
   graphdef, template, params = train_step.build_model(
     common.ModelConfig.from_config(config.model), config.seed
   )
