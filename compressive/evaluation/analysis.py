@@ -24,7 +24,8 @@ import numpy as np
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
 from compressive.evaluation import evaluate as eval_lib
-from compressive.model.transformer import BANKS, CompressiveTransformer
+from compressive.model.block import BANKS
+from compressive.model.transformer import CompressiveTransformer
 
 
 def _bucket(values: np.ndarray, buckets: int) -> np.ndarray:
@@ -77,6 +78,16 @@ def attention_by_bucket(
   return {"layers": layers, "mean": np.mean(layers, 0).tolist(), "labels": labels, "rows": rows}
 
 
+def _log_bucket(pos: np.ndarray, bucket_tokens: int) -> np.ndarray:
+  """Each position's log-spaced bucket: 0 below bucket_tokens, then k + 1
+  from bucket_tokens * 2**k (`loss_by_position`)."""
+  return np.where(
+    pos < bucket_tokens,
+    0,
+    np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1,
+  )
+
+
 def loss_by_position(
   model: CompressiveTransformer,
   documents: data_lib.Documents,
@@ -108,11 +119,7 @@ def loss_by_position(
     row_pos = np.zeros(sos.shape, np.int64) if row_pos is None else row_pos
     row_pos[sos] = 0
     pos = row_pos[:, None] + np.arange(t)[None]  # [B, T] position of each target
-    bucket = np.where(
-      pos < bucket_tokens,
-      0,
-      np.floor(np.log2(np.maximum(pos, 1) / bucket_tokens)).astype(np.int64) + 1,
-    )
+    bucket = _log_bucket(pos, bucket_tokens)
     mask = np.asarray(segment.batch["mask"])
     values = np.asarray(segment.nll, np.float64)
     for k in np.unique(bucket[mask]):

@@ -22,19 +22,17 @@ only its own rows.
 
 `stream` is the one loop over a split's segments: `evaluate` (eval.py, and
 training's periodic estimates) sums its losses, and compressive/evaluation/analysis.py
-reads its per-token losses and attention weights. `_init_carry` and
-`_run_model` are evaluation's only uses of the model's key/value cache,
-position keys, call and aux. In `model.eval()` mode the model computes no
-reconstruction loss: only training reads it.
+reads its per-token losses and attention weights. `init_carry` and
+`run_model` (compressive/evaluation/carry.py) are evaluation's only uses of
+the model's key/value cache, position keys, call and aux. In `model.eval()`
+mode the model computes no reconstruction loss: only training reads it.
+`Progress` (compressive/evaluation/progress.py) is a stream's progress line.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import math
-import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Self, cast
+from typing import Any, Callable, Iterator, Optional, cast
 
 from flax import nnx
 import flax.struct
@@ -44,116 +42,15 @@ from jax.sharding import Mesh
 
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
+from compressive.evaluation.carry import Carry, init_carry, run_model
+from compressive.evaluation.pass_metrics import pass_metrics
+from compressive.evaluation.progress import Progress
 from compressive.model import losses
 from compressive.model import memory as memory_lib
 from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.scale import sharding
-from compressive.values import hms
 
-_log = logging.getLogger("compressive")
-
-
-class Progress:
-  """A progress line on the "compressive" logger (stderr in the tools):
-  `<what>: segment i/total, x tok/s, ETA h:mm:ss`, every `every_s` seconds
-  (<= 0: every segment). Timed from the end of the first segment, so that
-  compilation counts in neither the rate nor the ETA; nothing is logged
-  before a second segment."""
-
-  def __init__(
-    self, what: str, total: Optional[int], tokens_per_segment: int, every_s: float = 10.0
-  ) -> None:
-    self.what, self.total, self.tokens, self.every_s = what, total, tokens_per_segment, every_s
-    self._start: Optional[tuple[float, int]] = None  # (time, segments) after the first
-    self._last = 0.0
-
-  def update(self, done: int) -> None:
-    """`done` segments are dispatched (per row)."""
-    now = time.time()
-    if self._start is None:
-      self._start, self._last = (now, done), now
-      return
-    if now - self._last < self.every_s:
-      return
-    self._last = now
-    rate = (done - self._start[1]) / max(now - self._start[0], 1e-9)  # segments / s
-    total = "?" if self.total is None else str(self.total)
-    eta = "?" if self.total is None else hms((self.total - done) / max(rate, 1e-9))
-    _log.info(
-      "%s: segment %d/%s, %.0f tok/s, ETA %s", self.what, done, total, rate * self.tokens, eta
-    )
-
-
-# -- The model in evaluation: its memory cache, its one call, its aux. -----------
-
-
-@flax.struct.dataclass
-class Carry:
-  """What a stream threads from one segment to the next: the memory (with
-  its slots' keys and values when cached) and every layer's W_r R for the
-  segment length (None in rope mode), both computed once while the weights
-  do not change."""
-
-  memory: memory_lib.Memory
-  position_keys: Optional[jax.Array]  # [L, C + M + 2T - 1, H, D]
-
-  if TYPE_CHECKING:  # flax.struct.dataclass adds it; its stub does not declare it
-
-    def replace(self, **updates: Any) -> Self: ...
-
-
-def _init_carry(
-  model: CompressiveTransformer, memory: memory_lib.Memory, cached: bool, segment_length: int
-) -> Carry:
-  """The carry a stream starts from: with `cached`, the memory carries
-  every slot's keys and values, computed once when the slot enters the
-  memory instead of every segment; W_r R is computed here once instead of in
-  every segment. The results are the same."""
-  memory = model.cache_keys_values(memory, segment_length=0) if cached else memory
-  return Carry(memory, model.position_keys(memory, segment_length))
-
-
-def _run_model(
-  model: CompressiveTransformer,
-  carry: Carry,
-  batch: dict[str, jax.Array],
-  collect_attention: bool,
-  probe: bool = False,
-) -> tuple[Carry, jax.Array, Optional[dict[str, jax.Array]]]:
-  """(carry, logits, attention) of one segment: evaluation's one call of the
-  model and its one reader of the model's aux. `attention` is None, or a
-  dict of `Segment` fields: with `collect_attention` attention_by_key and
-  memory_valid; with `probe` compressed_slots, compressed_weights and
-  memory_valid.
-  """
-  memory, t = carry.memory, batch["inputs"].shape[1]
-  rows = memory.compressed_memory_length + memory.memory_length + 2 * t - 1
-  if carry.position_keys is not None and carry.position_keys.shape[1] != rows:
-    raise ValueError(f"the stream's position keys are for another segment length than {t}")
-  logits, new_memory, aux = model(
-    batch["inputs"],
-    memory,
-    batch["start_of_sequence"],
-    collect_attention=collect_attention,
-    position_keys=carry.position_keys,
-    attention_weights=probe,
-  )
-  attention = None
-  if collect_attention or probe:
-    attended = memory_lib.reset_rows(memory, batch["start_of_sequence"])
-    attention = dict(
-      memory_valid=jnp.concatenate([attended.cmem_mask[0], attended.mem_mask[0]], axis=-1)
-    )
-    if collect_attention:
-      assert aux.attention_by_key is not None  # collect_attention fills it
-      attention["attention_by_key"] = aux.attention_by_key
-    if probe:
-      assert aux.attention_weights is not None  # attention_weights=probe fills it
-      c = attended.compressed_memory_length
-      attention.update(
-        compressed_slots=attended.cmem, compressed_weights=aux.attention_weights[..., :c]
-      )
-  return carry.replace(memory=new_memory), logits, attention
+# -- The carry on the mesh (compressive/evaluation/carry.py: the model in evaluation). --
 
 
 def carry_shardings(mesh: Mesh, mesh_config: sharding.MeshConfig, carry: Carry) -> Carry:
@@ -264,16 +161,9 @@ def stream_functions(
   t = segment_length or model.config.segment_length
   if mesh is not None:
     assert mesh_config is not None, "a mesh comes with its MeshConfig"
-    specs = sharding.param_specs(mesh_config, template)
-    param_shardings = sharding.shardings(mesh, specs)
-    gathered = sharding.shardings(mesh, sharding.gathered_specs(mesh_config, specs))
-    abstract_carry = jax.eval_shape(
-      lambda p, m: _init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
-      nnx.to_pure_dict(template),
-      abstract_memory,
+    param_shardings, gathered, carries, out_shardings = _stream_shardings(
+      graphdef, template, mesh, mesh_config, abstract_memory, cache_keys_values, t
     )
-    carries = carry_shardings(mesh, mesh_config, abstract_carry)
-    out_shardings = (carries, sharding.replicated(mesh))
 
   def merged(params: dict[str, Any]) -> CompressiveTransformer:
     if gathered is not None:
@@ -282,13 +172,13 @@ def stream_functions(
 
   @functools.partial(jax.jit, out_shardings=carries)
   def init(params: dict[str, Any], memory: memory_lib.Memory) -> Carry:
-    return _init_carry(merged(params), memory, cache_keys_values, t)
+    return init_carry(merged(params), memory, cache_keys_values, t)
 
   @functools.partial(jax.jit, out_shardings=out_shardings, donate_argnums=(1,))
   def step(
     params: dict[str, Any], carry: Carry, batch: dict[str, jax.Array]
   ) -> tuple[Carry, dict[str, jax.Array]]:
-    carry, logits, attention = _run_model(merged(params), carry, batch, collect_attention, probe)
+    carry, logits, attention = run_model(merged(params), carry, batch, collect_attention, probe)
     nats, count = losses.cross_entropy(logits, batch["targets"], batch["mask"])
     outputs = dict(nats=nats, count=count, **(attention or {}))
     if per_token:
@@ -298,6 +188,31 @@ def stream_functions(
     return carry, outputs
 
   return init, step, param_shardings
+
+
+def _stream_shardings(
+  graphdef: nnx.GraphDef[CompressiveTransformer],
+  template: nnx.State,
+  mesh: Mesh,
+  mesh_config: sharding.MeshConfig,
+  abstract_memory: Optional[memory_lib.Memory],
+  cache_keys_values: bool,
+  t: int,
+) -> tuple[Any, Any, Carry, Any]:
+  """`stream_functions`' layout on a mesh: (where the parameters are
+  stored, the parameters gathered along the data axes to compute, the
+  carry's shardings, the step's out_shardings: the carry's, and its outputs
+  replicated)."""
+  specs = sharding.param_specs(mesh_config, template)
+  param_shardings = sharding.shardings(mesh, specs)
+  gathered = sharding.shardings(mesh, sharding.gathered_specs(mesh_config, specs))
+  abstract_carry = jax.eval_shape(
+    lambda p, m: init_carry(merge_params(graphdef, template, p), m, cache_keys_values, t),
+    nnx.to_pure_dict(template),
+    abstract_memory,
+  )
+  carries = carry_shardings(mesh, mesh_config, abstract_carry)
+  return param_shardings, gathered, carries, (carries, sharding.replicated(mesh))
 
 
 def make_eval_step(
@@ -393,32 +308,10 @@ def stream(
   model.eval()
   mesh = sharding.make_mesh(mc) if mesh is None else mesh
   b, t, init = stream_shapes(experiment, mesh, len(documents))
-  rows = sharding.rows_sharding(mesh, mc, 2, 0)  # [B, T]
-  row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
-  it = data_lib.SegmentIterator(
-    documents,
-    batch_size=b,
-    segment_length=t,
-    seed=experiment.train.seed,
-    repeat=False,
-    row_start=row_start,
-    num_rows=num_rows,
-    vocab_size=experiment.model.vocab_size,
-    source=experiment.data.source,
+  it = _local_segments(documents, experiment, mesh, b, t)
+  carry, step = _stream_start(
+    model, mesh, mc, init, t, collect_attention=collect_attention, per_token=per_token, probe=probe
   )
-  abstract_memory = jax.eval_shape(init)
-  init_carry, step = make_stream_step(
-    model,
-    mesh,
-    mc,
-    abstract_memory,
-    collect_attention=collect_attention,
-    per_token=per_token,
-    segment_length=t,
-    probe=probe,
-  )
-  memory = jax.jit(init, out_shardings=sharding.memory_shardings(mesh, mc, abstract_memory))()
-  carry = init_carry(memory)
   batch_shardings = segment_shardings(mesh, mc)
   total = it.num_batches
   assert total is not None  # repeat=False: one pass
@@ -435,6 +328,62 @@ def stream(
     yield Segment(batch=batch, **outputs)
     if limit is not None and segments >= limit:
       return
+
+
+def _local_segments(
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  mesh: Mesh,
+  b: int,
+  t: int,
+) -> data_lib.SegmentIterator:
+  """`stream`'s segments of B rows and T tokens, one pass, as this process
+  reads them: its own rows of each [B, T] batch (the rows split along the
+  data axes). Global row r reads documents r, r + B, ..., each start to end."""
+  rows = sharding.rows_sharding(mesh, experiment.mesh, 2, 0)  # [B, T]
+  row_start, num_rows = sharding.local_rows(rows, (b, t), axis=0)
+  return data_lib.SegmentIterator(
+    documents,
+    batch_size=b,
+    segment_length=t,
+    seed=experiment.train.seed,
+    repeat=False,
+    row_start=row_start,
+    num_rows=num_rows,
+    vocab_size=experiment.model.vocab_size,
+    source=experiment.data.source,
+  )
+
+
+def _stream_start(
+  model: CompressiveTransformer,
+  mesh: Mesh,
+  mesh_config: sharding.MeshConfig,
+  init: Callable[[], memory_lib.Memory],
+  t: int,
+  *,
+  collect_attention: bool,
+  per_token: bool,
+  probe: bool,
+) -> tuple[Carry, Callable[[Carry, dict[str, jax.Array]], tuple[Carry, dict[str, jax.Array]]]]:
+  """`stream`'s step (`make_stream_step` on the mesh, for segments of t
+  tokens, filling the optional `Segment` fields asked for) and the carry it
+  starts from: the fresh memory init() makes, its rows laid out on the mesh."""
+  abstract_memory = jax.eval_shape(init)
+  start, step = make_stream_step(
+    model,
+    mesh,
+    mesh_config,
+    abstract_memory,
+    collect_attention=collect_attention,
+    per_token=per_token,
+    segment_length=t,
+    probe=probe,
+  )
+  memory = jax.jit(
+    init, out_shardings=sharding.memory_shardings(mesh, mesh_config, abstract_memory)
+  )()
+  return start(memory), step
 
 
 def evaluate(
@@ -456,6 +405,7 @@ def evaluate(
   `split` names the split `documents` hold (default experiment.eval.split): a
   complete pass over PG-19's validation or test split reports
   `word_perplexity` over the official word total (`word_perplexity_of`).
+  The metrics are `pass_metrics`' (compressive/evaluation/pass_metrics.py).
   """
   split = experiment.eval.split if split is None else split
   source = data_lib.registry.get(experiment.data.source)
@@ -482,45 +432,6 @@ def evaluate(
   total_nats += sum(float(n) for n, _ in pending)
   total_tokens += sum(float(c) for _, c in pending)
   complete = not (max_segments and max_segments > 0 and segments >= max_segments)
-  result = {
-    "loss": total_nats / max(total_tokens, 1.0),
-    "bits_per_token": total_nats / max(total_tokens, 1.0) / losses.LN2,
-    "tokens": int(total_tokens),  # a count: exact in float64, shown as one
-  }
-  if experiment.data.tokenizer == "bytes":
-    result["bits_per_byte"] = result["bits_per_token"]
-  elif complete:
-    num_bytes = sum(documents.num_bytes(i) for i in range(len(documents)))
-    result["bits_per_byte"] = total_nats / losses.LN2 / max(num_bytes, 1)
-  if complete and (official is not None or source.official_words is not None):
-    words = sum(documents.num_words(i) for i in range(len(documents)))
-    result.update(word_perplexity_of(total_nats, words, split, official, documents.description))
-  return result
-
-
-def word_perplexity_of(
-  total_nats: float, words: int, split: str, official: Optional[int], what: str
-) -> dict[str, float]:
-  """The word-level perplexity of a complete pass over `split`, whose texts
-  hold `words` whitespace-separated words: `word_perplexity`, `words`, and
-  where the source publishes the split's total `official` (PG-19's validation
-  and test) `words_official`, the normaliser then. A count more than 0.5%
-  off the official total is a warning naming both (`what`: the corpus/split).
-  No words and no official total: nothing."""
-  if official is None:
-    return {"word_perplexity": math.exp(total_nats / words), "words": words} if words else {}
-  if abs(words - official) > 0.005 * official and jax.process_index() == 0:
-    _log.warning(
-      "%s: %d words counted in the texts, but the official %s total is %d (%+.2f%%); "
-      "word_perplexity is normalised by the official total",
-      what,
-      words,
-      split,
-      official,
-      100.0 * (words - official) / official,
-    )
-  return {
-    "word_perplexity": math.exp(total_nats / official),
-    "words": words,
-    "words_official": official,
-  }
+  return pass_metrics(
+    total_nats, total_tokens, complete, documents, experiment, split, official, source
+  )

@@ -132,36 +132,70 @@ def _segment_samples(
       answer = answers[doc].get(int(row_pos[r]) + j + 1)
       if answer is None or not mask[r, j]:
         continue
-      distance, digit, value_at, fact = answer
-      slot = (value_at - start) // c
-      if value_at < start or slot >= c_len or not valid[r, slot]:
-        continue  # the value byte is not in the compressed memory here
-      fact_slots = sorted(
-        {(p - start) // c for p in range(*fact) if start <= p < start + c * c_len}
-      )
-      others = [i for i in range(c_len) if valid[r, i] and i not in fact_slots]
-      if not others:
+      placed = _placed(answer, start, c, c_len, valid[r])
+      if placed is None:
         continue
       if slots is None:
         slots = np.asarray(segment.compressed_slots, np.float32)  # [L, B, C, d]
         weights = np.asarray(segment.compressed_weights, np.float32)  # [L, B, H, T, C]
       assert weights is not None
       w = weights[:, r, :, j, :]  # [L, H, C]
-      rows.append(
-        dict(
-          doc=doc,
-          distance=distance,
-          digit=digit,
-          offset=(value_at - start) % c,
-          correct=bool(correct[r, j]),
-          slot=slots[:, r, slot],
-          control=slots[:, r, int(rng.choice(others))],
-          value_weight=w[:, :, slot],
-          other_weight=w[:, :, others].mean(-1),
-          found=np.isin(w.argmax(-1), fact_slots),
-        )
-      )  # each layer's and head's top slot
+      rows.append(_sample(doc, answer, start, c, bool(correct[r, j]), placed, slots[:, r], w, rng))
   return rows
+
+
+def _placed(
+  answer: tuple[int, int, int, tuple[int, int]],
+  start: int,
+  c: int,
+  c_len: int,
+  valid: np.ndarray,
+) -> Optional[tuple[int, list[int], list[int]]]:
+  """Where an answer byte's fact lies in a row's compressed memory, whose
+  oldest slot starts at position `start` (`valid` [C] its slots that hold
+  something): (the slot holding the value byte, the slots covering a byte
+  of the fact, the other valid slots: the controls). None when the value
+  byte is not in the compressed memory, or no other slot is valid."""
+  _, _, value_at, fact = answer
+  slot = (value_at - start) // c
+  if value_at < start or slot >= c_len or not valid[slot]:
+    return None  # the value byte is not in the compressed memory here
+  fact_slots = sorted({(p - start) // c for p in range(*fact) if start <= p < start + c * c_len})
+  others = [i for i in range(c_len) if valid[i] and i not in fact_slots]
+  if not others:
+    return None
+  return slot, fact_slots, others
+
+
+def _sample(
+  doc: int,
+  answer: tuple[int, int, int, tuple[int, int]],
+  start: int,
+  c: int,
+  correct: bool,
+  placed: tuple[int, list[int], list[int]],
+  slots: np.ndarray,
+  w: np.ndarray,
+  rng: np.random.Generator,
+) -> dict:
+  """One answer byte's sample (`_segment_samples`): `placed` its slots
+  (`_placed`), `slots` [L, C, d] its row's compressed slots, `w` [L, H, C]
+  the weights on them from the position that predicts it; the control slot
+  is drawn from `rng`."""
+  distance, digit, value_at, _ = answer
+  slot, fact_slots, others = placed
+  return dict(
+    doc=doc,
+    distance=distance,
+    digit=digit,
+    offset=(value_at - start) % c,
+    correct=correct,
+    slot=slots[:, slot],
+    control=slots[:, int(rng.choice(others))],
+    value_weight=w[:, :, slot],
+    other_weight=w[:, :, others].mean(-1),
+    found=np.isin(w.argmax(-1), fact_slots),  # each layer's and head's top slot
+  )
 
 
 def _answers(
@@ -212,6 +246,8 @@ def _ridge_probe(
 
 
 def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
+  """`recall_probe`'s result from the samples `rows`: probes fitted on the
+  even-numbered documents' samples, everything measured on the odd ones'."""
   distance = np.array([s["distance"] for s in rows])
   digit = np.array([s["digit"] for s in rows])
   offset = np.eye(c, dtype=np.float32)[[s["offset"] for s in rows]]  # [N, c]
@@ -225,12 +261,7 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
   mean_at = lambda v: [float(v[at[d]].mean()) if at[d].any() else None for d in dists]
   layers = []
   for layer in range(num_layers):
-    probes = {}
-    for name in ("slot", "control"):
-      vectors = np.stack([s[name][layer] for s in rows])  # [N, d]
-      features = (vectors[:, None, :] * offset[:, :, None]).reshape(len(rows), -1)
-      predicted, lam = _ridge_probe(features, digit, train, choose)
-      probes[name] = (predicted == digit, lam)
+    probes = _probes(rows, layer, offset, digit, train, choose)
     value_w = np.stack([s["value_weight"][layer] for s in rows])  # [N, H]
     other_w = np.stack([s["other_weight"][layer] for s in rows])
     found_h = np.stack([s["found"][layer] for s in rows])
@@ -246,12 +277,8 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
         "value_weight": mean_at(value_w[:, head]),
         "other_weight": mean_at(other_w[:, head]),
         "found": mean_at(found),
-        "accuracy_if_found": [
-          float(correct[at[d] & found].mean()) if (at[d] & found).any() else None for d in dists
-        ],
-        "accuracy_if_not_found": [
-          float(correct[at[d] & ~found].mean()) if (at[d] & ~found).any() else None for d in dists
-        ],
+        "accuracy_if_found": _accuracy_where(correct, found, at, dists),
+        "accuracy_if_not_found": _accuracy_where(correct, ~found, at, dists),
         # Every head's, [head][distance]: a fact found by a head other than the best.
         "value_weight_by_head": per_head(value_w),
         "other_weight_by_head": per_head(other_w),
@@ -266,3 +293,31 @@ def _summarise(rows: list[dict], c: int, num_layers: int) -> dict:
     "compression_rate": c,
     "chance": 0.1,
   }
+
+
+def _probes(
+  rows: list[dict],
+  layer: int,
+  offset: np.ndarray,
+  digit: np.ndarray,
+  train: np.ndarray,
+  choose: np.ndarray,
+) -> dict[str, tuple[np.ndarray, float]]:
+  """The layer's probe of the value slots ("slot") and of the control slots
+  ("control"): (whether it read each sample's digit [N], its penalty), its
+  features each slot's vector crossed with the byte's offset [N, c]."""
+  probes = {}
+  for name in ("slot", "control"):
+    vectors = np.stack([s[name][layer] for s in rows])  # [N, d]
+    features = (vectors[:, None, :] * offset[:, :, None]).reshape(len(rows), -1)
+    predicted, lam = _ridge_probe(features, digit, train, choose)
+    probes[name] = (predicted == digit, lam)
+  return probes
+
+
+def _accuracy_where(
+  correct: np.ndarray, where: np.ndarray, at: dict[int, np.ndarray], dists: list[int]
+) -> list[Optional[float]]:
+  """The model's accuracy at each distance over the samples `where` holds
+  (`at`: each distance's test samples); None where there are none."""
+  return [float(correct[at[d] & where].mean()) if (at[d] & where).any() else None for d in dists]

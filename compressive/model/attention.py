@@ -131,6 +131,39 @@ def causal_mask(
   return (visible[None] & key_valid[:, None, :])[:, None]
 
 
+def _over_chunks(
+  chunk: Callable[..., tuple[jax.Array, Optional[jax.Array]]],
+  queries: tuple[jax.Array, ...],
+  shape: tuple[int, ...],
+  n: int,
+  dropout_rng: Optional[jax.Array],
+  per_query: bool,
+) -> tuple[jax.Array, Optional[jax.Array]]:
+  """`RelativeAttention.__call__`'s chunks of n queries run in turn
+  (`lax.map`), each under `jax.checkpoint`: chunk(c, chunk c's queries,
+  its dropout key) -> (its output [B, n, H, D], its weights or None).
+  `queries` [B, Tq, H, D] each, `shape` (B, Tq, H, D). Returns the output
+  [B, Tq, H, D] and the weights' sum over the chunks [B, K] (with
+  `per_query` every query's [B, H, Tq, K]), or None."""
+  b, t, h, hd = shape
+  # [B, Tq, H, D] -> [Tq/n, B, n, H, D]: lax.map's leading chunk axis.
+  split = lambda a: jnp.swapaxes(a.reshape(b, t // n, n, h, hd), 0, 1)
+  fold = lambda c: None if dropout_rng is None else jax.random.fold_in(dropout_rng, c)
+  step = lambda xs: chunk(xs[0], xs[1:], fold(xs[0]))
+  # prevent_cse=False: the loop already keeps XLA from merging the
+  # recomputation into the forward pass (jax.checkpoint's documentation);
+  # the guard would only cost speed.
+  out, received = jax.lax.map(
+    jax.checkpoint(step, prevent_cse=False), (jnp.arange(t // n),) + tuple(map(split, queries))
+  )
+  out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
+  if received is not None and per_query:  # [Tq/n, B, H, n, K] -> [B, H, Tq, K]
+    received = jnp.moveaxis(received, 0, 2).reshape(b, h, t, received.shape[-1])
+  elif received is not None:
+    received = received.sum(0)
+  return out, received
+
+
 class RelativeAttention(nnx.Module):
   """Multi-head attention of one layer, relative or rotary; with
   `normalize_inputs` (pre-norm) its projections read LN(x).
@@ -303,21 +336,7 @@ class RelativeAttention(nnx.Module):
     if n == t:  # one chunk: no loop, nothing recomputed
       out, received = chunk(0, queries, dropout_rng)
     else:
-      # [B, Tq, H, D] -> [Tq/n, B, n, H, D]: lax.map's leading chunk axis.
-      split = lambda a: jnp.swapaxes(a.reshape(b, t // n, n, h, hd), 0, 1)
-      fold = lambda c: None if dropout_rng is None else jax.random.fold_in(dropout_rng, c)
-      step = lambda xs: chunk(xs[0], xs[1:], fold(xs[0]))
-      # prevent_cse=False: the loop already keeps XLA from merging the
-      # recomputation into the forward pass (jax.checkpoint's documentation);
-      # the guard would only cost speed.
-      out, received = jax.lax.map(
-        jax.checkpoint(step, prevent_cse=False), (jnp.arange(t // n),) + tuple(map(split, queries))
-      )
-      out = jnp.swapaxes(out, 0, 1).reshape(b, t, h, hd)  # [Tq/n, B, n, H, D] -> [B, Tq, H, D]
-      if received is not None and per_query:  # [Tq/n, B, H, n, K] -> [B, H, Tq, K]
-        received = jnp.moveaxis(received, 0, 2).reshape(b, h, t, received.shape[-1])
-      elif received is not None:
-        received = received.sum(0)
+      out, received = _over_chunks(chunk, queries, q.shape, n, dropout_rng, per_query)
     if received is not None and not per_query:  # sums over chunks, heads and queries -> their mean
       received = received / (h * t)
     return dense(out, self._w("wo"), 2), received

@@ -70,6 +70,41 @@ def choose(
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
+def _model_calls(
+  graphdef: nnx.GraphDef[CompressiveTransformer],
+) -> tuple[jax.stages.Wrapped, jax.stages.Wrapped]:
+  """The sampler's two jitted calls of the model (`graphdef` with the state
+  passed in): advance(state, memory, tokens [B, T]) runs a whole segment and
+  pushes it into the memory, (the last position's logits [B, V], memory);
+  step(state, memory, table, token [B], position) decodes one token into the
+  cache (`table` the position keys), (its logits [B, V], memory)."""
+  merged = lambda state: nnx.merge(graphdef, state)
+
+  @jax.jit
+  def advance(
+    state: nnx.State, memory: memory_lib.Memory, tokens: jax.Array
+  ) -> tuple[jax.Array, memory_lib.Memory]:
+    # a whole segment, pushed into the memory
+    logits, memory, _ = merged(state)(tokens, memory)
+    return logits[:, -1], memory
+
+  @jax.jit
+  def step(
+    state: nnx.State,
+    memory: memory_lib.Memory,
+    table: Optional[jax.Array],
+    token: jax.Array,
+    position: jax.Array,
+  ) -> tuple[jax.Array, memory_lib.Memory]:
+    # one token, into the cache
+    logits, memory, _ = merged(state)(
+      token[:, None], memory, position=position, position_keys=table
+    )
+    return logits[:, 0], memory
+
+  return advance, step
+
+
 class Sampler:
   """Streams tokens from a model, carrying its memory across segments.
 
@@ -103,30 +138,7 @@ class Sampler:
     self._state = state
     t = self.segment_length
     merged = lambda state: nnx.merge(graphdef, state)
-
-    @jax.jit
-    def advance(
-      state: nnx.State, memory: memory_lib.Memory, tokens: jax.Array
-    ) -> tuple[jax.Array, memory_lib.Memory]:
-      # a whole segment, pushed into the memory
-      logits, memory, _ = merged(state)(tokens, memory)
-      return logits[:, -1], memory
-
-    @jax.jit
-    def step(
-      state: nnx.State,
-      memory: memory_lib.Memory,
-      table: Optional[jax.Array],
-      token: jax.Array,
-      position: jax.Array,
-    ) -> tuple[jax.Array, memory_lib.Memory]:
-      # one token, into the cache
-      logits, memory, _ = merged(state)(
-        token[:, None], memory, position=position, position_keys=table
-      )
-      return logits[:, 0], memory
-
-    self._advance, self._step = advance, step
+    self._advance, self._step = _model_calls(graphdef)
     self.memory = jax.jit(lambda st, m: merged(st).cache_keys_values(m, t))(state, self.memory)
     self._table = jax.jit(lambda st, m: merged(st).position_keys(m, t))(state, self.memory)
     self.segment = np.zeros((batch_size, t), np.int32)  # the current segment so far

@@ -24,7 +24,7 @@ import numpy as np
 from compressive import experiment as experiment_lib
 from compressive import files, values
 from compressive.model import losses
-from compressive.model.transformer import BANKS
+from compressive.model.block import BANKS
 from compressive.scale import flops as flops_lib
 from compressive.training import layout, writers
 from compressive.training import step as train_step
