@@ -37,6 +37,7 @@ import jax
 from compressive import cli, cli_config, cli_flags, errors, remote, storage, values
 from compressive import config as config_lib
 from compressive import data as data_lib
+from compressive import experiment as experiment_lib
 from compressive.errors import ConfigError
 from compressive.scale import processes
 from compressive.training import checkpoint as ckpt_lib
@@ -154,6 +155,14 @@ def train(config: Any, workdir: str) -> None:
       accept_changed_corpus=FLAGS.accept_changed_corpus,
       config_name=cli_config.config_argument(sys.argv, "config"),
     )
+  _report(experiment, workdir, result)
+
+
+def _report(experiment: experiment_lib.Experiment, workdir: str, result: dict[str, float]) -> None:
+  """What the command says once training returned: on process 0, where
+  TensorBoard's logs are and the final evaluation; for a run that stopped
+  before its last step, the stop, as a failure whose status says which
+  signal (so that a retry loop or a job controller starts it again)."""
   stopped = _stopped_before(workdir, experiment.train.num_train_steps)
   if not jax.process_index():
     if writers.TENSORBOARD in experiment.train.metric_writers:

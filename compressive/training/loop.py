@@ -5,9 +5,9 @@ module runs them: it validates the config, restores the newest checkpoint
 (train state, memory and the data iterator's position, so a resumed run sees
 exactly the batches and memories it would have; restore.py), steps, logs
 metrics (runlog.py), checkpoints, estimates the evaluation loss every
-`eval_every_steps` (eval_lib.evaluate), and stops on a non-finite loss
-without saving it (or on non-finite parameters, which Checkpointer.save
-refuses to write).
+`eval_every_steps` (eval_lib.evaluate; both at a step's end, run.py), and
+stops on a non-finite loss without saving it (or on non-finite parameters,
+which Checkpointer.save refuses to write).
 
 Multi-process runs: each process reads only its own batch rows and
 contributes them to a global batch; the processes exchange their iterator
@@ -22,18 +22,15 @@ import dataclasses
 import logging
 import os
 import shutil
-import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
-from compressive import files, remote, values
+from compressive import files, remote
 from compressive.data import prefetch
-from compressive.evaluation import evaluate as eval_lib
-from compressive.model.transformer import merge_params
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import (
   curves,
@@ -47,12 +44,10 @@ from compressive.training import (
 )
 from compressive.training import lock as workdir_lock
 from compressive.training import restore as restore_lib
+from compressive.training import run as run_lib
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter
-
-if TYPE_CHECKING:  # the training memory, named for the type checker only
-  from compressive.model import memory as memory_lib
 
 _log = logging.getLogger("compressive")
 
@@ -195,29 +190,6 @@ def _remove_stub(workdir: str) -> None:
       pass  # not there, or not empty: kept
 
 
-@dataclasses.dataclass
-class _Run:
-  """What a run's steps use besides the state and memory (built by `_train`;
-  the clock, metric log and window by `_steps`, once the state is ready)."""
-
-  experiment: experiment_lib.Experiment
-  workdir: str
-  checkpointer: ckpt_lib.Checkpointer
-  setup: setup_lib.Setup
-  identity: dict[str, Any]
-  train_iter: data_lib.SegmentIterator
-  eval_docs: Any
-  writer: MetricWriter
-  eval_writer: MetricWriter
-  profiler: runlog.Profiler
-  end: int
-  accept_changed_corpus: bool = False
-  clock: Optional[runlog.Clock] = None
-  metric_log: Optional[runlog.MetricLog] = None
-  window: Optional[runlog.MetricWindow] = None
-  last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
 def _train(
   experiment: experiment_lib.Experiment,
   workdir: str,
@@ -227,9 +199,49 @@ def _train(
 ) -> dict[str, float]:
   """Builds the run, restores its newest checkpoint (or starts afresh) and
   steps it; the last evaluation's metrics."""
-  data = experiment.data
   if checkpointer.all_steps():
     runconfig.check_resume_config(workdir, experiment)
+  setup, train_iter, eval_docs, identity = _build(experiment)
+  start, restored = _restore(experiment, workdir, checkpointer, setup, identity, is_main, options)
+  if runlog.finished(experiment.train, start, workdir):
+    _warn_of_a_changed_config(experiment, workdir, is_main)
+    return {}
+  runlog.warn_of_endless_warmup(experiment.train)
+  with (
+    _metric_writers(experiment, workdir, is_main) as (writer, eval_writer),
+    runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler,
+  ):
+    end = experiment.train.num_train_steps
+    if options.stop_at_step is not None:
+      end = min(options.stop_at_step, end)
+    run = run_lib.Run(
+      experiment,
+      workdir,
+      checkpointer,
+      setup,
+      identity,
+      train_iter,
+      eval_docs,
+      writer,
+      eval_writer,
+      profiler,
+      end,
+      options.accept_changed_corpus,
+    )
+    _log_start(run, start, options.config_name)
+    result = _steps(run, start, restored, is_main, options.should_stop)
+  if is_main:  # from the metrics files, closed above
+    curves.draw_at_the_end(workdir)
+  return result
+
+
+def _build(
+  experiment: experiment_lib.Experiment,
+) -> tuple[setup_lib.Setup, data_lib.SegmentIterator, Any, dict[str, Any]]:
+  """(setup, training iterator, evaluation documents, run identity) of the
+  run: its model, layout and data built, the identity a checkpoint is saved
+  with and checked against (integrity.run_identity)."""
+  data = experiment.data
   tokenizer = data_lib.get_tokenizer(data)  # its vocabulary fits: config.check
   setup = setup_lib.build_setup(experiment)
   train_iter, eval_docs = setup_lib.train_data(experiment, setup.layout, tokenizer)
@@ -239,7 +251,21 @@ def _train(
     data_lib.corpus_identity(data),
     data_lib.data_identity(data),
   )
+  return setup, train_iter, eval_docs, identity
 
+
+def _restore(
+  experiment: experiment_lib.Experiment,
+  workdir: str,
+  checkpointer: ckpt_lib.Checkpointer,
+  setup: setup_lib.Setup,
+  identity: dict[str, Any],
+  is_main: bool,
+  options: _Options,
+) -> tuple[int, Optional[restore_lib.Restored]]:
+  """(start, restored): the newest checkpoint that restores (restore.py), or
+  step 0 and None; the config recorded in the workdir once the run is known
+  to fit what it holds."""
   start, restored = restore_lib.restore_newest(
     checkpointer,
     setup.restore_targets(),
@@ -254,50 +280,39 @@ def _train(
   # missing or set aside as damaged).
   if is_main and not (finished and os.path.lexists(layout.Workdir(workdir).config)):
     runconfig.save_config(workdir, experiment)
-  if runlog.finished(experiment.train, start, workdir):
-    changed = runconfig.differences(workdir, experiment) if is_main else []
-    if changed:
-      _log.warning(
-        "this command's config differs from the finished run's (%s); %s keeps the "
-        "values the run was trained with",
-        "; ".join(changed[:4]),
-        layout.Workdir(workdir).config,
-      )
-    return {}
-  runlog.warn_of_endless_warmup(experiment.train)
-  with (
-    _metric_writers(experiment, workdir, is_main) as (writer, eval_writer),
-    runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler,
-  ):
-    end = experiment.train.num_train_steps
-    if options.stop_at_step is not None:
-      end = min(options.stop_at_step, end)
-    run = _Run(
-      experiment,
-      workdir,
-      checkpointer,
-      setup,
-      identity,
-      train_iter,
-      eval_docs,
-      writer,
-      eval_writer,
-      profiler,
-      end,
-      options.accept_changed_corpus,
+  return start, restored
+
+
+def _warn_of_a_changed_config(
+  experiment: experiment_lib.Experiment, workdir: str, is_main: bool
+) -> None:
+  """For a finished run: a warning (process 0) when this command's config
+  differs from the one the run was trained with, which its record keeps."""
+  changed = runconfig.differences(workdir, experiment) if is_main else []
+  if changed:
+    _log.warning(
+      "this command's config differs from the finished run's (%s); %s keeps the "
+      "values the run was trained with",
+      "; ".join(changed[:4]),
+      layout.Workdir(workdir).config,
     )
-    runlog.log_start(experiment, workdir, setup.num_params, start, end, options.config_name)
-    _log.info(
-      "%s",
-      data_lib.describe(
-        experiment.data,
-        {"train": len(train_iter.docs), f"{experiment.eval.split} (evaluated)": len(eval_docs)},
-      ),
-    )
-    result = _steps(run, start, restored, is_main, options.should_stop)
-  if is_main:  # from the metrics files, closed above
-    curves.draw_at_the_end(workdir)
-  return result
+
+
+def _log_start(run: run_lib.Run, start: int, config_name: str) -> None:
+  """The start's lines (runlog.log_start), and the data's: its documents
+  for training and for the evaluation."""
+  experiment = run.experiment
+  runlog.log_start(experiment, run.workdir, run.setup.num_params, start, run.end, config_name)
+  _log.info(
+    "%s",
+    data_lib.describe(
+      experiment.data,
+      {
+        "train": len(run.train_iter.docs),
+        f"{experiment.eval.split} (evaluated)": len(run.eval_docs),
+      },
+    ),
+  )
 
 
 @contextlib.contextmanager
@@ -325,7 +340,7 @@ def _metric_writers(
 
 
 def _steps(
-  run: _Run,
+  run: run_lib.Run,
   start: int,
   restored: Optional[restore_lib.Restored],
   is_main: bool,
@@ -333,14 +348,11 @@ def _steps(
 ) -> dict[str, float]:
   """Steps from `start` (the `restored` state, or a fresh one) to the run's
   end or a stop; the last evaluation's metrics."""
-  train = run.experiment.train
-  state, memory, step_fn = _begin(run, start, restored, is_main)
+  state, memory, step_fn = run_lib.begin(run, start, restored, is_main)
   assert run.clock is not None and run.window is not None and run.metric_log is not None
-  stop = interrupts.StopAgreement(train.checkpoint_every_steps, should_stop)
+  stop = interrupts.StopAgreement(run.experiment.train.checkpoint_every_steps, should_stop)
   step = start
-  with prefetch.Prefetcher(
-    setup_lib.step_batches(train, run.setup.layout, run.train_iter), train.prefetch_steps
-  ) as batches:
+  with _prefetcher(run) as batches:
     for step in range(start + 1, run.end + 1):
       run.profiler.before(step)  # the wait for the step's input included
       state, memory, metrics = step_fn(state, memory, next(batches))
@@ -349,10 +361,7 @@ def _steps(
       run.clock.stepped(step == start + 1)
       # An ordinary step ends here, having read nothing from the device:
       # the next one is dispatched while this one computes.
-      stopping = stop.requested(step)
-      saving = _save_due(train, step, run.end, stopping)
-      logging_ = run.metric_log.due(step)
-      evaluating = _eval_due(train, step) and not stopping
+      stopping, saving, logging_, evaluating = _due(run, stop, step)
       if not (saving or logging_ or evaluating):
         continue
       bad = run.window.check()  # nothing non-finite is logged, saved or evaluated
@@ -363,12 +372,11 @@ def _steps(
         )
       if logging_:
         run.metric_log.write(step, run.window.take(), run.clock)
-      refused = _save(run, step, state, memory, batches.get_state()) if saving else None
+      refused = run_lib.save(run, step, state, memory, batches.get_state()) if saving else None
       if evaluating and not refused:  # one process: a stop during it drops it, the step saved
-        estimate = _estimate(run, state, step, should_stop if jax.process_count() == 1 else None)
-        stopping, run.last_eval = estimate is None, estimate or run.last_eval
+        stopping = _estimate(run, state, step, should_stop)
         if stopping and not saving:
-          refused = _save(run, step, state, memory, batches.get_state())
+          refused = run_lib.save(run, step, state, memory, batches.get_state())
       if refused:  # a finite loss, but non-finite parameters: not saved
         del state, memory
         raise restore_lib.non_finite_error(
@@ -381,152 +389,40 @@ def _steps(
   return run.last_eval
 
 
-def _begin(
-  run: _Run, start: int, restored: Optional[restore_lib.Restored], is_main: bool
-) -> tuple[train_step.TrainState, memory_lib.Memory, jax.stages.Wrapped]:
-  """(state, memory, the jitted step) a run's steps begin with, its clock,
-  metric window and log made."""
-  state, memory = restore_lib.start_state(
-    run.experiment,
-    run.setup,
-    start,
-    restored,
-    run.train_iter,
-    run.writer,
-    is_main,
-    run.workdir,
-    run.accept_changed_corpus,
-  )
-  step_fn = _step_fn(run.experiment, run.setup, run.train_iter)
-  run.clock, run.window = runlog.Clock(), runlog.MetricWindow()
-  run.metric_log = runlog.MetricLog(run.experiment, run.writer, run.end)
-  assert run.experiment.train.prefetch_steps is not None  # a config checked to train has it
-  return state, memory, step_fn
-
-
-def _step_fn(
-  experiment: experiment_lib.Experiment,
-  setup: setup_lib.Setup,
-  train_iter: data_lib.SegmentIterator,
-) -> jax.stages.Wrapped:
-  """The jitted train step on the run's layout (its mesh and, if any, its
-  gradient accumulation logged)."""
-  layout = setup.layout
-  device = layout.mesh.devices.flat[0]
-  _log.info(
-    "mesh %s over %d %s devices (%s) in %d processes, JAX %s; this process reads rows [%d, %d)",
-    dict(layout.mesh.shape),
-    layout.mesh.size,
-    device.platform,
-    device.device_kind,
-    jax.process_count(),
-    jax.__version__,
-    train_iter.row_start,
-    train_iter.row_start + train_iter.num_rows,
-  )
-  if device.platform == "cpu" and experiment.model.dtype != "float32":
-    _log.warning(
-      "model.dtype=%s on CPU devices: a config meant for a GPU or TPU (a preset: "
-      "gpu1, gpu8, tpu_v5e8), run here slowly and in another precision than there "
-      "(--config.model.dtype=float32 to run it here in float32; JAX sees no "
-      "accelerator: check its plugin with python -c 'import jax; print(jax.devices())')",
-      experiment.model.dtype,
-    )
-  train = experiment.train
-  if train.gradient_window > 1:
-    _log.info(
-      "one update per window of %d segments; the loss reaches back through the "
-      "memory within it (model.memory_gradient=%s)",
-      train.gradient_window,
-      experiment.model.memory_gradient,
-    )
-  if train.grad_accum_steps > 1:
-    _log.info(
-      "accumulating gradients over %d micro-batches of %d rows",
-      train.grad_accum_steps,
-      train.micro_batch_rows,
-    )
-  return train_step.make_train_step(
-    setup.graphdef,
-    setup.state_template,
-    setup.tx,
-    experiment.model.dropout_rate > 0,
-    layout,
-    grad_accum_steps=train.grad_accum_steps,
-    gradient_window=train.gradient_window,
+def _prefetcher(run: run_lib.Run) -> prefetch.Prefetcher:
+  """The run's step batches from its training iterator, train.prefetch_steps
+  steps ahead (prefetch.py): what `_steps` steps through."""
+  train = run.experiment.train
+  return prefetch.Prefetcher(
+    setup_lib.step_batches(train, run.setup.layout, run.train_iter), train.prefetch_steps
   )
 
 
-def _save_due(train: experiment_lib.TrainConfig, step: int, end: int, stopping: bool) -> bool:
-  every = train.checkpoint_every_steps
-  return stopping or step == end or bool(every and step % every == 0)
-
-
-def _save(
-  run: _Run,
-  step: int,
-  state: train_step.TrainState,
-  memory: memory_lib.Memory,
-  data_state: dict[str, Any],
-) -> Optional[list[str]]:
-  """Checkpoints the step with `data_state`, the position after the batches
-  consumed (not those prefetched), and the run's identity; training waits
-  only until the save is under way. The names of the non-finite arrays
-  when the save was refused for them (Checkpointer.save), else None."""
-  t_save = time.time()
-  try:
-    run.checkpointer.save(
-      step, state, memory, setup_lib.global_data_state(data_state, run.train_iter), run.identity
-    )
-  except ckpt_lib.NonFiniteStateError as e:
-    return e.names
-  assert run.clock is not None  # _steps, the only caller, set it
-  if jax.process_index() == 0:  # a workdir on Cloud Storage: its side files copied there
-    remote.push(run.workdir)
-  took = run.clock.exclude("save", t_save)
-  _log.info(
-    "checkpoint of step %d: training waited %.1f s (the rest is written in the background)",
-    step,
-    took,
-  )
-  return None
-
-
-def _eval_due(train: experiment_lib.TrainConfig, step: int) -> bool:
-  every = train.eval_every_steps
-  return bool(every and step % every == 0) or step == train.num_train_steps
+def _due(
+  run: run_lib.Run, stop: interrupts.StopAgreement, step: int
+) -> tuple[bool, bool, bool, bool]:
+  """(stopping, saving, logging, evaluating) at the end of `step`: whether
+  to stop after it (`stop`: the same answer in every process), and whether
+  it is to be checkpointed, its metrics logged, the evaluation estimated
+  (not on a stop)."""
+  train = run.experiment.train
+  assert run.metric_log is not None  # run_lib.begin made it
+  stopping = stop.requested(step)
+  saving = run_lib.save_due(train, step, run.end, stopping)
+  logging_ = run.metric_log.due(step)
+  evaluating = run_lib.eval_due(train, step) and not stopping
+  return stopping, saving, logging_, evaluating
 
 
 def _estimate(
-  run: _Run, state: train_step.TrainState, step: int, stop: Optional[Callable[[], bool]] = None
-) -> Optional[dict[str, float]]:
-  """A quick estimate of the evaluation metrics, written to the eval metrics
-  (eval.max_segments per row; <= 0 for the whole split): eval.py evaluates
-  whole splits. None, nothing written, when `stop()` says so at a segment's
-  boundary (a signal asked the run to stop: it is saved without waiting for
-  the rest of the evaluation)."""
-  experiment, setup = run.experiment, run.setup
-  t_eval = time.time()
-  model = merge_params(setup.graphdef, setup.state_template, state.params)
-  result = eval_lib.evaluate(
-    model,
-    run.eval_docs,
-    experiment,
-    max_segments=experiment.eval.max_segments,
-    mesh=setup.layout.mesh,
-    stop=stop,
-  )
-  if result is None:
-    _log.warning("the evaluation at step %d is dropped: a stop was asked for during it", step)
-    return None
-  run.eval_writer.write(step, result)
-  assert run.clock is not None  # _steps, the only caller, set it
-  took = run.clock.exclude("eval", t_eval)
-  _log.info(
-    "eval at step %d on %s: %s  (%.1f s)",
-    step,
-    experiment.eval.split,
-    values.metrics_text(result),
-    took,
-  )
-  return result
+  run: run_lib.Run,
+  state: train_step.TrainState,
+  step: int,
+  should_stop: Optional[Callable[[], bool]],
+) -> bool:
+  """Estimates the evaluation metrics after `step` (run_lib.estimate),
+  kept as the run's last; True when a stop asked for during it dropped it
+  (polled in a run of one process: several agree on a stop at a step's end)."""
+  estimate = run_lib.estimate(run, state, step, should_stop if jax.process_count() == 1 else None)
+  run.last_eval = estimate or run.last_eval
+  return estimate is None

@@ -6,9 +6,9 @@ One jitted call runs S consecutive segments of every row with `lax.scan`,
 carrying (train state, memory) and making one optimizer update per segment,
 as the paper trains (truncated BPTT over one segment); with
 `config.grad_accum_steps` > 1 each segment's gradient is first summed over
-micro-batches of rows (the same update, less activation memory). The memory
-is part of the carry, never module state, so the loop (train_lib) can save
-it with every checkpoint.
+micro-batches of rows (the same update, less activation memory;
+accumulation.py). The memory is part of the carry, never module state, so
+the loop (train_lib) can save it with every checkpoint.
 
 Sharding (compressive/scale/sharding.py): the train state, the memory and every
 batch live on the config's device mesh (`Layout`); the step is one `jit`
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import TYPE_CHECKING, Any, Callable, Optional, Self
 
 from flax import nnx
@@ -39,6 +38,7 @@ from compressive.model import memory as memory_lib
 from compressive.model.config import ModelConfig
 from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.scale import sharding
+from compressive.training import accumulation
 
 Batch = dict[str, jax.Array]  # inputs, targets, mask [..., B, T]; start_of_sequence [..., B]
 Scalars = dict[str, jax.Array]  # by name: the model's scalars, a step's metrics
@@ -222,7 +222,7 @@ def make_train_step(
   micro-batches of B / A rows, one after the other (activation memory of
   B / A rows), each with its own rows' memory, and sums them into ONE
   optimizer update per segment, weighted so that the update is the
-  full-batch one (see `_accumulated_gradients`).
+  full-batch one (see `accumulation.accumulated_gradients`).
 
   `gradient_window` = W > 1 (beyond the paper; docs/DESIGN.md §Task-taught
   compression) makes one optimizer update per window of W consecutive
@@ -240,31 +240,11 @@ def make_train_step(
     raise ValueError(
       f"gradient_window={gradient_window} must be >= 1, and 1 with grad_accum_steps > 1"
     )
-  dp = _data_split(layout)
   model_config = nnx.merge(graphdef, state_template).config  # static: read once, not per trace
-
-  def forward(params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array) -> Output:
-    if layout is not None:  # FSDP: gather the stored shards to compute
-      params = sharding.gather_for_compute(
-        params, layout.compute_params, layout.state.params, jnp.dtype(model_config.dtype)
-      )
-    model = merge_params(graphdef, state_template, params)
-    return _forward(model, seg, memory, rng if dropout else None)
-
-  def accumulated_gradients(
-    forward: Forward, params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array
-  ) -> Gradients:
-    return _accumulated_gradients(
-      forward,
-      params,
-      seg,
-      memory,
-      rng,
-      grad_accum_steps,
-      dp,
-      layout,
-      model_config.reconstruction_loss,
-    )
+  forward = _model_forward(graphdef, state_template, model_config, layout, dropout)
+  accumulated_gradients = accumulation.accumulated(
+    grad_accum_steps, layout, model_config.reconstruction_loss
+  )
 
   def segment(carry: Carry, seg: Batch) -> tuple[Carry, Scalars]:
     state, memory = carry
@@ -288,6 +268,34 @@ def make_train_step(
     (state, memory), metrics = jax.lax.scan(window, (state, memory), windows)
     return state, memory, jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), metrics)
 
+  return jax.jit(train_step, donate_argnums=(0, 1), **_jit_shardings(layout))
+
+
+def _model_forward(
+  graphdef: nnx.GraphDef,
+  state_template: nnx.State,
+  model_config: ModelConfig,
+  layout: Optional[Layout],
+  dropout: bool,
+) -> Forward:
+  """The train step's forward(params, seg, memory, rng) -> Output: the model
+  of `graphdef` with `params` (gathered from their shards to compute, with
+  a `layout`) on one segment, drawing dropout from `rng` if `dropout`."""
+
+  def forward(params: Any, seg: Batch, memory: memory_lib.Memory, rng: jax.Array) -> Output:
+    if layout is not None:  # FSDP: gather the stored shards to compute
+      params = sharding.gather_for_compute(
+        params, layout.compute_params, layout.state.params, jnp.dtype(model_config.dtype)
+      )
+    model = merge_params(graphdef, state_template, params)
+    return _forward(model, seg, memory, rng if dropout else None)
+
+  return forward
+
+
+def _jit_shardings(layout: Optional[Layout]) -> dict[str, Any]:
+  """`jax.jit`'s in and out shardings of the train step on `layout`
+  (metrics replicated); none without a layout."""
   shardings: dict[str, Any] = (
     {}
     if layout is None
@@ -296,7 +304,7 @@ def make_train_step(
       out_shardings=(layout.state, layout.memory, layout.replicated),
     )
   )
-  return jax.jit(train_step, donate_argnums=(0, 1), **shardings)
+  return shardings
 
 
 def _full_batch_gradients(
@@ -403,131 +411,3 @@ def _forward(
   )
   nats, count = losses.cross_entropy(logits, seg["targets"], seg["mask"])
   return nats, count, new_memory, aux.scalars()
-
-
-def _data_split(layout: Optional[Layout]) -> int:
-  """How many ways the layout splits batch rows (1 without a layout)."""
-  if layout is None:
-    return 1
-  entry = layout.batch["start_of_sequence"].spec[1]  # [S, B]: rows on the data axes
-  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-  return math.prod(layout.mesh.shape[a] for a in names)
-
-
-def _split_rows(x: jax.Array, axis: int, parts: int, dp: int) -> jax.Array:
-  """[..., B, ...] (rows at `axis`) -> [parts, ..., B / parts, ...].
-
-  Micro-batch k takes the k-th 1/parts of every one of the `dp` data shards'
-  rows, so each micro-batch is split over the devices as the batch is, and
-  the split moves nothing between devices.
-  """
-  shape = x.shape
-  m = shape[axis] // (dp * parts)
-  y = x.reshape(shape[:axis] + (dp, parts, m) + shape[axis + 1 :])
-  y = jnp.moveaxis(y, axis + 1, 0)  # [parts, ..., dp, m, ...]
-  return y.reshape((parts,) + shape[:axis] + (dp * m,) + shape[axis + 1 :])
-
-
-def _merge_rows(y: jax.Array, axis: int, dp: int) -> jax.Array:
-  """The inverse of `_split_rows`: [parts, ..., B / parts, ...] -> [..., B, ...]."""
-  parts, shape = y.shape[0], y.shape[1:]
-  m = shape[axis] // dp
-  z = y.reshape((parts,) + shape[:axis] + (dp, m) + shape[axis + 1 :])
-  z = jnp.moveaxis(z, 0, axis + 1)  # [..., dp, parts, m, ...]
-  return z.reshape(shape[:axis] + (dp * parts * m,) + shape[axis + 1 :])
-
-
-def _reconstruction_row_weights(
-  kind: str, memory: memory_lib.Memory, start_of_sequence: jax.Array, t: int
-) -> jax.Array:
-  """[B] each row's share of the reconstruction loss's denominator.
-
-  Each layer's reconstruction loss is a masked mean over the batch
-  (losses._masked_mse): over the rows that evict a valid memory slot
-  ("attention"), or over the valid evicted slots ("autoencoding"). The slots
-  a segment evicts are the oldest T of [memory; segment] after the
-  start-of-sequence reset (memory.push), and the masks are the same in every
-  layer (every layer is reset and pushed alike), so layer 0 gives every
-  layer's weights.
-  """
-  mask = memory.mem_mask[0]  # [B, M]
-  mask = jnp.where(start_of_sequence[:, None], False, mask)
-  evicted = jnp.concatenate([mask, jnp.ones((mask.shape[0], t), bool)], axis=1)[:, :t]  # [B, T]
-  if kind == "attention":
-    return evicted.any(-1).astype(jnp.float32)
-  if kind == "autoencoding":
-    return evicted.sum(-1).astype(jnp.float32)
-  return jnp.ones(mask.shape[:1], jnp.float32)  # no reconstruction loss: 0 whatever the weight
-
-
-def _accumulated_gradients(
-  forward: Forward,
-  params: Any,
-  seg: Batch,
-  memory: memory_lib.Memory,
-  rng: jax.Array,
-  parts: int,
-  dp: int,
-  layout: Optional[Layout],
-  reconstruction: str,
-) -> Gradients:
-  """(grads, new memory, scalars, nats, count) of one segment, as the full
-  batch gives them, computed in `parts` micro-batches by a `lax.scan`.
-
-  The loss is LM + reconstruction (make_train_step). The LM loss is
-  nats / count over the whole batch, so micro-batch k contributes
-  nats_k / count with the FULL batch's count (known from the mask before
-  anything runs). The reconstruction loss is, per layer, a masked mean
-  S / W; micro-batch k's is S_k / W_k, so it contributes (W_k / W) of its
-  loss (weights from `_reconstruction_row_weights`). The gradients then sum
-  to the full batch's, up to float rounding; so do the metrics: nats and
-  count summed, the reconstruction loss weighted alike, the attention masses
-  (means over rows) averaged over the equal micro-batches. With dropout,
-  micro-batch k draws its masks from fold_in(rng, k).
-  """
-  t = seg["inputs"].shape[-1]
-  total = jnp.maximum(seg["mask"].astype(jnp.float32).sum(), 1.0)
-  row_weights = _reconstruction_row_weights(reconstruction, memory, seg["start_of_sequence"], t)
-  weights = _split_rows(row_weights, 0, parts, dp).sum(-1)  # [parts]
-  coefficients = weights / jnp.maximum(weights.sum(), 1.0)
-  micro_seg = {k: _split_rows(v, 0, parts, dp) for k, v in seg.items()}
-  micro_memory = jax.tree.map(lambda x: _split_rows(x, 1, parts, dp), memory)
-  if layout is not None:  # [parts, rows, ...]: the rows split as the batch's
-    micro_seg = jax.lax.with_sharding_constraint(micro_seg, {k: layout.batch[k] for k in micro_seg})
-    micro_memory = jax.lax.with_sharding_constraint(
-      micro_memory,
-      jax.tree.map(
-        lambda s: NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), layout.memory
-      ),
-    )
-
-  def micro(
-    grads: Any, xs: tuple[jax.Array, Batch, memory_lib.Memory, jax.Array]
-  ) -> tuple[Any, Aux]:
-    k, seg_k, memory_k, coefficient = xs
-
-    def loss_fn(params: Any) -> tuple[jax.Array, Aux]:
-      nats, count, new_memory, scalars = forward(
-        params, seg_k, memory_k, jax.random.fold_in(rng, k)
-      )
-      return (
-        nats / total + coefficient * scalars["reconstruction_loss"],
-        (new_memory, scalars, nats, count),
-      )
-
-    g, out = jax.grad(loss_fn, has_aux=True)(params)
-    grads = jax.tree.map(jnp.add, grads, g)
-    if layout is not None:
-      grads = jax.lax.with_sharding_constraint(grads, layout.state.params)
-    return grads, out
-
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, (new_memory, scalars, nats, count) = jax.lax.scan(
-    micro, zeros, (jnp.arange(parts), micro_seg, micro_memory, coefficients)
-  )
-  new_memory = jax.tree.map(lambda y: _merge_rows(y, 1, dp), new_memory)
-  scalars = {
-    k: (jnp.sum(v * coefficients) if k == "reconstruction_loss" else jnp.mean(v))
-    for k, v in scalars.items()
-  }
-  return grads, new_memory, scalars, nats.sum(), count.sum()
