@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from absl import flags
 
-from compressive import cli, cli_flags, files, reading, remote, values
+from compressive import cli, cli_flags, files, nested, reading, remote
 from compressive import data as data_lib
 from compressive.errors import ConfigError
 from compressive.evaluation import analysis, probe
@@ -207,22 +207,7 @@ def run(
   """(the result of --analysis of the checked `experiment`, the function that plots it)."""
   every = FLAGS.progress_seconds
   if FLAGS.analysis == "attention":
-    try:
-      result = analysis.attention_by_bucket(
-        model,
-        documents,
-        experiment,
-        buckets=FLAGS.buckets,
-        max_segments=FLAGS.max_segments,
-        progress_every_s=every,
-      )
-    except ValueError as e:  # the split's documents are too short to fill the memories
-      if not str(e).startswith("no segment had full memories"):
-        raise
-      raise ConfigError(
-        f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})"
-      ) from None
-    return result, plot_attention
+    return _attention(model, documents, experiment, every), plot_attention
   if FLAGS.analysis == "recall":
     return analysis.recall_accuracy(
       model,
@@ -254,12 +239,37 @@ def run(
   ), plot_loss
 
 
+def _attention(
+  model: CompressiveTransformer,
+  documents: data_lib.Documents,
+  experiment: experiment_lib.Experiment,
+  every: float,
+) -> dict[str, Any]:
+  """--analysis=attention's result (a progress line every `every` seconds);
+  ConfigError naming --split and --max_segments when no segment of theirs
+  fills the memories."""
+  try:
+    result = analysis.attention_by_bucket(
+      model,
+      documents,
+      experiment,
+      buckets=FLAGS.buckets,
+      max_segments=FLAGS.max_segments,
+      progress_every_s=every,
+    )
+  except ValueError as e:  # the split's documents are too short to fill the memories
+    if not str(e).startswith("no segment had full memories"):
+      raise
+    raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+  return result
+
+
 def save(
   result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], None], suffix: str
 ) -> None:
   """Prints the result, then writes it and its figure beside the workdir's files."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
-  result = values.finite_or_null(result)
+  result = nested.finite_or_null(result)
   # The result first (cli.write_result): a workdir that cannot be written loses nothing.
   run = layout.Workdir(FLAGS.workdir)
   if not cli.write_result(result, run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "json")):

@@ -13,7 +13,8 @@ its path (`--config=enwik8`: configs/enwik8.py) and turns on JAX's persistent
 compilation cache (`--compilation_cache`, default ~/.cache/compressive/jax).
 The flags several entry points share (--workdir, --step, the multi-host,
 memory and split flags) are defined once each, with their checks, by
-compressive/cli_flags.py; the --config files by compressive/cli_config.py.
+compressive/cli_flags.py; the --config files by compressive/cli_config.py;
+the environment's OSErrors, as one line each, by compressive/cli_os_errors.py.
 """
 
 from __future__ import annotations
@@ -31,20 +32,9 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 from absl import app, flags
 
-from compressive import cli_config, cli_xla, files, remote, storage
+from compressive import cli_config, cli_os_errors, cli_parse_errors, cli_xla, files, remote, storage
 from compressive.cli_overrides import install_override_rules
 from compressive.errors import EXIT_USER_ERROR, NonFiniteError, UserError, stopping_on_signals
-
-# OSErrors that are the environment's, not a bug: each is reported as one
-# line naming the path. ENOENT (FileNotFoundError) is reported the same way.
-_WRITE_ERRNOS = frozenset(
-  getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, name)
-)
-ENVIRONMENT_ERRNOS = _WRITE_ERRNOS | frozenset(
-  getattr(errno, name)
-  for name in ("EACCES", "EPERM", "ENOTDIR", "EISDIR", "EEXIST", "ENAMETOOLONG", "ELOOP", "ENOENT")
-  if hasattr(errno, name)
-)
 
 
 def one_line(message: str) -> str:
@@ -110,7 +100,7 @@ def write_result(result: Any, path: str) -> bool:
   """A tool's result: its JSON line printed on stdout first, then saved at
   `path` whole (files.write_json): a workdir that cannot be written loses
   nothing (a warning line). Whether it was saved. NaN is refused before
-  anything is printed (values.finite_or_null makes it null)."""
+  anything is printed (nested.finite_or_null makes it null)."""
   print(json.dumps(result, allow_nan=False), flush=True)
   try:
     files.write_json(path, result)
@@ -121,75 +111,6 @@ def write_result(result: Any, path: str) -> bool:
 
 
 # -- Environment errors. -------------------------------------------------------
-
-
-def _path(name: Any) -> str:
-  return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
-
-
-def _file_in_the_way(path: str) -> Optional[str]:
-  """The path itself or its nearest existing ancestor, if that is not a folder."""
-  current = os.path.abspath(path)
-  while True:
-    if os.path.lexists(current):
-      return current if not os.path.isdir(current) else None
-    parent = os.path.dirname(current)
-    if parent == current:
-      return None
-    current = parent
-
-
-def environment_error(e: Optional[BaseException]) -> Optional[OSError]:
-  """e, or the nearest exception e was explicitly raised from, if it is an
-  OSError of the environment (ENVIRONMENT_ERRNOS, or any FileNotFoundError)."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and (
-      e.errno in ENVIRONMENT_ERRNOS or isinstance(e, FileNotFoundError)
-    ):
-      return e
-    e = e.__cause__
-  return None
-
-
-def describe_os_error(error: BaseException) -> Optional[str]:
-  """One line for an environment OSError (see environment_error); None when
-  there is none (then it is a bug and keeps its traceback)."""
-  e = environment_error(error)
-  if e is None:
-    return None
-  if e.errno is None or e.filename is None:
-    # Raised with a message of its own (FileNotFoundError(message)), or one
-    # without a path: the message is all there is.
-    text = str(e) or type(e).__name__
-    if e.errno is None and remote.is_remote(text) and " " not in text:  # a storage client's
-      return (
-        f"{text}: not found on Cloud Storage (a workdir there has no lock: another "
-        "process may have removed it)"
-      )
-    if e.errno is None:
-      return text
-    cause = e.strerror or os.strerror(e.errno)
-    return f"cannot write: {cause}" if e.errno in _WRITE_ERRNOS else cause
-  path = _path(e.filename)
-  where = path if e.filename2 is None else f"{path} -> {_path(e.filename2)}"
-  cause = e.strerror or os.strerror(e.errno)
-  if e.errno in _WRITE_ERRNOS:
-    return f"cannot write {where}: {cause}"
-  if e.errno in (errno.EACCES, errno.EPERM):
-    return f"cannot access {where}: {cause}"
-  if e.errno == errno.ENOENT:
-    return f"{where}: {cause}"
-  hint = ""
-  if e.errno in (errno.ENOTDIR, errno.EEXIST):
-    blocker = _file_in_the_way(path)
-    if blocker is not None:
-      what = "it" if blocker == os.path.abspath(path) else blocker
-      hint = f" ({what} is a file, not a folder)"
-  elif e.errno == errno.EISDIR:
-    hint = " (it is a folder, not a file)"
-  return f"cannot use {where}: {cause}{hint}"
 
 
 @contextlib.contextmanager
@@ -204,7 +125,7 @@ def user_errors() -> Iterator[None]:
   except Exception as e:
     if isinstance(e, NonFiniteError):
       fail(str(e), code=1)
-    message = describe_os_error(e) or describe_backend_error(e)
+    message = cli_os_errors.describe_os_error(e) or describe_backend_error(e)
     if message is None:
       raise
     fail(message)
@@ -391,11 +312,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:
-    line = cli_config.parse_failure(argv, e)
+    line = cli_parse_errors.parse_failure(argv, e)
     if line is None:
       raise  # not the command line's nor a config file's: a bug
     fail(line)
-  unloaded = cli_config.unloaded_config(argv)
+  unloaded = cli_parse_errors.unloaded_config(argv)
   if unloaded is not None:
     fail(unloaded)
   if len(rest) > 1:  # no entry point takes positional arguments
@@ -490,7 +411,7 @@ def use_compilation_cache(flag: Optional[str]) -> Optional[str]:
     except OSError as e:
       warn(
         f"compiling without the compilation cache: "
-        f"{describe_os_error(e) or f'cannot use {path}: {e}'}; choose another folder "
+        f"{cli_os_errors.describe_os_error(e) or f'cannot use {path}: {e}'}; choose another folder "
         f"with --compilation_cache=DIR, or none with --compilation_cache="
       )
       path = ""

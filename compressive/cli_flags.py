@@ -246,7 +246,7 @@ def _check_int(name: str, value: Any, interval: str, also: tuple[int, ...], must
 
 def _register(name: str, check: Callable[[Any], None]) -> None:
   """`check` (raising ConfigError) as flag `name`'s absl validator; its
-  message is the error's line (cli_config.parse_failure drops absl's
+  message is the error's line (cli_parse_errors.parse_failure drops absl's
   `flag --name=VALUE: ` before it)."""
 
   def checker(value: Any) -> bool:

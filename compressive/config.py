@@ -35,7 +35,7 @@ from compressive.experiment import EvalConfig, Experiment, TrainConfig
 from compressive.model import compression
 from compressive.model.config import ModelConfig, check_memory_sizes, check_segment_length
 from compressive.model.transformer import CompressiveTransformer
-from compressive.scale import sharding
+from compressive.scale import mesh_checks, sharding
 from compressive.scale.sharding import MeshConfig
 
 _log = logging.getLogger("compressive")
@@ -125,9 +125,41 @@ def check(
   _check_vocabulary(data, cfg, here, training)
   evaluation = written.resolved(cfg, train.batch_size)
   _check_eval_sizes(evaluation, cfg)
+  _check_machine(cfg, train, evaluation, training, num_devices, here, capacity)
+  graphdef, abstract_state = abstract_model(cfg, train.seed)
   # The mesh against the devices of every process, and the batch, heads,
   # hidden units and widths against the axes that split them: before any
   # compilation.
+  shape = mesh_checks.validate(
+    mesh, abstract_state, batch_size=train.batch_size, model=cfg, num_devices=num_devices
+  )
+  if training:
+    _check_micro_batches(train, mesh, sharding.data_parallel_size(mesh, shape))
+  return Experiment(
+    model=cfg,
+    train=train,
+    eval=evaluation,
+    mesh=mesh,
+    data=data,
+    mesh_shape=tuple(shape),
+    graphdef=graphdef,
+    abstract_state=abstract_state,
+  )
+
+
+def _check_machine(
+  cfg: ModelConfig,
+  train: TrainConfig,
+  evaluation: EvalConfig,
+  training: bool,
+  num_devices: Optional[int],
+  here: bool,
+  capacity: Optional[tuple[int, str]],
+) -> None:
+  """What the run asks of the machine it is checked for (check's arguments):
+  a GPU of this one for cuDNN attention (when `num_devices` is not given),
+  and its size estimated against a device's memory, this machine's (`here`)
+  or `capacity`, before the model is built."""
   if (
     num_devices is None
     and cfg.attention_implementation == "cudnn"
@@ -146,22 +178,6 @@ def check(
       capacity or _capacity_per_device(),
       num_devices or jax.device_count(),
     )
-  graphdef, abstract_state = abstract_model(cfg, train.seed)
-  shape = sharding.validate(
-    mesh, abstract_state, batch_size=train.batch_size, model=cfg, num_devices=num_devices
-  )
-  if training:
-    _check_micro_batches(train, mesh, sharding.data_parallel_size(mesh, shape))
-  return Experiment(
-    model=cfg,
-    train=train,
-    eval=evaluation,
-    mesh=mesh,
-    data=data,
-    mesh_shape=tuple(shape),
-    graphdef=graphdef,
-    abstract_state=abstract_state,
-  )
 
 
 def _check_micro_batches(train: TrainConfig, mesh: MeshConfig, dp: int) -> None:

@@ -25,7 +25,7 @@ import sys
 from absl import flags
 import jax
 
-from compressive import cli, cli_flags, reading, remote, values
+from compressive import cli, cli_flags, nested, reading, remote
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.errors import NonFiniteError
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
 def check_finite(result: dict, step: int) -> None:
   """NonFiniteError (one line, exit 1) for a non-finite figure: never NaN in
   a result, since JSON cannot hold it and it is no figure."""
-  bad = values.non_finite(result)
+  bad = nested.non_finite(result)
   if bad:
     raise NonFiniteError(
       f"evaluating step {step} of {FLAGS.workdir} gave {', '.join(bad)}: its parameters "

@@ -141,7 +141,7 @@ def write_text(path: str, text: str) -> None:
 def write_json(path: str, value: Any) -> None:
   """Replaces `path` with `value` as indented JSON and a newline, whole or
   not at all. NaN and infinities are refused (ValueError, nothing written):
-  they are not JSON (values.finite_or_null turns them into null)."""
+  they are not JSON (nested.finite_or_null turns them into null)."""
   text = json.dumps(value, indent=2, allow_nan=False) + "\n"
   write_text(path, text)
 

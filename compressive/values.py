@@ -395,7 +395,7 @@ def hms(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-# -- Results as valid JSON. ---------------------------------------------------------
+# -- Progress and metrics as the logs show them. ------------------------------------
 
 
 class Progress:
@@ -435,45 +435,3 @@ def metrics_text(metrics: dict[str, Any], sep: str = " ") -> str:
     return f"{v:.0f}" if v.is_integer() else f"{v:.4f}"
 
   return "  ".join(f"{k}{sep}{text(v)}" for k, v in metrics.items())
-
-
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-  """A nested config (ConfigDict, mappings, JSON) -> {"dotted.key": leaf
-  value}, each key after `prefix`; an empty section leaves no key.
-
-  A flat dict comes back as it is (its keys may already hold dots).
-  """
-  if hasattr(config, "to_dict"):  # ml_collections (Frozen)ConfigDict
-    config = config.to_dict()
-  out: dict[str, Any] = {}
-  for k, v in config.items():
-    key = f"{prefix}{k}"
-    if hasattr(v, "to_dict") or isinstance(v, Mapping):
-      out.update(flatten(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
-def non_finite(value: Any, prefix: str = "") -> list[str]:
-  """The names (dotted, [i] for items) of the NaN or infinite floats in a
-  result of dicts, lists and numbers."""
-  if isinstance(value, dict):
-    return [n for k, v in value.items() for n in non_finite(v, f"{prefix}{k}.")]
-  if isinstance(value, (list, tuple)):
-    return [n for i, v in enumerate(value) for n in non_finite(v, f"{prefix.rstrip('.')}[{i}].")]
-  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
-    return [f"{prefix.rstrip('.')}={value}"]
-  return []
-
-
-def finite_or_null(value: Any) -> Any:
-  """The result with each NaN or infinite float as None (JSON's null): what
-  JSON can hold, since NaN and Infinity are not JSON."""
-  if isinstance(value, dict):
-    return {k: finite_or_null(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [finite_or_null(v) for v in value]
-  if isinstance(value, (float, np.floating)) and not math.isfinite(value):
-    return None
-  return value

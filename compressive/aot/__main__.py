@@ -137,20 +137,7 @@ def run(config: Any, target_name: str, step: str) -> int:
   lower = aot_lib.lower_train_step if step == "train" else aot_lib.lower_eval_step
   lowered = lower(experiment, mesh)
   _say(f"lowered in {time.perf_counter() - start:.1f} s; compiling")
-  try:
-    compiled, seconds = _compile_with_progress(lowered, what)
-  except Exception as e:
-    over = aot_lib.parse_out_of_memory(str(e))
-    if over is None:
-      raise
-    need, have = over
-    cli.fail(
-      f"{what} does not fit: the TPU compiler counts {need / aot_lib.GIB:.2f} GiB of "
-      f"temporaries per device, {(need - have) / aot_lib.GIB:.2f} GiB over the "
-      f"{have / aot_lib.GIB:.2f} GiB there is; "
-      f"{aot_lib.advice(experiment, step)}",
-      code=1,
-    )
+  compiled, seconds = _compile_or_fail(lowered, what, experiment, step)
   _say(f"compiled in {seconds:.1f} s")
   result = aot_lib.report(
     compiled,
@@ -169,6 +156,30 @@ def run(config: Any, target_name: str, step: str) -> int:
   if result.fits is False:
     _fail_too_big(what, result, experiment, step)
   return 0
+
+
+def _compile_or_fail(
+  lowered: jax.stages.Lowered, what: str, experiment: experiment_lib.Experiment, step: str
+) -> tuple[jax.stages.Compiled, float]:
+  """(compiled, seconds) of _compile_with_progress; exit 1 when the TPU
+  compiler refuses the step's temporaries as more than a device holds (by
+  how much, and what to change)."""
+  from compressive import aot as aot_lib
+
+  try:
+    return _compile_with_progress(lowered, what)
+  except Exception as e:
+    over = aot_lib.parse_out_of_memory(str(e))
+    if over is None:
+      raise
+    need, have = over
+    cli.fail(
+      f"{what} does not fit: the TPU compiler counts {need / aot_lib.GIB:.2f} GiB of "
+      f"temporaries per device, {(need - have) / aot_lib.GIB:.2f} GiB over the "
+      f"{have / aot_lib.GIB:.2f} GiB there is; "
+      f"{aot_lib.advice(experiment, step)}",
+      code=1,
+    )
 
 
 def _fail_too_big(

@@ -232,6 +232,26 @@ def fetch(
     raise DataError(_unwritable(folder, setting, e)) from e
   if not os.access(folder, os.W_OK):
     raise DataError(_unwritable(folder, setting, None))
+  data = _downloaded(package, folder, download)
+  try:
+    files.write_bytes(path, data)  # whole or not at all: the cache holds verified files only
+  except OSError as e:
+    raise DataError(_unwritable(folder, setting, e)) from e
+  _log.info(
+    "fetched %s (%s bytes, sha256 verified) into %s, cached there from now on",
+    package.filename,
+    f"{len(data):,}",
+    folder,
+  )
+  return data
+
+
+def _downloaded(
+  package: Package, folder: str, download: Callable[[Package, str], bytes] | None
+) -> bytes:
+  """The file's bytes as `download(package, folder)` (default
+  fetch_with_client) gives them, their checksum verified: FetchError naming
+  the package when the download fails or gives other bytes."""
   try:
     data = (download or fetch_with_client)(package, folder)
   except FetchError:
@@ -243,16 +263,6 @@ def fetch(
     raise FetchError(
       f"{shown(package)} gave {package.filename} with sha256 {digest}, expected {package.sha256}"
     )
-  try:
-    files.write_bytes(path, data)  # whole or not at all: the cache holds verified files only
-  except OSError as e:
-    raise DataError(_unwritable(folder, setting, e)) from e
-  _log.info(
-    "fetched %s (%s bytes, sha256 verified) into %s, cached there from now on",
-    package.filename,
-    f"{len(data):,}",
-    folder,
-  )
   return data
 
 

@@ -97,6 +97,23 @@ def initialize_distributed(
     return False
   _joining[:] = ["asked"]
   where = f" at {coordinator_address}" if coordinator_address else ""
+  _join(coordinator_address, num_processes, process_id, timeout_s, where)
+  _joining.append("joined")
+  return True
+
+
+def _join(
+  coordinator_address: Optional[str],
+  num_processes: Optional[int],
+  process_id: Optional[int],
+  timeout_s: int,
+  where: str,
+) -> None:
+  """jax.distributed.initialize on a thread of its own, waited for in
+  slices (a stop signal's handler runs between them) for at most
+  `timeout_s`: a UserError, naming the coordinator (`where`: " at
+  HOST:PORT", or ""), when the processes do not all join in time or JAX
+  cannot join them."""
   outcome: list[BaseException] = []
   done = threading.Event()
 
@@ -127,5 +144,3 @@ def initialize_distributed(
   if outcome:
     cause = " ".join(str(outcome[0]).split())[:200] or type(outcome[0]).__name__
     raise UserError(f"cannot join the run's processes{where}: {cause}") from outcome[0]
-  _joining.append("joined")
-  return True

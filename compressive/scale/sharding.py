@@ -27,7 +27,8 @@ Everything here takes the mesh's `MeshConfig` (an Experiment's `mesh`,
 built once by `config.check`; `MeshConfig.from_config` reads one from a
 config's mesh section) or a built Mesh as an argument; the entry points
 decide about multi-host initialisation and call `processes.initialize_distributed`
-before anything else touches JAX.
+before anything else touches JAX. `mesh_checks.validate` checks a mesh against
+the devices, and the sizes it splits against its axes, before anything compiles.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class MeshConfig:
           f"mesh.data_axes={tuple(self.data_axes)!r} names {a!r}, not in mesh.axes={axes!r}"
         )
     for rule in self.logical_axis_rules:
-      for a in _names(rule[1]):
+      for a in axis_names(rule[1]):
         if a not in axes:
           raise ConfigError(
             f"mesh.logical_axis_rules: {rule[0]!r} -> {a!r}, not in mesh.axes={axes!r}"
@@ -185,13 +186,17 @@ def make_mesh(mesh: MeshConfig, devices: Optional[Sequence[Any]] = None) -> Mesh
   )
 
 
-def _names(entry: str | Sequence[str] | None) -> tuple[str, ...]:
+def axis_names(entry: str | Sequence[str] | None) -> tuple[str, ...]:
+  """The mesh axes one entry of a partition spec or rule names: none, one
+  or several."""
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _axis_sizes(mc: MeshConfig, shape: Sequence[int]) -> dict[str, int]:
+def axis_sizes(mc: MeshConfig, shape: Sequence[int]) -> dict[str, int]:
+  """The size of each of `mc`'s mesh axes, by name, in a resolved mesh
+  shape (in the order of mesh.axes)."""
   return dict(zip(mc.axes, shape))
 
 
@@ -199,7 +204,7 @@ def data_parallel_size(mc: MeshConfig, mesh: Mesh | Sequence[int]) -> int:
   """How many ways batch rows are split: the product of the data axes' sizes
   (of the MeshConfig `mc`) in `mesh` (a Mesh, or a resolved
   mesh shape in the order of mesh.axes)."""
-  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else _axis_sizes(mc, mesh)
+  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else axis_sizes(mc, mesh)
   return math.prod(sizes[a] for a in mc.data_axes)
 
 
@@ -241,9 +246,9 @@ def spec_for_axes(mc: MeshConfig, axes: Sequence[str], name: str) -> P:
         f"mesh.logical_axis_rules has no rule for logical axis {a!r} "
         f"(parameter {name}); add ({a!r}, None) to replicate it"
       )
-    names = _names(rules[a])
+    names = axis_names(rules[a])
     entries.append(None if not names else names[0] if len(names) == 1 else names)
-  used = [n for e in entries for n in _names(e)]
+  used = [n for e in entries for n in axis_names(e)]
   if len(set(used)) != len(used):
     raise ConfigError(
       f"mesh.logical_axis_rules put parameter {name} {tuple(axes)} on mesh "
@@ -305,7 +310,7 @@ def gathered_specs(mc: MeshConfig, specs: Any) -> Any:
   data = set(mc.data_axes)
 
   def drop(entry: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
-    kept = tuple(a for a in _names(entry) if a not in data)
+    kept = tuple(a for a in axis_names(entry) if a not in data)
     return None if not kept else kept[0] if len(kept) == 1 else kept
 
   return jax.tree.map(
@@ -393,65 +398,3 @@ def global_array(
 ) -> jax.Array:
   """One global array from every process's rows (each passes its own)."""
   return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))
-
-
-# -- Checks before anything compiles. ---------------------------------------------
-
-
-def validate(
-  mc: MeshConfig,
-  state: nnx.State,
-  *,
-  batch_size: int,
-  model: Any,
-  num_devices: Optional[int] = None,
-) -> tuple[int, ...]:
-  """ConfigError, naming the field, if the mesh does not fit the devices or a
-  batch, head, hidden or width size does not divide along its axes.
-
-  Args:
-    mc: the MeshConfig.
-    state: the model's nnx state (an abstract one suffices: shapes and the
-      parameters' logical axes).
-    batch_size: training's rows per step.
-    model: the model's config (its num_heads, d_model, d_ff and vocab_size
-      name a size that does not divide).
-    num_devices: defaults to jax.device_count() (all processes).
-
-  Returns:
-    The resolved mesh shape.
-  """
-  shape = mesh_shape(mc, num_devices)
-  sizes = _axis_sizes(mc, shape)
-  where = f"mesh.shape={tuple(mc.shape)} -> {dict(sizes)}"
-  dp = data_parallel_size(mc, shape)
-  if batch_size % dp:
-    raise MeshError(
-      f"batch_size={batch_size} is not divisible by {dp}, the devices along "
-      f"mesh.data_axes={tuple(mc.data_axes)} ({where})"
-    )
-  abstract_params = nnx.to_pure_dict(state)
-  specs = jax.tree.leaves(param_specs(mc, state), is_leaf=lambda v: isinstance(v, P))
-  m = model
-  fields = {
-    "model.num_heads": m.num_heads,
-    "model.d_model": m.d_model,
-    "model.d_ff": m.d_ff,
-    "model.vocab_size": m.vocab_size,
-  }
-  for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs):
-    name = path_str(path)
-    for dim, (size, entry) in enumerate(zip(x.shape, tuple(spec) + (None,) * len(x.shape))):
-      axes = _names(entry)
-      n = math.prod(sizes[a] for a in axes)
-      if size % n:
-        named = [f"{k}={v}" for k, v in fields.items() if v == size]
-        raise MeshError(
-          f"{' or '.join(named) or f'size {size}'} does not divide along mesh axes {axes} "
-          f"of size {n}: parameter {name} {tuple(x.shape)} dimension {dim} is sharded "
-          f"that way by mesh.logical_axis_rules ({where}); change mesh.shape or the model size"
-        )
-  return shape
-
-
-# -- Multi-host. ----------------------------------------------------------------

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressive import values
+from compressive import nested, values
 from compressive.errors import CheckpointError, ConfigError
 
 
@@ -176,7 +176,7 @@ def _differences(part: str, a: Any, b: Any) -> Optional[str]:
   if part == "model" and isinstance(a, dict) and isinstance(b, dict):
     return "; ".join(model_differences(a, b)[:4]) or None
   if part == "data" and isinstance(a, dict) and isinstance(b, dict):
-    fa, fb = values.flatten(a, "data."), values.flatten(b, "data.")
+    fa, fb = nested.flatten(a, "data."), nested.flatten(b, "data.")
     fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
     if not fields:
       return None

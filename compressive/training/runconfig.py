@@ -15,7 +15,7 @@ from typing import Any, Mapping, TypeAlias
 import ml_collections
 
 from compressive import experiment as experiment_lib
-from compressive import files, values
+from compressive import files, nested
 from compressive.errors import CheckpointError, ConfigError
 from compressive.experiment import Experiment
 from compressive.training import integrity, layout, savedjson, sidefiles
@@ -91,7 +91,7 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
   except (OSError, CheckpointError):
     return []
   given = json.loads(json.dumps(experiment.to_dict()))  # tuples as JSON lists, as saved
-  a, b = values.flatten(saved), values.flatten(given)
+  a, b = nested.flatten(saved), nested.flatten(given)
   return [
     f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
   ]
@@ -125,7 +125,7 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
     logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
     return
 
-  was, now = values.flatten(saved), values.flatten(experiment.to_dict())  # each a leaf
+  was, now = nested.flatten(saved), nested.flatten(experiment.to_dict())  # each a leaf
   diffs = integrity.model_differences(saved.get("model") or {}, experiment.model) + [
     f"{name} {was.get(name)!r} -> {now.get(name)!r}"
     for name in RUN_SHAPE_FIELDS

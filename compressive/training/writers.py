@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from compressive import plugins, remote, values
+from compressive import nested, plugins, remote
 from compressive.errors import ConfigError
 from compressive.errors import naming as _naming
 from compressive.training import layout
@@ -126,9 +126,9 @@ def run_of(workdir: str, config: Mapping[str, Any]) -> Run:
 def hparams(config: Any) -> dict[str, bool | int | float | str]:
   """A config (nested, as written: Experiment.config, every field as the
   run's config.json records it, or already flat) as TensorBoard hparams:
-  dotted keys (values.flatten, the one flattener), values bool / int /
+  dotted keys (nested.flatten, the one flattener), values bool / int /
   float / str (hparam_value: tuples, lists, None and the rest as str)."""
-  return {k: hparam_value(v) for k, v in values.flatten(config).items()}
+  return {k: hparam_value(v) for k, v in nested.flatten(config).items()}
 
 
 def hparam_value(v: Any) -> bool | int | float | str:

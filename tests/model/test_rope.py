@@ -20,7 +20,7 @@ from compressive.errors import ConfigError
 from compressive.model import attention as attention_lib
 from compressive.model.config import ModelConfig
 from compressive.model.sampling import Sampler
-from compressive.scale import sharding
+from compressive.scale import mesh_checks, sharding
 from helpers import (
   checked,
   greedy_without_cache,
@@ -81,7 +81,7 @@ def test_rope_has_no_position_parameters_and_partitions():
   state = nnx.state(
     nnx.eval_shape(lambda: compressive.CompressiveTransformer(model, rngs=nnx.Rngs(0)))
   )
-  assert sharding.validate(mesh_of(config), state, batch_size=4, model=model, num_devices=4) == (
+  assert mesh_checks.validate(mesh_of(config), state, batch_size=4, model=model, num_devices=4) == (
     1,
     2,
     2,

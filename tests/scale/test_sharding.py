@@ -33,7 +33,7 @@ from compressive import experiment as experiment_lib
 from compressive.model.attention import sinusoids
 from compressive.model.compression import COMPRESSIONS
 from compressive.model.config import ModelConfig
-from compressive.scale import sharding
+from compressive.scale import mesh_checks, sharding
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
@@ -97,8 +97,8 @@ def abstract_training(config):
 
 
 def validate(config, state, num_devices):
-  """sharding.validate of a config's mesh, batch and model."""
-  return sharding.validate(
+  """mesh_checks.validate of a config's mesh, batch and model."""
+  return mesh_checks.validate(
     mesh_of(config),
     state,
     batch_size=config.batch_size,

@@ -28,7 +28,7 @@ import pytest
 
 from compressive import cli
 from compressive import data as data_lib
-from compressive.data import text_files
+from compressive.data import text_reading
 from compressive.errors import DataError
 from helpers import ROOT, TESTS, data_of, tiny_experiment, write_config_file
 import inprocess
@@ -1317,14 +1317,14 @@ def test_check_documents_reads_in_chunks_and_accepts_good_corpora(tmp_path):
   data_config = corpus(tmp_path, {**GOOD, "long.txt": long.encode()})
   check_all_splits(data_config)
   path = str(tmp_path / "texts" / "long.txt")
-  text_files.check_file(path, chunk_bytes=7)  # every character cut somewhere
+  text_reading.check_file(path, chunk_bytes=7)  # every character cut somewhere
   with open(path, "ab") as f:
     f.write(b"\xc3")
   with pytest.raises(DataError, match=f"invalid UTF-8 at byte {len(long.encode())}"):
-    text_files.check_file(path, chunk_bytes=7)
+    text_reading.check_file(path, chunk_bytes=7)
   with pytest.raises(DataError, match="invalid UTF-8"):
-    text_files.check_file(path)
-  text_files.check_file(path, errors="replace")
+    text_reading.check_file(path)
+  text_reading.check_file(path, errors="replace")
 
 
 def test_check_documents_and_the_lazy_read_name_an_unreadable_file(tmp_path, monkeypatch):
@@ -1334,7 +1334,7 @@ def test_check_documents_and_the_lazy_read_name_an_unreadable_file(tmp_path, mon
   def denied(path, *args, **kwargs):
     raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
-  monkeypatch.setattr(text_files, "open", denied, raising=False)
+  monkeypatch.setattr(text_reading, "open", denied, raising=False)
   with pytest.raises(DataError, match=r"book\d\.txt: cannot read \(Permission denied\)"):
     check_all_splits(data_config)
   with pytest.raises(DataError, match=r"book\d\.txt: cannot read \(Permission denied\)"):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from compressive import cli, files
+from compressive import cli, cli_os_errors, files
 
 
 def _only(folder):
@@ -111,7 +111,7 @@ def test_a_full_disk_names_the_file_and_leaves_the_old_one(tmp_path):
       f.write("x")
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write's, naming no file
   assert e.value.errno == errno.ENOSPC and e.value.filename.startswith(path + ".tmp")
-  assert cli.describe_os_error(e.value).startswith(f"cannot write {path}.tmp")
+  assert cli_os_errors.describe_os_error(e.value).startswith(f"cannot write {path}.tmp")
   assert open(path).read() == "old" and _only(tmp_path) == ["a.txt"]
 
 

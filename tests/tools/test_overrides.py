@@ -10,7 +10,7 @@ import sys
 from absl import flags
 import pytest
 
-from compressive import cli, cli_config
+from compressive import cli, cli_parse_errors
 from helpers import ROOT
 
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -31,7 +31,7 @@ def failure(*overrides, config=DEFAULT):
   argv = ["prog", f"--config={config}", *overrides]
   with pytest.raises(Exception) as e:
     parse(*overrides, config=config)
-  line = cli_config.parse_failure(argv, e.value)
+  line = cli_parse_errors.parse_failure(argv, e.value)
   assert line is not None and "\n" not in line, (line, e.value)
   return line
 

@@ -18,7 +18,7 @@ import time
 from absl import flags
 import pytest
 
-from compressive import cli, cli_config, cli_flags, values
+from compressive import cli, cli_config, cli_flags, cli_parse_errors, nested, values
 from compressive import config as config_lib
 from compressive.errors import ConfigError, MeshError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
@@ -320,7 +320,7 @@ def test_a_flag_groups_check_is_one_line_when_the_command_line_is_parsed():
   # test_entry_point_errors.py runs the tools).
   error = flags.IllegalFlagValueError("flag --step=-1: --step=-1 must be >= 0, below 2**31")
   assert (
-    cli_config.parse_failure(["eval.py", "--step=-1"], error)
+    cli_parse_errors.parse_failure(["eval.py", "--step=-1"], error)
     == "--step=-1 must be >= 0, below 2**31"
   )
 
@@ -453,14 +453,14 @@ def strict_json(text):
 
 def test_non_finite_results_are_named_or_written_as_null():
   result = {"loss": float("nan"), "bits": [1.0, float("inf")], "split": "test", "n": 3}
-  assert values.non_finite(result) == ["loss=nan", "bits[1]=inf"]
-  assert values.finite_or_null(result) == {
+  assert nested.non_finite(result) == ["loss=nan", "bits[1]=inf"]
+  assert nested.finite_or_null(result) == {
     "loss": None,
     "bits": [1.0, None],
     "split": "test",
     "n": 3,
   }
-  strict_json(json.dumps(values.finite_or_null(result), allow_nan=False))
+  strict_json(json.dumps(nested.finite_or_null(result), allow_nan=False))
 
 
 def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):

@@ -20,7 +20,8 @@ from compressive.data import prefetch
 from compressive.errors import ConfigError
 from compressive.model import memory as memory_lib
 from compressive.model.config import ModelConfig
-from compressive.scale import sharding
+from compressive.scale import mesh_checks
+from compressive.training import accumulation
 from compressive.training import loop as train_lib
 from compressive.training import step as train_step
 from compressive.training.metrics import read_jsonl
@@ -133,10 +134,10 @@ def test_accumulated_step_equals_the_full_batch_step(accum, recon):
 
 def test_micro_batches_take_rows_from_every_data_shard():
   x = np.arange(16)  # 2 data shards of 8 rows, 4 micro-batches of 4 rows
-  parts = np.asarray(train_step._split_rows(x, 0, 4, 2))
+  parts = np.asarray(accumulation._split_rows(x, 0, 4, 2))
   assert parts.tolist() == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
   y = np.arange(3 * 16 * 5).reshape(3, 16, 5)  # rows at axis 1, like the memory
-  back = train_step._merge_rows(train_step._split_rows(y, 1, 4, 2), 1, 2)
+  back = accumulation._merge_rows(accumulation._split_rows(y, 1, 4, 2), 1, 2)
   np.testing.assert_array_equal(np.asarray(back), y)
 
 
@@ -187,7 +188,7 @@ def test_grad_accum_mistakes_are_config_errors(monkeypatch):
     assert "grad_accum_steps" in str(e.value) and "\n" not in str(e.value)
   # The micro-batch rows must split along the data axes like the batch's:
   # pretend a mesh of 2 data-parallel devices.
-  monkeypatch.setattr(sharding, "validate", lambda mesh, state, **_: (2, 1, 1))
+  monkeypatch.setattr(mesh_checks, "validate", lambda mesh, state, **_: (2, 1, 1))
   config_lib.check(tiny_experiment(grad_accum_steps=2))  # 2 rows each
   with pytest.raises(ConfigError, match=r"1 rows per micro-batch is not divisible by 2"):
     config_lib.check(tiny_experiment(grad_accum_steps=4))

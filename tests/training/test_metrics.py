@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from compressive import values
+from compressive import nested
 from compressive.training.metrics import MetricWriter, read_jsonl
 from compressive.training.writers import hparam_value, hparams
 from helpers import ROOT, TESTS, checked, tiny_experiment
@@ -146,7 +146,7 @@ def test_training_writes_the_config_as_hparams(workdir):
   got = _hparams(groups[0])
   # Every field of every group, as config.json records it (Experiment.to_dict).
   recorded = checked(tiny_experiment(**OVERRIDES)).to_dict()
-  assert got == {k: hparam_value(v) for k, v in values.flatten(recorded).items()}
+  assert got == {k: hparam_value(v) for k, v in nested.flatten(recorded).items()}
   assert got["eval.memory_length"] == tiny_experiment().model.memory_length  # -1 resolved
   assert got["model.d_model"] == 32 and got["data.source"] == "synthetic"
   assert got["data.synthetic.num_docs"] == "(16, 4, 4)"
@@ -185,7 +185,7 @@ def test_flatten_and_hparam_values():
       "i": np.float32(0.5),
     }
   )
-  flat = values.flatten(c)
+  flat = nested.flatten(c)
   assert flat == {
     "a": 1,
     "b.c": (2, 3),
@@ -195,7 +195,7 @@ def test_flatten_and_hparam_values():
     "h": True,
     "i": np.float32(0.5),
   }
-  assert values.flatten(flat) == flat
+  assert nested.flatten(flat) == flat
   assert {k: hparam_value(v) for k, v in flat.items()} == {
     "a": 1,
     "b.c": "(2, 3)",
@@ -223,4 +223,4 @@ def test_the_hparams_are_the_config_flattened_once():
     {"a": {"b": np.float32(0.5), "c": (1, 2)}, "d": None, "e": {}, "f": True}
   )
   assert hparams(c) == {"a.b": 0.5, "a.c": "(1, 2)", "d": "None", "f": True}
-  assert hparams(hparams(c)) == hparams(c) == hparams(values.flatten(c))
+  assert hparams(hparams(c)) == hparams(c) == hparams(nested.flatten(c))

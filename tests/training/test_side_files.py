@@ -16,7 +16,7 @@ import signal
 import pytest
 
 import compressive
-from compressive import cli, files
+from compressive import cli_os_errors, files
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import loop as train_lib
@@ -239,7 +239,7 @@ def test_a_full_disk_under_config_json_names_the_file(tmp_path, monkeypatch):
   monkeypatch.setattr(files, "_create_beside", on_a_full_disk)
   with pytest.raises(OSError) as e:
     runconfig.save_config(str(tmp_path), checked(tiny_experiment()))
-  message = cli.describe_os_error(e.value)
+  message = cli_os_errors.describe_os_error(e.value)
   assert message.startswith(f"cannot write {tmp_path / 'config.json'}.tmp"), message
   assert not os.listdir(tmp_path)
 

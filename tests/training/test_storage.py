@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from compressive import cli, storage
+from compressive import cli_os_errors, storage
 
 # Generous beside the deadlines below (a loaded 2-core machine wakes late),
 # far below a hang.
@@ -111,7 +111,7 @@ def test_a_mirror_folder_its_tool_left_when_killed_is_cleared_by_the_next(tmp_pa
 def test_an_object_a_storage_client_did_not_find_is_named_as_such():
   # The second of two trainers on one bucket ended with
   # `error: gs://runs/two/checkpoints/110`, which said nothing.
-  assert cli.describe_os_error(FileNotFoundError("gs://runs/two/checkpoints/110")) == (
+  assert cli_os_errors.describe_os_error(FileNotFoundError("gs://runs/two/checkpoints/110")) == (
     "gs://runs/two/checkpoints/110: not found on Cloud Storage (a workdir there has no lock: "
     "another process may have removed it)"
   )
