@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Optional
 
 import jax
@@ -26,6 +27,9 @@ from compressive.training import integrity, runconfig
 from compressive.training import setup as setup_lib
 
 _log = logging.getLogger("compressive")
+# Seconds a reader goes on reading the newest checkpoint while a running
+# trainer rotates away each one it reads (`_restore_newest`).
+RACE_PATIENCE_S = 300.0
 
 
 def saved_experiment(path: str) -> experiment_lib.Experiment:
@@ -117,20 +121,28 @@ def _restore_newest(
   step: Optional[int],
   abstract_state: Any,
   identity: dict[str, Any],
-  attempts: int = 20,
+  patience_s: float = RACE_PATIENCE_S,
 ) -> tuple[int, Any]:
   """(step, train state) of `step`, or of the newest checkpoint: a reader takes
   no lock, so a running trainer may rotate the step away while it is read;
-  then the steps are listed again and the newest is read instead."""
-  for attempt in range(attempts):
+  then the steps are listed again and the newest is read instead, for up to
+  `patience_s` seconds (a reader slower than one training step loses the
+  race at some reads and wins it at others; under load, many in a row)."""
+  give_up = time.monotonic() + patience_s
+  while True:
     wanted = checkpointer.latest_step() if step is None else step
     if wanted is None:
       raise FileNotFoundError(f"no checkpoint in {os.path.dirname(checkpointer.directory)}")
     try:
       return wanted, checkpointer.restore(wanted, abstract_state, identity=identity)[0]
     except ckpt_lib.MissingStepError as e:
-      if step is not None or attempt == attempts - 1:
+      if step is not None:
         raise
+      if time.monotonic() > give_up:
+        raise ckpt_lib.MissingStepError(
+          f"{e}; each newer step went the same way for {patience_s:.0f} s: the trainer keeps "
+          "its checkpoints for less time than this reader takes to read one (keep more of "
+          "them: train.keep_checkpoints, or save less often)"
+        ) from None
       _log.info("checkpoint %d went away while it was read (%s); reading the newest", wanted, e)
       checkpointer.reload()
-  raise AssertionError("unreachable")

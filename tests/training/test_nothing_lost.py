@@ -19,7 +19,7 @@ import compressive
 from compressive import data as data_lib
 from compressive.errors import CheckpointError
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import exporting, integrity, layout, runconfig
+from compressive.training import exporting, inference, integrity, layout, runconfig
 from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
 from helpers import ROOT, assert_same_params, tiny_experiment, to_train, write_config_file
@@ -123,6 +123,44 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
   for p, (_, err) in zip(evals, results):
     assert p.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "damaged" not in err, err[-3000:]
+
+
+class _Rotating:
+  """A checkpointer beside a trainer that rotates away every step a reader
+  reads, until `lasts_from` (then the newest stays: the trainer stopped)."""
+
+  directory = "/run/checkpoints"
+
+  def __init__(self, lasts_from: int = 10**9):
+    self.newest, self.reads, self.lasts_from = 10, 0, lasts_from
+
+  def latest_step(self) -> int:
+    return self.newest
+
+  def restore(self, step: int, abstract_state, identity):
+    self.reads += 1
+    if step >= self.lasts_from:
+      return ("state", None)
+    self.newest += 1  # the trainer saved the next step and deleted this one
+    raise ckpt_lib.MissingStepError(f"checkpoint {step} was deleted while it was read")
+
+  def reload(self) -> None:
+    pass
+
+
+def test_a_reader_reads_the_newest_for_as_long_as_steps_go_away_then_says_why():
+  # Not a count of tries: a reader on a loaded machine may lose the race
+  # with a trainer rotating every step many times in a row (CI's neighbours).
+  slow = _Rotating(lasts_from=45)
+  assert inference._restore_newest(slow, None, None, {}) == (45, "state")
+  assert slow.reads == 36
+  never = _Rotating()
+  with pytest.raises(ckpt_lib.MissingStepError, match="keep_checkpoints") as e:
+    inference._restore_newest(never, None, None, {}, patience_s=0.2)
+  assert never.reads > 1 and "was deleted while it was read" in str(e.value)
+  # A step asked for by number is never swapped for another.
+  with pytest.raises(ckpt_lib.MissingStepError):
+    inference._restore_newest(_Rotating(), 12, None, {})
 
 
 # -- 2. Every byte a resume depends on is verified. ----------------------------------
