@@ -70,11 +70,12 @@ def _manager(
 def _listing(read: Callable[[], _T], attempts: int = 10) -> _T:
   """read(), again when a step folder vanished under it: Orbax lists the
   steps and then reads each one's metadata, and a trainer's rotation may
-  delete a step in between (FileNotFoundError naming the step)."""
+  delete a step in between (FileNotFoundError naming the step's file, or
+  NotADirectoryError naming the step, as Orbax checks its folder first)."""
   for attempt in range(attempts):
     try:
       return read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
       if attempt == attempts - 1:
         raise
       time.sleep(0.05 * (attempt + 1))

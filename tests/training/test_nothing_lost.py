@@ -163,6 +163,27 @@ def test_a_reader_reads_the_newest_for_as_long_as_steps_go_away_then_says_why():
     inference._restore_newest(_Rotating(), 12, None, {})
 
 
+@pytest.mark.parametrize("vanished", [FileNotFoundError, NotADirectoryError])
+def test_a_listing_that_meets_a_step_deleted_under_it_lists_again(vanished):
+  # Orbax lists the steps, then reads each one's metadata: a step rotated
+  # away in between is either error, as Orbax checks the folder or the file.
+  calls = []
+
+  def read():
+    calls.append(1)
+    if len(calls) < 3:
+      raise vanished("checkpoints/15")
+    return [16]
+
+  assert ckpt_lib._listing(read) == [16] and len(calls) == 3
+
+  def always():
+    raise vanished("checkpoints/15")
+
+  with pytest.raises(vanished):  # a folder that stays gone is no race: the error stands
+    ckpt_lib._listing(always, attempts=2)
+
+
 # -- 2. Every byte a resume depends on is verified. ----------------------------------
 
 
