@@ -125,10 +125,13 @@ def _restore_newest(
 ) -> tuple[int, Any]:
   """(step, train state) of `step`, or of the newest checkpoint: a reader takes
   no lock, so a running trainer may rotate the step away while it is read;
-  then the steps are listed again and the newest is read instead, for up to
-  `patience_s` seconds (a reader slower than one training step loses the
-  race at some reads and wins it at others; under load, many in a row)."""
+  then the steps are listed again and the newest is read instead, as long
+  as each newest is newer than the one that went (a trainer going on) and
+  for up to `patience_s` seconds (a reader slower than one training step
+  loses the race at some reads and wins it at others; under load, many in a
+  row)."""
   give_up = time.monotonic() + patience_s
+  gone = -1  # the newest step that went away while it was read
   while True:
     wanted = checkpointer.latest_step() if step is None else step
     if wanted is None:
@@ -136,8 +139,9 @@ def _restore_newest(
     try:
       return wanted, checkpointer.restore(wanted, abstract_state, identity=identity)[0]
     except ckpt_lib.MissingStepError as e:
-      if step is not None:
+      if step is not None or wanted <= gone:  # asked for, or no trainer going on: no race
         raise
+      gone = wanted
       if time.monotonic() > give_up:
         raise ckpt_lib.MissingStepError(
           f"{e}; each newer step went the same way for {patience_s:.0f} s: the trainer keeps "

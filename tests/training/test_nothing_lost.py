@@ -158,9 +158,15 @@ def test_a_reader_reads_the_newest_for_as_long_as_steps_go_away_then_says_why():
   with pytest.raises(ckpt_lib.MissingStepError, match="keep_checkpoints") as e:
     inference._restore_newest(never, None, None, {}, patience_s=0.2)
   assert never.reads > 1 and "was deleted while it was read" in str(e.value)
-  # A step asked for by number is never swapped for another.
+  # A step asked for by number is never swapped for another; a newest step
+  # that goes away with nothing newer after it is no race: said at once.
   with pytest.raises(ckpt_lib.MissingStepError):
     inference._restore_newest(_Rotating(), 12, None, {})
+  stale = _Rotating()
+  stale.latest_step = lambda: 10
+  with pytest.raises(ckpt_lib.MissingStepError, match="checkpoint 10 was deleted") as e:
+    inference._restore_newest(stale, None, None, {})
+  assert stale.reads == 2 and "keep_checkpoints" not in str(e.value)
 
 
 @pytest.mark.parametrize("vanished", [FileNotFoundError, NotADirectoryError])
