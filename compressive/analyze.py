@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from absl import flags
 
-from compressive import cli, cli_flags, files, nested, reading, remote
+from compressive import cli, cli_flags, files, nested, reading
 from compressive import data as data_lib
 from compressive.errors import ConfigError
 from compressive.evaluation import analysis, probe
@@ -153,18 +153,18 @@ def plot_probe(result: dict[str, Any], path: IO[bytes]) -> None:
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
   if FLAGS.analysis == "curves":
-    with reading.tool():
-      metrics = layout.Workdir(FLAGS.workdir).metrics("train")
+    with reading.tool() as place:
+      metrics = place.metrics("train")
       if not os.path.isfile(metrics):
         raise ConfigError(
           f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
           f"{os.path.basename(metrics)} (an export keeps none)"
         )
-      result = curves.draw(FLAGS.workdir)
-    print(remote.public(json.dumps(result)))  # a workdir on gs:// by its URL
+      result = curves.draw(place)
+    print(place.public(json.dumps(result)))  # a workdir on gs:// by its URL
     return
-  with reading.tool(progress=True):
-    experiment = reading.flagged_experiment(check=check_recall)
+  with reading.tool(progress=True) as place:
+    experiment = reading.flagged_experiment(place, check=check_recall)
     sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
     if FLAGS.step is not None:  # an earlier checkpoint's result never replaces the newest's
@@ -172,8 +172,8 @@ def main(argv: list[str]) -> None:
     # The corpus before the model: a corpus that cannot be read fails before any loading.
     tokenizer = data_lib.get_tokenizer(experiment.data)
     documents = data_lib.get_documents(experiment.data, FLAGS.split, tokenizer)
-    result, plot = run(reading.open_flagged_run(experiment).model, documents, experiment)
-  save(result, plot, suffix)
+    result, plot = run(reading.open_flagged_run(place, experiment).model, documents, experiment)
+    save(place, result, plot, suffix)
 
 
 def check_recall(config: runconfig.SavedConfig) -> None:
@@ -265,23 +265,30 @@ def _attention(
 
 
 def save(
-  result: dict[str, Any], plot: Callable[[dict[str, Any], IO[bytes]], None], suffix: str
+  run: layout.Workdir,
+  result: dict[str, Any],
+  plot: Callable[[dict[str, Any], IO[bytes]], None],
+  suffix: str,
 ) -> None:
-  """Prints the result, then writes it and its figure beside the workdir's files."""
+  """Prints the result, then writes it and its figure beside the workdir
+  `run`'s files."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = nested.finite_or_null(result)
   # The result first (cli.write_result): a workdir that cannot be written loses nothing.
-  run = layout.Workdir(FLAGS.workdir)
-  if not cli.write_result(result, run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "json")):
+  path = run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "json")
+  if not cli.write_result(result, path, run.public):
     return
   figure = run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "png")
   try:
     with files.replacing(figure, binary=True) as f:  # whole or not at all
       plot(result, f)
   except OSError as e:
-    cli.warn(f"the result is saved but not its figure: cannot write {figure}: {e.strerror or e}")
+    cli.warn(
+      "the result is saved but not its figure: cannot write "
+      f"{run.public(figure)}: {e.strerror or e}"
+    )
     return
-  print(f"figure: {remote.public(figure)}", file=sys.stderr)
+  print(f"figure: {run.public(figure)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

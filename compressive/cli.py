@@ -49,7 +49,7 @@ def one_line(message: str) -> str:
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
   sys.stdout.flush()
-  print(f"error: {one_line(remote.public(message))}", file=sys.stderr)
+  print(f"error: {one_line(message)}", file=sys.stderr)
   sys.exit(code)
 
 
@@ -93,19 +93,20 @@ def quiet_libraries() -> None:
 
 
 def warn(message: str) -> None:
-  print(f"warning: {one_line(remote.public(message))}", file=sys.stderr)
+  print(f"warning: {one_line(message)}", file=sys.stderr)
 
 
-def write_result(result: Any, path: str) -> bool:
+def write_result(result: Any, path: str, public: Callable[[str], str] = str) -> bool:
   """A tool's result: its JSON line printed on stdout first, then saved at
   `path` whole (files.write_json): a workdir that cannot be written loses
-  nothing (a warning line). Whether it was saved. NaN is refused before
+  nothing (a warning line, naming the path by `public`: a mirror's by its
+  URL, layout.Workdir.public). Whether it was saved. NaN is refused before
   anything is printed (nested.finite_or_null makes it null)."""
   print(json.dumps(result, allow_nan=False), flush=True)
   try:
     files.write_json(path, result)
   except OSError as e:
-    warn(f"the result is printed but not saved: cannot write {path}: {e.strerror or e}")
+    warn(f"the result is printed but not saved: cannot write {public(path)}: {e.strerror or e}")
     return False
   return True
 
@@ -213,33 +214,21 @@ def run(main: Callable[[list[str]], Any], doc: Optional[str]) -> None:
 
 
 def _on_cloud_storage(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """main, with a gs:// --workdir read and written through a local mirror
-  and a gs:// --output written locally and copied there at the end
-  (compressive/remote.py): the flags name the local folders while main
-  runs, and its one-line errors name the URLs. A failure to copy the files
-  back at the end is one line too; once Cloud Storage has stopped
-  answering (storage.stalled), the tool ends at once with its status,
-  without waiting at exit for the threads still waiting on it."""
+  """main, for a tool that may work on Cloud Storage: each opens its own
+  gs:// --workdir (layout.opened) and --output (remote.Upload), whose
+  messages name the URLs. The storage clients' INFO lines are quiet where
+  a flag names a URL; once Cloud Storage has stopped answering
+  (storage.stalled), the tool ends at once with its status, without
+  waiting at exit for the threads still waiting on it."""
 
   def run_main(argv: list[str]) -> Any:
-    urls: dict[str, str] = {
-      name: str(flags.FLAGS[name].value)
+    if any(
+      name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)
       for name in ("workdir", "output")
-      if name in flags.FLAGS and remote.is_remote(flags.FLAGS[name].value)
-    }
+    ):
+      quiet_libraries()  # the storage clients' INFO lines while a mirror is made
     try:
-      with user_errors(), contextlib.ExitStack() as stack:
-        if urls:
-          quiet_libraries()  # the storage clients' INFO lines while the mirror is made
-        deadline = flags.FLAGS.storage_deadline or None
-        for name, url in urls.items():
-          place = (
-            remote.Mirror(url, deadline)
-            if name == "workdir"
-            else remote.Upload(url, f"--output={url}", deadline)
-          )
-          flags.FLAGS[name].value = stack.enter_context(place)  # one line if it cannot be had
-        return main(argv)
+      return main(argv)
     except SystemExit as e:
       if storage.stalled():
         storage.exit_now(e.code)

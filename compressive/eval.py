@@ -25,7 +25,7 @@ import sys
 from absl import flags
 import jax
 
-from compressive import cli, cli_flags, nested, reading, remote
+from compressive import cli, cli_flags, nested, reading
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive.errors import NonFiniteError
@@ -49,16 +49,16 @@ cli_flags.define_multihost_flags(refer_to_train=True)
 
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
-  with reading.tool(progress=True):
+  with reading.tool(progress=True) as place:
     experiment = reading.flagged_experiment(
-      split=FLAGS.split, sizes=config_lib.SIZE_FIELDS, step_must_exist=True
+      place, split=FLAGS.split, sizes=config_lib.SIZE_FIELDS, step_must_exist=True
     )
     data = experiment.data
     tokenizer = data_lib.get_tokenizer(data)
     # Evaluation reads every document: a bad one is found now, not after compiling.
     data_lib.check_documents(data, FLAGS.split, tokenizer)
     documents = data_lib.get_documents(data, FLAGS.split, tokenizer)
-    run = reading.open_flagged_run(experiment)
+    run = reading.open_flagged_run(place, experiment)
     step = run.step
     result = eval_lib.evaluate(
       run.model,
@@ -70,9 +70,9 @@ def main(argv: list[str]) -> None:
     )
     assert result is not None  # no `stop`: the pass runs to its end
     check_finite(result, step)
-  result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
-  if jax.process_index() == 0:
-    report(result, step)
+    result = {"split": FLAGS.split, "step": step, **experiment.eval.sizes, **result}
+    if jax.process_index() == 0:
+      report(place, result, step)
 
 
 def check_finite(result: dict, step: int) -> None:
@@ -87,13 +87,13 @@ def check_finite(result: dict, step: int) -> None:
     )
 
 
-def report(result: dict, step: int) -> None:
-  """Prints the result's JSON line, then saves it in the workdir (cli.
-  write_result: a workdir that cannot be written loses nothing) and names
-  the file on stderr."""
-  path = layout.Workdir(FLAGS.workdir).eval_result(FLAGS.split, step)
-  if cli.write_result(result, path):
-    print(f"result: {remote.public(path)}", file=sys.stderr)
+def report(place: layout.Workdir, result: dict, step: int) -> None:
+  """Prints the result's JSON line, then saves it in the workdir `place`
+  (cli.write_result: a workdir that cannot be written loses nothing) and
+  names the file on stderr."""
+  path = place.eval_result(FLAGS.split, step)
+  if cli.write_result(result, path, place.public):
+    print(f"result: {place.public(path)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ workdir. The checkpoint is verified as it is read; the export is written
 beside OUT and renamed into place when complete. Single process.
 """
 
+import contextlib
 import json
 import os
+from typing import Iterator
 
 from absl import flags
 
@@ -27,24 +29,29 @@ cli_flags.validate_path_flag("output", "an export", remote_ok=True)
 
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
-  with reading.tool():
+  label = f"--output={FLAGS.output}"
+  with reading.tool() as place, _output(FLAGS.output, label) as output:
     # Cheap checks first: a mistaken --output is found before any restore.
-    exporting.check_output(FLAGS.output, FLAGS.workdir, label=f"--output={FLAGS.output}")
-    step = exporting.export(FLAGS.workdir, FLAGS.output, FLAGS.step)
-  size = sum(
-    os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(FLAGS.output) for f in files
-  )
+    exporting.check_output(output, place, label=label)
+    step = exporting.export(place, output, FLAGS.step)
+    size = sum(
+      os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(output) for f in files
+    )
   print(
-    json.dumps(
-      {
-        "workdir": remote.public(FLAGS.workdir),
-        "step": step,
-        "output": remote.public(FLAGS.output),
-        "bytes": size,
-      }
-    ),
+    json.dumps({"workdir": FLAGS.workdir, "step": step, "output": FLAGS.output, "bytes": size}),
     flush=True,
   )
+
+
+@contextlib.contextmanager
+def _output(path: str, label: str) -> Iterator[str]:
+  """The folder the export is written to: `path`, or for a gs:// URL a
+  local folder copied there when the body ends (remote.Upload)."""
+  if not remote.is_remote(path):
+    yield path
+    return
+  with remote.Upload(path, label, FLAGS.storage_deadline or None) as upload:
+    yield upload.local
 
 
 if __name__ == "__main__":

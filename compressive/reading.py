@@ -2,17 +2,20 @@
 analyze.py, export.py): one preamble, the saved config made ready, and the
 run opened.
 
-    with reading.tool(progress=True):
-      experiment = reading.flagged_experiment(split=FLAGS.split)
+    with reading.tool(progress=True) as place:
+      experiment = reading.flagged_experiment(place, split=FLAGS.split)
       ...  # the tool's own checks, its corpus
-      run = reading.open_flagged_run(experiment)
+      run = reading.open_flagged_run(place, experiment)
+      ...  # its result, written into `place`
 
 `tool` is the preamble: the libraries quiet, a user's mistake one line and
 exit code 2 (cli.user_errors), --plugin imported and nothing else imported
 on the saved config's say-so (cli_flags.reading_saved_run), the tool's own flag
-checks (each flag group checks its own ranges as it is parsed), the
-multi-host runtime joined where the tool has its flags, and progress lines
-on stderr. `flagged_experiment` reads the workdir's (or export's) config.json,
+checks (each flag group checks its own ranges as it is parsed), --workdir
+opened (layout.opened: a gs:// URL through a local mirror, copied back
+when the body ends) and given to the body as a value, the multi-host
+runtime joined where the tool has its flags, and progress lines on
+stderr. `flagged_experiment` reads the workdir's (or export's) config.json,
 applies the memory and mesh flags, checks it (config.check_saved) and
 compares it with what the run recorded, all before any corpus is read or
 model built. `open_flagged_run` restores the run onto that experiment
@@ -41,7 +44,7 @@ from compressive import experiment as experiment_lib
 from compressive.errors import CheckpointError
 from compressive.model.sampling import Sampler
 from compressive.scale import processes
-from compressive.training import checkpoint, opening, runconfig
+from compressive.training import checkpoint, layout, opening, runconfig
 from compressive.training import export as export_lib
 
 if TYPE_CHECKING:  # the sampler's model, named for the type checker only
@@ -55,22 +58,23 @@ MEMORY_FLAGS = ("memory_length", "compressed_memory_length")
 @contextlib.contextmanager
 def tool(
   validate: Optional[Callable[[], None]] = None, *, progress: bool = False
-) -> Iterator[None]:
-  """Runs a reading tool's work (the body): see the module's docstring.
-  `validate`: the tool's own checks of its flags beyond their ranges (run
-  first); `progress`: progress lines (logging INFO) on stderr, from process
-  0 only. What the tool prints after the body (its result) runs outside it."""
+) -> Iterator[layout.Workdir]:
+  """Runs a reading tool's work (the body), given the place --workdir
+  names, opened: see the module's docstring. `validate`: the tool's own
+  checks of its flags beyond their ranges (run first); `progress`: progress
+  lines (logging INFO) on stderr, from process 0 only."""
   cli.quiet_libraries()
   try:
     with cli.user_errors(), cli_flags.reading_saved_run():
       if validate is not None:
         validate()
-      processes.join_as_flagged()
-      if progress:
-        logging.getLogger("compressive").setLevel(
-          logging.INFO if jax.process_index() == 0 else logging.WARNING
-        )
-      yield
+      with layout.opened(FLAGS.workdir, FLAGS.storage_deadline or None) as place:
+        processes.join_as_flagged()
+        if progress:
+          logging.getLogger("compressive").setLevel(
+            logging.INFO if jax.process_index() == 0 else logging.WARNING
+          )
+        yield place
   finally:  # stopped or failed while joining the others: no wait for them at exit
     if processes.join_unfinished():
       error = sys.exc_info()[1]
@@ -86,13 +90,15 @@ def tool(
 
 
 def flagged_experiment(
+  place: layout.Workdir,
   *,
   split: Optional[str] = None,
   sizes: Sequence[str] = MEMORY_FLAGS,
   step_must_exist: bool = False,
   check: Optional[Callable[[runconfig.SavedConfig], None]] = None,
 ) -> experiment_lib.Experiment:
-  """The saved config of --workdir (a workdir or an export) made ready and
+  """The saved config of --workdir (a workdir or an export: `place`, as
+  `tool` opened it) made ready and
   checked (config.check_saved): the evaluation sizes of the flags `sizes`
   (config.SIZE_FIELDS) and --mesh_shape applied, `split` set as eval.split;
   a note on stderr when the saved mesh is replaced. `check(config)`, the
@@ -101,7 +107,7 @@ def flagged_experiment(
   (CheckpointError) before anything is loaded. Last, the config is compared
   with the identity the run recorded (model, data section, tokenizer): an
   edited config.json never chooses what is read."""
-  config = runconfig.load_config(FLAGS.workdir)  # cheap: a missing workdir fails here
+  config = runconfig.load_config(place)  # cheap: a missing workdir fails here
   if check is not None:
     check(config)
   if split is not None:
@@ -112,24 +118,26 @@ def flagged_experiment(
   if note:
     print(note, file=sys.stderr)
   if step_must_exist:
-    _check_step()
-  export_lib.check_identity(FLAGS.workdir, experiment, FLAGS.step)
+    _check_step(place)
+  export_lib.check_identity(place, experiment, FLAGS.step)
   return experiment
 
 
-def open_flagged_run(experiment: experiment_lib.Experiment) -> opening.OpenRun:
+def open_flagged_run(
+  place: layout.Workdir, experiment: experiment_lib.Experiment
+) -> opening.OpenRun:
   """--workdir's checkpoint --step (default the newest: a trainer may rotate
   it away meanwhile, and the newest that exists is read), opened as
   `experiment` (flagged_experiment's)."""
-  return opening.open_run(FLAGS.workdir, FLAGS.step, experiment=experiment)
+  return opening.open_run(place, FLAGS.step, experiment=experiment)
 
 
-def _check_step() -> None:
+def _check_step(place: layout.Workdir) -> None:
   """CheckpointError, before any loading, when the workdir has no checkpoint
   to read (an export holds one step, checked when it is loaded)."""
-  if export_lib.is_export(FLAGS.workdir):
+  if export_lib.is_export(place):
     return
-  checkpointer = checkpoint.Checkpointer(FLAGS.workdir, read_only=True)
+  checkpointer = checkpoint.Checkpointer(place, read_only=True)
   saved = checkpointer.all_steps()
   checkpointer.close()
   step = FLAGS.step if FLAGS.step is not None else (saved[-1] if saved else None)

@@ -2,13 +2,18 @@
 of a run's small files, beside checkpoints and parameters that Orbax reads
 and writes in the bucket itself.
 
-A tool given a `gs://` workdir (cli.run does this for every tool's
---workdir and --output; `compressive.load` and `train_and_evaluate` for
-their callers) works in a `Mirror`: a new local folder into which the files
-at the top of the run's folder are copied first (config.json, train.log,
-the metrics, the results, an export's manifest; never a folder), and in
-which layout.py finds the checkpoints and an export's parameters in the
-bucket (`beside`). The package's own file handling (the side files' checks,
+A tool given a `gs://` workdir (each opens its own: layout.opened for a
+workdir or an export, `Upload` for export.py's --output; `compressive.load`
+and `train_and_evaluate` for their callers) works in a `Mirror`: a new
+local folder into which the files at the top of the run's folder are
+copied first (config.json, train.log, the metrics, the results, an
+export's manifest; never a folder). The run's place is a value,
+layout.Workdir, that carries the mirror: its checkpoints and an export's
+parameters are named in the bucket, its messages name the URL
+(`Workdir.public`), and a user's error that ends a tool's work in the
+mirror names the URL where it named the local folder. Nothing here is held
+by the process: two mirrors, or a mirror and a local run, live side by
+side. The package's own file handling (the side files' checks,
 the appends, the truncation on resume, the atomic writes) runs on local
 files as for any workdir, and Orbax writes each checkpoint straight to
 Cloud Storage through its own support (TensorStore), as on a TPU pod.
@@ -68,10 +73,6 @@ if TYPE_CHECKING:  # imported only where a URL is used (_epath)
 # (files.check_local).
 SCHEMES = ("gs",)
 
-# Each mirror open in this process, by its local folder (absolute).
-_OPEN: dict[str, "Mirror"] = {}
-# Each local folder standing for a URL (a mirror, an upload's output) -> the URL.
-_NAMES: dict[str, str] = {}
 # The files at the top of a run's folder a mirror copies, by name, each with
 # the most of it a reader of the package reads (bytes): register_run_files.
 _RUN_FILES: dict[str, int] = {}
@@ -123,39 +124,23 @@ def _epath(url: str) -> epath.Path:
   return epath.Path(url)
 
 
-def url_of(local: str) -> Optional[str]:
-  """The URL whose mirror is the local folder `local`, or None."""
-  mirror = None if is_remote(local) else _OPEN.get(os.path.abspath(local))
-  return mirror.url if mirror is not None else None
-
-
-def beside(root: str, name: str) -> str:
-  """The path of `name` in the run at `root`: in the URL when `root` is the
-  mirror of one (layout.py asks this of the checkpoints and of an export's
-  parameters, which stay in the bucket), else in `root`."""
-  url = url_of(root)
-  return f"{url}/{name}" if url is not None else os.path.join(root, name)
-
-
-def public(text: str) -> str:
-  """`text` with each local folder that stands for a URL named by the URL:
-  what a user reads names what they gave."""
-  for local, url in _NAMES.items():
-    text = text.replace(local, url)
-  return text
-
-
-class _Public(logging.Filter):
-  """The package's log lines (the console's and train.log's) name each
-  mirror by its URL, as `public` does."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    record.msg, record.args = public(record.getMessage()), None
-    return True
-
-
 _LOG = logging.getLogger("compressive")
-_PUBLIC = _Public()
+
+
+def _name_by_url(error: Optional[BaseException], local: str, url: str) -> None:
+  """An error raised in the local folder `local` that stands for `url`,
+  naming the URL where it named the folder (its message, and an OSError's
+  file names, which the command line's one line shows): what a user reads
+  names what they gave (the boundary of a mirror and of an upload)."""
+  if not isinstance(error, Exception) or not local:
+    return
+  if isinstance(error, OSError):
+    for name in ("filename", "filename2"):
+      value = getattr(error, name, None)
+      if isinstance(value, str) and local in value:
+        setattr(error, name, value.replace(local, url))
+  if len(error.args) == 1 and isinstance(error.args[0], str) and local in error.args[0]:
+    error.args = (error.args[0].replace(local, url),)
 
 
 @contextlib.contextmanager
@@ -275,8 +260,10 @@ def _files_under(folder: str) -> dict[str, tuple[int, int]]:
 
 
 class Mirror:
-  """A local folder standing for the run at `url` while a tool works in it;
-  see the module's docstring. `with Mirror(url) as local:`. `deadline`:
+  """A local folder (`local`) standing for the run at `url` while a tool
+  works in it; see the module's docstring. `with Mirror(url) as mirror:`
+  (layout.opened gives it as the run's Workdir). A user's error that ends
+  the body names the URL where it named the local folder. `deadline`:
   seconds each pull, push and checkpoint save in it may go unanswered (None:
   no deadline)."""
 
@@ -290,12 +277,9 @@ class Mirror:
     self._partial: dict[tuple[int, int, int], str] = {}
     self._held = self._pushed = False  # the URL held files; some were copied there
 
-  def __enter__(self) -> str:
+  def __enter__(self) -> Mirror:
     self._folder = storage.LocalFolder("compressive-mirror-", "run")
     self.local = self._folder.path
-    _OPEN[self.local] = self
-    _NAMES[self.local] = self.url
-    _LOG.addFilter(_PUBLIC)
     try:
       with _reaching(f"cannot read {self.url}"):
         reach.bounded(self._pull, self.url, self.deadline)
@@ -303,7 +287,7 @@ class Mirror:
     except BaseException:
       self._close()
       raise
-    return self.local
+    return self
 
   def _pull(self) -> None:
     try:
@@ -346,6 +330,11 @@ class Mirror:
     self._pushed = True
     storage.within(self.deadline, f"copying the run's files to {self.url}", self._push)
 
+  def push_reporting(self) -> None:
+    """push, any error of the storage client one line (StorageError)."""
+    with _reaching(f"cannot copy the run's files to {self.url}"):
+      self.push()
+
   def _push(self) -> None:
     changed = {
       r: seen for r, seen in sorted(_files_under(self.local).items()) if self._copied.get(r) != seen
@@ -362,11 +351,11 @@ class Mirror:
   def __exit__(
     self, kind: Optional[type[BaseException]], error: Optional[BaseException], traceback: Any
   ) -> None:
+    _name_by_url(error, self.local, self.url)
     try:
       # A new run that failed before its first checkpoint leaves nothing.
       if kind is None or self._held or self._pushed:
-        with _reaching(f"cannot copy the run's files to {self.url}"):
-          self.push()
+        self.push_reporting()
     except UserError as e:
       if kind is None:
         raise
@@ -375,34 +364,16 @@ class Mirror:
       self._close()
 
   def _close(self) -> None:
-    _OPEN.pop(self.local, None)
-    _NAMES.pop(self.local, None)
-    if not _OPEN:
-      _LOG.removeFilter(_PUBLIC)
     if self._folder is not None:
       self._folder.close()
-
-
-def push(local: str) -> None:
-  """Mirror.push of the mirror whose folder is `local`; nothing when
-  `local` is no mirror (a workdir on this machine)."""
-  mirror = _OPEN.get(os.path.abspath(local))
-  if mirror is not None:
-    with _reaching(f"cannot copy the run's files to {mirror.url}"):
-      mirror.push()
-
-
-def deadline_of(local: str) -> Optional[float]:
-  """The deadline of the mirror whose folder is `local` (its storage calls'),
-  or None: a workdir on this machine."""
-  mirror = _OPEN.get(os.path.abspath(local))
-  return mirror.deadline if mirror is not None else None
 
 
 class Upload:
   """A new local folder for an output that goes to `url` (an export's
   --output), which must hold nothing; copied there, file by file, when the
-  tool ends without an error. `with Upload(url, label) as local:`."""
+  tool ends without an error. `with Upload(url, label) as upload:` (its
+  `local` folder the export is written to); a user's error that ends the
+  body names the URL where it named the local folder."""
 
   def __init__(self, url: str, label: str, deadline: Optional[float] = storage.DEFAULT_DEADLINE_S):
     check_url(url, "an output")
@@ -410,7 +381,7 @@ class Upload:
     self.local = ""
     self._folder: Optional[storage.LocalFolder] = None
 
-  def __enter__(self) -> str:
+  def __enter__(self) -> Upload:
     target = _epath(self.url)
     with _reaching(f"cannot read {self.url}"):
       taken = reach.bounded(
@@ -424,8 +395,7 @@ class Upload:
     self._folder = storage.LocalFolder("compressive-upload-", "output")
     self.local = self._folder.path
     os.rmdir(self.local)  # the export makes it, whole, when it is done
-    _NAMES[self.local] = self.url
-    return self.local
+    return self
 
   def _upload_all(self) -> None:
     for relative in sorted(_files_under(self.local), key=lambda r: (os.sep not in r, r)):
@@ -434,6 +404,7 @@ class Upload:
   def __exit__(
     self, kind: Optional[type[BaseException]], error: Optional[BaseException], traceback: Any
   ) -> None:
+    _name_by_url(error, self.local, self.url)
     try:
       if kind is None and os.path.isdir(self.local):
         with _reaching(f"cannot write {self.url}"):
@@ -441,6 +412,5 @@ class Upload:
           # an export only once it is whole.
           storage.within(self.deadline, f"writing {self.url}", self._upload_all)
     finally:
-      _NAMES.pop(self.local, None)
       if self._folder is not None:
         self._folder.close()

@@ -85,14 +85,14 @@ def read_prompt() -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
-  with reading.tool(validate_flags):
+  with reading.tool(validate_flags) as place:
     prompt = read_prompt()
-    experiment = reading.flagged_experiment()  # before any model is built
+    experiment = reading.flagged_experiment(place)  # before any model is built
     tokenizer = data_lib.get_tokenizer(experiment.data)
     ids = tokenizer.encode(prompt)
     if ids.size == 0:
       raise ConfigError("the prompt is empty after tokenization: give at least one token")
-    model = reading.open_flagged_run(experiment).model
+    model = reading.open_flagged_run(place, experiment).model
     sizes = experiment.eval
     sampler = reading.PiecesSampler(
       model,

@@ -34,7 +34,7 @@ if __name__ == "__main__":  # the tool, not an import: before JAX's imports, a s
 from absl import flags
 import jax
 
-from compressive import cli, cli_config, cli_flags, errors, remote, storage, values
+from compressive import cli, cli_config, cli_flags, errors, storage, values
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
@@ -142,34 +142,39 @@ def train(config: Any, workdir: str) -> None:
         f"--profile_steps={FLAGS.profile_steps} starts after the run's last step "
         f"(num_train_steps={last}): no trace would be taken"
       )
-    if FLAGS.dry_run:
-      print(dryrun.dry_run(experiment, workdir))
-      return
-    stop = interrupts.SignalStop()
-    result = train_lib.train_and_evaluate(
-      experiment,
-      workdir,
-      should_stop=stop.should_stop,
-      restore_intact=FLAGS.restore_intact,
-      profile_steps=profile,
-      accept_changed_corpus=FLAGS.accept_changed_corpus,
-      config_name=cli_config.config_argument(sys.argv, "config"),
-    )
-  _report(experiment, workdir, result)
+    # The workdir, opened (a gs:// URL through a local mirror of its files).
+    with layout.opened(workdir, FLAGS.storage_deadline or None) as place:
+      if FLAGS.dry_run:
+        print(dryrun.dry_run(experiment, place))
+        return
+      stop = interrupts.SignalStop()
+      result = train_lib.train_and_evaluate(
+        experiment,
+        place,
+        should_stop=stop.should_stop,
+        restore_intact=FLAGS.restore_intact,
+        profile_steps=profile,
+        accept_changed_corpus=FLAGS.accept_changed_corpus,
+        config_name=cli_config.config_argument(sys.argv, "config"),
+      )
+      stopped = _stopped_before(place, experiment.train.num_train_steps)
+  _report(experiment, place, result, stopped)
 
 
-def _report(experiment: experiment_lib.Experiment, workdir: str, result: dict[str, float]) -> None:
+def _report(
+  experiment: experiment_lib.Experiment,
+  place: layout.Workdir,
+  result: dict[str, float],
+  stopped: Optional[int],
+) -> None:
   """What the command says once training returned: on process 0, where
   TensorBoard's logs are and the final evaluation; for a run that stopped
-  before its last step, the stop, as a failure whose status says which
-  signal (so that a retry loop or a job controller starts it again)."""
-  stopped = _stopped_before(workdir, experiment.train.num_train_steps)
+  (`stopped`) before its last step, the stop, as a failure whose status
+  says which signal (so that a retry loop or a job controller starts it
+  again)."""
   if not jax.process_index():
     if writers.TENSORBOARD in experiment.train.metric_writers:
-      print(
-        "TensorBoard logs: tensorboard --logdir "
-        + remote.public(layout.Workdir(workdir).tensorboard())
-      )
+      print("TensorBoard logs: tensorboard --logdir " + place.public(place.tensorboard()))
     if result and stopped is None:
       print("final evaluation:", values.metrics_text(result, sep="="))
   if stopped is not None:  # a retry loop or a job controller starts it again
@@ -182,7 +187,7 @@ def _report(experiment: experiment_lib.Experiment, workdir: str, result: dict[st
     )
 
 
-def _stopped_before(workdir: str, last: int) -> Optional[int]:
+def _stopped_before(workdir: layout.Workdir, last: int) -> Optional[int]:
   """The step a run that returned stopped at, when that is before its last
   one (a signal, or in a run of several processes another process's
   preemption notice); None for a finished run."""

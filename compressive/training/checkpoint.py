@@ -38,7 +38,7 @@ class _NoReadOnlyNotice(logging.Filter):
 
 
 def _manager(
-  workdir: str, max_to_keep: Optional[int], create: bool, read_only: bool
+  directory: str, max_to_keep: Optional[int], create: bool, read_only: bool
 ) -> ocp.CheckpointManager:
   if read_only:
     # Evaluation, sampling and analysis never write, delete or clean up
@@ -60,9 +60,7 @@ def _manager(
   notice, absl_log = _NoReadOnlyNotice(), logging.getLogger("absl")
   absl_log.addFilter(notice)
   try:
-    return ocp.CheckpointManager(
-      layout.Workdir(os.path.abspath(workdir)).checkpoints, options=options, item_handlers=handlers
-    )
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
   finally:
     absl_log.removeFilter(notice)
 
@@ -132,15 +130,19 @@ class Checkpointer:
   """
 
   def __init__(
-    self, workdir: str, max_to_keep: Optional[int] = 3, create: bool = True, read_only: bool = False
+    self,
+    workdir: layout.Where,
+    max_to_keep: Optional[int] = 3,
+    create: bool = True,
+    read_only: bool = False,
   ) -> None:
-    run = layout.Workdir(os.path.abspath(workdir))
+    run = layout.workdir(workdir).absolute()
     self.directory = run.checkpoints
     self.skipped = run.skipped  # the damaged steps moved aside
-    self._manager = _listing(lambda: _manager(workdir, max_to_keep, create, read_only))
+    self._manager = _listing(lambda: _manager(self.directory, max_to_keep, create, read_only))
     # A workdir on Cloud Storage: each save, and the wait for one, within
     # its mirror's deadline (compressive/storage.py); None on a disk.
-    self.deadline = remote.deadline_of(workdir)
+    self.deadline = run.deadline
     # What a damaged step's error advises: readers choose another step;
     # only the trainer skips damage.
     self.advice = (

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from compressive import files, remote
+from compressive import files
 from compressive.training import layout
 from compressive.training.metrics import read_jsonl
 
@@ -31,14 +31,14 @@ def _points(rows: list[dict]) -> tuple[str, list[tuple[int, float]]]:
   ]
 
 
-def draw(workdir: str) -> dict:
+def draw(workdir: layout.Where) -> dict:
   """Writes the figure; what it shows: its path, its title and the points
   drawn."""
   from matplotlib.figure import Figure  # no pyplot: no global state, any thread
 
-  run = layout.Workdir(workdir)
-  name, train = _points(read_jsonl(run.metrics("train")))
-  _, evals = _points(read_jsonl(run.metrics("eval")))
+  run = layout.workdir(workdir)
+  name, train = _points(read_jsonl(run.metrics("train"), run.public))
+  _, evals = _points(read_jsonl(run.metrics("eval"), run.public))
   fig = Figure(figsize=(7, 4))
   ax = fig.subplots()
   if train:
@@ -50,7 +50,7 @@ def draw(workdir: str) -> dict:
   ax.grid(alpha=0.3)
   if train or evals:
     ax.legend()
-  title = f"training curve of {remote.public(workdir)}"  # a gs:// run's URL, not its mirror
+  title = f"training curve of {run.name}"  # a gs:// run's URL, not its mirror
   ax.set_title(title, fontsize=9)
   with files.replacing(run.curves, binary=True) as f:
     fig.savefig(f, format="png", dpi=100)
@@ -62,17 +62,18 @@ def draw(workdir: str) -> dict:
   }
 
 
-def draw_at_the_end(workdir: str) -> Optional[str]:
+def draw_at_the_end(workdir: layout.Where) -> Optional[str]:
   """`draw`, at the end of a run, logging where the figure is; one that
   cannot be written is a warning line. The figure's path, or None."""
+  run = layout.workdir(workdir)
   try:
-    figure = draw(workdir)["figure"]
-    _log.info("training curve: %s", figure)
+    figure = draw(run)["figure"]
+    _log.info("training curve: %s", run.public(figure))
     return figure
   except OSError as e:
     _log.warning(
       "the training curve was not drawn: cannot write %s: %s",
-      layout.Workdir(workdir).curves,
+      run.public(run.curves),
       e.strerror or e,
     )
     return None

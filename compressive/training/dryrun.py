@@ -12,7 +12,7 @@ from compressive.training import layout, runconfig, writers
 from compressive.training import setup as setup_lib
 
 
-def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
+def dry_run(experiment: experiment_lib.Experiment, workdir: layout.Where) -> str:
   """What a start would do, checked as a start checks it (the data, every
   document read once; the model built abstractly on this machine's mesh; a
   resume's config against the workdir's), in one line; nothing is written,
@@ -30,7 +30,8 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
       data_lib.check_documents(data, split, tokenizer)
     counts[split] = len(docs)
   steps = []
-  if remote.isdir(layout.Workdir(workdir).checkpoints):
+  run = layout.workdir(workdir)
+  if remote.isdir(run.checkpoints):
     steps = ckpt_lib.Checkpointer(workdir, read_only=True).all_steps()
   if steps:
     try:
@@ -40,7 +41,7 @@ def dry_run(experiment: experiment_lib.Experiment, workdir: str) -> str:
     else:
       runconfig.check_resume_config(workdir, experiment)
   device = setup.layout.mesh.devices.flat[0]
-  where = f"resume {workdir} from step {steps[-1]}" if steps else f"start {workdir} afresh"
+  where = f"resume {run.name} from step {steps[-1]}" if steps else f"start {run.name} afresh"
   return (
     f"dry run: would {where}: {setup.num_params:,} parameters, mesh "
     f"{dict(setup.layout.mesh.shape)} over {setup.layout.mesh.size} {device.platform} "

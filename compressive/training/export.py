@@ -62,9 +62,9 @@ WRITTEN = ("format", "version", "source", *FIELDS)
 # layout.py's names, as the messages and callers know them.
 
 
-def is_export(path: str) -> bool:
+def is_export(path: layout.Where) -> bool:
   """Whether `path` is an export (rather than a training workdir)."""
-  return os.path.lexists(layout.Export(path).manifest)
+  return os.path.lexists(layout.export(path).manifest)
 
 
 def _check_version(name: str, version: Any) -> None:
@@ -91,11 +91,12 @@ def _check_version(name: str, version: Any) -> None:
     )
 
 
-def read_manifest(path: str) -> dict[str, Any]:
+def read_manifest(path: layout.Where) -> dict[str, Any]:
   """export.json of the export at `path`, checked (savedjson: any failure to
   parse it is damage; FIELDS: a field missing or null is damage; its digest
   and config.json's are compared); CheckpointError in one line if not."""
-  name = layout.Export(path).manifest
+  place = layout.export(path)
+  name = place.manifest
   try:
     manifest = savedjson.read(name, dict, sidefiles.CONFIG_BYTES)
   except savedjson.DamagedJSONError as e:
@@ -119,10 +120,10 @@ def read_manifest(path: str) -> dict[str, Any]:
   )
   if problem:
     raise CheckpointError(f"{name} is damaged: its {problem}; export the workdir again")
-  config_path = layout.Export(path).config
+  config_path = place.config
   if files.kind(config_path) != "file":
     raise CheckpointError(
-      f"export {path} is damaged: its {layout.CONFIG_FILE} is missing or "
+      f"export {place.name} is damaged: its {layout.CONFIG_FILE} is missing or "
       "not a file; export the workdir again"
     )
   # The manifest itself and the config beside it must be as written (an
@@ -152,7 +153,7 @@ def file_digest(path: str) -> Optional[str]:
     return None
 
 
-def check_identity(path: str, experiment: Any, step: Optional[int] = None) -> None:
+def check_identity(path: layout.Where, experiment: Any, step: Optional[int] = None) -> None:
   """RunMismatchError, before any corpus is read or model built, when the
   experiment (the saved config, as a reader made it ready) is not the one the
   export at `path`, or the workdir's checkpoint `step` (default the
@@ -160,8 +161,9 @@ def check_identity(path: str, experiment: Any, step: Optional[int] = None) -> No
   or a tokenizer retrained in place. The load compares the same again."""
   from compressive.training import inference
 
+  place = layout.export(path)
   if is_export(path):
-    where, saved = f"export {path}", read_manifest(path).get("identity")
+    where, saved = f"export {place.name}", read_manifest(path).get("identity")
   else:
     where, saved = inference.saved_identity(path, step)
   integrity_lib.compare_identity(where, saved, inference.reader_identity(experiment), ())
@@ -178,7 +180,8 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   return {sharding.path_str(p): tuple(int(n) for n in x.shape) for p, x in leaves}
 
 
-def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> None:
+def _check_shapes(path: layout.Where, saved: dict[str, tuple[int, ...]], wanted: Any) -> None:
+  place = layout.export(path)
   wanted = _shapes(wanted)
   if saved == wanted:
     return
@@ -193,24 +196,25 @@ def _check_shapes(path: str, saved: dict[str, tuple[int, ...]], wanted: Any) -> 
   if extra:
     parts.append("only in the export: " + ", ".join(extra[:3]))
   raise ckpt_lib.ShapeMismatchError(
-    f"parameter shapes differ between export {path} and the config's model "
+    f"parameter shapes differ between export {place.name} and the config's model "
     f"({'; '.join(parts)}): use the export's own config (config.json)"
   )
 
 
-def manifest_of_step(path: str, step: Optional[int] = None) -> dict[str, Any]:
+def manifest_of_step(path: layout.Where, step: Optional[int] = None) -> dict[str, Any]:
   """The export's manifest (read_manifest); MissingStepError unless `step`
   is None or the exported step."""
+  place = layout.export(path)
   manifest = read_manifest(path)
   if step is not None and step != manifest["step"]:
     raise ckpt_lib.MissingStepError(
-      f"{path} is an export of step {manifest['step']} only, not of step {step}"
+      f"{place.name} is an export of step {manifest['step']} only, not of step {step}"
     )
   return manifest
 
 
 def open_export(
-  path: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
+  path: layout.Where, experiment: experiment_lib.Experiment, step: Optional[int] = None
 ) -> tuple[Any, int]:
   """(model, step) of the export at `path`, its parameters restored onto
   the run's setup (setup.build_setup: the experiment's shapes on its mesh)
@@ -219,11 +223,12 @@ def open_export(
   from compressive.training import inference
   from compressive.training import setup as setup_lib
 
+  place = layout.export(path)
   manifest = manifest_of_step(path, step)
   # The run's identity, as a checkpoint's is compared: another tokenizer
   # (a SentencePiece model retrained in place), model or data config.
   integrity_lib.compare_identity(
-    f"export {path}", manifest.get("identity"), inference.reader_identity(experiment), ()
+    f"export {place.name}", manifest.get("identity"), inference.reader_identity(experiment), ()
   )
   setup = setup_lib.build_setup(experiment)
   params = _read_params(path, setup.abstract_state.params, setup.layout.state.params)
@@ -233,23 +238,24 @@ def open_export(
   bad = [name for name, sums in got["sums"].items() if recorded.get(name) != sums]
   if bad:
     raise CheckpointError(
-      f"export {path} is damaged: {len(bad)} array(s) differ from the checksums saved with "
+      f"export {place.name} is damaged: {len(bad)} array(s) differ from the checksums saved with "
       f"them ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); export the workdir again"
     )
   return inference.model_of(setup, params), manifest["step"]
 
 
-def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
+def _read_params(path: layout.Where, abstract_params: Any, shardings: Any) -> Any:
   """The parameters in the export's params/, onto `shardings`, after their
   shapes are compared with the config's; CheckpointError (one line) when
   they cannot be read."""
+  place = layout.export(path)
   # Orbax reads a relative folder's metadata as missing: give it the
   # absolute one (the messages keep the path as the user gave it).
-  where = layout.Export(path).params
+  where = place.params
   where = where if remote.is_remote(where) else os.path.abspath(where)
   if not remote.isdir(where):
     raise CheckpointError(
-      f"export {path} is damaged: its {layout.PARAMS_DIR}/ folder is missing; "
+      f"export {place.name} is damaged: its {layout.PARAMS_DIR}/ folder is missing; "
       "export the workdir again"
     )
   with ocp.StandardCheckpointer() as checkpointer:
@@ -258,7 +264,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
       saved = _shapes(getattr(saved, "item_metadata", None) or getattr(saved, "tree", saved))
     except Exception as e:  # Orbax raises many kinds on missing or bad files
       raise CheckpointError(
-        f"export {path} is damaged ({type(e).__name__}: "
+        f"export {place.name} is damaged ({type(e).__name__}: "
         f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
         "export the workdir again"
       ) from e
@@ -267,7 +273,7 @@ def _read_params(path: str, abstract_params: Any, shardings: Any) -> Any:
       return checkpointer.restore(where, trees.abstract(abstract_params, shardings))
     except Exception as e:
       raise CheckpointError(
-        f"export {path} is damaged ({type(e).__name__}: "
+        f"export {place.name} is damaged ({type(e).__name__}: "
         f"{str(e).splitlines()[0][:200] if str(e) else ''}); "
         "export the workdir again"
       ) from e

@@ -7,6 +7,7 @@ beside it and renamed into place when whole.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -16,14 +17,13 @@ from flax import nnx
 import orbax.checkpoint as ocp
 
 from compressive import config as config_lib
-from compressive import remote
 from compressive.errors import CheckpointError, ConfigError
 from compressive.training import export as export_lib
 from compressive.training import inference, layout, opening, orbax_errors, runconfig
 from compressive.training import integrity as integrity_lib
 
 
-def check_output(output: str, workdir: str, label: Optional[str] = None) -> None:
+def check_output(output: str, workdir: layout.Where, label: Optional[str] = None) -> None:
   """ConfigError unless `output` can receive an export of `workdir`: a new
   folder, or an empty one, with a name the filesystem takes, and not inside
   the workdir's checkpoints. `label` names it in the message (default: the
@@ -44,16 +44,17 @@ def check_output(output: str, workdir: str, label: Optional[str] = None) -> None
       raise ConfigError(f"{label} exists and is not a folder: give a new or empty folder")
     if os.listdir(output):
       raise ConfigError(f"{label} exists and is not empty: give a new or empty folder")
+  place = layout.workdir(workdir)
   target = os.path.realpath(output)
-  source = os.path.realpath(workdir)
-  checkpoints = layout.Workdir(source).checkpoints
+  source = os.path.realpath(place.root)
+  checkpoints = dataclasses.replace(place, root=source).checkpoints
   if target == source or target == checkpoints or target.startswith(checkpoints + os.sep):
     raise ConfigError(
-      f"{label} is inside the workdir {workdir}'s checkpoints: give a folder outside them"
+      f"{label} is inside the workdir {place.name}'s checkpoints: give a folder outside them"
     )
 
 
-def export(workdir: str, output: str, step: Optional[int] = None) -> int:
+def export(workdir: layout.Where, output: str, step: Optional[int] = None) -> int:
   """Writes the parameters of `workdir`'s checkpoint `step` (default the
   newest) and its config to `output` (a new or empty folder); returns the step.
 
@@ -62,9 +63,10 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   machine's devices give.
   """
   check_output(output, workdir)
-  if export_lib.is_export(workdir):
+  place = layout.workdir(workdir)
+  if export_lib.is_export(place):
     raise CheckpointError(
-      f"{workdir} is an export already (parameters only), not a training workdir"
+      f"{place.name} is an export already (parameters only), not a training workdir"
     )
   config = runconfig.load_config(workdir)  # as saved, which the export holds
   # Read through the one door, as a copy refitted to this machine's devices.
@@ -95,7 +97,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
         "format": export_lib.FORMAT,
         "version": export_lib.VERSION,
         "step": int(step),
-        "source": remote.url_of(workdir) or os.path.abspath(workdir),
+        "source": place.url or os.path.abspath(place.root),
         "integrity": integrity,
         "identity": identity,
         "config_sha256": export_lib.file_digest(written.config),
@@ -110,7 +112,7 @@ def export(workdir: str, output: str, step: Optional[int] = None) -> int:
   return int(step)
 
 
-def _identity_of(workdir: str, step: int, experiment: Any) -> dict[str, Any]:
+def _identity_of(workdir: layout.Where, step: int, experiment: Any) -> dict[str, Any]:
   """The identity to record in the export of `workdir`'s checkpoint `step`:
   the one the checkpoint recorded (just verified against this config), each
   part it left unknown taken from the experiment it was read as and the
@@ -127,7 +129,7 @@ def _identity_of(workdir: str, step: int, experiment: Any) -> dict[str, Any]:
   )
   if wrong:  # e.g. an old checkpoint's SentencePiece model not on this machine
     raise CheckpointError(
-      f"cannot export {workdir}: the run's identity is not known whole "
+      f"cannot export {layout.workdir(workdir).name}: the run's identity is not known whole "
       f"({', '.join(wrong)}), and an export never records a null there; "
       "export it where its tokenizer can be read"
     )

@@ -23,7 +23,7 @@ from compressive import experiment as experiment_lib
 from compressive.errors import UserError
 from compressive.model.transformer import CompressiveTransformer, merge_params
 from compressive.training import checkpoint as ckpt_lib
-from compressive.training import integrity, runconfig
+from compressive.training import integrity, layout, runconfig
 from compressive.training import setup as setup_lib
 
 _log = logging.getLogger("compressive")
@@ -32,7 +32,7 @@ _log = logging.getLogger("compressive")
 RACE_PATIENCE_S = 300.0
 
 
-def saved_experiment(path: str) -> experiment_lib.Experiment:
+def saved_experiment(path: layout.Where) -> experiment_lib.Experiment:
   """The Experiment a run (workdir or export) at `path` is opened as when
   none is given: its saved config, refitted to this machine's devices when
   its mesh does not fit them, checked as a config read here
@@ -48,7 +48,7 @@ def saved_experiment(path: str) -> experiment_lib.Experiment:
 
 
 def open_workdir(
-  workdir: str, experiment: experiment_lib.Experiment, step: Optional[int] = None
+  workdir: layout.Where, experiment: experiment_lib.Experiment, step: Optional[int] = None
 ) -> tuple[CompressiveTransformer, int]:
   """(model, step) of `workdir`'s checkpoint `step` (default the newest),
   restored onto the run's setup (setup.build_setup: the experiment's
@@ -82,7 +82,7 @@ def reader_identity(experiment: experiment_lib.Experiment) -> dict:
   )
 
 
-def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
+def saved_identity(workdir: layout.Where, step: Optional[int] = None) -> tuple[str, Optional[dict]]:
   """(what it names, the identity recorded) of a workdir's checkpoint `step`
   (default the newest); the identity is None when no record can be read
   now (missing, rotated away, unparsable: the restore reads it again and
@@ -97,9 +97,9 @@ def saved_identity(workdir: str, step: Optional[int] = None) -> tuple[str, Optio
     finally:
       checkpointer.close()
   except Exception:
-    return workdir, None
+    return layout.workdir(workdir).name, None
   if saved is None:
-    return workdir, None
+    return layout.workdir(workdir).name, None
   assert step is not None  # a record was read, of this step
   ckpt_lib.integrity.check_record(checkpointer.step_dir(step), saved, checkpointer.advice)
   return f"checkpoint {checkpointer.step_dir(step)}", saved["identity"]

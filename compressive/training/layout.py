@@ -30,9 +30,13 @@ file's `NAME.aside[.N]`, the lock record's `train.lock.set-aside-N`, an
 unreadable `config.json.damaged`.
 
 A workdir or an export on Cloud Storage is worked in through a local copy
-of its top-level files (compressive/remote.py), whose checkpoints and
-params/ are the bucket's: `Workdir.checkpoints` and `Export.params` name
-them there.
+of its top-level files (compressive/remote.py): `opened(path)` gives the
+`Workdir` of either, its `root` the local folder and its `mirror` the copy,
+whose URL it carries. Its checkpoints and params/ are the bucket's:
+`Workdir.checkpoints` and `Export.params` name them there, and `public`
+names a local path by the URL, as what a user reads names what they gave.
+A function that takes a run's place takes `Where`: a path, or the
+`Workdir` a caller opened (`workdir(where)`, `export(where)`).
 
 An export: config.json, export.json (its manifest), params/ (export.py);
 written as `.compressive-export-partial-<pid>` beside its destination.
@@ -41,10 +45,12 @@ The evaluation and analysis results of an export are named as a workdir's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from typing import Iterator, Optional, Self, Union
 
-from compressive import files, remote
+from compressive import files, remote, storage
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"
@@ -94,12 +100,55 @@ def damaged(path: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Workdir:
+class _Place:
+  """A run's folder: `root`, on this machine, and, for one on Cloud Storage,
+  the `mirror` that `root` is the local copy of (compressive/remote.py)."""
+
+  root: str
+  mirror: Optional[remote.Mirror] = dataclasses.field(default=None, compare=False, repr=False)
+
+  @property
+  def url(self) -> Optional[str]:
+    """The URL the folder stands for, or None: a folder on this machine."""
+    return self.mirror.url if self.mirror is not None else None
+
+  @property
+  def name(self) -> str:
+    """The place as its user named it: the URL, or the root."""
+    return self.url if self.url is not None else self.root
+
+  @property
+  def deadline(self) -> Optional[float]:
+    """Seconds each storage call of the URL may go unanswered (the
+    mirror's), or None: a folder on this machine."""
+    return self.mirror.deadline if self.mirror is not None else None
+
+  def absolute(self) -> Self:
+    """The same place, its root absolute (a path named the same from any
+    current directory)."""
+    return dataclasses.replace(self, root=os.path.abspath(self.root))
+
+  def _beside(self, name: str) -> str:
+    """`name` in the run: in the URL for what stays in the bucket."""
+    return f"{self.url}/{name}" if self.url is not None else os.path.join(self.root, name)
+
+  def public(self, text: str) -> str:
+    """`text` with the local folder named by the URL it stands for: what a
+    user reads names what they gave."""
+    return text.replace(self.root, self.url) if self.url is not None else text
+
+  def push(self) -> None:
+    """Copies what changed in the local copy to the URL (Mirror.push, one
+    line if it cannot); nothing for a folder on this machine."""
+    if self.mirror is not None:
+      self.mirror.push_reporting()
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir(_Place):
   """The paths of a training workdir's files, under `root` as given (a
   caller that must name a file the same from any current directory passes
   an absolute root)."""
-
-  root: str
 
   def __post_init__(self) -> None:
     files.check_local(self.root, "a workdir")
@@ -121,9 +170,8 @@ class Workdir:
 
   @property
   def checkpoints(self) -> str:
-    """The checkpoints folder: the URL's when `root` is the local mirror of
-    a workdir on Cloud Storage (compressive/remote.py)."""
-    return remote.beside(self.root, CHECKPOINT_DIR)
+    """The checkpoints folder: the URL's for a workdir on Cloud Storage."""
+    return self._beside(CHECKPOINT_DIR)
 
   @property
   def owner(self) -> str:
@@ -179,10 +227,8 @@ class Workdir:
 
 
 @dataclasses.dataclass(frozen=True)
-class Export:
+class Export(_Place):
   """The paths of an export's files, under `root`."""
-
-  root: str
 
   def __post_init__(self) -> None:
     files.check_local(self.root, "an export")
@@ -197,12 +243,39 @@ class Export:
 
   @property
   def params(self) -> str:
-    """The parameters' folder: the URL's when `root` is the local mirror of
-    an export on Cloud Storage (compressive/remote.py)."""
-    return remote.beside(self.root, PARAMS_DIR)
+    """The parameters' folder: the URL's for an export on Cloud Storage."""
+    return self._beside(PARAMS_DIR)
 
   @staticmethod
   def partial(parent: str, pid: int) -> str:
     """The folder an export is written into, in its destination's `parent`,
     before it is renamed into place."""
     return os.path.join(parent, f"{PARTIAL_EXPORT_PREFIX}{pid}")
+
+
+# A run's place as a function takes it: a path, or a Workdir a caller opened.
+Where = Union[str, Workdir]
+
+
+def workdir(where: Where) -> Workdir:
+  """`where` as a Workdir: the one given, or the folder at that path."""
+  return where if isinstance(where, Workdir) else Workdir(os.fspath(where))
+
+
+def export(where: Where) -> Export:
+  """The export at `where` (a path, or the place a caller opened)."""
+  place = workdir(where)
+  return Export(place.root, place.mirror)
+
+
+@contextlib.contextmanager
+def opened(path: str, deadline: Optional[float] = storage.DEFAULT_DEADLINE_S) -> Iterator[Workdir]:
+  """The run (a workdir or an export) at `path`, as a Workdir, while the
+  body works in it: a gs:// URL through a local mirror of its files
+  (remote.Mirror, its storage calls each within `deadline` seconds), whose
+  changes are copied back when the body ends; a path as it is."""
+  if remote.is_remote(path):
+    with remote.Mirror(path, deadline) as mirror:
+      yield Workdir(mirror.local, mirror)
+  else:
+    yield Workdir(path)

@@ -55,7 +55,7 @@ import socket
 import stat
 from typing import Optional
 
-from compressive import files, remote
+from compressive import files
 from compressive.errors import UserError
 from compressive.training import interrupts, layout, savedjson
 
@@ -357,12 +357,13 @@ def _read_record(folder: int) -> str:
   return lines[0].strip() if lines else ""
 
 
-def lock_workdir(workdir: str, is_main: bool) -> Optional[WorkdirLock]:
+def lock_workdir(workdir: layout.Where, is_main: bool) -> Optional[WorkdirLock]:
   """Process 0 takes the workdir's lock; every process learns whether it
   could. A workdir on Cloud Storage (the local mirror of one, remote.py)
   has no lock: that is said in the log, and None returned."""
   lock, busy = None, None
-  url = remote.url_of(workdir)
+  run = layout.workdir(workdir)
+  url = run.url
   if url is not None:
     if is_main:
       _log.info(
@@ -373,9 +374,9 @@ def lock_workdir(workdir: str, is_main: bool) -> Optional[WorkdirLock]:
     return None
   if is_main:
     try:
-      lock = WorkdirLock(workdir).acquire()
+      lock = WorkdirLock(run.root).acquire()
     except UserError as e:  # busy, or a checkpoints path that is no folder
       busy = e
   if interrupts.agree(busy is not None):
-    raise busy or WorkdirBusyError(f"process 0 could not lock {workdir}; its log names why")
+    raise busy or WorkdirBusyError(f"process 0 could not lock {run.root}; its log names why")
   return lock

@@ -29,7 +29,7 @@ import jax
 from compressive import config as config_lib
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
-from compressive import files, remote
+from compressive import files
 from compressive.data import prefetch
 from compressive.training import checkpoint as ckpt_lib
 from compressive.training import (
@@ -66,7 +66,7 @@ class _Options:
 
 def train_and_evaluate(
   experiment: experiment_lib.Experiment,
-  workdir: str,
+  workdir: layout.Where,
   *,
   stop_at_step: Optional[int] = None,
   should_stop: Optional[Callable[[], bool]] = None,
@@ -85,7 +85,8 @@ def train_and_evaluate(
     experiment: the checked experiment (`config.check(config)` of a
       config file's ConfigDict, as train.py does).
     workdir: checkpoints, metrics and TensorBoard logs go here (shared by
-      all processes).
+      all processes): a path or a gs:// URL (a mirror of it is opened for
+      the run, layout.opened), or the Workdir a caller opened.
     stop_at_step: return after this step (checkpointed) instead of running to
       `num_train_steps`; the schedule is unchanged (for tests and pauses).
     should_stop: polled after every step (e.g. set by a SIGTERM handler);
@@ -112,7 +113,9 @@ def train_and_evaluate(
   Returns:
     The last evaluation's metrics (or the last training metrics).
   """
-  files.check_local(workdir, "a workdir", remote_ok=True)  # another URL: before anything is made
+  if not isinstance(workdir, layout.Workdir):  # another URL: before anything is made
+    workdir = os.fspath(workdir)
+    files.check_local(workdir, "a workdir", remote_ok=True)
   writers.resolve(experiment.train.metric_writers)  # a writer that cannot be had: before anything
   options = _Options(
     stop_at_step,
@@ -122,20 +125,19 @@ def train_and_evaluate(
     accept_changed_corpus,
     config_name,
   )
-  if remote.is_remote(workdir):  # gs://: in a local mirror of its files (remote.py)
-    with remote.Mirror(workdir) as local:
-      return _train_in(experiment, local, options)
+  if isinstance(workdir, str):  # gs://: in a local mirror of its files (remote.py)
+    with layout.opened(workdir) as opened:
+      return _train_in(experiment, opened, options)
   return _train_in(experiment, workdir, options)
 
 
 def _train_in(
-  experiment: experiment_lib.Experiment, workdir: str, options: _Options
+  experiment: experiment_lib.Experiment, workdir: layout.Workdir, options: _Options
 ) -> dict[str, float]:
-  """train_and_evaluate in the workdir folder `workdir` (a mirror's too)."""
-  workdir = layout.Workdir(workdir).root
+  """train_and_evaluate in the workdir `workdir` (a mirror's too)."""
   is_main = jax.process_index() == 0
-  fresh = not os.path.lexists(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  fresh = not os.path.lexists(workdir.root)
+  os.makedirs(workdir.root, exist_ok=True)
   lock = workdir_lock.lock_workdir(workdir, is_main)
   log_file = None
   try:
@@ -161,7 +163,7 @@ def _train_in(
     checkpointer.close()  # a failed last save is the run's error
     return result
   finally:
-    started = is_main and os.path.lexists(layout.Workdir(workdir).config)
+    started = is_main and os.path.lexists(workdir.config)
     if log_file is not None:
       _log.removeHandler(log_file)
       log_file.close()
@@ -171,19 +173,18 @@ def _train_in(
       _remove_stub(workdir)
 
 
-def _remove_stub(workdir: str) -> None:
+def _remove_stub(run: layout.Workdir) -> None:
   """Removes what a start that failed before the run began (config.json is
   written once the run is known to fit) made in the workdir it created: the
   lock file, an empty log, the checkpoints folder with nothing but its
   owner record, and the workdir itself when nothing else is there."""
-  run = layout.Workdir(workdir)
   for path in (run.lock, run.log):
     if files.kind(path) == "file" and (path != run.log or not os.path.getsize(path)):
       os.remove(path)
   if files.kind(run.checkpoints) == "a folder":
     if set(os.listdir(run.checkpoints)) <= {layout.OWNER_FILE}:
       shutil.rmtree(run.checkpoints)
-  for folder in (*reversed(run.side_folders), workdir):
+  for folder in (*reversed(run.side_folders), run.root):
     try:
       os.rmdir(folder)
     except OSError:
@@ -192,7 +193,7 @@ def _remove_stub(workdir: str) -> None:
 
 def _train(
   experiment: experiment_lib.Experiment,
-  workdir: str,
+  workdir: layout.Workdir,
   checkpointer: ckpt_lib.Checkpointer,
   is_main: bool,
   options: _Options,
@@ -209,7 +210,7 @@ def _train(
   runlog.warn_of_endless_warmup(experiment.train)
   with (
     _metric_writers(experiment, workdir, is_main) as (writer, eval_writer),
-    runlog.Profiler(options.profile_steps, layout.Workdir(workdir).profile) as profiler,
+    runlog.Profiler(options.profile_steps, workdir.profile) as profiler,
   ):
     end = experiment.train.num_train_steps
     if options.stop_at_step is not None:
@@ -256,7 +257,7 @@ def _build(
 
 def _restore(
   experiment: experiment_lib.Experiment,
-  workdir: str,
+  workdir: layout.Workdir,
   checkpointer: ckpt_lib.Checkpointer,
   setup: setup_lib.Setup,
   identity: dict[str, Any],
@@ -278,13 +279,13 @@ def _restore(
   # Only once the run is known to fit what the workdir holds; a finished
   # run's record stays as it was trained (written again only when it was
   # missing or set aside as damaged).
-  if is_main and not (finished and os.path.lexists(layout.Workdir(workdir).config)):
+  if is_main and not (finished and os.path.lexists(workdir.config)):
     runconfig.save_config(workdir, experiment)
   return start, restored
 
 
 def _warn_of_a_changed_config(
-  experiment: experiment_lib.Experiment, workdir: str, is_main: bool
+  experiment: experiment_lib.Experiment, workdir: layout.Workdir, is_main: bool
 ) -> None:
   """For a finished run: a warning (process 0) when this command's config
   differs from the one the run was trained with, which its record keeps."""
@@ -294,7 +295,7 @@ def _warn_of_a_changed_config(
       "this command's config differs from the finished run's (%s); %s keeps the "
       "values the run was trained with",
       "; ".join(changed[:4]),
-      layout.Workdir(workdir).config,
+      workdir.public(workdir.config),
     )
 
 
@@ -317,7 +318,7 @@ def _log_start(run: run_lib.Run, start: int, config_name: str) -> None:
 
 @contextlib.contextmanager
 def _metric_writers(
-  experiment: experiment_lib.Experiment, workdir: str, is_main: bool
+  experiment: experiment_lib.Experiment, workdir: layout.Workdir, is_main: bool
 ) -> Iterator[tuple[MetricWriter, MetricWriter]]:
   """(train, eval) MetricWriters, handing their records to the metric
   writers of experiment.train.metric_writers (writers.py), opened once for

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from compressive import files
 from compressive.errors import naming as _naming
@@ -33,13 +33,13 @@ class MetricWriter:
 
   def __init__(
     self,
-    workdir: str,
+    workdir: layout.Where,
     name: str = "train",
     enabled: bool = True,
     sinks: Optional[Sequence[Any]] = None,
   ):
     self.enabled, self.name = enabled, name
-    self.jsonl = layout.Workdir(workdir).metrics(name)
+    self.jsonl = layout.workdir(workdir).metrics(name)
     self._owned = sinks is None and enabled
     self.sinks = (
       list(sinks or ()) if not self._owned else [writers.TensorBoard(writers.run_of(workdir, {}))]
@@ -104,22 +104,24 @@ def _record(path: str, line: str) -> Optional[dict[str, Any]]:
   return record if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _warn_torn(path: str, torn: list[int]) -> None:
+def _warn_torn(path: str, torn: list[int], public: Callable[[str], str]) -> None:
   if torn:
     _log.warning(
       "%s: line(s) %s are not whole records (a write cut short, or damaged); left out",
-      path,
+      public(path),
       ", ".join(map(str, torn[:5])) + (", ..." if len(torn) > 5 else ""),
     )
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str, public: Callable[[str], str] = str) -> list[dict]:
   """The records of a JSON-lines metrics file. A line that is not a whole
   record (a write cut short by a crash or a full disk, before append_line
   guarded against it, or any line savedjson.parse calls damaged) is left
   out with a warning: a side file never stops
   a run or a tool. Only a regular file is read (files.NotAFileError
-  for anything else in its place, or one beyond sidefiles.METRICS_BYTES)."""
+  for anything else in its place, or one beyond sidefiles.METRICS_BYTES).
+  `public` names the path in a warning (layout.Workdir.public: a mirror's
+  file by its URL)."""
   if not os.path.lexists(path):
     return []
   records, torn = [], []
@@ -131,7 +133,7 @@ def read_jsonl(path: str) -> list[dict]:
           torn.append(number)
         else:
           records.append(record)
-  _warn_torn(path, torn)
+  _warn_torn(path, torn, public)
   return records
 
 
@@ -142,11 +144,12 @@ def _replace_lines(path: str, lines: Iterable[str]) -> None:
     f.writelines(lines)
 
 
-def truncate_jsonl(path: str, step: int) -> None:
+def truncate_jsonl(path: str, step: int, public: Callable[[str], str] = str) -> None:
   """Drops the records after `step` (and any line a crash cut short),
   replacing the file at once; streamed, so a long run's file is never held
   in memory. A metrics file too large to read (sidefiles.METRICS_BYTES) is
-  set aside with a warning, and the run starts a new one."""
+  set aside with a warning, and the run starts a new one. `public` names
+  the path in a warning, as read_jsonl's."""
   if files.kind(path) is None:
     return
   try:
@@ -166,6 +169,6 @@ def truncate_jsonl(path: str, step: int) -> None:
   except files.NotAFileError as e:
     if e.path != path:
       raise
-    sidefiles.set_aside(path, e.what)
+    sidefiles.set_aside(path, e.what, public)
     return
-  _warn_torn(path, torn)
+  _warn_torn(path, torn, public)

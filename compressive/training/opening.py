@@ -13,13 +13,14 @@ restored onto. The abstract model is built once, by that check.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 from compressive import experiment as experiment_lib
 from compressive import files, remote
 from compressive.model.transformer import CompressiveTransformer
 from compressive.training import export as export_lib
-from compressive.training import inference
+from compressive.training import inference, layout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -33,11 +34,15 @@ class OpenRun:
 
 
 def open_run(
-  path: str, step: Optional[int] = None, *, experiment: Optional[experiment_lib.Experiment] = None
+  path: layout.Where,
+  step: Optional[int] = None,
+  *,
+  experiment: Optional[experiment_lib.Experiment] = None,
 ) -> OpenRun:
   """The run at `path` (a training workdir or an export), at its checkpoint
   `step` (default the newest; an export holds one), as an OpenRun. `path`
-  may be a gs:// URL (compressive/remote.py).
+  may be a gs:// URL (its files read through a local mirror,
+  layout.opened), or the Workdir a caller opened.
 
   `experiment`: the Experiment to open it as (a tool's, from
   config.check_saved; a library caller's, from config.check_to_read: its
@@ -46,10 +51,12 @@ def open_run(
   verified: checksums, finite values, the run's identity (model, data config,
   tokenizer).
   """
-  files.check_local(path, "a workdir or an export", remote_ok=True)
-  if remote.is_remote(path):  # gs://: its small files read through a local mirror
-    with remote.Mirror(path) as local:
-      return open_run(local, step, experiment=experiment)
+  if not isinstance(path, layout.Workdir):
+    path = os.fspath(path)
+    files.check_local(path, "a workdir or an export", remote_ok=True)
+    if remote.is_remote(path):  # gs://: its small files read through a local mirror
+      with layout.opened(path) as place:
+        return open_run(place, step, experiment=experiment)
   is_export = export_lib.is_export(path)
   if is_export:  # a damaged export, or one of another step, is named before the rest
     export_lib.manifest_of_step(path, step)

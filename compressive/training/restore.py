@@ -93,7 +93,7 @@ def non_finite_error(
   step: int,
   checkpointer: ckpt_lib.Checkpointer,
   targets: tuple[Any, Any],
-  workdir: str,
+  workdir: layout.Workdir,
   arrays: Optional[list[str]] = None,
 ) -> NonFiniteError:
   """The error that stops a run at a non-finite loss or gradient of step
@@ -113,11 +113,11 @@ def non_finite_error(
     shown = ", ".join(arrays[:3]) + (", ..." if len(arrays) > 3 else "")
     return NonFiniteError(
       f"non-finite parameters or optimizer state at step {bad} ({shown}), though its loss "
-      f"and gradient were finite: not saved; {where} in {workdir}. Lower "
+      f"and gradient were finite: not saved; {where} in {workdir.name}. Lower "
       "optimizer.learning_rate or optimizer.weight_decay, or check the config's values"
     )
   return NonFiniteError(
-    f"non-finite loss or gradient at step {bad}; {where} in {workdir}{later}. Lower "
+    f"non-finite loss or gradient at step {bad}; {where} in {workdir.name}{later}. Lower "
     "optimizer.learning_rate or optimizer.grad_clip_norm, or check the data"
   )
 
@@ -145,7 +145,7 @@ def start_state(
   train_iter: data_lib.SegmentIterator,
   writer: MetricWriter,
   is_main: bool,
-  workdir: str,
+  workdir: layout.Workdir,
   accept_changed_corpus: bool = False,
 ) -> train_step.Carry:
   """(state, memory) to train from: the restored ones, with the data iterator
@@ -166,13 +166,13 @@ def start_state(
         start,
       )
     if is_main:  # the eval metrics' file too: a step's estimate follows its save
-      for path in (writer.jsonl, layout.Workdir(workdir).metrics("eval")):
-        runlog.truncate_metrics(path, start)
-    _log.info("resumed from step %d in %s", start, workdir)
+      for path in (writer.jsonl, workdir.metrics("eval")):
+        runlog.truncate_metrics(path, start, workdir.public)
+    _log.info("resumed from step %d in %s", start, workdir.name)
     return state, memory
   state = train_step.init_train_state(experiment, setup.tx, setup.layout)
   memory = train_step.init_sharded_memory(
     experiment.model, experiment.train.batch_size, setup.layout
   )
-  _log.info("training from scratch in %s", workdir)
+  _log.info("training from scratch in %s", workdir.name)
   return state, memory

@@ -23,12 +23,12 @@ import jax
 
 from compressive import data as data_lib
 from compressive import experiment as experiment_lib
-from compressive import remote, values
+from compressive import values
 from compressive.evaluation import evaluate as eval_lib
 from compressive.model.transformer import merge_params
 from compressive.training import checkpoint as ckpt_lib
+from compressive.training import layout, runlog
 from compressive.training import restore as restore_lib
-from compressive.training import runlog
 from compressive.training import setup as setup_lib
 from compressive.training import step as train_step
 from compressive.training.metrics import MetricWriter
@@ -46,7 +46,7 @@ class Run:
   is ready)."""
 
   experiment: experiment_lib.Experiment
-  workdir: str
+  workdir: layout.Workdir
   checkpointer: ckpt_lib.Checkpointer
   setup: setup_lib.Setup
   identity: dict[str, Any]
@@ -174,7 +174,7 @@ def save(
     return e.names
   assert run.clock is not None  # `begin` set it, before the first step
   if jax.process_index() == 0:  # a workdir on Cloud Storage: its side files copied there
-    remote.push(run.workdir)
+    run.workdir.push()
   took = run.clock.exclude("save", t_save)
   _log.info(
     "checkpoint of step %d: training waited %.1f s (the rest is written in the background)",

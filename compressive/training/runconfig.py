@@ -26,34 +26,36 @@ from compressive.training import integrity, layout, savedjson, sidefiles
 SavedConfig: TypeAlias = ml_collections.ConfigDict
 
 
-def save_config(workdir: str, experiment: Experiment) -> None:
+def save_config(workdir: layout.Where, experiment: Experiment) -> None:
   """Writes WORKDIR/config.json whole from the experiment's groups
   (Experiment.to_dict: every field, as the run understands it)."""
   write_config(workdir, experiment.to_dict())
 
 
-def write_config(workdir: str, fields: Mapping[str, Any]) -> None:
+def write_config(workdir: layout.Where, fields: Mapping[str, Any]) -> None:
   """Writes WORKDIR/config.json (a config's fields, nested) whole (a
   temporary file renamed over it); a write the disk refuses names the file."""
-  os.makedirs(workdir, exist_ok=True)
-  files.write_text(layout.Workdir(workdir).config, json.dumps(fields, indent=2) + "\n")
+  run = layout.workdir(workdir)
+  os.makedirs(run.root, exist_ok=True)
+  files.write_text(run.config, json.dumps(fields, indent=2) + "\n")
 
 
-def load_config(workdir: str) -> SavedConfig:
+def load_config(workdir: layout.Where) -> SavedConfig:
   """The config saved in a workdir or an export; one line naming what is
   wrong when `workdir` is not a folder holding a readable config.json.
   CheckpointError when it cannot be read as a config: damaged, or not a
   regular file (a folder, a link, a FIFO: files.NotAFileError), or
   beyond sidefiles.CONFIG_BYTES."""
-  path = layout.Workdir(workdir).config
-  if not os.path.lexists(workdir):
-    raise FileNotFoundError(f"{workdir} does not exist: it is not a training workdir or an export")
-  if not os.path.isdir(workdir):
+  run = layout.workdir(workdir)
+  path, where = run.config, run.name
+  if not os.path.lexists(run.root):
+    raise FileNotFoundError(f"{where} does not exist: it is not a training workdir or an export")
+  if not os.path.isdir(run.root):
     raise FileNotFoundError(
-      f"{workdir} is a file, not a folder: give a training workdir or an export (the folder)"
+      f"{where} is a file, not a folder: give a training workdir or an export (the folder)"
     )
   if not os.path.lexists(path):
-    raise FileNotFoundError(f"{path} not found: {workdir} is not a training workdir")
+    raise FileNotFoundError(f"{run.public(path)} not found: {where} is not a training workdir")
   try:
     fields = _tuples(savedjson.parse(files.read_bytes(path, sidefiles.CONFIG_BYTES), path))
     experiment_lib.check_written(fields)  # its sections, fields and kinds: not its ranges
@@ -65,7 +67,8 @@ def load_config(workdir: str) -> SavedConfig:
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # keys a config refuses
     cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
   raise CheckpointError(
-    f"{path} is damaged ({cause}); restore it from a copy, or write it again with the run's config"
+    f"{run.public(path)} is damaged ({cause}); restore it from a copy, or write it again "
+    "with the run's config"
   )
 
 
@@ -83,7 +86,7 @@ def _tuples(value: Any) -> Any:
   return value
 
 
-def differences(workdir: str, experiment: Experiment) -> list[str]:
+def differences(workdir: layout.Where, experiment: Experiment) -> list[str]:
   """ "FIELD SAVED -> GIVEN" for each field of the workdir's config.json that
   `experiment` gives another value (none when config.json cannot be read)."""
   try:
@@ -105,7 +108,7 @@ def differences(workdir: str, experiment: Experiment) -> list[str]:
 RUN_SHAPE_FIELDS = ("batch_size", "optimizer.name", "data.source", "data.tokenizer", "seed")
 
 
-def check_resume_config(workdir: str, experiment: Experiment) -> None:
+def check_resume_config(workdir: layout.Where, experiment: Experiment) -> None:
   """ConfigError naming the fields that differ from the run being resumed.
 
   A config.json that cannot be read (a crash or a full disk while it was
@@ -114,7 +117,8 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
   config.json.damaged with a warning: the checkpoints, which record the
   model config they were saved with, decide whether the run resumes, and
   the trainer writes config.json again."""
-  path = layout.Workdir(workdir).config
+  run = layout.workdir(workdir)
+  path = run.config
   if not os.path.lexists(path):
     return
   try:
@@ -122,7 +126,9 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
   except CheckpointError as e:
     aside = layout.damaged(path)
     os.replace(path, aside)
-    logging.getLogger("compressive").warning("%s; set aside as %s, and written again", e, aside)
+    logging.getLogger("compressive").warning(
+      "%s; set aside as %s, and written again", e, run.public(aside)
+    )
     return
 
   was, now = nested.flatten(saved), nested.flatten(experiment.to_dict())  # each a leaf
@@ -133,7 +139,7 @@ def check_resume_config(workdir: str, experiment: Experiment) -> None:
   ]
   if diffs:
     raise ConfigError(
-      f"{workdir} holds checkpoints of a different run: "
+      f"{run.name} holds checkpoints of a different run: "
       + "; ".join(diffs)
       + ". Use another --workdir, or the same values to resume"
     )

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -71,10 +71,10 @@ class LogFile(logging.FileHandler):
       self.stream = None
 
 
-def add_log_file(workdir: str) -> Optional[logging.Handler]:
+def add_log_file(workdir: layout.Where) -> Optional[logging.Handler]:
   """Adds WORKDIR/train.log to the "compressive" logger; None if this process
   already logs to that file (a call within a call must not double lines)."""
-  path = layout.Workdir(os.path.abspath(workdir)).log
+  path = layout.workdir(workdir).absolute().log
   if any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in _log.handlers):
     return None
   handler = LogFile(path, mode="a", encoding="utf-8")
@@ -312,13 +312,14 @@ def remaining_pauses(train: experiment_lib.TrainConfig, step: int, end: int, clo
   return total
 
 
-def truncate_metrics(path: str, step: int) -> None:
+def truncate_metrics(path: str, step: int, public: Callable[[str], str] = str) -> None:
   """Drops log records written after the checkpoint a run resumes from (and
-  any line a crash cut short), replacing the file at once."""
-  truncate_jsonl(path, step)
+  any line a crash cut short), replacing the file at once; `public` names
+  the path in a warning (truncate_jsonl)."""
+  truncate_jsonl(path, step, public)
 
 
-def finished(train: experiment_lib.TrainConfig, start: int, workdir: str) -> bool:
+def finished(train: experiment_lib.TrainConfig, start: int, workdir: layout.Where) -> bool:
   """Whether the run restored at `start` has no step left (said in a line)."""
   if start < train.num_train_steps:
     return False
@@ -327,14 +328,14 @@ def finished(train: experiment_lib.TrainConfig, start: int, workdir: str) -> boo
     "(a larger --config.num_train_steps trains on)",
     start,
     train.num_train_steps,
-    workdir,
+    layout.workdir(workdir).name,
   )
   return True
 
 
 def log_start(
   experiment: experiment_lib.Experiment,
-  workdir: str,
+  workdir: layout.Where,
   num_params: int,
   start: int,
   end: int,
@@ -358,19 +359,19 @@ def log_start(
     end,
     train.num_train_steps,
   )
-  run = layout.Workdir(os.path.abspath(workdir))
+  run = layout.workdir(workdir).absolute()
   board = (
-    f"; TensorBoard: tensorboard --logdir {run.tensorboard()}"
+    f"; TensorBoard: tensorboard --logdir {run.public(run.tensorboard())}"
     if writers.TENSORBOARD in train.metric_writers
     else ""
   )
   others = [w for w in train.metric_writers if w != writers.TENSORBOARD]
   _log.info(
     "the run's files: %s, %s, %s and %s%s%s",
-    run.config,
-    run.log,
-    run.metrics("train"),
-    run.metrics("eval"),
+    run.public(run.config),
+    run.public(run.log),
+    run.public(run.metrics("train")),
+    run.public(run.metrics("eval")),
     board,
     f"; metrics also to {', '.join(others)}" if others else "",
   )

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import shutil
-from typing import Iterator
+from typing import Callable, Iterator
 
 from compressive import files, remote
 from compressive.training import layout
@@ -49,37 +49,38 @@ remote.register_run_files(
 )
 
 
-def set_aside(path: str, why: str) -> str:
+def set_aside(path: str, why: str, public: Callable[[str], str] = str) -> str:
   """Renames `path` (whatever it is) to the first free `path.aside[.N]` and
-  warns in one line; the new name."""
+  warns in one line, naming the paths by `public` (layout.Workdir.public: a
+  mirror's files by the URL); the new name."""
   target, n = layout.aside(path), 0
   while os.path.lexists(target):
     n += 1
     target = layout.aside(path, n)
   os.replace(path, target)
-  _log.warning("%s is %s; set aside as %s", path, why, target)
+  _log.warning("%s is %s; set aside as %s", public(path), why, public(target))
   return target
 
 
-def prepare(workdir: str) -> None:
+def prepare(workdir: layout.Where) -> None:
   """Before a trainer writes in `workdir`: each side file's place holds a
   regular file or nothing, each side folder's a folder (not a link) or
   nothing; anything else is set aside, and so is a log larger than a
   metrics file's bound (a mirror copies no more of it: appended to, the
   part would replace the whole)."""
-  run = layout.Workdir(workdir)
+  run = layout.workdir(workdir)
   for path in run.side_files:
     what = files.kind(path)
     if what not in (None, "file"):
-      set_aside(path, f"{what}, not a file")
+      set_aside(path, f"{what}, not a file", run.public)
     elif what == "file" and path == run.log and os.lstat(path).st_size > METRICS_BYTES:
-      set_aside(path, f"larger than the {METRICS_BYTES >> 20} MiB a log is kept to")
+      set_aside(path, f"larger than the {METRICS_BYTES >> 20} MiB a log is kept to", run.public)
     elif what == "file" and os.lstat(path).st_nlink > 1:
       unshare(path)
   for path in run.side_folders:
     what = files.kind(path)
     if what not in (None, "a folder"):
-      set_aside(path, f"{'a file' if what == 'file' else what}, not a folder")
+      set_aside(path, f"{'a file' if what == 'file' else what}, not a folder", run.public)
 
 
 def unshare(path: str) -> None:

@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from compressive import nested, plugins, remote
+from compressive import nested, plugins
 from compressive.errors import ConfigError
 from compressive.errors import naming as _naming
 from compressive.training import layout
@@ -112,11 +112,12 @@ def open_all(names: Any, run: Run) -> list[Writer]:
   return [factory(run) for factory in resolve(names)]
 
 
-def run_of(workdir: str, config: Mapping[str, Any]) -> Run:
-  """The Run of a workdir folder (a mirror's named by its URL)."""
-  url = remote.public(os.path.abspath(workdir))
+def run_of(workdir: layout.Where, config: Mapping[str, Any]) -> Run:
+  """The Run of a workdir (a mirror's named by its URL)."""
+  place = layout.workdir(workdir)
+  url = place.url or os.path.abspath(place.root)
   return Run(
-    workdir=workdir, url=url, name=os.path.basename(url.rstrip("/")) or "run", config=config
+    workdir=place.root, url=url, name=os.path.basename(url.rstrip("/")) or "run", config=config
   )
 
 

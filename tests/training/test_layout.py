@@ -258,3 +258,58 @@ def test_the_check_leaves_prose_and_docstrings_alone():
     'KEY = "eval_every_steps"\n'
   )
   assert spelled_names(source, "m.py") == []
+
+
+# -- A run's place is a value. ------------------------------------------------------
+
+
+def _process_state_offenders(sources: dict[str, str]) -> list[str]:
+  """Each module that overwrites a flag's value (`FLAGS[name].value = ...`,
+  `FLAGS.name = ...`) or filters the package's log lines: how a gs://
+  workdir was once worked in (the flags pointed at a local copy, a filter
+  rewrote every line's text)."""
+  found = []
+  for name, source in sources.items():
+    for node in ast.walk(ast.parse(source)):
+      targets = node.targets if isinstance(node, ast.Assign) else []
+      for target in targets:
+        text = ast.unparse(target)
+        if re.match(r"(flags\.)?FLAGS(\[|\.)", text):
+          found.append(f"{name} sets {text}")
+      if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".addFilter"):
+        receiver = ast.unparse(node.func)[: -len(".addFilter")]
+        if receiver not in ("absl_log",):  # Orbax's read-only notice, on absl's logger
+          found.append(f"{name} filters {receiver}")
+  return found
+
+
+def test_no_module_points_the_flags_or_the_log_at_a_local_copy():
+  sources = {
+    str(p.relative_to(ROOT)): p.read_text()
+    for p in sorted(pathlib.Path(ROOT, "compressive").rglob("*.py"))
+  }
+  assert _process_state_offenders(sources) == []
+
+
+@pytest.mark.parametrize(
+  "statement",
+  [
+    "flags.FLAGS['workdir'].value = local",
+    "FLAGS.output = local",
+    "_LOG.addFilter(_PUBLIC)",
+  ],
+)
+def test_the_check_names_a_module_that_holds_the_place_in_the_process(statement):
+  assert _process_state_offenders({"m.py": statement}) != []
+
+
+def test_a_workdir_on_this_machine_names_its_own_paths(tmp_path):
+  run = layout.workdir(str(tmp_path))
+  assert (run.url, run.mirror, run.deadline) == (None, None, None)
+  assert run.checkpoints == str(tmp_path / "checkpoints") and run.name == str(tmp_path)
+  assert run.public(f"cannot write {run.config}") == f"cannot write {run.config}"
+  assert layout.workdir(run) is run and layout.workdir(tmp_path) == run  # a path-like too
+  assert layout.export(run).params == str(tmp_path / "params")
+  run.push()  # nothing to copy: a folder on this machine
+  with layout.opened(str(tmp_path)) as opened:
+    assert opened == run

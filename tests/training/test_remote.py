@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -57,6 +58,22 @@ def gcs():
           os.environ[name] = value
 
 
+@pytest.fixture
+def local_tmp(tmp_path, monkeypatch):
+  """A temporary directory of the test's own, where its mirrors are made."""
+  folder = tmp_path / "tmp"
+  folder.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(folder))
+  return folder
+
+
+def mirrors_left(folder) -> list[str]:
+  """The mirrors' and uploads' folders still in the temporary directory `folder`."""
+  return [
+    n for n in os.listdir(folder) if n.startswith(("compressive-mirror-", "compressive-upload-"))
+  ]
+
+
 def new_url() -> str:
   return f"gs://runs/{uuid.uuid4().hex[:8]}"
 
@@ -74,7 +91,9 @@ def steps_logged(lines: str) -> list[int]:
 # -- In process. -------------------------------------------------------------------
 
 
-def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_path, caplog):
+def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(
+  gcs, tmp_path, local_tmp, caplog
+):
   caplog.set_level(logging.INFO, logger="compressive")  # train.log's lines, as train.py logs
   url = new_url()
   train_lib.train_and_evaluate(
@@ -85,7 +104,7 @@ def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_
     assert name in objects, objects
   assert {"2", "4"} <= {n.split("/")[1] for n in objects if n.startswith("checkpoints/")}
   assert any(n.startswith("tensorboard/train/events") for n in objects), objects
-  assert not remote._OPEN  # the mirror closed, its folder gone
+  assert not mirrors_left(local_tmp)  # the mirror closed, its folder gone
   # The side files there are the run's whole: the log names the URL, never
   # the local mirror, and the metrics reach the last step.
   log = remote.read_bytes(f"{url}/train.log").decode()
@@ -98,7 +117,9 @@ def test_a_run_on_cloud_storage_writes_its_checkpoints_and_files_there(gcs, tmp_
   assert_same_params(url, tmp_path / "local")
 
 
-def test_a_start_that_fails_before_its_run_begins_leaves_nothing_in_the_bucket(gcs, monkeypatch):
+def test_a_start_that_fails_before_its_run_begins_leaves_nothing_in_the_bucket(
+  gcs, local_tmp, monkeypatch
+):
   url = new_url()
 
   def no_data(*args, **kwargs):
@@ -108,7 +129,7 @@ def test_a_start_that_fails_before_its_run_begins_leaves_nothing_in_the_bucket(g
   with pytest.raises(DataError):
     train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=2)), url)
   assert under(gcs, url) == []
-  assert not remote._OPEN
+  assert not mirrors_left(local_tmp)
 
 
 def test_a_mirror_copies_back_only_what_changed_and_never_the_checkpoints(gcs):
@@ -116,11 +137,14 @@ def test_a_mirror_copies_back_only_what_changed_and_never_the_checkpoints(gcs):
   remote._epath(f"{url}/config.json").write_text("{}")
   remote._epath(f"{url}/metrics_train.jsonl").write_text('{"step": 1}\n')
   remote._epath(f"{url}/checkpoints/1/x").write_text("a checkpoint's file")
-  with remote.Mirror(url) as local:
+  with layout.opened(url) as run:
+    local = run.root
     assert sorted(os.listdir(local)) == ["config.json", "metrics_train.jsonl"]
-    assert layout.Workdir(local).checkpoints == f"{url}/checkpoints"
-    assert layout.Workdir(local).config == os.path.join(local, "config.json")
-    assert remote.public(f"cannot read {local}/x") == f"cannot read {url}/x"
+    assert run.url == url and run.checkpoints == f"{url}/checkpoints"
+    assert run.config == os.path.join(local, "config.json")
+    assert run.public(f"cannot read {local}/x") == f"cannot read {url}/x"
+    # The value carries the URL; the folder alone is a folder on this machine.
+    assert layout.Workdir(local).checkpoints == os.path.join(local, "checkpoints")
     # Another writer replaces the metrics in the bucket meanwhile: this
     # mirror did not change them, so it never copies its old ones back.
     remote._epath(f"{url}/metrics_train.jsonl").write_text('{"step": 2}\n')
@@ -129,6 +153,46 @@ def test_a_mirror_copies_back_only_what_changed_and_never_the_checkpoints(gcs):
   assert not os.path.exists(local)
   assert remote.read_bytes(f"{url}/metrics_train.jsonl") == b'{"step": 2}\n'
   assert remote.read_bytes(f"{url}/eval_test_step1.json") == b"{}"
+
+
+def test_a_mirror_is_a_value_two_mirrors_and_a_local_run_live_side_by_side(gcs, tmp_path):
+  # Nothing is held by the process: each place answers for itself, whatever
+  # else is open, and no log line is rewritten behind the sites' backs.
+  first, second = new_url(), new_url()
+  local = layout.Workdir(str(tmp_path / "local"))
+  with layout.opened(first) as a, layout.opened(second) as b:
+    assert (a.checkpoints, b.checkpoints) == (f"{first}/checkpoints", f"{second}/checkpoints")
+    assert a.root != b.root and (a.url, b.url) == (first, second)
+    assert local.checkpoints == str(tmp_path / "local" / "checkpoints") and local.url is None
+    assert layout.Workdir(a.root).url is None  # the folder alone names no URL
+    assert a.public(f"{b.root}/x") == f"{b.root}/x"  # each names its own folder only
+    assert logging.getLogger("compressive").filters == []
+    assert layout.export(b).params == f"{second}/params"  # an export there, by the same value
+
+
+def test_an_error_that_ends_the_work_in_a_mirror_names_the_url(gcs):
+  url = new_url()
+  with pytest.raises(DataError) as raised:
+    with layout.opened(url) as run:
+      raise DataError(f"{run.root}/config.json cannot be read")
+  assert str(raised.value) == f"{url}/config.json cannot be read"
+  with pytest.raises(FileNotFoundError) as missing:
+    with layout.opened(url) as run:
+      open(os.path.join(run.root, "eval_test_step1.json"))
+  assert missing.value.filename == f"{url}/eval_test_step1.json"
+  with pytest.raises(ConfigError, match=re.escape(f"{url}/x holds")):
+    with remote.Upload(url, "--output") as upload:
+      raise ConfigError(f"{upload.local}/x holds nothing")
+
+
+def test_what_a_trainer_sets_aside_in_a_mirror_is_named_by_the_url(gcs, caplog):
+  url = new_url()
+  with layout.opened(url) as run:
+    os.mkdir(run.log)  # a folder in train.log's place
+    sidefiles.prepare(run)
+  assert f"{url}/train.log is a folder, not a file; set aside as {url}/train.log.aside" in (
+    caplog.text
+  )
 
 
 def test_a_damaged_checkpoint_on_cloud_storage_is_moved_aside_by_restore_intact(gcs, caplog):
@@ -340,8 +404,8 @@ def test_a_mirror_copies_only_the_run_files_by_name_never_a_stray_object(gcs):
   monkeypatch_copy = lambda r, w, limit=None: read.append(limit) or original(r, w, limit)
   remote._copy = monkeypatch_copy
   try:
-    with remote.Mirror(url) as local:
-      assert os.listdir(local) == ["config.json"]
+    with remote.Mirror(url) as mirror:
+      assert os.listdir(mirror.local) == ["config.json"]
   finally:
     remote._copy = original
   assert read == [sidefiles.CONFIG_BYTES]  # one copy, the config's, within its bound
@@ -354,8 +418,8 @@ def test_an_object_over_its_bound_is_found_over_it_and_set_aside_whole_in_the_bu
   whole = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 200))
   remote._epath(f"{url}/metrics_train.jsonl").write_text(whole)
   monkeypatch.setitem(remote._RUN_FILES, layout.metrics_file("train"), 100)
-  with remote.Mirror(url) as local:
-    path = os.path.join(local, layout.metrics_file("train"))
+  with remote.Mirror(url) as mirror:
+    path = os.path.join(mirror.local, layout.metrics_file("train"))
     # Copied no further than one byte past the bound: its reader finds it
     # over the bound, as it would on a disk, and the trainer sets it aside.
     assert os.path.getsize(path) == 101
@@ -369,7 +433,7 @@ def test_an_object_over_its_bound_is_found_over_it_and_set_aside_whole_in_the_bu
 
 
 @pytest.mark.parametrize("url", ["gs://runs/a/../b", "gs://runs/a/./b", "gs://runs//b", "gs:///b"])
-def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url):
+def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, local_tmp, url):
   # gs://runs/a/../b trained with exit 0, its side files under a/../b/ and
   # its checkpoints under b/: every step then read as damaged.
   before = gcs.objects("runs")
@@ -377,7 +441,7 @@ def test_a_url_with_dot_segments_is_refused_before_anything_is_written(gcs, url)
     train_lib.train_and_evaluate(to_train(tiny_experiment(num_train_steps=2)), url)
   with pytest.raises(ConfigError, match=re.escape(f"{url}: a workdir or an export URL with ")):
     compressive.load(url)
-  assert gcs.objects("runs") == before and not remote._OPEN
+  assert gcs.objects("runs") == before and not mirrors_left(local_tmp)
 
 
 # -- A storage call that never answers is an error, not a hang. ----------------------
@@ -454,7 +518,9 @@ def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_not
   assert model is not None and experiment.train.num_train_steps == 200
 
 
-def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(gcs, monkeypatch):
+def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(
+  gcs, local_tmp, monkeypatch
+):
   url = new_url()
   remote._epath(f"{url}/config.json").write_text("{}")
 
@@ -469,4 +535,4 @@ def test_a_full_local_disk_under_a_mirror_names_the_copy_and_the_folder(gcs, mon
     with remote.Mirror(url):
       pass
   assert "No space left on device (free space there, or set TMPDIR" in str(e.value)
-  assert not remote._OPEN
+  assert not mirrors_left(local_tmp)
