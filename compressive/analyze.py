@@ -26,10 +26,11 @@ The evaluation memory sizes and --mesh_shape work as in eval.py.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
-import sys
-from typing import IO, TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
 from absl import flags
 
@@ -45,20 +46,59 @@ if TYPE_CHECKING:
   from compressive.training import runconfig
 
 FLAGS = flags.FLAGS
-cli_flags.define_workdir_flags()
-flags.DEFINE_enum(
-  "analysis",
-  "attention",
-  ["attention", "loss_by_position", "recall", "recall_probe", "curves"],
-  "What to measure.",
-)
-# The same default split as eval.py's (validation; see cli_flags.define_split_flags).
-cli_flags.define_split_flags("Split.", "Stop after this many segments per row.")
-cli_flags.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
-flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
-flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
-for _name in ("buckets", "bucket_tokens"):
-  cli_flags.validate_int_flag(_name, "[1, 2**31)", must=">= 1, below 2**31")
+ANALYSES = ("attention", "loss_by_position", "recall", "recall_probe", "curves")
+
+
+def define_flags() -> None:
+  """analyze.py's flags, defined by the tool alone (`python -m
+  compressive.analyze`): importing the module for `run` defines none."""
+  cli_flags.define_workdir_flags()
+  flags.DEFINE_enum("analysis", "attention", list(ANALYSES), "What to measure.")
+  # The same default split as eval.py's (validation; see cli_flags.define_split_flags).
+  cli_flags.define_split_flags("Split.", "Stop after this many segments per row.")
+  cli_flags.define_memory_flags("; 0 removes the compressed memory, to see what it contributes.")
+  flags.DEFINE_integer("buckets", 6, "Buckets per bank (attention).")
+  flags.DEFINE_integer("bucket_tokens", 1024, "First position bucket's size (loss_by_position).")
+  for name in ("buckets", "bucket_tokens"):
+    cli_flags.validate_int_flag(name, "[1, 2**31)", must=">= 1, below 2**31")
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+  """What analyze.py is given, as `run` takes it: its flags, parsed."""
+
+  reading: reading.Reading  # the run, its step, memory sizes and mesh
+  analysis: str = "attention"  # one of ANALYSES
+  split: str = "validation"
+  max_segments: Optional[int] = None  # segments per row; None: whole documents
+  progress_seconds: float = 10.0  # between progress lines (logging INFO)
+  buckets: int = 6  # buckets per bank (attention)
+  bucket_tokens: int = 1024  # the first position bucket's size (loss_by_position)
+
+  @classmethod
+  def from_flags(cls) -> Args:
+    """The Args of this process's command line (absl's FLAGS, parsed)."""
+    return cls(
+      reading=reading.Reading.from_flags(),
+      analysis=FLAGS.analysis,
+      split=FLAGS.split,
+      max_segments=FLAGS.max_segments,
+      progress_seconds=FLAGS.progress_seconds,
+      buckets=FLAGS.buckets,
+      bucket_tokens=FLAGS.bucket_tokens,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """What `run` measured (`result`, NaN as null) and where it saved it and
+  its figure in the workdir (`saved`, `figure`: named as the user named the
+  workdir; None where nothing was saved: `warning` says why)."""
+
+  result: dict[str, Any]
+  saved: Optional[str] = None
+  figure: Optional[str] = None
+  warning: Optional[str] = None
 
 
 def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
@@ -85,14 +125,16 @@ def plot_attention(result: dict[str, Any], path: IO[bytes]) -> None:
   fig.savefig(path, dpi=120, format="png")
 
 
-def plot_loss(result: dict[str, Any], path: IO[bytes]) -> None:
+def plot_loss(result: dict[str, Any], path: IO[bytes], bucket_tokens: int) -> None:
+  """The loss by position, each bucket at its end (`bucket_tokens`: the
+  first bucket's size)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(bucket_ends(result["start"], FLAGS.bucket_tokens), result["bits"], marker="o")
+  ax.plot(bucket_ends(result["start"], bucket_tokens), result["bits"], marker="o")
   ax.set_xscale("log")
   ax.set_xlabel("position in document (tokens, bucket end)")
   ax.set_ylabel("bits per token")
@@ -152,144 +194,147 @@ def plot_probe(result: dict[str, Any], path: IO[bytes]) -> None:
 
 def main(argv: list[str]) -> None:
   del argv  # cli.parse_flags refuses positional arguments
-  if FLAGS.analysis == "curves":
-    with reading.tool() as place:
+  with reading.command(progress=FLAGS.analysis != "curves"):  # no model read for curves
+    outcome = run(Args.from_flags())
+  cli.report_result(outcome.result, outcome.warning, figure=outcome.figure)
+
+
+def run(args: Args) -> Outcome:
+  """Analyses as analyze.py's command line `args` says (each mistake a
+  UserError naming it) and saves the result and its figure in the workdir;
+  see the module's docstring."""
+  if args.analysis == "curves":
+    with reading.opened(args.reading) as place:
       metrics = place.metrics("train")
       if not os.path.isfile(metrics):
         raise ConfigError(
-          f"--analysis=curves draws a run's metrics: {FLAGS.workdir} holds no "
+          f"--analysis=curves draws a run's metrics: {args.reading.workdir} holds no "
           f"{os.path.basename(metrics)} (an export keeps none)"
         )
       result = curves.draw(place)
-    print(place.public(json.dumps(result)))  # a workdir on gs:// by its URL
-    return
-  with reading.tool(progress=True) as place:
-    experiment = reading.flagged_experiment(place, check=check_recall)
-    sizes = {name: FLAGS[name].value for name in reading.MEMORY_FLAGS}
+    return Outcome(json.loads(place.public(json.dumps(result))))  # gs:// by its URL
+  with reading.opened(args.reading) as place:
+    experiment = reading.experiment_of(
+      place, args.reading, check=lambda config: check_recall(config, args)
+    )
+    sizes = {name: args.reading.sizes.get(name) for name in reading.MEMORY_FLAGS}
     suffix = "".join(f"_{name}{value}" for name, value in sizes.items() if value is not None)
-    if FLAGS.step is not None:  # an earlier checkpoint's result never replaces the newest's
-      suffix += f"_step{FLAGS.step}"
+    if args.reading.step is not None:  # an earlier checkpoint's result never replaces the newest's
+      suffix += f"_step{args.reading.step}"
     # The corpus before the model: a corpus that cannot be read fails before any loading.
     tokenizer = data_lib.get_tokenizer(experiment.data)
-    documents = data_lib.get_documents(experiment.data, FLAGS.split, tokenizer)
-    result, plot = run(reading.open_flagged_run(place, experiment).model, documents, experiment)
-    save(place, result, plot, suffix)
+    documents = data_lib.get_documents(experiment.data, args.split, tokenizer)
+    model = reading.open_run(place, args.reading, experiment).model
+    result, plot = _measure(args, model, documents, experiment)
+    return _save(args, place, result, plot, suffix)
 
 
-def check_recall(config: runconfig.SavedConfig) -> None:
+def check_recall(config: runconfig.SavedConfig, args: Args) -> None:
   """ConfigError for --analysis=recall or recall_probe of a run not trained
   on recall data, or recall_probe without a compressed memory to probe."""
-  if FLAGS.analysis not in ("recall", "recall_probe"):
+  if args.analysis not in ("recall", "recall_probe"):
     return
+  workdir = args.reading.workdir
   if config.data.source != "recall":
     raise ConfigError(
-      f"--analysis={FLAGS.analysis} needs a model trained with "
-      f"data.source=recall; {FLAGS.workdir} was trained on "
+      f"--analysis={args.analysis} needs a model trained with "
+      f"data.source=recall; {workdir} was trained on "
       f"data.source={config.data.source}"
     )
-  compressed = (
-    FLAGS.compressed_memory_length
-    if FLAGS.compressed_memory_length is not None
-    else config.model.compressed_memory_length
-  )
-  if FLAGS.analysis == "recall_probe" and not compressed:
+  given = args.reading.sizes.get("compressed_memory_length")
+  compressed = given if given is not None else config.model.compressed_memory_length
+  if args.analysis == "recall_probe" and not compressed:
     raise ConfigError(
       "--analysis=recall_probe reads the compressed memory: "
-      f"{FLAGS.workdir} evaluates without one (compressed_memory_length=0)"
+      f"{workdir} evaluates without one (compressed_memory_length=0)"
     )
 
 
-def run(
+def _measure(
+  args: Args,
   model: CompressiveTransformer,
   documents: data_lib.Documents,
   experiment: experiment_lib.Experiment,
 ) -> tuple[dict[str, Any], Callable[[dict[str, Any], IO[bytes]], None]]:
-  """(the result of --analysis of the checked `experiment`, the function that plots it)."""
-  every = FLAGS.progress_seconds
-  if FLAGS.analysis == "attention":
-    return _attention(model, documents, experiment, every), plot_attention
-  if FLAGS.analysis == "recall":
+  """(the result of `args.analysis` of the checked `experiment`, the function that plots it)."""
+  every, max_segments = args.progress_seconds, args.max_segments
+  if args.analysis == "attention":
+    return _attention(args, model, documents, experiment), plot_attention
+  recall = cast(data_lib.recall.RecallDocuments, documents)
+  if args.analysis == "recall":
     return analysis.recall_accuracy(
-      model,
-      cast(data_lib.recall.RecallDocuments, documents),
-      experiment,
-      max_segments=FLAGS.max_segments,
-      progress_every_s=every,
+      model, recall, experiment, max_segments=max_segments, progress_every_s=every
     ), plot_recall
-  if FLAGS.analysis == "recall_probe":
+  if args.analysis == "recall_probe":
     try:
       return probe.recall_probe(
-        model,
-        cast(data_lib.recall.RecallDocuments, documents),
-        experiment,
-        max_segments=FLAGS.max_segments,
-        progress_every_s=every,
+        model, recall, experiment, max_segments=max_segments, progress_every_s=every
       ), plot_probe
     except ValueError as e:  # no answer's value in the compressed memory
-      raise ConfigError(
-        f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})"
-      ) from None
-  return analysis.loss_by_position(
+      raise ConfigError(f"{e} (--split={args.split}, --max_segments={max_segments})") from None
+  result = analysis.loss_by_position(
     model,
     documents,
     experiment,
-    bucket_tokens=FLAGS.bucket_tokens,
-    max_segments=FLAGS.max_segments,
+    bucket_tokens=args.bucket_tokens,
+    max_segments=max_segments,
     progress_every_s=every,
-  ), plot_loss
+  )
+  return result, functools.partial(plot_loss, bucket_tokens=args.bucket_tokens)
 
 
 def _attention(
+  args: Args,
   model: CompressiveTransformer,
   documents: data_lib.Documents,
   experiment: experiment_lib.Experiment,
-  every: float,
 ) -> dict[str, Any]:
-  """--analysis=attention's result (a progress line every `every` seconds);
-  ConfigError naming --split and --max_segments when no segment of theirs
-  fills the memories."""
+  """The attention analysis's result; ConfigError naming --split and
+  --max_segments when no segment of theirs fills the memories."""
   try:
     result = analysis.attention_by_bucket(
       model,
       documents,
       experiment,
-      buckets=FLAGS.buckets,
-      max_segments=FLAGS.max_segments,
-      progress_every_s=every,
+      buckets=args.buckets,
+      max_segments=args.max_segments,
+      progress_every_s=args.progress_seconds,
     )
   except ValueError as e:  # the split's documents are too short to fill the memories
     if not str(e).startswith("no segment had full memories"):
       raise
-    raise ConfigError(f"{e} (--split={FLAGS.split}, --max_segments={FLAGS.max_segments})") from None
+    raise ConfigError(f"{e} (--split={args.split}, --max_segments={args.max_segments})") from None
   return result
 
 
-def save(
-  run: layout.Workdir,
+def _save(
+  args: Args,
+  place: layout.Workdir,
   result: dict[str, Any],
   plot: Callable[[dict[str, Any], IO[bytes]], None],
   suffix: str,
-) -> None:
-  """Prints the result, then writes it and its figure beside the workdir
-  `run`'s files."""
+) -> Outcome:
+  """The result (NaN as null) saved, then its figure, beside the workdir
+  `place`'s files, each whole (cli.save_result, files.replacing): a workdir
+  that cannot be written loses nothing, the Outcome says why."""
   # NaN (a bucket no token reached, a diverged model) is JSON's null.
   result = nested.finite_or_null(result)
-  # The result first (cli.write_result): a workdir that cannot be written loses nothing.
-  path = run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "json")
-  if not cli.write_result(result, path, run.public):
-    return
-  figure = run.analysis_result(FLAGS.analysis, FLAGS.split, suffix, "png")
+  path = place.analysis_result(args.analysis, args.split, suffix, "json")
+  warning = cli.save_result(result, path, place.public)
+  if warning is not None:
+    return Outcome(result, warning=warning)
+  figure = place.analysis_result(args.analysis, args.split, suffix, "png")
   try:
     with files.replacing(figure, binary=True) as f:  # whole or not at all
       plot(result, f)
   except OSError as e:
-    cli.warn(
-      "the result is saved but not its figure: cannot write "
-      f"{run.public(figure)}: {e.strerror or e}"
+    reason = f"cannot write {place.public(figure)}: {e.strerror or e}"
+    return Outcome(
+      result, saved=place.public(path), warning=f"the result is saved but not its figure: {reason}"
     )
-    return
-  print(f"figure: {run.public(figure)}", file=sys.stderr)
+  return Outcome(result, saved=place.public(path), figure=place.public(figure))
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main, __doc__)

@@ -96,19 +96,30 @@ def warn(message: str) -> None:
   print(f"warning: {one_line(message)}", file=sys.stderr)
 
 
-def write_result(result: Any, path: str, public: Callable[[str], str] = str) -> bool:
-  """A tool's result: its JSON line printed on stdout first, then saved at
-  `path` whole (files.write_json): a workdir that cannot be written loses
-  nothing (a warning line, naming the path by `public`: a mirror's by its
-  URL, layout.Workdir.public). Whether it was saved. NaN is refused before
-  anything is printed (nested.finite_or_null makes it null)."""
+def report_result(result: Any, warning: Optional[str], /, **saved: Optional[str]) -> None:
+  """A tool's result as its command says it: the JSON line on stdout (NaN
+  refused: ValueError), then on stderr the warning, or where each part was
+  saved (`figure=PATH`: `figure: PATH`)."""
   print(json.dumps(result, allow_nan=False), flush=True)
+  if warning is not None:
+    warn(warning)
+  for label, path in saved.items():
+    if path is not None:
+      print(f"{label}: {path}", file=sys.stderr)
+
+
+def save_result(result: Any, path: str, public: Callable[[str], str] = str) -> Optional[str]:
+  """A tool's result saved at `path` whole (files.write_json, which refuses
+  NaN, ValueError, before anything is written: nested.finite_or_null makes
+  it null). None once saved; else the warning the tool gives when the
+  workdir cannot be written (naming the path by `public`: a mirror's by
+  its URL, layout.Workdir.public), the result, which the tool prints,
+  losing nothing."""
   try:
     files.write_json(path, result)
   except OSError as e:
-    warn(f"the result is printed but not saved: cannot write {public(path)}: {e.strerror or e}")
-    return False
-  return True
+    return f"the result is printed but not saved: cannot write {public(path)}: {e.strerror or e}"
+  return None
 
 
 # -- Environment errors. -------------------------------------------------------

@@ -11,9 +11,8 @@ A base-layer module: the tools import it themselves
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from absl import flags
 
@@ -37,8 +36,8 @@ def define_workdir_flags(
 ) -> None:
   """--workdir (required, unless the tool checks that itself: `required`)
   and, with `step` (the tools that read a run), --step (the checkpoint to
-  read: >= 0, checked as it is parsed) and --plugin (see
-  `reading_saved_run`)."""
+  read: >= 0, checked as it is parsed) and --plugin (the modules a saved
+  config may name: reading.opened imports them)."""
   module = _caller()
   flags.DEFINE_string("workdir", None, help_string, module_name=module)
   if step:
@@ -70,18 +69,6 @@ def validate_path_flag(name: str, what: str, *, remote_ok: bool = False) -> None
         raise ConfigError(f"--{name}={e}") from None
 
   _register(name, check)
-
-
-@contextlib.contextmanager
-def reading_saved_run() -> Iterator[None]:
-  """What a tool that reads a workdir or an export runs in: the modules of
-  --plugin imported (the user's say-so), and no other import on the saved
-  config's say-so, and no data downloaded or prepared (plugins.saved_config)."""
-  from compressive import plugins
-
-  plugins.trust(flags.FLAGS.plugin or ())
-  with plugins.saved_config():
-    yield
 
 
 # (train.py's help, the other tools' help) of each multi-host flag.

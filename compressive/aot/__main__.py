@@ -49,19 +49,24 @@ if not os.environ.get("JAX_PLATFORMS"):
   jax.config.update("jax_platforms", "cpu")
 
 FLAGS = flags.FLAGS
-cli.define_config_flag(default="default.py")
-flags.DEFINE_string(
-  "target",
-  "cpu",
-  "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
-  "(compressive/scale/targets.py; --target=list names them all).",
-)
-flags.DEFINE_enum(
-  "step",
-  "train",
-  ["train", "eval"],
-  "The train step (segments_per_step updates) or one evaluation segment.",
-)
+
+
+def define_flags() -> None:
+  """aot.py's flags, defined by the tool alone (`python -m compressive.aot`):
+  importing the module for `run` defines none."""
+  cli.define_config_flag(default="default.py")
+  flags.DEFINE_string(
+    "target",
+    "cpu",
+    "What to compile for: cpu, tpu:v5e-8, gpu:h200-8, ... "
+    "(compressive/scale/targets.py; --target=list names them all).",
+  )
+  flags.DEFINE_enum(
+    "step",
+    "train",
+    ["train", "eval"],
+    "The train step (segments_per_step updates) or one evaluation segment.",
+  )
 
 
 def _say(message: str) -> None:
@@ -199,4 +204,5 @@ def _fail_too_big(
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main, __doc__)

@@ -207,6 +207,9 @@ class SignalStop:
   Where JAX's preemption service runs (`preemption_service()`), SIGTERM is
   left to it (a second SIGTERM changes nothing there), and a first other
   stop signal is raised again as SIGTERM, so that it reaches every process.
+
+  `with SignalStop() as stop:` puts back the handlers (and the hook) it
+  found when the body ends: train.run leaves its caller's process as it was.
   """
 
   def __init__(self) -> None:
@@ -214,10 +217,21 @@ class SignalStop:
     self._interrupt: Optional[KeyboardInterrupt] = None
     self._unraisablehook = sys.unraisablehook
     self._forward = preemption_service()
+    self._previous: dict[int, Any] = {}
     for signum in STOP_SIGNALS:  # SIGTERM is JAX's preemption service's where it runs
       if signum != signal.SIGTERM or not self._forward:
-        signal.signal(signum, self._handler)
+        self._previous[signum] = signal.signal(signum, self._handler)
     sys.unraisablehook = self._quiet_dropped_interrupt
+
+  def __enter__(self) -> SignalStop:
+    return self
+
+  def __exit__(self, *exc_info: Any) -> None:
+    for signum, handler in self._previous.items():
+      if signal.getsignal(signum) == self._handler:  # not since taken over
+        signal.signal(signum, handler)
+    if sys.unraisablehook == self._quiet_dropped_interrupt:
+      sys.unraisablehook = self._unraisablehook
 
   def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
     del frame

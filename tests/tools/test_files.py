@@ -1,6 +1,6 @@
 """compressive/files.py, the one way a file is replaced: whole or not at all,
 never through a link or a FIFO, a full disk naming the file; and the tools'
-one result writer on top of it (cli.write_result)."""
+one result writer on top of it (cli.save_result)."""
 
 import errno
 import json
@@ -140,31 +140,26 @@ def test_json_with_nan_is_refused_before_anything_is_written(tmp_path):
   assert _only(tmp_path) == []
 
 
-# -- cli.write_result: the tools' results. -------------------------------------------
+# -- cli.save_result: the tools' results. --------------------------------------------
 
 
-def test_a_result_is_printed_then_saved(tmp_path, capsys):
+def test_a_result_is_saved_whole(tmp_path):
   path = str(tmp_path / "eval_test_step2.json")
-  assert cli.write_result({"step": 2, "bits_per_byte": 1.25}, path)
-  out, err = capsys.readouterr()
-  assert json.loads(out) == {"step": 2, "bits_per_byte": 1.25} and err == ""
+  assert cli.save_result({"step": 2, "bits_per_byte": 1.25}, path) is None
   assert json.loads(open(path).read()) == {"step": 2, "bits_per_byte": 1.25}
 
 
-def test_a_result_that_cannot_be_saved_is_printed_with_one_warning(tmp_path, capsys):
+def test_a_result_that_cannot_be_saved_is_one_warning_naming_its_path(tmp_path):
   path = tmp_path / "eval_test_step2.json"
   path.mkdir()  # a folder in the file's place
-  assert not cli.write_result({"step": 2}, str(path))
-  out, err = capsys.readouterr()
-  assert json.loads(out) == {"step": 2}
-  lines = err.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("warning: the result is printed but not saved")
-  assert str(path) in lines[0]
+  warning = cli.save_result({"step": 2}, str(path), lambda p: p.replace(str(tmp_path), "gs://b"))
+  assert warning is not None and "\n" not in warning
+  assert warning.startswith("the result is printed but not saved: cannot write gs://b/eval_")
   assert _only(tmp_path) == ["eval_test_step2.json"] and path.is_dir()
 
 
-def test_a_result_with_nan_is_neither_printed_nor_saved(tmp_path, capsys):
+def test_a_result_with_nan_is_not_saved(tmp_path):
   path = str(tmp_path / "r.json")
   with pytest.raises(ValueError):
-    cli.write_result({"loss": float("inf")}, path)
-  assert capsys.readouterr().out == "" and _only(tmp_path) == []
+    cli.save_result({"loss": float("inf")}, path)
+  assert _only(tmp_path) == []

@@ -263,7 +263,7 @@ def test_an_integer_flag_is_checked_against_its_range(flag):
 TOOLS = ("eval", "sample", "analyze", "export", "train", "aot.__main__", "train_tokenizer")
 # Numeric flags whose values depend on each other, checked together by
 # processes.initialize_distributed (the test below) when a tool joins the
-# multi-host runtime (reading.tool, train.py).
+# multi-host runtime (reading.command, train.py).
 CHECKED_TOGETHER = {"num_processes", "process_id"}
 
 
@@ -476,11 +476,12 @@ def test_a_metrics_record_with_a_non_finite_value_is_valid_json(tmp_path):
 def test_the_tools_write_results_only_through_the_one_writer_that_refuses_nan():
   # eval.py reports a non-finite result as one line (NonFiniteError, exit 1)
   # before it writes anything; analyze.py writes NaN as null; each result is
-  # printed and saved by cli.write_result, which refuses NaN
-  # (tests/tools/test_files.py): no tool dumps JSON into a file of its own.
+  # saved by cli.save_result, which refuses NaN (tests/tools/test_files.py),
+  # and printed without it: no tool dumps JSON into a file of its own.
   for tool in ("eval", "analyze"):
     source = (pathlib.Path(ROOT) / "compressive" / f"{tool}.py").read_text()
-    assert "cli.write_result(" in source, tool
+    assert "cli.save_result(" in source, tool
+    assert "cli.report_result(" in source, tool
     assert not re.findall(r"json\.dump\(|open\([^)]*[\"']w", source), tool
 
 
