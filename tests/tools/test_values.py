@@ -269,25 +269,22 @@ CHECKED_TOGETHER = {"num_processes", "process_id"}
 
 @pytest.fixture
 def tool_flags():
-  """Imports a tool module (defining its flags, as it does when it runs) and
-  returns the flags it defined; afterwards removes them and the module, so
-  that every tool defines its flags afresh and no other test sees them."""
-  imported = []
+  """Defines a tool's flags as it does when it runs (its `define_flags`) and
+  returns them; afterwards removes them, so that every tool defines its
+  flags afresh and no other test sees them."""
+  defined = []
 
   def define(tool):
-    name = f"compressive.{tool}"
-    assert name not in sys.modules, f"{name} was imported before: its flags are defined"
     before = set(flags.FLAGS)
-    imported.append((name, before))
-    importlib.import_module(name)
+    defined.append(before)
+    importlib.import_module(f"compressive.{tool}").define_flags()
     return {flag: flags.FLAGS[flag] for flag in set(flags.FLAGS) - before}
 
   defaults = dict(cli_config.DEFAULT_CONFIGS)
   yield define
-  for name, before in imported:
+  for before in defined:
     for flag in set(flags.FLAGS) - before:
       delattr(flags.FLAGS, flag)
-    sys.modules.pop(name, None)
   cli_config.DEFAULT_CONFIGS.clear()
   cli_config.DEFAULT_CONFIGS.update(defaults)
 
@@ -299,9 +296,11 @@ def test_every_numeric_flag_of_every_tool_checks_its_own_value(tool, tool_flags)
   # defined (cli_flags.validate_int_flag, cli_flags.validate_number_flag): absl runs it
   # as the command line is parsed. A value beyond every range is refused,
   # naming the flag, so the check is a real one.
+  own = tool_flags(tool)
+  assert own, f"{tool} defined no flag"
   numeric = {
     name: flag
-    for name, flag in tool_flags(tool).items()
+    for name, flag in own.items()
     if isinstance(flag.parser, (flags.IntegerParser, flags.FloatParser))
   }
   unchecked = {name for name, flag in numeric.items() if not flag.validators} - CHECKED_TOGETHER
