@@ -63,6 +63,11 @@ _LOGGERS = ("compressive", "absl", "jax", "orbax", "")
 # flags (compressive.cli, cli_flags), --config (ml_collections) and its
 # overrides (absl.flags._flag, as absl names them).
 _TOOLS_FLAGS = ("compressive", "ml_collections", "absl.flags._flag")
+# The tools' modules, which the root scripts run as __main__.
+_TOOL_MODULES = tuple(
+  f"compressive.{name}"
+  for name in ("train", "eval", "sample", "analyze", "export", "train_tokenizer", "aot.__main__")
+)
 
 
 @dataclasses.dataclass
@@ -133,10 +138,14 @@ def _restored():
   verbosity = absl_logging.get_verbosity()
   formatter = absl_logging.get_absl_handler().python_handler.formatter  # the tools set their own
   options = {name: getattr(jax.config, name) for name in _JAX_OPTIONS}
+  # A tool module a test imported (to call its `run`) is set aside while its
+  # script runs it as __main__, as in a process of its own; put back after.
+  imported = {name: sys.modules.pop(name) for name in _TOOL_MODULES if name in sys.modules}
   modules = set(sys.modules)
   try:
     yield
   finally:
+    sys.modules.update(imported)
     # A config file ml_collections loaded (as module config_<flag>): a
     # later tool's file of the same flag is loaded afresh, as in a process
     # of its own, not into the same module object, whose names it would keep.
