@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
@@ -211,8 +210,8 @@ def run(args: Args) -> Outcome:
           f"--analysis=curves draws a run's metrics: {args.reading.workdir} holds no "
           f"{os.path.basename(metrics)} (an export keeps none)"
         )
-      result = curves.draw(place)
-    return Outcome(json.loads(place.public(json.dumps(result))))  # gs:// by its URL
+      result = curves.draw(place)  # titled with the run's name (a gs:// run's URL)
+    return Outcome({**result, "figure": place.public(result["figure"])})
   with reading.opened(args.reading) as place:
     experiment = reading.experiment_of(
       place, args.reading, check=lambda config: check_recall(config, args)

@@ -125,10 +125,10 @@ def train_and_evaluate(
     accept_changed_corpus,
     config_name,
   )
-  if isinstance(workdir, str):  # gs://: in a local mirror of its files (remote.py)
-    with layout.opened(workdir) as opened:
-      return _train_in(experiment, opened, options)
-  return _train_in(experiment, workdir, options)
+  if isinstance(workdir, layout.Workdir):
+    return _train_in(experiment, workdir, options)
+  with layout.opened(workdir) as opened:  # gs://: in a local mirror of its files (remote.py)
+    return _train_in(experiment, opened, options)
 
 
 def _train_in(

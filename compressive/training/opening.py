@@ -17,7 +17,7 @@ import os
 from typing import Optional
 
 from compressive import experiment as experiment_lib
-from compressive import files, remote
+from compressive import files
 from compressive.model.transformer import CompressiveTransformer
 from compressive.training import export as export_lib
 from compressive.training import inference, layout
@@ -54,9 +54,8 @@ def open_run(
   if not isinstance(path, layout.Workdir):
     path = os.fspath(path)
     files.check_local(path, "a workdir or an export", remote_ok=True)
-    if remote.is_remote(path):  # gs://: its small files read through a local mirror
-      with layout.opened(path) as place:
-        return open_run(place, step, experiment=experiment)
+    with layout.opened(path) as place:  # gs://: its small files read through a local mirror
+      return open_run(place, step, experiment=experiment)
   is_export = export_lib.is_export(path)
   if is_export:  # a damaged export, or one of another step, is named before the rest
     export_lib.manifest_of_step(path, step)
