@@ -17,6 +17,7 @@ processes keep it), and every program goes into it, however quickly it
 compiled.
 """
 
+import multiprocessing
 import os
 import platform
 import shutil
@@ -45,7 +46,7 @@ os.environ.setdefault("EPATH_USE_TF", "false")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-import zygote  # noqa: E402
+import processes  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -87,11 +88,6 @@ def pytest_configure(config):
     )
     _SESSION_XDG = tempfile.mkdtemp(prefix="compressive-test-cache-")
     os.environ["XDG_CACHE_HOME"] = _SESSION_XDG
-  # Entry points the tests start as processes are forked from an
-  # interpreter that has imported the libraries already (tests/zygote.py),
-  # instead of importing them again in each. Installed after the environment
-  # above is set, which is the environment the server imports with.
-  zygote.install()
   _count_processes()
 
 
@@ -101,7 +97,7 @@ def _fresh_interpreter(request):
   if request.node.get_closest_marker("fresh_interpreter") is None:
     yield
   else:
-    with zygote.disabled():
+    with processes.disabled():
       yield
 
 
@@ -113,17 +109,25 @@ _FIRST = pytest.StashKey[int]()
 
 
 def _count_processes() -> None:
-  """Records every subprocess.Popen from now on (zygote.install's too)."""
-  popen = subprocess.Popen
+  """Records every process started from now on: each subprocess.Popen, and
+  each child tests/processes.py forks from its server."""
+  popen, fork = subprocess.Popen, processes._fork
+
+  def record(args) -> None:
+    command = args if isinstance(args, str) else " ".join(map(os.fsdecode, args))
+    _PROCESSES.append((_CURRENT["test"], command.replace("\n", "\\n")))
 
   class Counted(popen):
     def __init__(self, args, *rest, **kwargs):
-      _PROCESSES.append(
-        (_CURRENT["test"], args if isinstance(args, str) else " ".join(map(os.fsdecode, args)))
-      )
+      record(args)
       super().__init__(args, *rest, **kwargs)
 
+  def counted_fork(args, *rest):
+    record(args)
+    return fork(args, *rest)
+
   subprocess.Popen = Counted
+  processes._fork = counted_fork
 
 
 @pytest.hookimpl(wrapper=True)
@@ -152,6 +156,8 @@ def pytest_unconfigure(config):
   if log:  # one line per process started, for counting them (docs/TESTS.md)
     with open(log, "a") as f:
       f.writelines(f"{test}\t{command}\n" for test, command in _PROCESSES)
+  for child in multiprocessing.active_children():  # a failed test's, left running
+    child.kill()
   if _SESSION_CACHE is not None:
     os.environ.pop("COMPRESSIVE_COMPILATION_CACHE", None)
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

@@ -14,7 +14,7 @@ which are removed, and every flag is unparsed), signal handlers, logging
 levels, handlers and absl's formatter, `sys.path`, the default config a tool names, and the
 JAX options a tool sets (the compilation cache).
 
-What stays for real processes (`subprocess`, through tests/zygote.py):
+What stays for real processes (tests/processes.py):
 signals, kill -9, read-only mounts, several processes, fake devices, and
 an environment that decides how JAX starts (`needs_a_process`), which
 this process has started already.

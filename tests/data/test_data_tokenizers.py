@@ -1,7 +1,6 @@
 """Tokenizers: bytes, SentencePiece training (offline, tiny) and the script."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -12,6 +11,7 @@ import pytest
 from compressive import data
 from helpers import ROOT as REPO
 from helpers import data_of, generated_texts
+import processes
 
 
 def test_byte_tokenizer_round_trip():
@@ -86,7 +86,7 @@ def test_train_tokenizer_script(tmp_path):
       """)
   )
   env = dict(os.environ, PYTHONPATH=REPO)
-  result = subprocess.run(
+  result = processes.run(
     [sys.executable, os.path.join(REPO, "train_tokenizer.py"), f"--config={config_file}"],
     cwd=tmp_path,
     env=env,

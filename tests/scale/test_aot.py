@@ -9,7 +9,6 @@ samples of it.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from compressive import aot as aot_lib
 from helpers import ROOT, process_env, write_config_file
 import inprocess
+import processes
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def aot(*args, env=None):
   with an environment that changes how JAX starts (fake devices)."""
   if not inprocess.needs_a_process(env):
     return inprocess.run("aot.py", list(args), env=env)
-  return subprocess.run(
+  return processes.run(
     [sys.executable, os.path.join(ROOT, "aot.py"), *args],
     cwd=ROOT,
     capture_output=True,

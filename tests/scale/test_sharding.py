@@ -48,6 +48,7 @@ from helpers import (
   to_train,
   write_config_file,
 )
+import processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder: the worker's too
 TOLERANCE = 1e-5  # relative, fp32: losses, evaluation, memories
@@ -224,7 +225,7 @@ def test_validate_config_checks_the_mesh_against_this_machine():
 @pytest.mark.slow
 def test_cli_mesh_override_and_its_error(tmp_path):
   cfg = write_config_file(tmp_path / "cfg.py", factory="helpers:sharding_experiment")
-  r = subprocess.run(
+  r = processes.run(
     [
       sys.executable,
       "train.py",
@@ -280,7 +281,7 @@ def two_trainers(cfg, workdir) -> list[subprocess.Popen]:
   """train.py as two processes of 2 CPU devices each on localhost, mesh (2, 1, 2)."""
   port = free_port()
   return [
-    subprocess.Popen(
+    processes.start(
       [
         sys.executable,
         "train.py",
@@ -315,7 +316,7 @@ def runs(tmp_path_factory):
   # 8 fake devices: three meshes from scratch, then the resume from 1 device.
   plan = [{"workdir": wd[n], "mesh": list(shape)} for n, shape in MESHES.items()]
   plan.append({"workdir": wd["from1"], "mesh": [4, 1, 2]})
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, os.path.join(HERE, "sharding_worker.py"), json.dumps(plan)],
     cwd=ROOT,
     capture_output=True,
@@ -700,7 +701,7 @@ def test_every_leaf_is_laid_out_by_its_parameters_declared_spec_on_eight_devices
     f"import sys; sys.path[:0] = [{TESTS!r}, {HERE!r}]; import test_sharding; "
     "test_sharding.compare_all_specs_on_eight_devices()"
   )
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, "-c", code],
     cwd=ROOT,
     capture_output=True,

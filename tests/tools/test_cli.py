@@ -6,7 +6,6 @@ processes are tests/tools/test_entry_points.py's."""
 import json
 import os
 import re
-import subprocess
 import sys
 import textwrap
 
@@ -17,6 +16,7 @@ from compressive import data as data_lib
 from compressive.configs import default
 from helpers import ROOT, TESTS
 import inprocess
+import processes
 
 # Slow (tests train end to end): `make test-fast` (pytest -m 'not slow')
 # leaves this file out.
@@ -325,6 +325,6 @@ def test_a_tool_whose_reader_has_gone_ends_quietly(tmp_path):
       """)
   r_out, w_out = os.pipe()
   os.close(r_out)  # the reader is gone before the tool writes
-  proc = subprocess.run([sys.executable, "-c", code], stdout=w_out, stderr=w_out, timeout=120)
+  proc = processes.run([sys.executable, "-c", code], stdout=w_out, stderr=w_out, timeout=120)
   os.close(w_out)
   assert proc.returncode == 0

@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from helpers import ROOT, generated_texts, process_env
+import processes
 
 DOCS = (
   "README.md",
@@ -234,7 +235,7 @@ def test_the_local_commands_run_as_written(tmp_path):
         continue
       quick = any(w in QUICK for w in words)
       extra = TINY if tool_of(words) == "train" and not quick else []
-      r = subprocess.run(
+      r = processes.run(
         argv(words) + extra,
         cwd=folder,
         capture_output=True,
@@ -311,7 +312,7 @@ def test_the_cloud_storage_block_runs_on_the_suites_server(tmp_path):
       command = argv(words)
       assert command is not None, words
       extra = TINY if words[2] == "compressive.train" else []
-      r = subprocess.run(
+      r = processes.run(
         command + extra,
         cwd=tmp_path,
         env={**env, **said},

@@ -85,6 +85,7 @@ import pytest
 if __name__ == "__main__":  # run as a script (see the end): helpers.py is in the tests folder
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import ROOT as REPO  # noqa: E402
+import processes
 
 DOCS = (
   "README.md",
@@ -633,7 +634,7 @@ def tools_report() -> dict:
     for c in doc_commands(doc):
       if c.inv.kind == "tool" and list(c.inv.args) not in commands.setdefault(c.inv.name, []):
         commands[c.inv.name].append(list(c.inv.args))
-  proc = subprocess.run(
+  proc = processes.run(
     [sys.executable, WORKER],
     cwd=REPO,
     capture_output=True,

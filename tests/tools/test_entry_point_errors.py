@@ -33,6 +33,7 @@ from compressive.data import text_reading
 from compressive.errors import DataError
 from helpers import ROOT, TESTS, data_of, tiny_experiment, write_config_file
 import inprocess
+import processes
 
 TIMEOUT = 300
 CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -96,7 +97,7 @@ def run(script, args, env, cwd=ROOT, wrap=()):
   about how JAX starts (JAX_PLATFORMS)."""
   if not wrap and not inprocess.needs_a_process(env):
     return inprocess.run(script, args, env=env, cwd=cwd)
-  return subprocess.run(
+  return processes.run(
     [*wrap, sys.executable, os.path.join(ROOT, script), *args],
     cwd=cwd,
     env=env,
@@ -1235,7 +1236,7 @@ def test_xla_is_asked_which_flag_names_it_knows(env):
   ]
   unknown = ["--xla_bogus", "--xla_dump_to=/tmp/x --xla_nope=1 --xla_cpu_multi_thread_eigen=1"]
   env = {k: v for k, v in env.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, "-c", XLA_ASKED, *known, *unknown],
     cwd=ROOT,
     env=env,
@@ -1250,7 +1251,7 @@ def test_xla_is_asked_which_flag_names_it_knows(env):
   assert "Unknown flag in XLA_FLAGS: --xla_nope=1;" in lines[5]
   # Where JAX_PLATFORMS leaves the CPU out, the CPU backend does not start
   # in the run either: XLA's own to report.
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, "-c", XLA_ASKED, "--xla_bogus"],
     cwd=ROOT,
     env=dict(env, JAX_PLATFORMS="tpu"),

@@ -5,12 +5,12 @@ checkout is the same tool (the same flags and --help)."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from helpers import ROOT
+import processes
 
 # Slow (every test runs the tools in processes):
 # `make test-fast` (pytest -m 'not slow') leaves this file out.
@@ -44,7 +44,7 @@ TINY = [
 def python(*args, cwd):
   # Without PYTHONPATH: the package is the installed one, wherever cwd is.
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  return subprocess.run(
+  return processes.run(
     [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
   )
 

@@ -23,12 +23,13 @@ import pytest
 from compressive import cli, cli_config
 from compressive.training import loop as train_lib
 from helpers import ROOT, TESTS, tiny_experiment, to_train
+import processes
 
 TIMEOUT = 600
 
 
 def python(*args, cwd, env=None):
-  return subprocess.run(
+  return processes.run(
     [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
   )
 

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -24,6 +23,7 @@ from compressive.model.config import ModelConfig
 from compressive.scale import flops as flops_lib
 from compressive.training import runconfig
 from helpers import ROOT, checked, data_of, tiny_experiment, to_evaluate, to_train
+import processes
 
 PLUGIN = '''
 from flax import nnx
@@ -263,7 +263,7 @@ def test_a_compressions_declared_flops_are_held_to_the_contract(plugin, name, re
 def test_an_outside_compression_trains_and_restores_by_its_string(plugin, tmp_path):
   name = f"{plugin}:LastSlot"
   workdir = str(tmp_path / "wd")
-  r = subprocess.run(
+  r = processes.run(
     [
       sys.executable,
       "train.py",

@@ -11,7 +11,6 @@ import logging
 import math
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
@@ -24,6 +23,7 @@ from compressive.errors import ConfigError, MeshError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
+import processes
 
 
 def float_fields(config, prefix=""):
@@ -501,7 +501,7 @@ runpy.run_module("compressive.eval", run_name="__main__")
 def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
   workdir = untrained_workdir(tmp_path / "wd")
   before = sorted(p.name for p in pathlib.Path(workdir).iterdir())
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test", "--max_segments=1"],
     capture_output=True,
     text=True,

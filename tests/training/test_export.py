@@ -5,7 +5,6 @@ is one line and exit code 2."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -19,6 +18,7 @@ from compressive.training import exporting
 from compressive.training import loop as train_lib
 from helpers import tiny_experiment, to_train, write_config_file
 import inprocess
+import processes
 
 # Slow (every test runs export.py on a model trained end to end): `make
 # test-fast` (pytest -m 'not slow') leaves this file out.
@@ -178,7 +178,7 @@ def test_the_round_trip_runs_from_another_folder_with_relative_paths(workdir, tm
   )
 
   def tool(name, *args):
-    r = subprocess.run(
+    r = processes.run(
       [sys.executable, "-m", f"compressive.{name}", *args],
       cwd=tmp_path,
       capture_output=True,

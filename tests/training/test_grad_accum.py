@@ -3,7 +3,6 @@ micro-batches, one optimizer update per segment, the same update as the
 full batch; resumes bit-identically; its config mistakes are one line."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -34,6 +33,7 @@ from helpers import (
   tiny_experiment,
   to_train,
 )
+import processes
 
 # Measured (fp32, jax_default_matmul_precision=highest as conftest sets, this
 # file's scenario) between grad_accum_steps=1 and 2 or 4: the micro-batches
@@ -244,7 +244,7 @@ def test_accumulation_on_a_data_parallel_mesh(tmp_path):
     )
   )
   env = process_env(devices=2, JAX_PLATFORMS="cpu")
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600
   )
   assert r.returncode == 0, r.stderr[-3000:]

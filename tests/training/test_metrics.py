@@ -4,7 +4,6 @@ files, read back with TensorBoard's own reader, hold the scalars of its jsonl
 files, and its config reaches TensorBoard's HParams plugin as hparams."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -16,6 +15,7 @@ from compressive import nested
 from compressive.training.metrics import MetricWriter, read_jsonl
 from compressive.training.writers import hparam_value, hparams
 from helpers import ROOT, TESTS, checked, tiny_experiment
+import processes
 
 # 12 steps, logged every 2, evaluated at 6 and 12; one checkpoint at the end.
 OVERRIDES = {"checkpoint_every_steps": 0}
@@ -66,7 +66,7 @@ def trained(tmp_path_factory):
     f"ROOT = {ROOT!r}\nTESTS = {TESTS!r}\n"
     f"WORKDIR = {str(wd)!r}\nOVERRIDES = {OVERRIDES!r}\n" + TRAIN_WITHOUT_TENSORFLOW
   )
-  result = subprocess.run(
+  result = processes.run(
     [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
   )
   return result, wd

@@ -24,6 +24,7 @@ from compressive.training import loop as train_lib
 from compressive.training.metrics import read_jsonl
 from helpers import ROOT, assert_same_params, tiny_experiment, to_train, write_config_file
 import inprocess
+import processes
 
 
 def config(**overrides):
@@ -88,7 +89,7 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
     },
   )
   workdir = tmp_path / "wd"
-  trainer = subprocess.Popen(
+  trainer = processes.start(
     [sys.executable, "train.py", f"--config={cfg}", f"--workdir={workdir}"],
     cwd=ROOT,
     stdout=subprocess.DEVNULL,
@@ -105,7 +106,7 @@ def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
     while trainer.poll() is None and loads < 16:
       if loads % 8 == 0:
         evals.append(
-          subprocess.Popen(
+          processes.start(
             [sys.executable, "eval.py", f"--workdir={workdir}", "--max_segments=2"],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -341,7 +342,7 @@ def test_a_second_restore_intact_stops_the_same_way(tmp_path):
 
 @pytest.mark.slow
 def test_an_export_killed_mid_write_is_cleaned_up_by_the_next(tmp_path, straight):
-  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead = processes.start([sys.executable, "-c", "pass"])
   dead.wait()  # a pid that no longer runs
   abandoned = tmp_path / f"{layout.PARTIAL_EXPORT_PREFIX}{dead.pid}"
   (abandoned / "params").mkdir(parents=True)
@@ -375,7 +376,7 @@ print("went on", flush=True)
 
 def start_runner(saved):
   """RUNNER started, once its child has said it is ready."""
-  p = subprocess.Popen(
+  p = processes.start(
     [sys.executable, "-c", RUNNER],
     cwd=ROOT,
     env=dict(os.environ, SAVED=str(saved), PYTHONPATH=ROOT),
@@ -426,7 +427,7 @@ def caught(pid, signum) -> bool:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_in_train_pys_first_second_is_one_line(tmp_path, signum):
-  p = subprocess.Popen(
+  p = processes.start(
     [sys.executable, "train.py", f"--workdir={tmp_path / 'wd'}"],
     cwd=ROOT,
     env=dict(os.environ, PYTHONPATH=ROOT),

@@ -34,6 +34,7 @@ from helpers import (
   write_config_file,
 )
 import inprocess
+import processes
 
 STEPS = 12
 # Every test here talks to the server, a process of its own: none is in
@@ -280,7 +281,7 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
   config = write_config_file(tmp_path / "c.py")
   url = new_url()
   start = time.monotonic()
-  p = subprocess.run(
+  p = processes.run(
     [sys.executable, "-c", HALF_CONFIGURED, f"--config={config}", f"--workdir={url}"],
     cwd=ROOT,
     env=env,
@@ -311,7 +312,7 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
 
 
 def tool(script, *args, env):
-  p = subprocess.run(
+  p = processes.run(
     [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
   )
   assert p.returncode == 0, p.stderr[-3000:]
@@ -327,7 +328,7 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
     tmp_path / "c.py", {"num_train_steps": STEPS, "checkpoint_every_steps": 2}
   )
   local = tmp_path / "local"
-  straight = subprocess.Popen(  # beside the stopped one
+  straight = processes.start(  # beside the stopped one
     [sys.executable, "train.py", f"--config={config}", f"--workdir={local}"],
     cwd=ROOT,
     env=env,
@@ -336,7 +337,7 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
     text=True,
   )
   url = new_url()
-  p = subprocess.Popen(
+  p = processes.start(
     [sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
     cwd=ROOT,
     env=env,
@@ -353,7 +354,7 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   stopped = int(err.strip().splitlines()[-1].split("after step ")[1].split()[0])
   assert 6 <= stopped < STEPS and f"{url}" in err and "compressive-mirror-" not in err
   assert steps_logged(remote.read_bytes(f"{url}/metrics_train.jsonl").decode())[-1] >= 6
-  resumed = subprocess.run(
+  resumed = processes.run(
     [sys.executable, "train.py", f"--config={config}", f"--workdir={url}"],
     cwd=ROOT,
     env=env,
@@ -466,7 +467,7 @@ def test_a_stalled_server_during_a_save_ends_the_trainer_within_the_deadline_not
     },
   )
   url = new_url()
-  p = subprocess.Popen(
+  p = processes.start(
     [
       sys.executable,
       "train.py",

@@ -30,6 +30,7 @@ from helpers import (
   write_config_file,
 )
 import inprocess
+import processes
 
 STEPS = 24
 
@@ -55,7 +56,7 @@ def config_file(tmp_path_factory):
 
 
 def train(config_file, workdir, *extra, env=None):
-  return subprocess.Popen(
+  return processes.start(
     [sys.executable, "train.py", f"--config={config_file}", f"--workdir={workdir}", *extra],
     cwd=ROOT,
     stdout=subprocess.PIPE,
@@ -440,7 +441,7 @@ else:  # the second signal arrives while a checkpoint save starts
 def test_a_second_signal_is_neither_lost_nor_let_into_a_save(where, lines):
   # Python drops an exception raised in a gc callback and prints a traceback;
   # one raised while Orbax starts a save would leave a half-made checkpoint.
-  r = subprocess.run(
+  r = processes.run(
     [sys.executable, "-c", SECOND_SIGNAL, where],
     cwd=ROOT,
     capture_output=True,

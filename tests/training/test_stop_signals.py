@@ -29,6 +29,7 @@ from helpers import (
   untrained_workdir,
   write_config_file,
 )
+import processes
 
 # Generous for a loaded 2-core machine (a process's start imports JAX), far
 # below a hang.
@@ -36,7 +37,7 @@ SLACK_S = 120
 
 
 def train(config, workdir, *extra, env=None):
-  return subprocess.Popen(
+  return processes.start(
     [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}", *extra],
     cwd=ROOT,
     env=env,
@@ -150,7 +151,7 @@ def test_a_reading_tool_stops_with_one_line_and_the_signals_status(tmp_path):
   # Started as a terminal's shell starts it, SIGHUP at its default: a tool
   # keeps a stop signal its parent ignores ignored (nohup), and the suite
   # may itself run under nohup.
-  p = subprocess.Popen(
+  p = processes.start(
     [sys.executable, "-c", DEFAULT_SIGHUP, "eval.py", f"--workdir={workdir}"],
     cwd=ROOT,
     stdout=subprocess.PIPE,

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from compressive import cli_os_errors, storage
+import processes
 
 # Generous beside the deadlines below (a loaded 2-core machine wakes late),
 # far below a hang.
@@ -87,9 +88,7 @@ def test_a_mirror_folder_its_tool_left_when_killed_is_cleared_by_the_next(tmp_pa
     "time.sleep(600)\n"
   )
   env = dict(os.environ, TMPDIR=str(tmp_path))
-  holder = subprocess.Popen(
-    [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
-  )
+  holder = processes.start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
   try:
     left = holder.stdout.readline().strip()
     assert os.path.isdir(left)

@@ -1,8 +1,8 @@
-"""The tests' process server (tests/zygote.py): a command it forks behaves
-to the test as a new interpreter's would (exit status, output, folder,
-environment, signals), JAX variables reach the child as JAX's options, and
-it steps aside when it cannot serve (switched off, another Python, a
-command it does not fork)."""
+"""The tests' processes (tests/processes.py): a command forked from the
+server behaves to the test as a new interpreter's would (exit status,
+output, folder, environment, signals, the interpreter's exit), JAX
+variables reach the child as JAX's options, and a command it does not fork
+(switched off, another environment) starts a new interpreter."""
 
 import os
 import signal
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-import zygote
+import processes
 
 # Slow: every test starts processes.
 pytestmark = pytest.mark.slow
@@ -30,6 +30,12 @@ SCRIPT = textwrap.dedent("""
       name = sys.argv[2]  # a state is an attribute, a plain flag is read
       print("option",
             getattr(jax.config, name) if hasattr(jax.config, name) else jax.config.read(name))
+    if sys.argv[1:] == ["exit"]:  # the interpreter's exit: threads joined, then atexit
+      import atexit, threading, time
+      atexit.register(lambda: print("atexit"))
+      threading.Thread(target=lambda: (time.sleep(0.5), print("thread"))).start()
+    if sys.argv[1:] == ["raise"]:
+      raise ValueError("raised")
     sys.exit(int(os.environ.get("ZYGOTE_EXIT", "0")))
     """)
 
@@ -41,13 +47,13 @@ def script(tmp_path):
   return str(path)
 
 
+KW = dict(capture_output=True, text=True, timeout=120)
+
+
 def run(script, *args, **kwargs):
-  return subprocess.run(
-    [sys.executable, script, *args], capture_output=True, text=True, timeout=120, **kwargs
-  )
+  return processes.run([sys.executable, script, *args], **KW, **kwargs)
 
 
-@pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
 def test_a_forked_child_is_a_process_as_python_starts_it(script, tmp_path):
   env = dict(os.environ, ZYGOTE_TEST="here", ZYGOTE_EXIT="3")
   r = run(script, "a", "b", cwd=str(tmp_path), env=env)
@@ -58,9 +64,8 @@ def test_a_forked_child_is_a_process_as_python_starts_it(script, tmp_path):
   assert r.stderr == "to stderr\n"
 
 
-@pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
 def test_a_forked_child_takes_signals_and_reports_them(script):
-  p = subprocess.Popen(
+  p = processes.start(
     [sys.executable, script, "wait"],
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
@@ -73,36 +78,43 @@ def test_a_forked_child_takes_signals_and_reports_them(script):
   assert p.returncode == -signal.SIGTERM
 
 
-@pytest.mark.skipif(not zygote.usable(), reason="the server is off here (zygote.usable)")
 @pytest.mark.parametrize(
-  "variable, forked",
-  [
-    ("JAX_DEBUG_NANS", True),  # a JAX option: set in the forked child
-    ("JAX_DISABLE_MOST_OPTIMIZATIONS", False),  # a flag JAX reads at import: a new interpreter
-  ],
+  "variable",
+  ["JAX_DEBUG_NANS", "JAX_DISABLE_MOST_OPTIMIZATIONS"],  # a state, a flag
 )
-def test_a_jax_variable_reaches_the_child_as_jax_reads_it(script, variable, forked):
+def test_a_jax_variable_reaches_the_forked_child_as_jax_reads_it(script, variable):
   option = variable.lower()
   value = os.environ.get(variable, "0").lower() not in ("1", "true")  # the other one
   r = run(script, "jax", option, env=dict(os.environ, **{variable: "1" if value else "0"}))
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
-  assert lines[1] == f"preloaded {forked}" and lines[-1] == f"option {value}"
+  assert lines[1] == "preloaded True" and lines[-1] == f"option {value}"
 
 
-def test_disabled_and_unforkable_commands_start_a_new_interpreter(script):
-  with zygote.disabled():
+def test_a_forked_child_ends_as_the_interpreter_does(script):
+  r = run(script, "exit")
+  assert r.returncode == 0 and r.stdout.splitlines()[-2:] == ["thread", "atexit"], r
+  r = run(script, "raise")
+  assert r.returncode == 1 and r.stderr.splitlines()[-1] == "ValueError: raised", r
+  assert r.stderr.splitlines()[0] == "to stderr" and "Traceback" in r.stderr
+  r = processes.run([sys.executable, "-c", "import sys; sys.exit('a message')"], **KW)
+  assert (r.returncode, r.stderr) == (1, "a message\n")
+  r = processes.run(
+    [sys.executable, "-m", "json.tool", "--sort-keys"], input='{"b": 1, "a": 2}', **KW
+  )
+  assert r.returncode == 0 and r.stdout.split() == ["{", '"a":', "2,", '"b":', "1", "}"], r
+
+
+def test_disabled_and_unforkable_commands_start_a_new_interpreter(script, monkeypatch):
+  with processes.disabled():
     r = run(script)
   assert r.returncode == 0 and r.stdout.splitlines()[1] == "preloaded False", r.stderr
   # A library variable the server imported with differs: a new interpreter.
   r = run(script, env=dict(os.environ, PYTHONHASHSEED="7"))
   assert r.returncode == 0 and r.stdout.splitlines()[1] == "preloaded False", r.stderr
-
-
-def test_the_switch_and_the_python_version_decide_whether_it_serves(monkeypatch):
-  monkeypatch.setenv(zygote.SWITCH, "0")
-  assert not zygote.usable()
-  monkeypatch.setenv(zygote.SWITCH, "1")
-  assert zygote.usable() == (sys.version_info[:2] in zygote.PYTHONS)
-  monkeypatch.setattr(zygote, "PYTHONS", ())
-  assert not zygote.usable()
+  # A JAX variable that is no option of JAX's, or one the command removes.
+  r = run(script, env=dict(os.environ, JAX_NO_SUCH_OPTION="1"))
+  assert r.returncode == 0 and r.stdout.splitlines()[1] == "preloaded False", r.stderr
+  monkeypatch.setenv(processes.SWITCH, "0")
+  r = run(script)
+  assert r.returncode == 0 and r.stdout.splitlines()[1] == "preloaded False", r.stderr
