@@ -39,6 +39,7 @@ import types
 
 import jax  # (it sets variables of its own: imported before the server's environment is read)
 
+# Imported by the server once, before it forks: what the entry points import.
 PRELOAD = ["absl.app", "absl.flags", "absl.logging", "ml_collections", "numpy", "jax"]
 PRELOAD += ["flax", "flax.nnx", "optax", "orbax.checkpoint", "compressive", "compressive.cli"]
 PRELOAD += ["compressive.training.loop", "compressive.evaluation.evaluate", __name__]
@@ -125,6 +126,8 @@ class _Passed:
 
 
 def _child(argv, cwd, env, options, fds, path) -> None:
+  """In the forked child: the command's streams, folder and environment, the
+  command, then the interpreter's exit."""
   for target, fd in enumerate(fds):
     os.dup2(fd, target)
   for fd in set(fds) - {0, 1, 2}:
@@ -220,6 +223,9 @@ class Forked:
 
 
 def _fork(args, cwd, env, options, stdin, stdout, stderr, text) -> Forked:
+  """Forks the command from the server (started on first use), its standard
+  streams passed as Popen takes them (None, PIPE, DEVNULL, STDOUT, a file or
+  a descriptor)."""
   with _LOCK:
     if _SERVER["context"] is None:
       _SERVER["env"] = dict(os.environ)
