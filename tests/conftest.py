@@ -103,7 +103,7 @@ def _fresh_interpreter(request):
 
 # -- Processes: each test that starts one is marked slow, and each is counted. --
 
-_PROCESSES = []  # (the test's id, the command) of every process started here
+_PROCESSES = []  # (the test's id, how, the command) of every process started here
 _CURRENT = {"test": "(no test)"}
 _FIRST = pytest.StashKey[int]()
 
@@ -113,17 +113,17 @@ def _count_processes() -> None:
   each child tests/processes.py forks from its server."""
   popen, fork = subprocess.Popen, processes._fork
 
-  def record(args) -> None:
+  def record(args, how: str) -> None:
     command = args if isinstance(args, str) else " ".join(map(os.fsdecode, args))
-    _PROCESSES.append((_CURRENT["test"], command.replace("\n", "\\n")))
+    _PROCESSES.append((_CURRENT["test"], how, command.replace("\n", "\\n")))
 
   class Counted(popen):
     def __init__(self, args, *rest, **kwargs):
-      record(args)
+      record(args, "started")
       super().__init__(args, *rest, **kwargs)
 
   def counted_fork(args, *rest):
-    record(args)
+    record(args, "forked")
     return fork(args, *rest)
 
   subprocess.Popen = Counted
@@ -155,7 +155,7 @@ def pytest_unconfigure(config):
   log = os.environ.get("COMPRESSIVE_TEST_PROCESSES")
   if log:  # one line per process started, for counting them (docs/TESTS.md)
     with open(log, "a") as f:
-      f.writelines(f"{test}\t{command}\n" for test, command in _PROCESSES)
+      f.writelines("\t".join(process) + "\n" for process in _PROCESSES)
   for child in multiprocessing.active_children():  # a failed test's, left running
     child.kill()
   if _SESSION_CACHE is not None:

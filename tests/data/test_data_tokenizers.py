@@ -1,7 +1,6 @@
 """Tokenizers: bytes, SentencePiece training (offline, tiny) and the script."""
 
 import os
-import sys
 import textwrap
 
 import ml_collections
@@ -9,9 +8,8 @@ import numpy as np
 import pytest
 
 from compressive import data
-from helpers import ROOT as REPO
 from helpers import data_of, generated_texts
-import processes
+import inprocess
 
 
 def test_byte_tokenizer_round_trip():
@@ -85,15 +83,7 @@ def test_train_tokenizer_script(tmp_path):
         return c
       """)
   )
-  env = dict(os.environ, PYTHONPATH=REPO)
-  result = processes.run(
-    [sys.executable, os.path.join(REPO, "train_tokenizer.py"), f"--config={config_file}"],
-    cwd=tmp_path,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  result = inprocess.run("train_tokenizer.py", [f"--config={config_file}"], cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr[-3000:]
   assert model.exists()
 

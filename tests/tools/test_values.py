@@ -11,7 +11,6 @@ import logging
 import math
 import pathlib
 import re
-import sys
 import time
 
 from absl import flags
@@ -23,7 +22,7 @@ from compressive.errors import ConfigError, MeshError
 from compressive.model.config import MAX_LAYERS, MAX_UNROLLED_LAYERS, ModelConfig
 from compressive.scale import processes as processes_lib
 from helpers import ROOT, tiny_experiment, untrained_workdir
-import processes
+import inprocess
 
 
 def float_fields(config, prefix=""):
@@ -485,29 +484,17 @@ def test_the_tools_write_results_only_through_the_one_writer_that_refuses_nan():
 
 
 # eval.py as a user runs it, on a run whose evaluation comes out NaN (the
-# evaluation itself replaced, in the child process only: a diverged run's
-# "intact" step evaluated to NaN once).
-NAN_EVAL = """
-import runpy, sys
-from compressive.evaluation import evaluate
-evaluate.evaluate = lambda *a, **k: {"loss": float("nan"), "bits_per_byte": float("inf"),
-                                     "tokens": 8}
-sys.argv[0] = "eval.py"
-runpy.run_module("compressive.eval", run_name="__main__")
-"""
-
-
+# evaluation itself replaced for the run: a diverged run's "intact" step
+# evaluated to NaN once).
 @pytest.mark.slow
-def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path):
+def test_a_non_finite_evaluation_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+  from compressive.evaluation import evaluate
+
   workdir = untrained_workdir(tmp_path / "wd")
   before = sorted(p.name for p in pathlib.Path(workdir).iterdir())
-  r = processes.run(
-    [sys.executable, "-c", NAN_EVAL, f"--workdir={workdir}", "--split=test", "--max_segments=1"],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,
-  )
+  nan = {"loss": float("nan"), "bits_per_byte": float("inf"), "tokens": 8}
+  monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: nan)
+  r = inprocess.run("eval.py", [f"--workdir={workdir}", "--split=test", "--max_segments=1"])
   lines = r.stderr.strip().splitlines()
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert lines[-1].startswith("error: ") and "loss=nan" in lines[-1], lines[-3:]

@@ -311,10 +311,10 @@ def test_tensorstore_that_cannot_reach_the_bucket_is_one_line_at_the_start(gcs, 
 # -- As a user runs the tools. -------------------------------------------------------
 
 
-def tool(script, *args, env):
-  p = processes.run(
-    [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-  )
+def tool(script, *args):
+  """A reading tool as a user runs it, in this process (its subject is the
+  bucket, not the process; train.py, stopped by a signal, runs in its own)."""
+  p = inprocess.run(script, list(args))
   assert p.returncode == 0, p.stderr[-3000:]
   return p.stdout
 
@@ -369,21 +369,21 @@ def test_stopped_resumed_evaluated_and_exported_on_cloud_storage_like_a_local_ru
   # Every logged step once, in order, as in the local run.
   metrics = remote.read_bytes(f"{url}/metrics_train.jsonl").decode()
   assert steps_logged(metrics) == steps_logged((local / "metrics_train.jsonl").read_text())
-  on_gcs = json.loads(tool("eval.py", f"--workdir={url}", env=env))
-  on_disk = json.loads(tool("eval.py", f"--workdir={local}", env=env))
+  on_gcs = json.loads(tool("eval.py", f"--workdir={url}"))
+  on_disk = json.loads(tool("eval.py", f"--workdir={local}"))
   assert on_gcs == on_disk
   assert json.loads(remote.read_bytes(f"{url}/eval_validation_step{STEPS}.json")) == on_gcs
-  exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export", env=env))
+  exported = json.loads(tool("export.py", f"--workdir={url}", f"--output={url}-export"))
   assert exported["workdir"] == url and exported["output"] == f"{url}-export"
   manifest = json.loads(remote.read_bytes(f"{url}-export/export.json"))
   assert manifest["source"] == url  # the workdir's URL, never its local copy
   assert_same_params(f"{url}-export", local)
   # The other tools on the bucket: a sample from the export, the curve
   # redrawn from the workdir's metrics there.
-  assert tool(
-    "sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4", env=env
-  ).startswith("ab")
-  curve = json.loads(tool("analyze.py", f"--workdir={url}", "--analysis=curves", env=env))
+  assert tool("sample.py", f"--workdir={url}-export", "--prompt=ab", "--num_tokens=4").startswith(
+    "ab"
+  )
+  curve = json.loads(tool("analyze.py", f"--workdir={url}", "--analysis=curves"))
   assert curve["figure"] == f"{url}/curves.png" and remote.size(curve["figure"]) > 0
   assert curve["title"] == f"training curve of {url}"  # the URL, not the mirror's folder
   for a, b in zip(params_of(url), params_of(local)):
