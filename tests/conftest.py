@@ -88,6 +88,7 @@ def pytest_configure(config):
     )
     _SESSION_XDG = tempfile.mkdtemp(prefix="compressive-test-cache-")
     os.environ["XDG_CACHE_HOME"] = _SESSION_XDG
+  processes.keep_environment()  # what the tests' fork server imports with
   _count_processes()
 
 

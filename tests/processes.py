@@ -27,7 +27,7 @@ import atexit
 import contextlib
 import json
 import multiprocessing
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 import os
 import runpy
 import signal
@@ -46,9 +46,16 @@ PRELOAD += ["compressive.training.loop", "compressive.evaluation.evaluate", __na
 _FIXED = ("PYTHON", "TF_", "LD_", "OMP_", "MKL_", "OPENBLAS_")
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y", "on"), ("0", "false", "f", "no", "n", "off")
 SWITCH = "COMPRESSIVE_TEST_FORK"
-_SERVER = {"env": None, "path": None, "context": None}  # set by the first fork
+_SERVER = {"env": None, "path": None, "context": None}
 _DISABLED = [False]
 _LOCK = threading.Lock()
+
+
+def keep_environment() -> None:
+  """The server imports with this process's environment as it is now, not
+  as a test has changed it when the first command starts the server
+  (conftest.py calls this once it has set the session's variables)."""
+  _SERVER["env"] = dict(os.environ)
 
 
 @contextlib.contextmanager
@@ -228,11 +235,19 @@ def _fork(args, cwd, env, options, stdin, stdout, stderr, text) -> Forked:
   a descriptor)."""
   with _LOCK:
     if _SERVER["context"] is None:
-      _SERVER["env"] = dict(os.environ)
+      now = dict(os.environ)
+      base = _SERVER["env"] = _SERVER["env"] or now
       probe = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
-      _SERVER["path"] = json.loads(subprocess.check_output(probe))
+      _SERVER["path"] = json.loads(subprocess.check_output(probe, env=base))
       _SERVER["context"] = multiprocessing.get_context("forkserver")
       _SERVER["context"].set_forkserver_preload(PRELOAD)
+      os.environ.clear()  # the server starts in the environment kept
+      os.environ.update(base)
+      try:
+        forkserver.ensure_running()
+      finally:
+        os.environ.clear()
+        os.environ.update(now)
   fds, ours, streams = [], [], []
   for number, (choice, mode) in enumerate(((stdin, "w"), (stdout, "r"), (stderr, "r"))):
     if choice == subprocess.STDOUT:
