@@ -396,8 +396,9 @@ class Checkpointer:
     except Exception as e:
       error = e
     try:
-      if not storage.stalled():
-        storage.within(self.deadline, f"closing {self.directory}", self._manager.close)
+      if not storage.stalled():  # (Orbax may report the save's refused write only here)
+        with self._write_errors():
+          storage.within(self.deadline, f"closing {self.directory}", self._manager.close)
     except Exception:
       if error is None:  # else the same failure, already in hand
         raise
