@@ -46,7 +46,8 @@ PRELOAD += ["compressive.training.loop", "compressive.evaluation.evaluate", __na
 _FIXED = ("PYTHON", "TF_", "LD_", "OMP_", "MKL_", "OPENBLAS_")
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y", "on"), ("0", "false", "f", "no", "n", "off")
 SWITCH = "COMPRESSIVE_TEST_FORK"
-_SERVER = {"env": None, "path": None, "context": None}
+_SERVER = {"env": None, "path": None}  # the kept environment; sys.path once started
+_CONTEXT = multiprocessing.get_context("forkserver")
 _DISABLED = [False]
 _LOCK = threading.Lock()
 
@@ -198,8 +199,9 @@ class Forked:
         self.stdin.close()
       for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)):
         if stream:
-          read = lambda s=stream, n=name: self._read.__setitem__(n, s.read())  # noqa: E731
-          self._readers.append(threading.Thread(target=read, daemon=True))
+          self._readers.append(
+            threading.Thread(target=self._drain, args=(name, stream), daemon=True)
+          )
           self._readers[-1].start()
     end = None if timeout is None else time.monotonic() + timeout
     for thread in self._readers:
@@ -209,15 +211,18 @@ class Forked:
     self.wait(None if end is None else max(0, end - time.monotonic()))
     return self._read.get("stdout"), self._read.get("stderr")
 
+  def _drain(self, name: str, stream) -> None:
+    self._read[name] = stream.read()
+
   def send_signal(self, sig: int) -> None:
     if self.poll() is None:
       os.kill(self.pid, sig)
 
   def terminate(self) -> None:
-    self.send_signal(15)
+    self.send_signal(signal.SIGTERM)
 
   def kill(self) -> None:
-    self.send_signal(9)
+    self.send_signal(signal.SIGKILL)
 
   def __enter__(self):
     return self
@@ -229,43 +234,57 @@ class Forked:
     self.wait()
 
 
-def _fork(args, cwd, env, options, stdin, stdout, stderr, text) -> Forked:
-  """Forks the command from the server (started on first use), its standard
-  streams passed as Popen takes them (None, PIPE, DEVNULL, STDOUT, a file or
-  a descriptor)."""
+def _start_server() -> None:
+  """The fork server, started once, in the environment kept (keep_environment)."""
   with _LOCK:
-    if _SERVER["context"] is None:
-      now = dict(os.environ)
-      base = _SERVER["env"] = _SERVER["env"] or now
-      probe = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
-      _SERVER["path"] = json.loads(subprocess.check_output(probe, env=base))
-      _SERVER["context"] = multiprocessing.get_context("forkserver")
-      _SERVER["context"].set_forkserver_preload(PRELOAD)
-      os.environ.clear()  # the server starts in the environment kept
-      os.environ.update(base)
-      try:
-        forkserver.ensure_running()
-      finally:
-        os.environ.clear()
-        os.environ.update(now)
-  fds, ours, streams = [], [], []
-  for number, (choice, mode) in enumerate(((stdin, "w"), (stdout, "r"), (stderr, "r"))):
-    if choice == subprocess.STDOUT:
-      choice = fds[1]
-    if choice == subprocess.PIPE:
-      read, write = os.pipe()
-      child, mine = (read, write) if mode == "w" else (write, read)
-      ours.append(child)
-      streams.append(open(mine, mode + ("" if text else "b")))
-      choice = child
-    elif choice == subprocess.DEVNULL:
-      choice = os.open(os.devnull, os.O_RDWR)
-      ours.append(choice)
-    streams += [] if len(streams) > number else [None]
-    fds.append(number if choice is None else choice if isinstance(choice, int) else choice.fileno())
+    if _SERVER["path"] is not None:
+      return
+    now = dict(os.environ)
+    base = _SERVER["env"] = _SERVER["env"] or now
+    probe = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
+    _SERVER["path"] = json.loads(subprocess.check_output(probe, env=base))
+    _CONTEXT.set_forkserver_preload(PRELOAD)
+    os.environ.clear()
+    os.environ.update(base)
+    try:
+      forkserver.ensure_running()
+    finally:
+      os.environ.clear()
+      os.environ.update(now)
+
+
+def _stream(choice, number: int, stdout: int | None, text: bool):
+  """(the descriptor the child takes as `number`, the parent's end or None,
+  a descriptor to close once the child has its own) for Popen's choice."""
+  if choice == subprocess.STDOUT:
+    return stdout, None, None
+  if choice == subprocess.DEVNULL:
+    fd = os.open(os.devnull, os.O_RDWR)
+    return fd, None, fd
+  if choice == subprocess.PIPE:
+    read, write = os.pipe()
+    child, mine = (read, write) if number == 0 else (write, read)
+    return child, open(mine, ("w" if number == 0 else "r") + ("" if text else "b")), child
+  return (
+    number if choice is None else choice if isinstance(choice, int) else choice.fileno(),
+    None,
+    None,
+  )
+
+
+def _fork(args, cwd, env, options, stdin, stdout, stderr, text) -> Forked:
+  """Forks the command from the server, its standard streams passed as Popen
+  takes them (None, PIPE, DEVNULL, STDOUT, a file or a descriptor)."""
+  _start_server()
+  fds, streams, ours = [], [], []
+  for number, choice in enumerate((stdin, stdout, stderr)):
+    fd, mine, close = _stream(choice, number, fds[1] if number == 2 else None, text)
+    fds.append(fd)
+    streams.append(mine)
+    ours += [close] if close is not None else []
   env = dict(os.environ if env is None else env)
   where = os.path.abspath(cwd or os.getcwd())
-  process = _SERVER["context"].Process(
+  process = _CONTEXT.Process(
     target=_child, args=(args[1:], where, env, options, [_Passed(f) for f in fds], _SERVER["path"])
   )
   process.start()
