@@ -377,6 +377,6 @@ registry.register(
     validate=validate,
     get_documents=get_documents,
     location_fields=("cache_dir",),
-    location=lambda c: os.path.join(c.books.cache_dir or default_cache_dir(), "books"),
+    location=lambda c: os.path.join(c.section(Config).cache_dir or default_cache_dir(), "books"),
   )
 )
