@@ -212,26 +212,15 @@ class Forked:
     return self._read.get("stdout"), self._read.get("stderr")
 
   def _drain(self, name: str, stream) -> None:
-    self._read[name] = stream.read()
+    with stream:
+      self._read[name] = stream.read()
 
   def send_signal(self, sig: int) -> None:
     if self.poll() is None:
       os.kill(self.pid, sig)
 
-  def terminate(self) -> None:
-    self.send_signal(signal.SIGTERM)
-
   def kill(self) -> None:
     self.send_signal(signal.SIGKILL)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    for stream in (self.stdin, self.stdout, self.stderr):
-      if stream:
-        stream.close()
-    self.wait()
 
 
 def _start_server() -> None:
@@ -253,11 +242,9 @@ def _start_server() -> None:
       os.environ.update(now)
 
 
-def _stream(choice, number: int, stdout: int | None, text: bool):
+def _stream(choice, number: int, text: bool):
   """(the descriptor the child takes as `number`, the parent's end or None,
   a descriptor to close once the child has its own) for Popen's choice."""
-  if choice == subprocess.STDOUT:
-    return stdout, None, None
   if choice == subprocess.DEVNULL:
     fd = os.open(os.devnull, os.O_RDWR)
     return fd, None, fd
@@ -274,11 +261,11 @@ def _stream(choice, number: int, stdout: int | None, text: bool):
 
 def _fork(args, cwd, env, options, stdin, stdout, stderr, text) -> Forked:
   """Forks the command from the server, its standard streams passed as Popen
-  takes them (None, PIPE, DEVNULL, STDOUT, a file or a descriptor)."""
+  takes them (None, PIPE, DEVNULL, a file or a descriptor)."""
   _start_server()
   fds, streams, ours = [], [], []
   for number, choice in enumerate((stdin, stdout, stderr)):
-    fd, mine, close = _stream(choice, number, fds[1] if number == 2 else None, text)
+    fd, mine, close = _stream(choice, number, text)
     fds.append(fd)
     streams.append(mine)
     ours += [close] if close is not None else []
@@ -310,13 +297,13 @@ def run(args, *, input=None, capture_output=False, timeout=None, check=False, **
     kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
   if input is not None:
     kwargs["stdin"] = subprocess.PIPE
-  with start(args, **kwargs) as p:
-    try:
-      out, err = p.communicate(input, timeout=timeout)
-    except subprocess.TimeoutExpired:
-      p.kill()
-      p.wait()
-      raise
+  p = start(args, **kwargs)
+  try:
+    out, err = p.communicate(input, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    p.kill()
+    p.wait()
+    raise
   result = subprocess.CompletedProcess(args, p.returncode, out, err)
   if check:
     result.check_returncode()

@@ -96,7 +96,7 @@ def test_a_mirror_folder_its_tool_left_when_killed_is_cleared_by_the_next(tmp_pa
     assert storage.clear_left_behind("compressive-mirror-") == [] and os.path.isdir(left)
   finally:
     holder.kill()
-    holder.wait()
+    holder.communicate()
   # Its holder killed (SIGKILL: nothing of it ran): the next start clears it.
   other = storage.LocalFolder("compressive-mirror-", "run")
   try:
