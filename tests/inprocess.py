@@ -21,12 +21,12 @@ this process has started already.
 """
 
 import contextlib
-import dataclasses
 import io
 import logging
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import traceback
 from typing import Optional
@@ -70,16 +70,6 @@ _TOOL_MODULES = tuple(
 )
 
 
-@dataclasses.dataclass
-class Completed:
-  """What subprocess.run returns, for the fields the tests read."""
-
-  args: list[str]
-  returncode: int
-  stdout: str
-  stderr: str
-
-
 def needs_a_process(env: Optional[dict[str, str]]) -> bool:
   """Whether `env` changes how JAX starts (JAX_START, or XLA_FLAGS whose
   flags differ from this process's): a question only a new process answers.
@@ -95,7 +85,7 @@ def needs_a_process(env: Optional[dict[str, str]]) -> bool:
 
 def run(
   script: str, args: list[str], *, env: Optional[dict[str, str]] = None, cwd: Optional[str] = None
-) -> Completed:
+) -> subprocess.CompletedProcess:
   """Runs ROOT/`script` (train.py, experiments/run.py, ...) with `args` as
   `__main__` in this process, in `cwd` (default ROOT) with environment
   `env` (default this one's); see the module doc."""
@@ -105,11 +95,13 @@ def run(
   # As `python SCRIPT` names it (absl's --help and key flags use the name).
   path = script if cwd == ROOT and not os.path.isabs(script) else os.path.join(ROOT, script)
   out, err = io.StringIO(), io.StringIO()
-  with _restored(), _environment(env), _folder(cwd), _streams(out, err):
+  with _restored(), _environment(env), contextlib.chdir(cwd), _streams(out, err):
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as `python SCRIPT` does
     code = _exit_status(path, err)
-  return Completed([sys.executable, path, *args], code, out.getvalue(), err.getvalue())
+  return subprocess.CompletedProcess(
+    [sys.executable, path, *args], code, out.getvalue(), err.getvalue()
+  )
 
 
 def _exit_status(path: str, err: io.StringIO) -> int:
@@ -186,16 +178,6 @@ def _environment(env: Optional[dict[str, str]]):
   finally:
     os.environ.clear()
     os.environ.update(saved)
-
-
-@contextlib.contextmanager
-def _folder(cwd: str):
-  saved = os.getcwd()
-  os.chdir(cwd)
-  try:
-    yield
-  finally:
-    os.chdir(saved)
 
 
 @contextlib.contextmanager
