@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
+from etils import epath
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -63,6 +64,14 @@ def _manager(
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
   finally:
     absl_log.removeFilter(notice)
+
+
+def _entries(directory: str) -> frozenset[str]:
+  """The names in `directory` now (none where it does not exist)."""
+  try:
+    return frozenset(p.name for p in epath.Path(directory).iterdir())
+  except OSError:
+    return frozenset()
 
 
 def _listing(read: Callable[[], _T], attempts: int = 10) -> _T:
@@ -139,7 +148,7 @@ class Checkpointer:
     run = layout.workdir(workdir).absolute()
     self.directory = run.checkpoints
     self.skipped = run.skipped  # the damaged steps moved aside
-    self._manager = _listing(lambda: _manager(self.directory, max_to_keep, create, read_only))
+    self._manager = self._settled(lambda: _manager(self.directory, max_to_keep, create, read_only))
     # A workdir on Cloud Storage: each save, and the wait for one, within
     # its mirror's deadline (compressive/storage.py); None on a disk.
     self.deadline = run.deadline
@@ -160,7 +169,23 @@ class Checkpointer:
 
   def reload(self) -> None:
     """Re-reads the steps on disk (another process may have saved or rotated)."""
-    _listing(self._manager.reload)
+    self._settled(lambda: (self._manager.reload(), self._manager)[1])
+
+  def _settled(
+    self, read: Callable[[], ocp.CheckpointManager], attempts: int = 10
+  ) -> ocp.CheckpointManager:
+    """read() (a manager that has listed the steps), again while it found
+    no step and the checkpoints folder changed under it: Orbax lists the
+    folder and then checks each entry is a finished step, and a trainer may
+    rename its new step into place and delete the old one in between, so
+    that neither counts. A folder that stays the same is read once."""
+    for attempt in range(attempts):
+      before = _entries(self.directory)
+      manager = _listing(read)
+      if manager.all_steps() or _entries(self.directory) == before:
+        break
+      time.sleep(0.05 * (attempt + 1))
+    return manager
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))

@@ -76,6 +76,49 @@ def test_a_step_deleted_while_it_is_read_is_not_called_damaged(tmp_path, monkeyp
   assert step == 2 and victim["done"]  # the newest step left, not an error
 
 
+def _listings(monkeypatch, during=lambda: None):
+  """The steps each of Orbax's readings of the checkpoints folder found;
+  `during` runs after each, as a trainer would between Orbax's listing
+  and its check of each entry."""
+  real, found = ckpt_lib._manager, []
+
+  def reading(*args, **kwargs):
+    manager = real(*args, **kwargs)
+    found.append(manager.all_steps())
+    during()
+    return manager
+
+  monkeypatch.setattr(ckpt_lib, "_manager", reading)
+  return found
+
+
+def test_a_listing_a_finishing_save_emptied_is_read_again(tmp_path, monkeypatch):
+  # Orbax lists the checkpoints folder, then checks that each entry is a
+  # finished step; a trainer that renames its new step into place (and
+  # deletes the old one) in between leaves that reading with no step at
+  # all, where a reader would say "no checkpoint". The folder changed under
+  # the reading: it is read again, and finds the new step.
+  steps = tmp_path / "wd" / "checkpoints"
+  unfinished = steps / "3.orbax-checkpoint-tmp-17"
+  unfinished.mkdir(parents=True)
+
+  def finish():
+    if unfinished.exists():
+      unfinished.rename(steps / "3")
+
+  found = _listings(monkeypatch, during=finish)
+  reader = ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True, create=False)
+  assert found == [[], [3]] and reader.all_steps() == [3]
+
+
+def test_a_folder_with_no_finished_step_is_read_once(tmp_path, monkeypatch):
+  # A save killed half-way and no trainer: nothing changes, nothing to wait for.
+  (tmp_path / "wd" / "checkpoints" / "3.orbax-checkpoint-tmp-17").mkdir(parents=True)
+  found = _listings(monkeypatch)
+  reader = ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True, create=False)
+  assert found == [[]] and reader.all_steps() == []
+
+
 @pytest.mark.slow
 def test_readers_in_a_loop_beside_a_trainer_rotating_every_step(tmp_path):
   cfg = write_config_file(
