@@ -111,6 +111,30 @@ def test_a_listing_a_finishing_save_emptied_is_read_again(tmp_path, monkeypatch)
   assert found == [[], [3]] and reader.all_steps() == [3]
 
 
+def test_a_reload_a_finishing_save_emptied_is_read_again(tmp_path, monkeypatch):
+  # The same race at the re-reading after a step vanished while it was read
+  # (inference._restore_newest): the old step is gone, the new one is still
+  # under its temporary name when Orbax lists, and in place when it checks.
+  steps = tmp_path / "wd" / "checkpoints"
+  (steps / "2").mkdir(parents=True)
+  reader = ckpt_lib.Checkpointer(str(tmp_path / "wd"), read_only=True, create=False)
+  (steps / "2").rmdir()
+  unfinished = steps / "3.orbax-checkpoint-tmp-17"
+  unfinished.mkdir()
+  manager, found = reader._manager, []
+  real = manager.reload
+
+  def reload():
+    real()
+    found.append(manager.all_steps())
+    if unfinished.exists():
+      unfinished.rename(steps / "3")
+
+  monkeypatch.setattr(manager, "reload", reload)
+  reader.reload()
+  assert found == [[], [3]] and reader.all_steps() == [3]
+
+
 def test_a_folder_with_no_finished_step_is_read_once(tmp_path, monkeypatch):
   # A save killed half-way and no trainer: nothing changes, nothing to wait for.
   (tmp_path / "wd" / "checkpoints" / "3.orbax-checkpoint-tmp-17").mkdir(parents=True)
